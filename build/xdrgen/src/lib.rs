@@ -1,0 +1,1 @@
+//! XDR code generator.

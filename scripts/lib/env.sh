@@ -1,0 +1,9 @@
+# shellcheck shell=bash
+# Shared environment for the project's scripts: heavy build caches live outside the clone so
+# repeated runs on one machine are fast, and a fresh machine still builds everything.
+export BANLIEUE_CACHE="${BANLIEUE_CACHE:-$HOME/.cache/banlieue}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/banlieue/target}"
+export GOCACHE="${GOCACHE:-$HOME/.cache/banlieue/go-build}"
+export GOMODCACHE="${GOMODCACHE:-$HOME/.cache/banlieue/go-mod}"
+export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
+mkdir -p "$BANLIEUE_CACHE"
