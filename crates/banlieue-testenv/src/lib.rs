@@ -1,1 +1,5 @@
-//! Placeholder; filled in by its own change.
+//! Real peers for tests: a kube control plane and a libvirtd, started on loopback and stopped
+//! by PID. A dev-dependency only; nothing in the product links it.
+
+pub mod control_plane;
+pub mod libvirtd;

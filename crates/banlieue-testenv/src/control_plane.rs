@@ -1,0 +1,1 @@
+//! A real kube-apiserver, kube-controller-manager and etcd on loopback.

@@ -1,0 +1,1 @@
+//! A real libvirtd serving TLS on loopback with a throwaway PKI.
