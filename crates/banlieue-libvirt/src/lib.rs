@@ -1,1 +1,55 @@
-//! libvirt client.
+//! banlieue-libvirt: a first-party libvirt RPC client.
+//!
+//! The protocol layer is generated at build time from libvirt's own `.x` files (see
+//! `protocol/fetch`): every type of every program with its XDR encoding, and a table and a
+//! marker type per procedure. On top of it sit the sans-io packet codec ([`packet`]) and the
+//! XDR runtime ([`xdr`]).
+
+pub mod packet;
+pub mod xdr;
+
+/// The generated protocol, one module per libvirt program file.
+#[rustfmt::skip]
+#[allow(clippy::all, clippy::pedantic, non_camel_case_types, unreachable_patterns, missing_docs, unused_parens, dead_code)]
+pub mod proto {
+    /// `virnetprotocol.x`: the packet header, errors and stream holes.
+    pub mod net { include!(concat!(env!("OUT_DIR"), "/protocol/net.rs")); }
+    /// `virkeepaliveprotocol.x`: PING/PONG.
+    pub mod keepalive { include!(concat!(env!("OUT_DIR"), "/protocol/keepalive.rs")); }
+    /// `remote_protocol.x`: the main program.
+    pub mod remote { include!(concat!(env!("OUT_DIR"), "/protocol/remote.rs")); }
+    /// `qemu_protocol.x`: QEMU-specific calls (monitor, guest agent).
+    pub mod qemu { include!(concat!(env!("OUT_DIR"), "/protocol/qemu.rs")); }
+    /// `lxc_protocol.x`: LXC-specific calls.
+    pub mod lxc { include!(concat!(env!("OUT_DIR"), "/protocol/lxc.rs")); }
+    /// `admin_protocol.x`: the daemon administration program.
+    pub mod admin { include!(concat!(env!("OUT_DIR"), "/protocol/admin.rs")); }
+
+    /// Every program's procedure table, by program name.
+    pub const PROGRAMS: &[(&str, &[crate::xdr::ProcedureInfo])] = &[
+        ("remote", remote::PROCEDURES),
+        ("qemu", qemu::PROCEDURES),
+        ("lxc", lxc::PROCEDURES),
+        ("admin", admin::PROCEDURES),
+        ("keepalive", keepalive::PROCEDURES),
+    ];
+
+    /// Decodes and re-encodes a value of any generated type, by XDR name.
+    #[doc(hidden)]
+    pub fn transcode(type_name: &str, input: &[u8]) -> Option<Result<crate::xdr::BytesMut, crate::xdr::Error>> {
+        net::transcode(type_name, input)
+            .or_else(|| keepalive::transcode(type_name, input))
+            .or_else(|| remote::transcode(type_name, input))
+            .or_else(|| qemu::transcode(type_name, input))
+            .or_else(|| lxc::transcode(type_name, input))
+            .or_else(|| admin::transcode(type_name, input))
+    }
+}
+
+/// A fixture covering every construct the generator supports (tests only).
+#[cfg(test)]
+#[rustfmt::skip]
+#[allow(clippy::all, non_camel_case_types, unreachable_patterns, dead_code)]
+pub(crate) mod fixture {
+    pub mod constructs { include!(concat!(env!("OUT_DIR"), "/fixture/constructs.rs")); }
+}

@@ -1,0 +1,381 @@
+//! The XDR runtime (RFC 4506) that generated protocol code is written against.
+//!
+//! Encoding appends to a [`BytesMut`]; decoding reads through a [`Reader`] that refuses short
+//! input and, via [`Reader::finish`], trailing data. Every length read off the wire is checked
+//! against the declared bound *and* against the bytes actually present before anything is
+//! allocated, so a hostile length prefix costs nothing.
+
+use bytes::BufMut;
+pub use bytes::BytesMut;
+
+/// Why a value could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("read past the end of input: needed {needed} bytes, {available} left")]
+    ShortInput { needed: usize, available: usize },
+    #[error("decode left {0} trailing bytes")]
+    TrailingData(usize),
+    #[error("encode {what}: length {len} exceeds its bound {max}")]
+    EncodeBound {
+        what: &'static str,
+        len: usize,
+        max: u32,
+    },
+    #[error("decode {what}: length {len} exceeds its bound {max}")]
+    DecodeBound {
+        what: &'static str,
+        len: u32,
+        max: u32,
+    },
+    #[error("decode {what}: string is not UTF-8")]
+    InvalidUtf8 { what: &'static str },
+    #[error("decode union {union}: unknown discriminant {value}")]
+    UnknownDiscriminant { union: &'static str, value: i64 },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A type with an XDR encoding.
+pub trait Xdr: Sized {
+    fn encode(&self, out: &mut BytesMut) -> Result<()>;
+    fn decode(r: &mut Reader<'_>) -> Result<Self>;
+
+    /// Encodes into a fresh buffer.
+    fn to_bytes(&self) -> Result<BytesMut> {
+        let mut out = BytesMut::new();
+        self.encode(&mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes a value that must span all of `input`.
+    fn from_bytes(input: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(input);
+        let v = Self::decode(&mut r)?;
+        r.finish()?;
+        Ok(v)
+    }
+}
+
+/// `void`: no bytes.
+impl Xdr for () {
+    fn encode(&self, _: &mut BytesMut) -> Result<()> {
+        Ok(())
+    }
+    fn decode(_: &mut Reader<'_>) -> Result<Self> {
+        Ok(())
+    }
+}
+
+/// Which way a stream procedure moves data, from the client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamDirection {
+    /// The client reads (`@readstream`), e.g. a volume download.
+    Read,
+    /// The client writes (`@writestream`), e.g. a volume upload.
+    Write,
+}
+
+/// A procedure of a program, as a type: its identity and its argument and return types.
+pub trait Procedure {
+    const PROGRAM: u32;
+    const VERSION: u32;
+    const NUMBER: i32;
+    const NAME: &'static str;
+    /// Set for procedures that open a data stream, with libvirt's parameter number.
+    const STREAM: Option<(StreamDirection, u32)>;
+    type Args: Xdr;
+    type Ret: Xdr;
+}
+
+/// A procedure the server uses to send unsolicited MESSAGE packets (events).
+pub trait Event: Procedure {
+    type Message: Xdr;
+}
+
+/// A row of a program's procedure table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcedureInfo {
+    pub program: u32,
+    pub version: u32,
+    pub number: i32,
+    pub name: &'static str,
+    pub args: Option<&'static str>,
+    pub ret: Option<&'static str>,
+    pub message: Option<&'static str>,
+    pub stream: Option<(StreamDirection, u32)>,
+    pub priority_high: bool,
+}
+
+fn padding(len: usize) -> usize {
+    (4 - len % 4) % 4
+}
+
+pub fn put_i32(out: &mut BytesMut, v: i32) -> Result<()> {
+    out.put_i32(v);
+    Ok(())
+}
+pub fn put_u32(out: &mut BytesMut, v: u32) -> Result<()> {
+    out.put_u32(v);
+    Ok(())
+}
+pub fn put_i64(out: &mut BytesMut, v: i64) -> Result<()> {
+    out.put_i64(v);
+    Ok(())
+}
+pub fn put_u64(out: &mut BytesMut, v: u64) -> Result<()> {
+    out.put_u64(v);
+    Ok(())
+}
+pub fn put_f32(out: &mut BytesMut, v: f32) -> Result<()> {
+    out.put_u32(v.to_bits());
+    Ok(())
+}
+pub fn put_f64(out: &mut BytesMut, v: f64) -> Result<()> {
+    out.put_u64(v.to_bits());
+    Ok(())
+}
+pub fn put_bool(out: &mut BytesMut, v: bool) -> Result<()> {
+    put_u32(out, u32::from(v))
+}
+/// `char` is a 4-byte signed integer on the wire (rpcgen's `xdr_char`).
+pub fn put_char(out: &mut BytesMut, v: i8) -> Result<()> {
+    put_i32(out, i32::from(v))
+}
+pub fn put_uchar(out: &mut BytesMut, v: u8) -> Result<()> {
+    put_u32(out, u32::from(v))
+}
+pub fn put_short(out: &mut BytesMut, v: i16) -> Result<()> {
+    put_i32(out, i32::from(v))
+}
+pub fn put_ushort(out: &mut BytesMut, v: u16) -> Result<()> {
+    put_u32(out, u32::from(v))
+}
+
+fn put_len(out: &mut BytesMut, len: usize, max: u32, what: &'static str) -> Result<()> {
+    match u32::try_from(len) {
+        Ok(n) if n <= max => put_u32(out, n),
+        _ => Err(Error::EncodeBound { what, len, max }),
+    }
+}
+
+fn put_padded(out: &mut BytesMut, bytes: &[u8]) {
+    out.put_slice(bytes);
+    out.put_bytes(0, padding(bytes.len()));
+}
+
+pub fn put_string(out: &mut BytesMut, v: &str, max: u32, what: &'static str) -> Result<()> {
+    put_len(out, v.len(), max, what)?;
+    put_padded(out, v.as_bytes());
+    Ok(())
+}
+pub fn put_opaque_var(out: &mut BytesMut, v: &[u8], max: u32, what: &'static str) -> Result<()> {
+    put_len(out, v.len(), max, what)?;
+    put_padded(out, v);
+    Ok(())
+}
+pub fn put_opaque_fixed(out: &mut BytesMut, v: &[u8]) -> Result<()> {
+    put_padded(out, v);
+    Ok(())
+}
+pub fn put_array<T>(
+    out: &mut BytesMut,
+    v: &[T],
+    max: u32,
+    what: &'static str,
+    mut put: impl FnMut(&mut BytesMut, &T) -> Result<()>,
+) -> Result<()> {
+    put_len(out, v.len(), max, what)?;
+    v.iter().try_for_each(|x| put(out, x))
+}
+pub fn put_fixed_array<T>(
+    out: &mut BytesMut,
+    v: &[T],
+    mut put: impl FnMut(&mut BytesMut, &T) -> Result<()>,
+) -> Result<()> {
+    v.iter().try_for_each(|x| put(out, x))
+}
+pub fn put_option<T>(
+    out: &mut BytesMut,
+    v: Option<&T>,
+    put: impl FnOnce(&mut BytesMut, &T) -> Result<()>,
+) -> Result<()> {
+    match v {
+        None => put_u32(out, 0),
+        Some(x) => {
+            put_u32(out, 1)?;
+            put(out, x)
+        }
+    }
+}
+
+/// A cursor over XDR input.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
+    input: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(input: &'a [u8]) -> Self {
+        Reader { input, pos: 0 }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.input.len() - self.pos
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Fails unless every byte was consumed.
+    pub fn finish(&self) -> Result<()> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(Error::TrailingData(n)),
+        }
+    }
+
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let available = self.remaining();
+        if n > available {
+            return Err(Error::ShortInput {
+                needed: n,
+                available,
+            });
+        }
+        let s = &self.input[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    /// The rest of the input.
+    pub fn rest(&mut self) -> &'a [u8] {
+        let s = &self.input[self.pos..];
+        self.pos = self.input.len();
+        s
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    pub fn get_u32(&mut self) -> Result<u32> {
+        self.array::<4>().map(u32::from_be_bytes)
+    }
+    pub fn get_i32(&mut self) -> Result<i32> {
+        self.array::<4>().map(i32::from_be_bytes)
+    }
+    pub fn get_u64(&mut self) -> Result<u64> {
+        self.array::<8>().map(u64::from_be_bytes)
+    }
+    pub fn get_i64(&mut self) -> Result<i64> {
+        self.array::<8>().map(i64::from_be_bytes)
+    }
+    pub fn get_f32(&mut self) -> Result<f32> {
+        self.get_u32().map(f32::from_bits)
+    }
+    pub fn get_f64(&mut self) -> Result<f64> {
+        self.get_u64().map(f64::from_bits)
+    }
+    /// Any non-zero word is true, as in C's `xdr_bool`.
+    pub fn get_bool(&mut self) -> Result<bool> {
+        self.get_u32().map(|v| v != 0)
+    }
+    /// Truncates to 8 bits, as C's `xdr_char` does.
+    pub fn get_char(&mut self) -> Result<i8> {
+        self.get_i32().map(|v| v as i8)
+    }
+    pub fn get_uchar(&mut self) -> Result<u8> {
+        self.get_u32().map(|v| v as u8)
+    }
+    pub fn get_short(&mut self) -> Result<i16> {
+        self.get_i32().map(|v| v as i16)
+    }
+    pub fn get_ushort(&mut self) -> Result<u16> {
+        self.get_u32().map(|v| v as u16)
+    }
+
+    /// A count, checked against its bound and against the input left, given that each
+    /// element takes at least `min_size` bytes.
+    fn get_len(&mut self, max: u32, min_size: usize, what: &'static str) -> Result<usize> {
+        let len = self.get_u32()?;
+        if len > max {
+            return Err(Error::DecodeBound { what, len, max });
+        }
+        let needed = (len as usize).saturating_mul(min_size);
+        if needed > self.remaining() {
+            return Err(Error::ShortInput {
+                needed,
+                available: self.remaining(),
+            });
+        }
+        Ok(len as usize)
+    }
+
+    fn padded(&mut self, len: usize) -> Result<&'a [u8]> {
+        let bytes = self.take(len)?;
+        // Padding content is ignored, as libvirt's own decoder (xdr_opaque) does.
+        self.take(padding(len))?;
+        Ok(bytes)
+    }
+
+    pub fn get_string(&mut self, max: u32, what: &'static str) -> Result<String> {
+        let len = self.get_len(max, 1, what)?;
+        let bytes = self.padded(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| Error::InvalidUtf8 { what })
+    }
+    pub fn get_opaque_var(&mut self, max: u32, what: &'static str) -> Result<Vec<u8>> {
+        let len = self.get_len(max, 1, what)?;
+        self.padded(len).map(<[u8]>::to_vec)
+    }
+    pub fn get_opaque_fixed<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.padded(N)?);
+        Ok(a)
+    }
+    pub fn get_array<T>(
+        &mut self,
+        max: u32,
+        what: &'static str,
+        mut get: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        // Every XDR item takes at least 4 bytes.
+        let len = self.get_len(max, 4, what)?;
+        let mut v = Vec::with_capacity(len);
+        for _ in 0..len {
+            v.push(get(self)?);
+        }
+        Ok(v)
+    }
+    pub fn get_fixed_array<T, const N: usize>(
+        &mut self,
+        mut get: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<[T; N]> {
+        let needed = N.saturating_mul(4);
+        if needed > self.remaining() {
+            return Err(Error::ShortInput {
+                needed,
+                available: self.remaining(),
+            });
+        }
+        let mut v = Vec::with_capacity(N);
+        for _ in 0..N {
+            v.push(get(self)?);
+        }
+        match v.try_into() {
+            Ok(a) => Ok(a),
+            Err(_) => unreachable!("exactly N elements were pushed"),
+        }
+    }
+    pub fn get_option<T>(&mut self, get: impl FnOnce(&mut Self) -> Result<T>) -> Result<Option<T>> {
+        if self.get_bool()? {
+            get(self).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
