@@ -1,1 +1,651 @@
 //! A real kube-apiserver, kube-controller-manager and etcd on loopback.
+//!
+//! `scripts/control-plane build` (run by `scripts/setup`) builds the binaries at pinned releases
+//! into a cache; this module starts them with a throwaway PKI and a temp state directory and
+//! hands out clients for several identities. With `BANLIEUE_TEST_KUBECONFIG` set, the same API
+//! talks to that cluster instead, so tests run unchanged against kind, k3d or a real cluster.
+
+mod apply;
+mod pki;
+mod process;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::sync::OnceCell;
+
+pub use apply::apply_yaml_with;
+
+use pki::{CertFiles, Pki};
+use process::Processes;
+
+/// Names an existing cluster's kubeconfig; when set, no local control plane is started.
+pub const EXTERNAL_KUBECONFIG_ENV: &str = "BANLIEUE_TEST_KUBECONFIG";
+/// Overrides the directory holding `etcd`, `kube-apiserver` and `kube-controller-manager`.
+pub const BIN_DIR_ENV: &str = "BANLIEUE_CONTROL_PLANE_BIN";
+/// The cluster administrator (group `system:masters`).
+pub const ADMIN: &str = "admin";
+/// Ordinary users with no rights beyond what the bootstrap RBAC policy gives every
+/// authenticated user, plus the broker identity a tenant-facing broker would use.
+pub const USERS: [&str; 3] = ["alice", "bob", "broker"];
+
+const STARTUP_DEADLINE: Duration = Duration::from_secs(90);
+const CRD_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Errors of the control-plane harness.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("control-plane binaries not found in {}: run scripts/setup", dir.display())]
+    BinariesMissing { dir: PathBuf },
+    #[error("setpriv (util-linux) not found on PATH: run scripts/setup")]
+    SetprivMissing,
+    #[error("failed to {what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("generate certificates")]
+    Pki(#[from] rcgen::Error),
+    #[error("call the API server")]
+    Kube(#[from] kube::Error),
+    #[error("load a kubeconfig")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("{name} exited ({status}); end of its log:\n{log_tail}")]
+    Exited {
+        name: &'static str,
+        status: ExitStatus,
+        log_tail: String,
+    },
+    #[error("timed out after {after:?} waiting for {what}{detail}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        detail: String,
+    },
+    #[error("parse YAML in {}", path.display())]
+    Yaml {
+        path: PathBuf,
+        #[source]
+        // Boxed: the parser's error carries its source snippet and is large.
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("apply document {index} of {}: {reason}", path.display())]
+    InvalidDocument {
+        path: PathBuf,
+        index: usize,
+        reason: String,
+    },
+    #[error("no identity {0:?}: known are {ADMIN} and {USERS:?}")]
+    UnknownIdentity(String),
+    #[error("the API server returned a {0} without a name")]
+    Unnamed(&'static str),
+    #[error("the TokenRequest for {namespace}/{name} returned no token")]
+    NoToken { namespace: String, name: String },
+}
+
+impl Error {
+    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A Kubernetes control plane for tests: local processes, or an existing cluster.
+#[derive(Debug)]
+pub struct ControlPlane {
+    admin: Config,
+    identities: Identities,
+    local: Option<Local>,
+}
+
+#[derive(Debug)]
+enum Identities {
+    /// Each identity is a client certificate, with its own kubeconfig file.
+    Certificates(BTreeMap<String, PathBuf>),
+    /// An existing cluster: the administrator impersonates the other identities.
+    Impersonation,
+}
+
+#[derive(Debug)]
+struct Local {
+    // Declared first so it drops first: the processes stop before anything else goes.
+    processes: Processes,
+    ports: Vec<u16>,
+    apiserver_ready_after: Duration,
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test of this test binary, started on first use.
+    ///
+    /// Statics are never dropped; its processes die with the test binary (see
+    /// `process` for how), and its state directory goes with them.
+    pub async fn shared() -> Result<&'static ControlPlane> {
+        static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+        SHARED
+            .get_or_try_init(|| async {
+                match std::env::var_os(EXTERNAL_KUBECONFIG_ENV) {
+                    Some(path) => Self::external(Path::new(&path)).await,
+                    None => Self::start().await,
+                }
+            })
+            .await
+    }
+
+    /// Starts an owned local control plane; dropping it stops every process by PID and
+    /// removes its state directory.
+    pub async fn start() -> Result<ControlPlane> {
+        install_crypto_provider();
+        let bin = bin_dir();
+        let binary = |name: &str| bin.join(name);
+        for name in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+            if !binary(name).is_file() {
+                return Err(Error::BinariesMissing { dir: bin.clone() });
+            }
+        }
+        let started = Instant::now();
+        let mut processes = Processes::new()?;
+        let dir = processes.dir().to_owned();
+        let pki = Pki::generate(&dir.join("pki"))?;
+        let [etcd_client, etcd_peer, apiserver] = free_ports()?;
+
+        processes.spawn(
+            "etcd",
+            &binary("etcd"),
+            &etcd_args(&dir, etcd_client, etcd_peer),
+        )?;
+        processes.spawn(
+            "kube-apiserver",
+            &binary("kube-apiserver"),
+            &apiserver_args(&dir, &pki, etcd_client, apiserver),
+        )?;
+
+        let server = format!("https://127.0.0.1:{apiserver}");
+        let mut kubeconfigs = BTreeMap::new();
+        let admin_files = pki.client(ADMIN, Some("system:masters"))?;
+        kubeconfigs.insert(
+            ADMIN.to_owned(),
+            write_kubeconfig(&dir, ADMIN, &server, &pki.ca.cert, &admin_files)?,
+        );
+        for user in USERS {
+            let files = pki.client(user, None)?;
+            kubeconfigs.insert(
+                user.to_owned(),
+                write_kubeconfig(&dir, user, &server, &pki.ca.cert, &files)?,
+            );
+        }
+        // Its own identity, so that the bootstrap RBAC role for it is what it runs with.
+        let kcm_files = pki.client("system:kube-controller-manager", None)?;
+        let kcm_kubeconfig = write_kubeconfig(
+            &dir,
+            "kube-controller-manager",
+            &server,
+            &pki.ca.cert,
+            &kcm_files,
+        )?;
+
+        let admin = config_from_file(&kubeconfigs[ADMIN]).await?;
+        let admin_client = Client::try_from(admin.clone())?;
+        wait_until_ready(&admin_client, &mut processes).await?;
+        let apiserver_ready_after = started.elapsed();
+
+        processes.spawn(
+            "kube-controller-manager",
+            &binary("kube-controller-manager"),
+            &controller_manager_args(&pki, &kcm_kubeconfig),
+        )?;
+        // The `default` service account appears only when kube-controller-manager's
+        // serviceaccount controller runs: proof that the controllers are up.
+        let sa_api: Api<ServiceAccount> = Api::namespaced(admin_client.clone(), "default");
+        let waited = wait_for(
+            "kube-controller-manager to create default/default",
+            STARTUP_DEADLINE,
+            || {
+                let sa_api = sa_api.clone();
+                async move { Ok(sa_api.get_opt("default").await?.map(|_| ())) }
+            },
+        )
+        .await;
+        if let Err(error) = waited {
+            processes.check_running()?;
+            return Err(with_logs(error, &processes));
+        }
+        processes.check_running()?;
+
+        let control_plane = ControlPlane {
+            admin,
+            identities: Identities::Certificates(kubeconfigs),
+            local: Some(Local {
+                processes,
+                ports: vec![etcd_client, etcd_peer, apiserver],
+                apiserver_ready_after,
+            }),
+        };
+        control_plane.install_crds().await?;
+        eprintln!(
+            "control plane: /readyz after {:.1} s, controllers up after {:.1} s, state in {}",
+            apiserver_ready_after.as_secs_f64(),
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
+        Ok(control_plane)
+    }
+
+    /// Uses the cluster of an existing kubeconfig (its current context) as the administrator.
+    pub async fn external(kubeconfig: &Path) -> Result<ControlPlane> {
+        install_crypto_provider();
+        let control_plane = ControlPlane {
+            admin: config_from_file(kubeconfig).await?,
+            identities: Identities::Impersonation,
+            local: None,
+        };
+        control_plane.install_crds().await?;
+        Ok(control_plane)
+    }
+
+    /// A client with cluster-admin rights.
+    pub fn client(&self) -> Result<Client> {
+        Ok(Client::try_from(self.admin.clone())?)
+    }
+
+    /// A client authenticated as `identity` (`admin` or one of [`USERS`]).
+    pub async fn client_as(&self, identity: &str) -> Result<Client> {
+        if identity == ADMIN {
+            return self.client();
+        }
+        if !USERS.contains(&identity) {
+            return Err(Error::UnknownIdentity(identity.to_owned()));
+        }
+        let config = match &self.identities {
+            Identities::Certificates(kubeconfigs) => {
+                let path = kubeconfigs
+                    .get(identity)
+                    .ok_or_else(|| Error::UnknownIdentity(identity.to_owned()))?;
+                config_from_file(path).await?
+            }
+            Identities::Impersonation => {
+                let mut config = self.admin.clone();
+                config.auth_info.impersonate = Some(identity.to_owned());
+                config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+                config
+            }
+        };
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A client authenticated as a service account, with a bound token from the TokenRequest
+    /// API (valid for an hour).
+    pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                // None: the apiserver's own audience, which it accepts back.
+                audiences: None,
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let response = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await?;
+        let token = response
+            .status
+            .and_then(|status| status.token)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| Error::NoToken {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let mut config = self.admin.clone();
+        config.auth_info = AuthInfo {
+            token: Some(token.into()),
+            ..AuthInfo::default()
+        };
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Creates a namespace with a unique name, so that tests stay apart and run in parallel.
+    pub async fn fresh_namespace(&self) -> Result<String> {
+        let namespaces: Api<Namespace> = Api::all(self.client()?);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some("banlieue-test-".into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let created = namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        created.metadata.name.ok_or(Error::Unnamed("namespace"))
+    }
+
+    /// Server-side applies every document of a multi-document YAML file as the administrator;
+    /// namespaced objects without a namespace go to `default`. CRDs among them are waited on
+    /// until Established, so later documents and calls can use them.
+    pub async fn apply_yaml(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<Vec<kube::api::DynamicObject>> {
+        apply_yaml_with(&self.client()?, path.as_ref(), None).await
+    }
+
+    /// Like [`apply_yaml`](Self::apply_yaml), with `namespace` for namespaced objects that
+    /// name none.
+    pub async fn apply_yaml_in(
+        &self,
+        path: impl AsRef<Path>,
+        namespace: &str,
+    ) -> Result<Vec<kube::api::DynamicObject>> {
+        apply_yaml_with(&self.client()?, path.as_ref(), Some(namespace)).await
+    }
+
+    /// The kubeconfig file of `identity`, for a local control plane.
+    pub fn kubeconfig(&self, identity: &str) -> Option<&Path> {
+        match &self.identities {
+            Identities::Certificates(kubeconfigs) => {
+                kubeconfigs.get(identity).map(PathBuf::as_path)
+            }
+            Identities::Impersonation => None,
+        }
+    }
+
+    /// Whether this is a local control plane (as opposed to `BANLIEUE_TEST_KUBECONFIG`).
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// Names and PIDs of the local processes, the janitor included.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.local
+            .as_ref()
+            .map(|local| local.processes.pids())
+            .unwrap_or_default()
+    }
+
+    /// The loopback ports the local processes listen on.
+    pub fn ports(&self) -> Vec<u16> {
+        self.local
+            .as_ref()
+            .map(|local| local.ports.clone())
+            .unwrap_or_default()
+    }
+
+    /// The local state directory (etcd data, PKI, kubeconfigs, logs).
+    pub fn state_dir(&self) -> Option<&Path> {
+        self.local.as_ref().map(|local| local.processes.dir())
+    }
+
+    /// How long the local apiserver took from spawn to a successful `/readyz`.
+    pub fn apiserver_ready_after(&self) -> Option<Duration> {
+        self.local.as_ref().map(|local| local.apiserver_ready_after)
+    }
+
+    /// Installs every CRD under the repository's `deploy/crds/`, when that directory exists.
+    async fn install_crds(&self) -> Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| {
+                path.extension()
+                    .is_some_and(|ext| ext == "yaml" || ext == "yml")
+            })
+            .collect();
+        files.sort();
+        for file in files {
+            self.apply_yaml(&file).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Polls `probe` until it yields a value, failing after `deadline`. Errors from the probe end
+/// the wait only at the deadline, since a server coming up answers with errors for a while.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    const INTERVAL: Duration = Duration::from_millis(100);
+    let started = Instant::now();
+    loop {
+        let last = probe().await;
+        match last {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) | Err(_) if started.elapsed() < deadline => {
+                tokio::time::sleep(INTERVAL).await;
+            }
+            Ok(None) => {
+                return Err(Error::Timeout {
+                    what: what.to_owned(),
+                    after: deadline,
+                    detail: String::new(),
+                });
+            }
+            Err(error) => {
+                return Err(Error::Timeout {
+                    what: what.to_owned(),
+                    after: deadline,
+                    detail: format!("; last error: {}", error_chain(&error)),
+                });
+            }
+        }
+    }
+}
+
+/// An error with its sources, on one line.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The directory the binaries are read from: `BANLIEUE_CONTROL_PLANE_BIN`, else the stable
+/// directory `scripts/control-plane build` maintains in the cache.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("BANLIEUE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/banlieue")))
+        .unwrap_or_else(|| PathBuf::from(".cache/banlieue"));
+    cache.join("control-plane/bin")
+}
+
+/// kube and rcgen both use ring; another crate in the same test binary may enable aws-lc-rs
+/// too, and rustls then refuses to guess. Installing ring explicitly settles it.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+async fn config_from_file(path: &Path) -> Result<Config> {
+    let kubeconfig = Kubeconfig::read_from(path)?;
+    Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+}
+
+async fn wait_until_ready(client: &Client, processes: &mut Processes) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        processes.check_running()?;
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| Error::io("build a request", std::io::Error::other(e)))?;
+        match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            _ if started.elapsed() < STARTUP_DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            _ => {
+                return Err(with_logs(
+                    Error::Timeout {
+                        what: "kube-apiserver /readyz".into(),
+                        after: STARTUP_DEADLINE,
+                        detail: String::new(),
+                    },
+                    processes,
+                ));
+            }
+        }
+    }
+}
+
+fn with_logs(error: Error, processes: &Processes) -> Error {
+    match error {
+        Error::Timeout {
+            what,
+            after,
+            detail,
+        } => Error::Timeout {
+            what,
+            after,
+            detail: format!("{detail}\n{}", processes.log_tails()),
+        },
+        other => other,
+    }
+}
+
+/// Three distinct free loopback ports. Held open together so they differ; released just
+/// before use, which leaves a small window another process could take one in.
+fn free_ports() -> Result<[u16; 3]> {
+    let bind = || {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|source| Error::io("find a free port", source))
+    };
+    let listeners = [bind()?, bind()?, bind()?];
+    let port = |l: &TcpListener| {
+        l.local_addr()
+            .map(|a| a.port())
+            .map_err(|source| Error::io("find a free port", source))
+    };
+    Ok([
+        port(&listeners[0])?,
+        port(&listeners[1])?,
+        port(&listeners[2])?,
+    ])
+}
+
+fn path_arg(flag: &str, path: &Path) -> String {
+    format!("--{flag}={}", path.display())
+}
+
+fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    vec![
+        "--name=banlieue".into(),
+        path_arg("data-dir", &dir.join("etcd")),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=banlieue={peer_url}"),
+        // The data is thrown away after the run; fsync would only make every write slow.
+        "--unsafe-no-fsync=true".into(),
+        "--log-level=warn".into(),
+    ]
+}
+
+fn apiserver_args(dir: &Path, pki: &Pki, etcd_client: u16, port: u16) -> Vec<String> {
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        // Unused (the certificates are given), but the default is a system path.
+        path_arg("cert-dir", &dir.join("apiserver-certs")),
+        path_arg("tls-cert-file", &pki.serving.cert),
+        path_arg("tls-private-key-file", &pki.serving.key),
+        path_arg("client-ca-file", &pki.ca.cert),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        path_arg("service-account-key-file", &pki.service_account_public_key),
+        path_arg("service-account-signing-key-file", &pki.service_account_key),
+        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--allow-privileged=true".into(),
+        // A loopback address cannot back the `kubernetes` Service's endpoints; no pod needs it.
+        "--endpoint-reconciler-type=none".into(),
+    ]
+}
+
+fn controller_manager_args(pki: &Pki, kubeconfig: &Path) -> Vec<String> {
+    vec![
+        path_arg("kubeconfig", kubeconfig),
+        path_arg("authentication-kubeconfig", kubeconfig),
+        path_arg("authorization-kubeconfig", kubeconfig),
+        // Its health endpoint is not needed, and no port means none left behind.
+        "--secure-port=0".into(),
+        "--leader-elect=false".into(),
+        "--controllers=*".into(),
+        "--use-service-account-credentials=true".into(),
+        path_arg("service-account-private-key-file", &pki.service_account_key),
+        path_arg("root-ca-file", &pki.ca.cert),
+        path_arg("cluster-signing-cert-file", &pki.ca.cert),
+        path_arg("cluster-signing-key-file", &pki.ca.key),
+    ]
+}
+
+/// Writes `<dir>/kubeconfigs/<name>.kubeconfig`, referring to the PEM files by path.
+fn write_kubeconfig(
+    dir: &Path,
+    name: &str,
+    server: &str,
+    ca: &Path,
+    files: &CertFiles,
+) -> Result<PathBuf> {
+    let kubeconfigs = dir.join("kubeconfigs");
+    std::fs::create_dir_all(&kubeconfigs)
+        .map_err(|source| Error::io("create the kubeconfig dir", source))?;
+    let path = kubeconfigs.join(format!("{name}.kubeconfig"));
+    // JSON strings are YAML strings: quoting without a YAML writer.
+    let quote = |p: &Path| serde_json::Value::from(p.display().to_string()).to_string();
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: banlieue
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: {name}
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: {name}
+  context:
+    cluster: banlieue
+    user: {name}
+    namespace: default
+current-context: {name}
+",
+        ca = quote(ca),
+        cert = quote(&files.cert),
+        key = quote(&files.key),
+    );
+    std::fs::write(&path, text).map_err(|source| Error::io("write a kubeconfig", source))?;
+    Ok(path)
+}

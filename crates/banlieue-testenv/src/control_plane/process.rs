@@ -1,0 +1,259 @@
+//! Child processes of a control plane, and the guarantees that they never outlive it.
+//!
+//! Three mechanisms, because each covers a way the others fail:
+//! - `Drop` kills every child by PID and reaps it (the ordinary case: an owned instance).
+//! - Each child runs under `setpriv --pdeathsig KILL`, so the kernel kills it when the thread
+//!   that spawned it exits. Statics are never dropped, so this is what stops the shared
+//!   instance when the test binary exits, however it exits. The death signal follows the
+//!   spawning *thread*, not the process, and libtest runs each test on its own short-lived
+//!   thread, so every spawn goes through one spawner thread that lives as long as the process.
+//! - A janitor shell owns the state directory: it reads the children's PIDs on a pipe and, when
+//!   the pipe closes (on drop, or because the test process died, even by SIGKILL or Ctrl-C),
+//!   makes sure they are gone and removes the directory.
+
+use std::fs::File;
+use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+use super::Error;
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `command` from the process-lifetime spawner thread (see the module comment).
+fn spawn_from_spawner_thread(command: Command) -> io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        // The thread ends only when the process does: the sender lives in a static.
+        let spawned = std::thread::Builder::new()
+            .name("control-plane-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            });
+        if let Err(e) = spawned {
+            // Surfaces on the first send below as a closed channel.
+            eprintln!("control plane: cannot start the spawner thread: {e}");
+        }
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    let sent = sender
+        .lock()
+        .map_err(|_| io::Error::other("spawner lock poisoned"))?
+        .send((command, reply_tx));
+    sent.map_err(|_| io::Error::other("spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| io::Error::other("spawner thread is gone"))?
+}
+
+/// Finds `name` on `PATH`.
+pub(super) fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+const JANITOR_SCRIPT: &str = r#"
+# Ctrl-C reaches the whole process group; the janitor must outlive the test process to clean up.
+trap '' INT TERM HUP
+dir=$1
+pids=()
+while read -r word arg; do
+    case $word in
+    pid) pids+=("$arg") ;;
+    stopped) pids=() ;;
+    esac
+done
+for pid in "${pids[@]}"; do
+    # Only a process whose command line names this state directory is one of ours.
+    if grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+done
+for pid in "${pids[@]}"; do
+    for _ in $(seq 200); do
+        grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null || break
+        sleep 0.05
+    done
+done
+rm -rf -- "$dir"
+"#;
+
+/// One supervised child with its log file.
+#[derive(Debug)]
+struct Supervised {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+/// The processes of one local control plane and its state directory.
+#[derive(Debug)]
+pub(super) struct Processes {
+    dir: PathBuf,
+    setpriv: PathBuf,
+    children: Vec<Supervised>,
+    janitor: Option<(Child, ChildStdin)>,
+}
+
+impl Processes {
+    /// Creates the state directory and its janitor.
+    pub(super) fn new() -> Result<Self, Error> {
+        let setpriv = which("setpriv").ok_or(Error::SetprivMissing)?;
+        let dir = tempfile::Builder::new()
+            .prefix("banlieue-control-plane-")
+            .tempdir()
+            .map_err(|source| Error::io("create the state directory", source))?
+            // The janitor removes it, also when this process dies without unwinding.
+            .keep();
+        let mut command = Command::new("bash");
+        command
+            .arg("-c")
+            .arg(JANITOR_SCRIPT)
+            .arg("janitor")
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut janitor = match command.spawn() {
+            Ok(janitor) => janitor,
+            Err(source) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(Error::io("start the janitor", source));
+            }
+        };
+        let Some(pipe) = janitor.stdin.take() else {
+            let _ = janitor.kill();
+            let _ = janitor.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(Error::io(
+                "start the janitor",
+                io::Error::other("no stdin pipe"),
+            ));
+        };
+        Ok(Self {
+            dir,
+            setpriv,
+            children: Vec::new(),
+            janitor: Some((janitor, pipe)),
+        })
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Starts `binary` with `args`, its output in `logs/<name>.log` under the state directory.
+    pub(super) fn spawn(
+        &mut self,
+        name: &'static str,
+        binary: &Path,
+        args: &[String],
+    ) -> Result<u32, Error> {
+        let logs = self.dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(|source| Error::io("create logs", source))?;
+        let log = logs.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(|source| Error::io("create a log file", source))?;
+        let err = out
+            .try_clone()
+            .map_err(|source| Error::io("create a log file", source))?;
+        let mut command = Command::new(&self.setpriv);
+        command
+            .arg("--pdeathsig")
+            .arg("KILL")
+            .arg("--")
+            .arg(binary)
+            .args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = spawn_from_spawner_thread(command)
+            .map_err(|source| Error::io(format!("start {name}"), source))?;
+        let pid = child.id();
+        self.tell_janitor(&format!("pid {pid}"));
+        self.children.push(Supervised { name, child, log });
+        Ok(pid)
+    }
+
+    fn tell_janitor(&mut self, line: &str) {
+        if let Some((_, pipe)) = &mut self.janitor {
+            // A janitor that is gone cannot clean up, but Drop still does.
+            let _ = writeln!(pipe, "{line}");
+        }
+    }
+
+    /// Fails if any child has exited, naming it and quoting the end of its log.
+    pub(super) fn check_running(&mut self) -> Result<(), Error> {
+        for supervised in &mut self.children {
+            if let Ok(Some(status)) = supervised.child.try_wait() {
+                return Err(exited(supervised, status));
+            }
+        }
+        Ok(())
+    }
+
+    /// The last lines of every child's log, for error messages.
+    pub(super) fn log_tails(&self) -> String {
+        self.children
+            .iter()
+            .map(|s| format!("--- {} ({})\n{}", s.name, s.log.display(), tail(&s.log)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub(super) fn pids(&self) -> Vec<(&'static str, u32)> {
+        let mut pids: Vec<_> = self
+            .children
+            .iter()
+            .map(|s| (s.name, s.child.id()))
+            .collect();
+        if let Some((janitor, _)) = &self.janitor {
+            pids.push(("janitor", janitor.id()));
+        }
+        pids
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        // Dependents first, so the apiserver never logs a storm of etcd errors on the way down.
+        while let Some(mut supervised) = self.children.pop() {
+            let _ = supervised.child.kill();
+            let _ = supervised.child.wait();
+        }
+        self.tell_janitor("stopped");
+        if let Some((mut janitor, pipe)) = self.janitor.take() {
+            drop(pipe);
+            let _ = janitor.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn exited(supervised: &Supervised, status: ExitStatus) -> Error {
+    Error::Exited {
+        name: supervised.name,
+        status,
+        log_tail: tail(&supervised.log),
+    }
+}
+
+/// The last few KiB of a log file, lossily decoded.
+fn tail(path: &Path) -> String {
+    const TAIL: u64 = 4096;
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(TAIL)));
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
