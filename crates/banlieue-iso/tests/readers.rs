@@ -141,6 +141,7 @@ fn awkward_meta_data_values_and_binary_user_data_survive() {
     ] {
         let seed = NoCloudSeed::new(instance_id, hostname).with_user_data(user_data.clone());
         let (image, expected) = seed_expected(&seed, &[("user-data", &user_data)]);
+        check_all_readers(&image, &expected);
         let Some(extracted) = extract_seed_with_isoinfo(&image, &["meta-data", "user-data"]) else {
             return;
         };

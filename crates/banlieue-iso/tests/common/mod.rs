@@ -55,6 +55,40 @@ pub fn build(specs: &[Spec], options: &ImageOptions) -> banlieue_iso::Result<(By
     Ok((image.to_bytes()?, expected))
 }
 
+/// Like [`build`], but skips entries that conflict with earlier ones (a duplicate path, or a
+/// path through a file), as random trees produce; returns the specs that were kept.
+pub fn build_lenient(
+    specs: &[Spec],
+    options: &ImageOptions,
+) -> banlieue_iso::Result<(Bytes, Expected, Vec<Spec>)> {
+    let mut tree = Tree::new();
+    let mut contents = BTreeMap::new();
+    let mut kept = Vec::new();
+    for spec in specs {
+        let added = match spec {
+            Spec::File(path, data) => tree.add_bytes(path, data.clone()),
+            Spec::Dir(path) => tree.add_directory(path),
+        };
+        match added {
+            Ok(()) => {}
+            Err(
+                banlieue_iso::Error::DuplicatePath { .. }
+                | banlieue_iso::Error::NotADirectory { .. },
+            ) => {
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        if let Spec::File(path, data) = spec {
+            contents.insert(format!("/{}", path.trim_start_matches('/')), data.clone());
+        }
+        kept.push(spec.clone());
+    }
+    let image = Image::plan(tree, options)?;
+    let expected = expected_from(&image, &contents, options.volume_label.as_str());
+    Ok((image.to_bytes()?, expected, kept))
+}
+
 pub fn expected_from(
     image: &Image<Cursor<Bytes>>,
     contents: &BTreeMap<String, Vec<u8>>,
@@ -324,6 +358,7 @@ pub fn check_xorriso(image: &Path, expected: &Expected) {
     let scratch = tempfile::tempdir().unwrap();
     let target = scratch.path().join("x");
     run(Command::new(&xorriso)
+        .env("LC_ALL", "C.UTF-8")
         .args(["-osirrox", "on", "-indev"])
         .arg(image)
         .args(["-extract", "/"])
