@@ -205,7 +205,7 @@ impl<'s> P<'s> {
         let mut definitions = Vec::new();
         let mut i = i;
         loop {
-            i = self.ws(i);
+            i = self.skip(i)?.0;
             if i.is_empty() {
                 return Ok((i, Spec { definitions }));
             }

@@ -53,3 +53,6 @@ pub mod proto {
 pub(crate) mod fixture {
     pub mod constructs { include!(concat!(env!("OUT_DIR"), "/fixture/constructs.rs")); }
 }
+
+#[cfg(test)]
+mod fixture_tests;
