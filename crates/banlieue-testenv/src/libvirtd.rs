@@ -1,1 +1,630 @@
 //! A real libvirtd serving TLS on loopback with a throwaway PKI.
+//!
+//! Each [`Libvirtd`] is the system's own `/usr/sbin/libvirtd` (qemu driver, `qemu:///system`
+//! from the daemon's point of view) running in a private mount namespace where its
+//! configuration, state, run and log directories are the instance's temp dir. Two instances run
+//! side by side; dropping one stops its guests and the daemon by PID and removes the temp dir.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+//! if !Libvirtd::available()? {
+//!     return Ok(()); // BANLIEUE_ALLOW_MISSING_PEERS=1 and no daemon: skipped loudly
+//! }
+//! let daemon = Libvirtd::start(LibvirtdOptions::default()).await?;
+//! let version = daemon.virsh(["version"]).await?;
+//! # Ok(()) }
+//! ```
+
+mod layout;
+mod pki;
+mod process;
+
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use rustix::process::Signal;
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use layout::Layout;
+use pki::Authority;
+use process::{
+    POLL, in_other_mount_namespace, is_running, pids_from_pid_files, proc_stat, signal, wait_until,
+};
+
+/// Where Debian's package puts the daemon.
+pub const LIBVIRTD_BINARY: &str = "/usr/sbin/libvirtd";
+
+/// Set to `1` to let tests skip (loudly) when a real peer is not installed.
+pub const ALLOW_MISSING_PEERS_ENV: &str = "BANLIEUE_ALLOW_MISSING_PEERS";
+
+/// The namespace wrapper: bind mounts, then `exec` of the daemon.
+const NAMESPACE_SCRIPT: &str = include_str!("libvirtd/namespace.sh");
+
+/// How long the daemon has to exit after SIGTERM before SIGKILL (it takes ~1.6 s).
+const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long guests have to exit after SIGTERM before SIGKILL.
+const GUEST_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the kernel may take to stop or continue the daemon after SIGSTOP or SIGCONT.
+const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a virsh invocation may take; domain start under TCG is ~1.5 s.
+const VIRSH_TIMEOUT: Duration = Duration::from_secs(180);
+/// Attempts at picking free ports, in case another process takes one between pick and bind.
+const PORT_ATTEMPTS: usize = 3;
+
+/// How to configure the daemon.
+#[derive(Debug, Clone)]
+pub struct LibvirtdOptions {
+    /// Also serve plain TCP (`listen_tcp`, `auth_tcp = "none"`) on a free loopback port, for
+    /// wire capture with tshark.
+    pub tcp: bool,
+    /// `max_client_requests`: concurrent calls per client (libvirt's default is 5).
+    pub max_client_requests: Option<u32>,
+    /// `keepalive_interval` in seconds; `-1` disables the server's keepalive.
+    pub keepalive_interval: Option<i32>,
+    /// `keepalive_count`: unanswered keepalives before the server drops a client.
+    pub keepalive_count: Option<u32>,
+    /// Extra `libvirtd.conf` lines, appended verbatim.
+    pub extra_config: Vec<String>,
+    /// Extra `qemu.conf` lines, appended verbatim.
+    pub extra_qemu_config: Vec<String>,
+    /// How long a (re)start may take until the daemon accepts clients. The first start on a
+    /// machine probes QEMU's capabilities (~8 s on two cores); later starts use the cache.
+    pub ready_timeout: Duration,
+}
+
+impl Default for LibvirtdOptions {
+    fn default() -> Self {
+        Self {
+            tcp: false,
+            max_client_requests: None,
+            keepalive_interval: None,
+            keepalive_count: None,
+            extra_config: Vec::new(),
+            extra_qemu_config: Vec::new(),
+            ready_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+impl LibvirtdOptions {
+    /// Also serve plain TCP on a free loopback port.
+    pub fn with_tcp(mut self) -> Self {
+        self.tcp = true;
+        self
+    }
+
+    pub fn with_max_client_requests(mut self, n: u32) -> Self {
+        self.max_client_requests = Some(n);
+        self
+    }
+
+    pub fn with_keepalive(mut self, interval_secs: i32, count: u32) -> Self {
+        self.keepalive_interval = Some(interval_secs);
+        self.keepalive_count = Some(count);
+        self
+    }
+
+    pub fn with_config_line(mut self, line: impl Into<String>) -> Self {
+        self.extra_config.push(line.into());
+        self
+    }
+}
+
+/// A running libvirtd test instance. Dropping it stops the guests it spawned and the daemon
+/// (SIGTERM, then SIGKILL after a deadline) and removes its temp dir.
+#[derive(Debug)]
+pub struct Libvirtd {
+    layout: Layout,
+    options: LibvirtdOptions,
+    authority: Authority,
+    tls_port: u16,
+    tcp_port: Option<u16>,
+    daemon: Option<Child>,
+    /// Start time of the first daemon process, in clock ticks after boot: a PID read from a
+    /// pid file is only signalled if its process started no earlier (guards against reuse).
+    first_start_ticks: u64,
+    /// Every PID the daemon had (restarts give new ones), never to be taken for a guest's.
+    daemon_pids: Vec<u32>,
+    suspended: bool,
+    // Declared last so it is removed after the processes above are stopped.
+    dir: TempDir,
+}
+
+impl Libvirtd {
+    /// Whether tests can run against a real libvirtd: `Ok(true)` when the daemon is installed;
+    /// `Ok(false)` (after a loud message on stderr) when it is not and
+    /// `BANLIEUE_ALLOW_MISSING_PEERS=1`; otherwise the error [`Libvirtd::start`] would give.
+    pub fn available() -> Result<bool> {
+        if Path::new(LIBVIRTD_BINARY).exists() {
+            return Ok(true);
+        }
+        if std::env::var(ALLOW_MISSING_PEERS_ENV).as_deref() == Ok("1") {
+            eprintln!(
+                "\n!!!!! SKIPPED: {} (and {ALLOW_MISSING_PEERS_ENV}=1) !!!!!\n",
+                missing_daemon_message()
+            );
+            return Ok(false);
+        }
+        bail!(missing_daemon_message())
+    }
+
+    /// Starts a daemon and waits until it accepts clients.
+    pub async fn start(options: LibvirtdOptions) -> Result<Self> {
+        ensure!(
+            Path::new(LIBVIRTD_BINARY).exists(),
+            missing_daemon_message()
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("banlieue-libvirtd-")
+            .tempdir()
+            .context("create the instance's temp dir")?;
+        let layout = Layout {
+            root: dir.path().to_owned(),
+        };
+        layout
+            .create()
+            .context("lay out the instance's directories")?;
+        let authority = Authority::new("banlieue test CA")?;
+        authority.write_instance_files(&layout.pki_dir())?;
+
+        let mut instance = Self {
+            layout,
+            options,
+            authority,
+            tls_port: 0,
+            tcp_port: None,
+            daemon: None,
+            first_start_ticks: 0,
+            daemon_pids: Vec::new(),
+            suspended: false,
+            dir,
+        };
+        let mut attempt = 1;
+        loop {
+            let (tls_port, tcp_port) = free_ports(instance.options.tcp)?;
+            instance.tls_port = tls_port;
+            instance.tcp_port = tcp_port;
+            instance
+                .layout
+                .write_config(&instance.options, tls_port, tcp_port)?;
+            match instance.launch().await {
+                Ok(()) => return Ok(instance),
+                Err(e) if attempt < PORT_ATTEMPTS && instance.lost_port_race() => {
+                    eprintln!(
+                        "libvirtd: a port was taken before the daemon bound it, retrying: {e:#}"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `qemu+tls://127.0.0.1:PORT/system`, without a `pkipath`: clients pass the files below.
+    pub fn tls_uri(&self) -> String {
+        format!("qemu+tls://127.0.0.1:{}/system", self.tls_port)
+    }
+
+    /// `qemu+tcp://127.0.0.1:PORT/system` when plain TCP was asked for.
+    pub fn tcp_uri(&self) -> Option<String> {
+        self.tcp_port
+            .map(|port| format!("qemu+tcp://127.0.0.1:{port}/system"))
+    }
+
+    /// The TLS URI with `?pkipath=`, as virsh and the C library take it.
+    pub fn virsh_uri(&self) -> String {
+        format!("{}?pkipath={}", self.tls_uri(), self.pki_dir().display())
+    }
+
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+    }
+
+    pub fn tcp_port(&self) -> Option<u16> {
+        self.tcp_port
+    }
+
+    /// Directory with `cacert.pem servercert.pem serverkey.pem clientcert.pem clientkey.pem`.
+    pub fn pki_dir(&self) -> PathBuf {
+        self.layout.pki_dir()
+    }
+
+    pub fn ca_cert_path(&self) -> PathBuf {
+        self.pki_dir().join(pki::CA_CERT)
+    }
+
+    pub fn client_cert_path(&self) -> PathBuf {
+        self.pki_dir().join(pki::CLIENT_CERT)
+    }
+
+    /// PKCS#8 PEM.
+    pub fn client_key_path(&self) -> PathBuf {
+        self.pki_dir().join(pki::CLIENT_KEY)
+    }
+
+    /// The instance's temp dir: everything the instance owns lives under it.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What the daemon sees as `/var/lib/libvirt` (NVRAM files, swtpm state, domain dirs).
+    pub fn state_dir(&self) -> PathBuf {
+        self.layout.lib_dir()
+    }
+
+    /// What the daemon sees as `/etc/libvirt` (persistent domain, pool and network XML).
+    pub fn config_dir(&self) -> PathBuf {
+        self.layout.etc_dir()
+    }
+
+    /// What the daemon sees as `/run/libvirt` (pid files, live status XML, sockets).
+    pub fn run_dir(&self) -> PathBuf {
+        self.layout.libvirt_run_dir()
+    }
+
+    /// The daemon's log file.
+    pub fn log_file(&self) -> PathBuf {
+        self.layout.daemon_log()
+    }
+
+    /// A guest's QEMU log (command line, stderr, console when `stdio_handler = "file"`).
+    pub fn domain_log(&self, domain: &str) -> PathBuf {
+        self.layout
+            .log_dir()
+            .join("libvirt/qemu")
+            .join(format!("{domain}.log"))
+    }
+
+    /// The daemon's PID (the same process through setpriv, unshare and the wrapper's `exec`).
+    pub fn pid(&self) -> u32 {
+        self.daemon.as_ref().map_or(0, Child::id)
+    }
+
+    /// Creates `<dir>/pools/<name>` for a `dir` storage pool and returns its path.
+    pub fn create_pool_dir(&self, name: &str) -> Result<PathBuf> {
+        ensure!(
+            !name.is_empty() && !name.contains('/') && name != "." && name != "..",
+            "pool dir name {name:?} is not a single path component"
+        );
+        let path = self.layout.pools_dir().join(name);
+        fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        // QEMU runs as libvirt-qemu and must reach volumes here.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+        Ok(path)
+    }
+
+    /// Writes a pkipath dir whose `cacert.pem` is this instance's CA (so the server is
+    /// trusted) but whose client cert and key come from an unrelated CA: the daemon must refuse
+    /// it. Returns the dir.
+    pub fn write_untrusted_client_pki(&self) -> Result<PathBuf> {
+        let dir = self.dir().join("pki-untrusted");
+        let other = Authority::new("banlieue unrelated CA")?;
+        other.write_client_files(&dir, self.authority.cert_pem())?;
+        Ok(dir)
+    }
+
+    /// Runs the independent `virsh` client against this daemon over TLS and returns its
+    /// stdout; fails with its stderr when it exits non-zero. For tests only.
+    pub async fn virsh<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        run_virsh(&self.virsh_uri(), args).await
+    }
+
+    /// PIDs of the guest processes (QEMU, swtpm, other helpers) that the daemon's pid files
+    /// name and that are running.
+    pub fn guest_pids(&self) -> Vec<u32> {
+        pids_from_pid_files(&self.layout.libvirt_run_dir())
+            .into_iter()
+            .map(|(_, pid)| pid)
+            .filter(|pid| !self.daemon_pids.contains(pid))
+            .filter(|&pid| is_running(pid, self.first_start_ticks))
+            .filter(|&pid| in_other_mount_namespace(pid))
+            .collect()
+    }
+
+    /// SIGSTOP: the daemon keeps its sockets but answers nothing (connection-loss tests).
+    /// Returns once the kernel reports the process stopped.
+    pub fn suspend(&mut self) -> Result<()> {
+        let pid = self.pid();
+        signal(pid, Signal::STOP).context("SIGSTOP libvirtd")?;
+        self.suspended = true;
+        ensure!(
+            wait_until(SIGNAL_TIMEOUT, || proc_stat(pid)
+                .is_some_and(|s| s.state == 'T')),
+            "libvirtd {pid} did not stop within {SIGNAL_TIMEOUT:?}"
+        );
+        Ok(())
+    }
+
+    /// SIGCONT after [`Libvirtd::suspend`]; returns once the process runs again.
+    pub fn resume(&mut self) -> Result<()> {
+        let pid = self.pid();
+        signal(pid, Signal::CONT).context("SIGCONT libvirtd")?;
+        self.suspended = false;
+        ensure!(
+            wait_until(SIGNAL_TIMEOUT, || proc_stat(pid)
+                .is_some_and(|s| s.state != 'T')),
+            "libvirtd {pid} did not continue within {SIGNAL_TIMEOUT:?}"
+        );
+        Ok(())
+    }
+
+    /// Stops the daemon and starts it again on the same ports with the same PKI and state.
+    /// Running guests survive, as with a real daemon restart, and are reconnected.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.stop_daemon();
+        self.launch().await
+    }
+
+    /// The last lines of the daemon's stderr and log file, for error messages.
+    pub fn diagnostics(&self) -> String {
+        format!(
+            "--- {} (tail) ---\n{}\n--- {} (tail) ---\n{}",
+            self.layout.daemon_stderr().display(),
+            tail(&self.layout.daemon_stderr(), 40),
+            self.layout.daemon_log().display(),
+            tail(&self.layout.daemon_log(), 40),
+        )
+    }
+
+    async fn launch(&mut self) -> Result<()> {
+        let output = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.layout.daemon_stderr())
+            .context("open the daemon's stderr file")?;
+        let child = process::spawn_from_process_lifetime_thread(self.daemon_command(output)?)
+            .context("spawn setpriv/unshare/libvirtd")?;
+        if self.first_start_ticks == 0 {
+            self.first_start_ticks = proc_stat(child.id()).map_or(0, |s| s.start_ticks);
+        }
+        self.daemon_pids.push(child.id());
+        self.daemon = Some(child);
+        let started = Instant::now();
+        match self.wait_ready().await {
+            Ok(()) => {
+                tracing_ready(started.elapsed(), self.tls_port);
+                Ok(())
+            }
+            Err(e) => {
+                self.stop_daemon();
+                Err(e.context(format!("start libvirtd\n{}", self.diagnostics())))
+            }
+        }
+    }
+
+    fn daemon_command(&self, output: File) -> Result<Command> {
+        let mut command = Command::new("setpriv");
+        // pdeathsig first, so the daemon dies with the test process even if that happens
+        // while the wrapper is still mounting.
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .args(["unshare", "--mount", "--propagation", "private", "--"])
+            .args(["sh", "-c", NAMESPACE_SCRIPT, "banlieue-libvirtd-namespace"])
+            .arg(self.dir())
+            .arg(LIBVIRTD_BINARY)
+            .args(["--listen", "-f", "/etc/libvirt/libvirtd.conf"])
+            .args(["-p", "/run/libvirt/libvirtd.pid"])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "HOME",
+                std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(output.try_clone()?)
+            .stderr(output);
+        Ok(command)
+    }
+
+    /// Waits until the TLS port listens and the daemon accepts clients. libvirtd listens
+    /// before its drivers are initialised but accepts only after, so a TCP connect alone is
+    /// not enough: a call on the instance's unix socket gets an answer only once clients are
+    /// accepted, on every listener at once.
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.options.ready_timeout;
+        loop {
+            self.ensure_daemon_running()?;
+            if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, self.tls_port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "libvirtd did not listen on 127.0.0.1:{} within {:?}",
+                self.tls_port,
+                self.options.ready_timeout
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        let socket = self.layout.unix_socket();
+        loop {
+            self.ensure_daemon_running()?;
+            if probe_unix_socket(&socket, Duration::from_secs(1)).await {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "libvirtd did not accept clients within {:?}",
+                self.options.ready_timeout
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn ensure_daemon_running(&mut self) -> Result<()> {
+        let Some(child) = self.daemon.as_mut() else {
+            bail!("libvirtd is not running");
+        };
+        if let Some(status) = child.try_wait()? {
+            self.daemon = None;
+            bail!("libvirtd exited ({status}) before accepting clients");
+        }
+        Ok(())
+    }
+
+    fn lost_port_race(&self) -> bool {
+        let log = |p: &Path| fs::read_to_string(p).unwrap_or_default();
+        let text = log(&self.layout.daemon_stderr()) + &log(&self.layout.daemon_log());
+        text.contains("Address already in use")
+    }
+
+    /// SIGTERM by PID, wait, SIGKILL after a deadline, reap.
+    fn stop_daemon(&mut self) {
+        let Some(mut child) = self.daemon.take() else {
+            return;
+        };
+        if self.suspended {
+            // A stopped process would not act on SIGTERM.
+            let _ = signal(child.id(), Signal::CONT);
+            self.suspended = false;
+        }
+        let _ = signal(child.id(), Signal::TERM);
+        let exited = wait_until(DAEMON_STOP_TIMEOUT, || {
+            !matches!(child.try_wait(), Ok(None))
+        });
+        if !exited {
+            eprintln!(
+                "libvirtd {} ignored SIGTERM for {DAEMON_STOP_TIMEOUT:?}; sending SIGKILL",
+                child.id()
+            );
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+
+    /// Guests are the daemon's grandchildren (QEMU daemonizes) and outlive it, so they are
+    /// stopped by the PIDs in the daemon's pid files: SIGTERM, then SIGKILL after a deadline.
+    /// While the daemon runs it sees them exit and cleans up after them as for any crash.
+    fn stop_guests(&self) {
+        let guests = self.guest_pids();
+        if guests.is_empty() {
+            return;
+        }
+        for &pid in &guests {
+            let _ = signal(pid, Signal::TERM);
+        }
+        let ticks = self.first_start_ticks;
+        let gone = || guests.iter().all(|&pid| !is_running(pid, ticks));
+        if !wait_until(GUEST_STOP_TIMEOUT, gone) {
+            for &pid in &guests {
+                if is_running(pid, ticks) {
+                    let _ = signal(pid, Signal::KILL);
+                }
+            }
+            wait_until(GUEST_STOP_TIMEOUT, gone);
+        }
+    }
+}
+
+impl Drop for Libvirtd {
+    fn drop(&mut self) {
+        if self.suspended {
+            let _ = signal(self.pid(), Signal::CONT);
+            self.suspended = false;
+        }
+        self.stop_guests();
+        self.stop_daemon();
+        // A guest started while the first sweep ran, or one the dying daemon left behind.
+        self.stop_guests();
+    }
+}
+
+/// Runs `virsh -c URI ARGS…` and returns stdout; for tests that bring their own pkipath.
+pub async fn run_virsh<I, S>(uri: &str, args: I) -> Result<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let shown = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut command = tokio::process::Command::new("virsh");
+    command
+        .arg("-c")
+        .arg(uri)
+        .args(&args)
+        .env_remove("LIBVIRT_DEFAULT_URI")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(VIRSH_TIMEOUT, command.output())
+        .await
+        .with_context(|| format!("virsh {shown}: no answer within {VIRSH_TIMEOUT:?}"))?
+        .with_context(|| format!("run virsh {shown} (libvirt-clients installed?)"))?;
+    if !output.status.success() {
+        bail!(
+            "virsh {shown}: {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    String::from_utf8(output.stdout).with_context(|| format!("virsh {shown}: stdout is not UTF-8"))
+}
+
+fn missing_daemon_message() -> String {
+    format!(
+        "libvirtd is not installed at {LIBVIRTD_BINARY}: run scripts/setup (or scripts/setup libvirtd)"
+    )
+}
+
+/// Two distinct free loopback ports, picked by binding port 0.
+fn free_ports(tcp: bool) -> Result<(u16, Option<u16>)> {
+    // Both listeners stay open until both ports are known, so they differ.
+    let tls = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("pick a free port")?;
+    let tcp = if tcp {
+        Some(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("pick a free port")?)
+    } else {
+        None
+    };
+    let tcp_port = match &tcp {
+        Some(listener) => Some(listener.local_addr()?.port()),
+        None => None,
+    };
+    Ok((tls.local_addr()?.port(), tcp_port))
+}
+
+/// Sends one call (AUTH_LIST) on the unix socket and waits up to `wait` for any reply bytes.
+async fn probe_unix_socket(socket: &Path, wait: Duration) -> bool {
+    // XDR header: length, program REMOTE_PROGRAM, version 1, procedure AUTH_LIST (66),
+    // type CALL, serial 1, status OK. AUTH_LIST takes no arguments.
+    const CALL: [u32; 7] = [28, 0x2000_8086, 1, 66, 0, 1, 0];
+    let bytes: Vec<u8> = CALL.iter().flat_map(|w| w.to_be_bytes()).collect();
+    let attempt = async {
+        let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        stream.write_all(&bytes).await.ok()?;
+        let mut reply = [0_u8; 4];
+        stream.read_exact(&mut reply).await.ok()
+    };
+    matches!(tokio::time::timeout(wait, attempt).await, Ok(Some(_)))
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    match fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("({e})"),
+    }
+}
+
+fn tracing_ready(elapsed: Duration, port: u16) {
+    // Start times matter when a suite starts many instances; stderr is shown on failure only.
+    eprintln!("libvirtd on 127.0.0.1:{port} accepting clients after {elapsed:.2?}");
+}
