@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cidata;
 mod libvirt;
 
 /// banlieue: single-use VM sandboxes on Kubernetes, on libvirt/KVM hosts.
@@ -19,12 +20,15 @@ enum Command {
     /// Inspect the libvirt protocol and hosts through banlieue's own client.
     #[command(subcommand)]
     Libvirt(libvirt::Command),
+    /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
+    Cidata(cidata::CidataArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Libvirt(cmd) => libvirt::run(cmd),
+        Command::Cidata(args) => return cidata::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
