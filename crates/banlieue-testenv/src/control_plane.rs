@@ -38,11 +38,14 @@ pub const ADMIN: &str = "admin";
 /// authenticated user, plus the broker identity a tenant-facing broker would use.
 pub const USERS: [&str; 3] = ["alice", "bob", "broker"];
 
+/// The label of every namespace `fresh_namespace` creates.
+pub const TEST_NAMESPACE_LABEL: &str = "banlieue.io/test";
+
 const STARTUP_DEADLINE: Duration = Duration::from_secs(90);
 const CRD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Errors of the control-plane harness.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum Error {
     #[error("control-plane binaries not found in {}: run scripts/setup", dir.display())]
     BinariesMissing { dir: PathBuf },
@@ -91,6 +94,14 @@ pub enum Error {
     Unnamed(&'static str),
     #[error("the TokenRequest for {namespace}/{name} returned no token")]
     NoToken { namespace: String, name: String },
+}
+
+/// The message chain rather than the structure: tests report errors with `expect`, which
+/// prints `Debug`, and the reader wants "run scripts/setup" and the logs, not struct syntax.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&error_chain(self))
+    }
 }
 
 impl Error {
@@ -148,6 +159,20 @@ impl ControlPlane {
     /// Starts an owned local control plane; dropping it stops every process by PID and
     /// removes its state directory.
     pub async fn start() -> Result<ControlPlane> {
+        // The free ports are released before the processes bind them, so a parallel test
+        // binary can take one in between; the process then exits, and a fresh attempt with
+        // fresh ports is the cure.
+        const ATTEMPTS: u32 = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once().await {
+                Err(Error::Exited { .. }) if attempt < ATTEMPTS => attempt += 1,
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once() -> Result<ControlPlane> {
         install_crypto_provider();
         let bin = bin_dir();
         let binary = |name: &str| bin.join(name);
@@ -324,6 +349,8 @@ impl ControlPlane {
         let namespace = Namespace {
             metadata: ObjectMeta {
                 generate_name: Some("banlieue-test-".into()),
+                // On a long-lived cluster: `kubectl delete namespace -l banlieue.io/test`.
+                labels: Some([(TEST_NAMESPACE_LABEL.to_owned(), "true".to_owned())].into()),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()

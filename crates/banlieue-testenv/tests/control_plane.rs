@@ -450,3 +450,23 @@ async fn dropping_an_owned_control_plane_leaves_no_process_port_or_directory() {
     }
     assert!(!dir.exists(), "{} survived the drop", dir.display());
 }
+
+#[tokio::test]
+async fn fresh_namespaces_are_labelled_and_unknown_identities_refused() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+        Api::all(cp.client().expect("admin"));
+    let labels = namespaces.get(&ns).await.expect("get").metadata.labels;
+    assert_eq!(
+        labels
+            .unwrap_or_default()
+            .get(control_plane::TEST_NAMESPACE_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
+    assert!(matches!(
+        cp.client_as("mallory").await,
+        Err(Error::UnknownIdentity(name)) if name == "mallory"
+    ));
+}
