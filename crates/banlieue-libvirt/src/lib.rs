@@ -5,8 +5,21 @@
 //! marker type per procedure. On top of it sit the sans-io packet codec ([`packet`]) and the
 //! XDR runtime ([`xdr`]).
 
+pub mod client;
+pub mod dispatch;
+pub mod error;
+pub mod events;
+pub mod flags;
 pub mod packet;
+pub mod stream;
+pub mod tls;
+pub mod uri;
 pub mod xdr;
+
+pub use client::{Client, ClientOptions};
+pub use error::{Error, ErrorCode, RemoteError, Result};
+pub use tls::{CaBundle, Identity};
+pub use uri::ConnectUri;
 
 /// The generated protocol, one module per libvirt program file.
 #[rustfmt::skip]

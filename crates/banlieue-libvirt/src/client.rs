@@ -1,0 +1,623 @@
+//! The async client: a thin tokio shell around [`crate::dispatch`]. One reader task routes
+//! what arrives, one writer task drains a bounded send queue, and a keepalive task pings a
+//! silent peer and declares it dead after `interval × count`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tracing::{debug, warn};
+
+use crate::dispatch::{
+    CallTable, Completion, Incoming, Keepalive, KeepaliveAction, classify, keepalive_packet,
+};
+use crate::error::{Error, RemoteError, Result};
+use crate::packet::{Packet, PacketCodec};
+use crate::proto::net::{VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType};
+use crate::proto::remote::{self, procedures as rp};
+use crate::tls::{CaBundle, Identity};
+use crate::uri::ConnectUri;
+use crate::xdr::{Procedure, Xdr};
+
+/// libvirt's feature number for the keepalive program (`VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`,
+/// src/libvirt_internal.h).
+const FEATURE_PROGRAM_KEEPALIVE: i32 = 10;
+
+/// Tunables of one connection.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Default deadline of a call; `None` waits as long as the connection lives.
+    pub call_timeout: Option<Duration>,
+    /// Ping after this much silence.
+    pub keepalive_interval: Duration,
+    /// Give the peer up after `interval × count` of silence.
+    pub keepalive_count: u32,
+    /// Packets queued for sending before callers wait (backpressure).
+    pub send_queue: usize,
+    /// Stream packets buffered per open stream before the reader waits.
+    pub stream_buffer: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            call_timeout: Some(Duration::from_secs(120)),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_count: 5,
+            send_queue: 64,
+            stream_buffer: 16,
+        }
+    }
+}
+
+type Reply = Result<Packet>;
+
+#[derive(Default)]
+struct State {
+    calls: CallTable<oneshot::Sender<Reply>>,
+    streams: HashMap<u32, mpsc::Sender<Result<Packet>>>,
+    /// Event subscribers by procedure number.
+    events: HashMap<i32, Vec<mpsc::Sender<Packet>>>,
+    dead: Option<String>,
+    last_heard: Option<Instant>,
+}
+
+pub(crate) struct Shared {
+    outgoing: mpsc::Sender<Packet>,
+    state: Mutex<State>,
+    opts: ClientOptions,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the table half-updated in a way that
+        // matters more than losing the connection, so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends the connection: every waiting call and stream fails with `ConnectionLost`.
+    fn kill(&self, reason: String) {
+        let (calls, streams) = {
+            let mut st = self.lock();
+            if st.dead.is_some() {
+                return;
+            }
+            debug!(%reason, "libvirt connection lost");
+            st.dead = Some(reason.clone());
+            st.events.clear();
+            (st.calls.drain(), std::mem::take(&mut st.streams))
+        };
+        for c in calls {
+            let _ = c.send(Err(Error::ConnectionLost(reason.clone())));
+        }
+        for (_, s) in streams {
+            let _ = s.try_send(Err(Error::ConnectionLost(reason.clone())));
+        }
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+
+    fn dead_reason(&self) -> Option<String> {
+        self.lock().dead.clone()
+    }
+}
+
+/// A connection to libvirtd. Cheap to clone; all clones share the connection, which closes
+/// when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+    _closer: Arc<Closer>,
+}
+
+/// Closes the connection (best effort CONNECT_CLOSE, then stop the tasks) when the last
+/// client clone goes away.
+#[derive(Debug)]
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        let shared = self.0.clone();
+        if shared.dead_reason().is_some() {
+            return;
+        }
+        let close = empty_call::<rp::ConnectClose>();
+        let _ = shared.outgoing.try_send(close);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                shared.kill("client dropped".into());
+            });
+        } else {
+            shared.kill("client dropped".into());
+        }
+    }
+}
+
+fn header(
+    program: u32,
+    version: u32,
+    procedure: i32,
+    kind: VirNetMessageType,
+    serial: u32,
+    status: VirNetMessageStatus,
+) -> VirNetMessageHeader {
+    VirNetMessageHeader {
+        prog: program,
+        vers: version,
+        r#proc: procedure,
+        r#type: kind,
+        serial,
+        status,
+    }
+}
+
+fn empty_call<P: Procedure>() -> Packet {
+    Packet {
+        header: header(
+            P::PROGRAM,
+            P::VERSION,
+            P::NUMBER,
+            VirNetMessageType::CALL,
+            0,
+            VirNetMessageStatus::OK,
+        ),
+        fds: None,
+        body: Bytes::new(),
+    }
+}
+
+impl Client {
+    /// Connects to `qemu+tls://host[:port]/system` (or `/session`, or `test+tls://…/default`)
+    /// with mutual TLS, trusting only `ca`, and opens the connection.
+    pub async fn connect(uri: &str, identity: &Identity, ca: &CaBundle) -> Result<Client> {
+        Self::connect_with(uri, identity, ca, ClientOptions::default()).await
+    }
+
+    pub async fn connect_with(
+        uri: &str,
+        identity: &Identity,
+        ca: &CaBundle,
+        opts: ClientOptions,
+    ) -> Result<Client> {
+        let uri = ConnectUri::parse(uri)?;
+        let config = crate::tls::client_config(identity, ca)?;
+        let name = crate::tls::server_name(&uri.host)?;
+        let address = uri.address();
+        let tcp = tokio::net::TcpStream::connect(&address)
+            .await
+            .map_err(|source| Error::Connect {
+                address: address.clone(),
+                source,
+            })?;
+        let _ = tcp.set_nodelay(true);
+        let mut tls = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|source| Error::Tls {
+                host: uri.host.clone(),
+                source,
+            })?;
+        // libvirtd sends one byte once it has accepted the client certificate and closes the
+        // connection if it has not (with TLS 1.3 the client only learns that here).
+        let mut confirmation = [0u8; 1];
+        match tls.read(&mut confirmation).await {
+            Ok(1) if confirmation[0] == 1 => {}
+            Ok(1) => return Err(Error::BadConfirmation(confirmation[0])),
+            Ok(_) => {
+                return Err(Error::CertificateRefused {
+                    detail: "the connection was closed".into(),
+                });
+            }
+            Err(e) => {
+                return Err(Error::CertificateRefused {
+                    detail: e.to_string(),
+                });
+            }
+        }
+        Self::handshake_with(tls, &uri.server_uri(), opts).await
+    }
+
+    /// Runs libvirt's open sequence over any byte stream (a Unix socket, a test pipe, or
+    /// plain TCP for wire captures): AUTH_LIST, keepalive negotiation, CONNECT_OPEN.
+    pub async fn handshake<IO>(io: IO, server_uri: &str) -> Result<Client>
+    where
+        IO: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Self::handshake_with(io, server_uri, ClientOptions::default()).await
+    }
+
+    pub async fn handshake_with<IO>(io: IO, server_uri: &str, opts: ClientOptions) -> Result<Client>
+    where
+        IO: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let client = Self::start(io, opts);
+        let auth: remote::RemoteAuthListRet = client.call::<rp::AuthList>(&()).await?;
+        let types: Vec<i32> = auth.types.iter().map(|t| t.0).collect();
+        if !types.is_empty() && !types.contains(&remote::RemoteAuthType::NONE.0) {
+            return Err(Error::AuthUnsupported(types));
+        }
+        let keepalive: remote::RemoteConnectSupportsFeatureRet = client
+            .call::<rp::ConnectSupportsFeature>(&remote::RemoteConnectSupportsFeatureArgs {
+                feature: FEATURE_PROGRAM_KEEPALIVE,
+            })
+            .await?;
+        client
+            .call::<rp::ConnectOpen>(&remote::RemoteConnectOpenArgs {
+                name: Some(server_uri.to_string()),
+                flags: 0,
+            })
+            .await?;
+        if keepalive.supported != 0 {
+            client.start_keepalive();
+        }
+        Ok(client)
+    }
+
+    fn start<IO>(io: IO, opts: ClientOptions) -> Client
+    where
+        IO: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (read, write) = tokio::io::split(io);
+        let (tx, rx) = mpsc::channel(opts.send_queue.max(1));
+        let shared = Arc::new(Shared {
+            outgoing: tx,
+            state: Mutex::new(State::default()),
+            opts,
+            tasks: Mutex::new(Vec::new()),
+        });
+        let reader = tokio::spawn(read_loop(
+            Arc::downgrade(&shared),
+            FramedRead::new(read, PacketCodec),
+        ));
+        let writer = tokio::spawn(write_loop(
+            Arc::downgrade(&shared),
+            FramedWrite::new(write, PacketCodec),
+            rx,
+        ));
+        shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend([reader, writer]);
+        Client {
+            shared: shared.clone(),
+            _closer: Arc::new(Closer(shared)),
+        }
+    }
+
+    fn start_keepalive(&self) {
+        let weak = Arc::downgrade(&self.shared);
+        let rule = Keepalive {
+            interval: self.shared.opts.keepalive_interval,
+            count: self.shared.opts.keepalive_count.max(1),
+        };
+        self.shared.lock().last_heard = Some(Instant::now());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(rule.interval / 2);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                let Some(last) = shared.lock().last_heard else {
+                    continue;
+                };
+                match rule.decide(last, Instant::now()) {
+                    KeepaliveAction::Nothing => {}
+                    KeepaliveAction::SendPing => {
+                        let _ = shared.outgoing.try_send(keepalive_packet(false));
+                    }
+                    KeepaliveAction::Dead => {
+                        let silent = rule.interval * rule.count;
+                        shared.kill(format!(
+                            "no response from the server for {silent:?} (keepalive)"
+                        ));
+                        return;
+                    }
+                }
+            }
+        });
+        self.shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+    }
+
+    /// Whether the connection is still up.
+    pub fn is_alive(&self) -> bool {
+        self.shared.dead_reason().is_none()
+    }
+
+    /// Calls procedure `P` with the default timeout.
+    pub async fn call<P: Procedure>(&self, args: &P::Args) -> Result<P::Ret> {
+        self.call_timeout::<P>(args, self.shared.opts.call_timeout)
+            .await
+    }
+
+    /// Calls procedure `P`, failing with [`Error::Timeout`] after `timeout`.
+    pub async fn call_timeout<P: Procedure>(
+        &self,
+        args: &P::Args,
+        timeout: Option<Duration>,
+    ) -> Result<P::Ret> {
+        let body = args.to_bytes().map_err(Error::Encode)?.freeze();
+        let reply = self
+            .raw_call(
+                P::PROGRAM,
+                P::VERSION,
+                P::NUMBER,
+                P::NAME,
+                body,
+                timeout,
+                None,
+            )
+            .await?;
+        reply.body::<P::Ret>().map_err(Error::from)
+    }
+
+    /// Sends a call and waits for its reply packet. With `stream`, stream packets of this
+    /// serial are routed there from before the call is sent.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn raw_call(
+        &self,
+        program: u32,
+        version: u32,
+        procedure: i32,
+        name: &'static str,
+        body: Bytes,
+        timeout: Option<Duration>,
+        stream: Option<(mpsc::Sender<Result<Packet>>, &mut u32)>,
+    ) -> Result<Packet> {
+        let (tx, rx) = oneshot::channel();
+        let serial = {
+            let mut st = self.shared.lock();
+            if let Some(reason) = &st.dead {
+                return Err(Error::ConnectionLost(reason.clone()));
+            }
+            let serial = st.calls.begin(program, tx);
+            if let Some((sender, out)) = stream {
+                st.streams.insert(serial, sender);
+                *out = serial;
+            }
+            serial
+        };
+        let guard = AbandonOnDrop {
+            shared: &self.shared,
+            serial,
+            armed: true,
+        };
+        let packet = Packet {
+            header: header(
+                program,
+                version,
+                procedure,
+                VirNetMessageType::CALL,
+                serial,
+                VirNetMessageStatus::OK,
+            ),
+            fds: None,
+            body,
+        };
+        let wait = async {
+            self.shared
+                .outgoing
+                .send(packet)
+                .await
+                .map_err(|_| Error::Closed)?;
+            rx.await.map_err(|_| Error::Closed)?
+        };
+        let reply = match timeout {
+            Some(t) => tokio::time::timeout(t, wait)
+                .await
+                .map_err(|_| Error::Timeout {
+                    procedure: name,
+                    after: t,
+                })?,
+            None => wait.await,
+        };
+        let reply = match reply {
+            Err(Error::Closed) => Err(Error::ConnectionLost(
+                self.shared.dead_reason().unwrap_or_else(|| "closed".into()),
+            )),
+            other => other,
+        }?;
+        let mut guard = guard;
+        guard.armed = false;
+        if reply.header.status == VirNetMessageStatus::ERROR {
+            self.shared.lock().streams.remove(&serial);
+            let err: crate::proto::net::VirNetMessageError = reply.body()?;
+            return Err(Error::from(RemoteError::from(err)));
+        }
+        Ok(reply)
+    }
+
+    pub(crate) async fn send(&self, packet: Packet) -> Result<()> {
+        if let Some(reason) = self.shared.dead_reason() {
+            return Err(Error::ConnectionLost(reason));
+        }
+        self.shared
+            .outgoing
+            .send(packet)
+            .await
+            .map_err(|_| Error::Closed)
+    }
+
+    pub(crate) fn options(&self) -> &ClientOptions {
+        &self.shared.opts
+    }
+
+    pub(crate) fn end_stream(&self, serial: u32) {
+        self.shared.lock().streams.remove(&serial);
+    }
+
+    /// Receives the MESSAGE packets of procedure `number` (events) until the receiver is dropped.
+    pub(crate) fn subscribe(&self, number: i32, buffer: usize) -> mpsc::Receiver<Packet> {
+        let (tx, rx) = mpsc::channel(buffer);
+        self.shared
+            .lock()
+            .events
+            .entry(number)
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// Sends CONNECT_CLOSE, waits for its reply, and ends the connection.
+    pub async fn close(self) -> Result<()> {
+        let result = self.call::<rp::ConnectClose>(&()).await;
+        self.shared.kill("closed by the client".into());
+        result
+    }
+}
+
+/// Turns a call whose future is dropped (cancelled, timed out) into a tombstone, so that its
+/// late reply is discarded rather than taken for a protocol error.
+struct AbandonOnDrop<'a> {
+    shared: &'a Shared,
+    serial: u32,
+    armed: bool,
+}
+
+impl Drop for AbandonOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut st = self.shared.lock();
+            st.calls.abandon(self.serial);
+            st.streams.remove(&self.serial);
+        }
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    shared: std::sync::Weak<Shared>,
+    mut frames: FramedRead<R, PacketCodec>,
+) {
+    use futures_core::Stream;
+    let reason = loop {
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut frames).poll_next(cx)).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let packet = match next {
+            None => break "the server closed the connection".to_string(),
+            Some(Err(e)) => break format!("read: {e}"),
+            Some(Ok(p)) => p,
+        };
+        shared.lock().last_heard = Some(Instant::now());
+        match classify(&packet) {
+            Incoming::KeepalivePing => {
+                let _ = shared.outgoing.send(keepalive_packet(true)).await;
+            }
+            Incoming::KeepalivePong => {}
+            Incoming::Reply => {
+                let completion = shared
+                    .lock()
+                    .calls
+                    .complete(packet.header.prog, packet.header.serial);
+                match completion {
+                    Completion::Matched(slot) => {
+                        let _ = slot.send(Ok(packet));
+                    }
+                    Completion::Late => debug!(
+                        serial = packet.header.serial,
+                        "discarded the reply of an abandoned call"
+                    ),
+                    Completion::Unknown => {
+                        break format!(
+                            "reply to unknown serial {} of program {:#x}",
+                            packet.header.serial, packet.header.prog
+                        );
+                    }
+                }
+            }
+            Incoming::Stream => {
+                let sender = shared.lock().streams.get(&packet.header.serial).cloned();
+                match sender {
+                    // Waiting here is the backpressure of a slow stream consumer.
+                    Some(s) => {
+                        drop(shared);
+                        let _ = s.send(Ok(packet)).await;
+                    }
+                    None => debug!(
+                        serial = packet.header.serial,
+                        "discarded a packet of a closed stream"
+                    ),
+                }
+            }
+            Incoming::Event => {
+                let subscribers = shared
+                    .lock()
+                    .events
+                    .get(&packet.header.r#proc)
+                    .cloned()
+                    .unwrap_or_default();
+                for s in subscribers {
+                    if s.try_send(packet.clone()).is_err() {
+                        warn!(
+                            procedure = packet.header.r#proc,
+                            "an event subscriber is full or gone; event dropped"
+                        );
+                    }
+                }
+            }
+            Incoming::Unexpected => {
+                break format!("unexpected packet type {:?}", packet.header.r#type);
+            }
+        }
+    };
+    if let Some(shared) = shared.upgrade() {
+        shared.kill(reason);
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    shared: std::sync::Weak<Shared>,
+    mut frames: FramedWrite<W, PacketCodec>,
+    mut rx: mpsc::Receiver<Packet>,
+) {
+    use futures_sink::Sink;
+    let reason = loop {
+        let Some(packet) = rx.recv().await else {
+            return;
+        };
+        let mut sink = std::pin::Pin::new(&mut frames);
+        let sent = async {
+            let mut sink: std::pin::Pin<&mut FramedWrite<W, PacketCodec>> = sink.as_mut();
+            std::future::poll_fn(|cx| Sink::<Packet>::poll_ready(sink.as_mut(), cx)).await?;
+            Sink::<Packet>::start_send(sink.as_mut(), packet)?;
+            // Batch whatever else is already queued before flushing.
+            while let Ok(more) = rx.try_recv() {
+                std::future::poll_fn(|cx| Sink::<Packet>::poll_ready(sink.as_mut(), cx)).await?;
+                Sink::<Packet>::start_send(sink.as_mut(), more)?;
+            }
+            std::future::poll_fn(|cx| Sink::<Packet>::poll_flush(sink.as_mut(), cx)).await?;
+            Ok::<(), crate::packet::CodecError>(())
+        };
+        if let Err(e) = sent.await {
+            break format!("write: {e}");
+        }
+    };
+    if let Some(shared) = shared.upgrade() {
+        shared.kill(reason);
+    }
+}

@@ -1,0 +1,496 @@
+//! Data streams (volume upload and download): packets of the call's serial with type STREAM
+//! carry data (never padded), STREAM_HOLE carries a hole length, status OK ends a stream and
+//! status ERROR aborts it. Memory stays one packet per direction whatever the volume size.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::client::Client;
+use crate::error::{Error, RemoteError, Result};
+use crate::packet::Packet;
+use crate::proto::net::{
+    VirNetMessageError, VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType,
+    VirNetStreamHole,
+};
+use crate::proto::remote::{self, procedures as rp};
+use crate::xdr::{Procedure, Xdr};
+
+/// The largest data chunk of one stream packet (`VIR_NET_MESSAGE_LEGACY_PAYLOAD_MAX`), which
+/// every libvirtd accepts.
+pub const STREAM_CHUNK: usize = crate::proto::net::VIR_NET_MESSAGE_LEGACY_PAYLOAD_MAX as usize;
+
+/// Zero runs shorter than this are sent as data: a hole packet per tiny run would cost more.
+const MIN_HOLE: usize = 64 * 1024;
+
+/// What one stream packet from the server means.
+#[derive(Debug, PartialEq)]
+pub enum StreamEvent {
+    Data(Bytes),
+    Hole(u64),
+    /// The server has no more data (an empty CONTINUE packet).
+    Eof,
+    /// The server confirmed the end of the stream (status OK).
+    Finished,
+}
+
+/// Interprets a stream packet from the server (sans-io).
+pub fn stream_event(p: &Packet) -> Result<StreamEvent> {
+    match (p.header.r#type, p.header.status) {
+        (_, VirNetMessageStatus::ERROR) => {
+            let err: VirNetMessageError = p.body()?;
+            Err(Error::from(RemoteError::from(err)))
+        }
+        (VirNetMessageType::STREAM_HOLE, _) => {
+            let hole: VirNetStreamHole = p.body()?;
+            u64::try_from(hole.length)
+                .map(StreamEvent::Hole)
+                .map_err(|_| Error::Protocol(format!("negative hole length {}", hole.length)))
+        }
+        (_, VirNetMessageStatus::OK) => Ok(StreamEvent::Finished),
+        (_, VirNetMessageStatus::CONTINUE) if p.body.is_empty() => Ok(StreamEvent::Eof),
+        (_, VirNetMessageStatus::CONTINUE) => Ok(StreamEvent::Data(p.body.clone())),
+        (_, status) => Err(Error::Protocol(format!(
+            "stream packet with status {status:?}"
+        ))),
+    }
+}
+
+/// An open stream, tied to the serial of the call that opened it.
+#[derive(Debug)]
+pub struct DataStream {
+    client: Client,
+    program: u32,
+    version: u32,
+    procedure: i32,
+    serial: u32,
+    incoming: mpsc::Receiver<Result<Packet>>,
+    done: bool,
+}
+
+impl DataStream {
+    /// Calls stream procedure `P` and returns its reply and the stream it opened.
+    pub async fn open<P: Procedure>(
+        client: &Client,
+        args: &P::Args,
+    ) -> Result<(P::Ret, DataStream)> {
+        let (tx, rx) = mpsc::channel(client.options().stream_buffer.max(1));
+        let body = args.to_bytes().map_err(Error::Encode)?.freeze();
+        let mut serial = 0;
+        let reply = client
+            .raw_call(
+                P::PROGRAM,
+                P::VERSION,
+                P::NUMBER,
+                P::NAME,
+                body,
+                client.options().call_timeout,
+                Some((tx, &mut serial)),
+            )
+            .await?;
+        let ret = reply.body::<P::Ret>()?;
+        let stream = DataStream {
+            client: client.clone(),
+            program: P::PROGRAM,
+            version: P::VERSION,
+            procedure: P::NUMBER,
+            serial,
+            incoming: rx,
+            done: false,
+        };
+        Ok((ret, stream))
+    }
+
+    fn packet(&self, kind: VirNetMessageType, status: VirNetMessageStatus, body: Bytes) -> Packet {
+        Packet {
+            header: VirNetMessageHeader {
+                prog: self.program,
+                vers: self.version,
+                r#proc: self.procedure,
+                r#type: kind,
+                serial: self.serial,
+                status,
+            },
+            fds: None,
+            body,
+        }
+    }
+
+    /// A server-side error that arrived while we were sending.
+    fn pending_error(&mut self) -> Result<()> {
+        while let Ok(p) = self.incoming.try_recv() {
+            if let StreamEvent::Finished = stream_event(&p?)? {
+                return Err(Error::Protocol("the server ended the stream early".into()));
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn send_data(&mut self, data: Bytes) -> Result<()> {
+        self.pending_error()?;
+        let p = self.packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::CONTINUE,
+            data,
+        );
+        self.client.send(p).await
+    }
+
+    pub async fn send_hole(&mut self, length: u64) -> Result<()> {
+        self.pending_error()?;
+        let hole = VirNetStreamHole {
+            length: length as i64,
+            flags: 0,
+        };
+        let body = hole.to_bytes().map_err(Error::Encode)?.freeze();
+        let p = self.packet(
+            VirNetMessageType::STREAM_HOLE,
+            VirNetMessageStatus::CONTINUE,
+            body,
+        );
+        self.client.send(p).await
+    }
+
+    /// The next thing the server sent.
+    pub async fn recv(&mut self) -> Result<StreamEvent> {
+        match self.incoming.recv().await {
+            Some(p) => stream_event(&p?),
+            None => Err(Error::ConnectionLost("the stream was closed".into())),
+        }
+    }
+
+    async fn await_finished(&mut self) -> Result<()> {
+        let timeout = self
+            .client
+            .options()
+            .call_timeout
+            .unwrap_or(Duration::from_secs(3600));
+        let wait = async {
+            loop {
+                match self.recv().await? {
+                    StreamEvent::Finished => return Ok(()),
+                    StreamEvent::Eof | StreamEvent::Data(_) | StreamEvent::Hole(_) => continue,
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| Error::Timeout {
+                procedure: "stream finish",
+                after: timeout,
+            })?
+    }
+
+    /// Ends a stream we wrote: sends OK and waits for the server to confirm it has
+    /// everything (or to report why not).
+    pub async fn finish(mut self) -> Result<()> {
+        self.pending_error()?;
+        let p = self.packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::OK,
+            Bytes::new(),
+        );
+        self.client.send(p).await?;
+        let r = self.await_finished().await;
+        self.done = true;
+        r
+    }
+
+    /// Aborts the stream (status ERROR); the server discards what it received.
+    pub async fn abort(mut self) -> Result<()> {
+        self.done = true;
+        let p = self.packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::ERROR,
+            Bytes::new(),
+        );
+        self.client.send(p).await
+    }
+
+    /// Answers the server's end-of-data with OK and waits for its confirmation.
+    async fn acknowledge_eof(&mut self) -> Result<()> {
+        let p = self.packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::OK,
+            Bytes::new(),
+        );
+        self.client.send(p).await?;
+        self.await_finished().await?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for DataStream {
+    fn drop(&mut self) {
+        self.client.end_stream(self.serial);
+        if !self.done {
+            let p = self.packet(
+                VirNetMessageType::STREAM,
+                VirNetMessageStatus::ERROR,
+                Bytes::new(),
+            );
+            let client = self.client.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = client.send(p).await;
+                });
+            }
+        }
+    }
+}
+
+/// Bytes moved by a transfer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes of data sent or received.
+    pub data: u64,
+    /// Bytes skipped as holes.
+    pub holes: u64,
+}
+
+/// Uploads everything `source` yields into `vol` (STORAGE_VOL_UPLOAD). With `sparse`, runs of
+/// zeros of at least 64 KiB travel as holes; the volume must then be opened with
+/// `VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM`, which this sets. `progress` is called after
+/// every packet with the running total.
+pub async fn upload<R: AsyncRead + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    source: &mut R,
+    length: u64,
+    sparse: bool,
+    mut progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    let flags = if sparse {
+        crate::flags::STORAGE_VOL_UPLOAD_SPARSE_STREAM
+    } else {
+        0
+    };
+    let args = remote::RemoteStorageVolUploadArgs {
+        vol: vol.clone(),
+        offset: 0,
+        length,
+        flags,
+    };
+    let ((), mut stream) = DataStream::open::<rp::StorageVolUpload>(client, &args).await?;
+    let mut total = Transfer::default();
+    let mut buf = BytesMut::with_capacity(STREAM_CHUNK);
+    loop {
+        buf.clear();
+        buf.resize(STREAM_CHUNK, 0);
+        let n = match read_full(source, &mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = stream.abort().await;
+                return Err(Error::StreamIo(e));
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        let chunk = buf.split().freeze();
+        if sparse {
+            for (is_hole, range) in split_holes(&chunk, MIN_HOLE) {
+                if is_hole {
+                    stream.send_hole(range.len() as u64).await?;
+                    total.holes += range.len() as u64;
+                } else {
+                    stream.send_data(chunk.slice(range.clone())).await?;
+                    total.data += range.len() as u64;
+                }
+            }
+        } else {
+            total.data += chunk.len() as u64;
+            stream.send_data(chunk).await?;
+        }
+        progress(total);
+    }
+    stream.finish().await?;
+    Ok(total)
+}
+
+/// Downloads `vol` (STORAGE_VOL_DOWNLOAD) into `sink`. With `sparse`, holes arrive as
+/// lengths and are written as zeros here, so they never cross the network.
+pub async fn download<W: AsyncWrite + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    sink: &mut W,
+    sparse: bool,
+    mut progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    let flags = if sparse {
+        crate::flags::STORAGE_VOL_DOWNLOAD_SPARSE_STREAM
+    } else {
+        0
+    };
+    let args = remote::RemoteStorageVolDownloadArgs {
+        vol: vol.clone(),
+        offset: 0,
+        length: 0,
+        flags,
+    };
+    let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(client, &args).await?;
+    let mut total = Transfer::default();
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    loop {
+        match stream.recv().await? {
+            StreamEvent::Data(d) => {
+                sink.write_all(&d).await.map_err(Error::StreamIo)?;
+                total.data += d.len() as u64;
+            }
+            StreamEvent::Hole(mut len) => {
+                total.holes += len;
+                while len > 0 {
+                    let n = len.min(ZEROS.len() as u64) as usize;
+                    sink.write_all(&ZEROS[..n]).await.map_err(Error::StreamIo)?;
+                    len -= n as u64;
+                }
+            }
+            StreamEvent::Eof => {
+                stream.acknowledge_eof().await?;
+                break;
+            }
+            StreamEvent::Finished => {
+                stream.done = true;
+                break;
+            }
+        }
+        progress(total);
+    }
+    sink.flush().await.map_err(Error::StreamIo)?;
+    Ok(total)
+}
+
+async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = r.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}
+
+/// Splits `data` into alternating data and zero runs; zero runs shorter than `min_hole` are
+/// folded into the data around them. Sans-io, so the rule is tested on its own.
+pub fn split_holes(data: &[u8], min_hole: usize) -> Vec<(bool, std::ops::Range<usize>)> {
+    const GRAIN: usize = 4096;
+    let mut runs: Vec<(bool, std::ops::Range<usize>)> = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let end = (at + GRAIN).min(data.len());
+        let zero = data[at..end].iter().all(|&b| b == 0);
+        match runs.last_mut() {
+            Some((z, r)) if *z == zero => r.end = end,
+            _ => runs.push((zero, at..end)),
+        }
+        at = end;
+    }
+    let mut merged: Vec<(bool, std::ops::Range<usize>)> = Vec::new();
+    for (zero, r) in runs {
+        let zero = zero && r.len() >= min_hole;
+        match merged.last_mut() {
+            Some((z, last)) if *z == zero => last.end = r.end,
+            _ => merged.push((zero, r)),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_are_found_and_small_ones_folded() {
+        let mut data = vec![1u8; 4096];
+        data.extend(vec![0u8; 128 * 1024]);
+        data.extend(vec![2u8; 10]);
+        data.extend(vec![0u8; 8192]);
+        data.extend(vec![3u8; 4096]);
+        let runs = split_holes(&data, MIN_HOLE);
+        assert_eq!(
+            runs,
+            vec![
+                (false, 0..4096),
+                (true, 4096..4096 + 131072),
+                (false, 135168..data.len())
+            ]
+        );
+        assert_eq!(split_holes(&[], MIN_HOLE), vec![]);
+        assert_eq!(split_holes(&[0; 100], MIN_HOLE), vec![(false, 0..100)]);
+    }
+
+    fn packet(kind: VirNetMessageType, status: VirNetMessageStatus, body: Bytes) -> Packet {
+        Packet {
+            header: VirNetMessageHeader {
+                prog: 1,
+                vers: 1,
+                r#proc: 209,
+                r#type: kind,
+                serial: 5,
+                status,
+            },
+            fds: None,
+            body,
+        }
+    }
+
+    #[test]
+    fn stream_packets_mean_what_libvirt_says() {
+        let data = packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::CONTINUE,
+            Bytes::from_static(b"abc"),
+        );
+        assert_eq!(
+            stream_event(&data).expect("data"),
+            StreamEvent::Data(Bytes::from_static(b"abc"))
+        );
+        let eof = packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::CONTINUE,
+            Bytes::new(),
+        );
+        assert_eq!(stream_event(&eof).expect("eof"), StreamEvent::Eof);
+        let ok = packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::OK,
+            Bytes::new(),
+        );
+        assert_eq!(stream_event(&ok).expect("ok"), StreamEvent::Finished);
+        let hole = VirNetStreamHole {
+            length: 1 << 30,
+            flags: 0,
+        }
+        .to_bytes()
+        .expect("encodes")
+        .freeze();
+        let hole = packet(
+            VirNetMessageType::STREAM_HOLE,
+            VirNetMessageStatus::CONTINUE,
+            hole,
+        );
+        assert_eq!(
+            stream_event(&hole).expect("hole"),
+            StreamEvent::Hole(1 << 30)
+        );
+        let err = VirNetMessageError {
+            code: 38,
+            message: Some("disk full".into()),
+            ..Default::default()
+        };
+        let err = packet(
+            VirNetMessageType::STREAM,
+            VirNetMessageStatus::ERROR,
+            err.to_bytes().expect("encodes").freeze(),
+        );
+        let e = stream_event(&err).expect_err("error");
+        assert!(e.to_string().contains("disk full"), "{e}");
+    }
+}
