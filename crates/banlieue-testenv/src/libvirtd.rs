@@ -18,6 +18,7 @@
 
 mod layout;
 mod pki;
+mod probe;
 mod process;
 
 use std::ffi::OsStr;
@@ -25,13 +26,12 @@ use std::fs::{self, File, OpenOptions};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use rustix::process::Signal;
 use tempfile::TempDir;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use layout::Layout;
 use pki::Authority;
@@ -47,11 +47,15 @@ pub const ALLOW_MISSING_PEERS_ENV: &str = "BANLIEUE_ALLOW_MISSING_PEERS";
 
 /// The namespace wrapper: bind mounts, then `exec` of the daemon.
 const NAMESPACE_SCRIPT: &str = include_str!("libvirtd/namespace.sh");
+/// Cleans up after a test process that died without dropping its instance.
+const JANITOR_SCRIPT: &str = include_str!("libvirtd/janitor.sh");
 
 /// How long the daemon has to exit after SIGTERM before SIGKILL (it takes ~1.6 s).
 const DAEMON_STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long guests have to exit after SIGTERM before SIGKILL.
 const GUEST_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the janitor has to exit once told the instance is gone.
+const JANITOR_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the kernel may take to stop or continue the daemon after SIGSTOP or SIGCONT.
 const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a virsh invocation may take; domain start under TCG is ~1.5 s.
@@ -134,8 +138,10 @@ pub struct Libvirtd {
     /// Every PID the daemon had (restarts give new ones), never to be taken for a guest's.
     daemon_pids: Vec<u32>,
     suspended: bool,
-    // Declared last so it is removed after the processes above are stopped.
-    dir: TempDir,
+    /// Taken and removed in `drop`, after the processes are stopped.
+    dir: Option<TempDir>,
+    /// The janitor and the write end of its stdin; see `janitor.sh`.
+    janitor: Option<(Child, ChildStdin)>,
 }
 
 impl Libvirtd {
@@ -169,6 +175,7 @@ impl Libvirtd {
         let layout = Layout {
             root: dir.path().to_owned(),
         };
+        let janitor = spawn_janitor(&layout.root)?;
         layout
             .create()
             .context("lay out the instance's directories")?;
@@ -185,7 +192,8 @@ impl Libvirtd {
             first_start_ticks: 0,
             daemon_pids: Vec::new(),
             suspended: false,
-            dir,
+            dir: Some(dir),
+            janitor: Some(janitor),
         };
         let mut attempt = 1;
         loop {
@@ -252,7 +260,7 @@ impl Libvirtd {
 
     /// The instance's temp dir: everything the instance owns lives under it.
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        &self.layout.root
     }
 
     /// What the daemon sees as `/var/lib/libvirt` (NVRAM files, swtpm state, domain dirs).
@@ -418,6 +426,7 @@ impl Libvirtd {
             .args(["-p", "/run/libvirt/libvirtd.pid"])
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("LIBVIRT_DRIVER_DIR", self.layout.drivers_dir())
             .env(
                 "HOME",
                 std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
@@ -428,10 +437,8 @@ impl Libvirtd {
         Ok(command)
     }
 
-    /// Waits until the TLS port listens and the daemon accepts clients. libvirtd listens
-    /// before its drivers are initialised but accepts only after, so a TCP connect alone is
-    /// not enough: a call on the instance's unix socket gets an answer only once clients are
-    /// accepted, on every listener at once.
+    /// Waits until the TLS port listens, the daemon accepts clients (it enables every
+    /// listener at once) and QEMU's capabilities are loaded; see the `probe` module.
     async fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + self.options.ready_timeout;
         loop {
@@ -451,10 +458,10 @@ impl Libvirtd {
             tokio::time::sleep(POLL).await;
         }
         let socket = self.layout.unix_socket();
-        loop {
+        let mut connection = loop {
             self.ensure_daemon_running()?;
-            if probe_unix_socket(&socket, Duration::from_secs(1)).await {
-                return Ok(());
+            if let Some(open) = probe::try_open(&socket, Duration::from_secs(1)).await {
+                break open?;
             }
             ensure!(
                 Instant::now() < deadline,
@@ -462,7 +469,16 @@ impl Libvirtd {
                 self.options.ready_timeout
             );
             tokio::time::sleep(POLL).await;
-        }
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        tokio::time::timeout(remaining, connection.get_version())
+            .await
+            .with_context(|| {
+                format!(
+                    "libvirtd did not probe QEMU within {:?}",
+                    self.options.ready_timeout
+                )
+            })?
     }
 
     fn ensure_daemon_running(&mut self) -> Result<()> {
@@ -498,8 +514,11 @@ impl Libvirtd {
         });
         if !exited {
             eprintln!(
-                "libvirtd {} ignored SIGTERM for {DAEMON_STOP_TIMEOUT:?}; sending SIGKILL",
-                child.id()
+                "libvirtd {} ignored SIGTERM for {DAEMON_STOP_TIMEOUT:?}; sending SIGKILL\n\
+                 threads: {}\n{}",
+                child.id(),
+                process::describe_threads(child.id()),
+                self.diagnostics()
             );
             let _ = child.kill();
         }
@@ -540,7 +559,37 @@ impl Drop for Libvirtd {
         self.stop_daemon();
         // A guest started while the first sweep ran, or one the dying daemon left behind.
         self.stop_guests();
+        if let Some(dir) = self.dir.take()
+            && let Err(e) = dir.close()
+        {
+            eprintln!("libvirtd: remove {}: {e}", self.layout.root.display());
+        }
+        if let Some((mut janitor, stdin)) = self.janitor.take() {
+            // End of file tells the janitor the instance is gone; it finds no directory.
+            drop(stdin);
+            if !wait_until(JANITOR_EXIT_TIMEOUT, || {
+                !matches!(janitor.try_wait(), Ok(None))
+            }) {
+                let _ = janitor.kill();
+            }
+            let _ = janitor.wait();
+        }
     }
+}
+
+/// Starts the janitor for an instance directory (see `janitor.sh`). In its own session, so a
+/// Ctrl-C in the terminal reaches the test process but not the janitor.
+fn spawn_janitor(dir: &Path) -> Result<(Child, ChildStdin)> {
+    let mut child = Command::new("setsid")
+        .args(["sh", "-c", JANITOR_SCRIPT, "banlieue-libvirtd-janitor"])
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("spawn the instance's janitor")?;
+    let stdin = child.stdin.take().context("janitor stdin")?;
+    Ok((child, stdin))
 }
 
 /// Runs `virsh -c URI ARGS…` and returns stdout; for tests that bring their own pkipath.
@@ -599,21 +648,6 @@ fn free_ports(tcp: bool) -> Result<(u16, Option<u16>)> {
     Ok((tls.local_addr()?.port(), tcp_port))
 }
 
-/// Sends one call (AUTH_LIST) on the unix socket and waits up to `wait` for any reply bytes.
-async fn probe_unix_socket(socket: &Path, wait: Duration) -> bool {
-    // XDR header: length, program REMOTE_PROGRAM, version 1, procedure AUTH_LIST (66),
-    // type CALL, serial 1, status OK. AUTH_LIST takes no arguments.
-    const CALL: [u32; 7] = [28, 0x2000_8086, 1, 66, 0, 1, 0];
-    let bytes: Vec<u8> = CALL.iter().flat_map(|w| w.to_be_bytes()).collect();
-    let attempt = async {
-        let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
-        stream.write_all(&bytes).await.ok()?;
-        let mut reply = [0_u8; 4];
-        stream.read_exact(&mut reply).await.ok()
-    };
-    matches!(tokio::time::timeout(wait, attempt).await, Ok(Some(_)))
-}
-
 fn tail(path: &Path, lines: usize) -> String {
     match fs::read_to_string(path) {
         Ok(text) => {
@@ -626,5 +660,5 @@ fn tail(path: &Path, lines: usize) -> String {
 
 fn tracing_ready(elapsed: Duration, port: u16) {
     // Start times matter when a suite starts many instances; stderr is shown on failure only.
-    eprintln!("libvirtd on 127.0.0.1:{port} accepting clients after {elapsed:.2?}");
+    eprintln!("libvirtd on 127.0.0.1:{port} ready after {elapsed:.2?}");
 }

@@ -282,3 +282,91 @@ fn describe(pid: u32) -> String {
         stat.trim()
     )
 }
+
+/// Set for the child process of `nothing_left_when_the_test_process_is_killed`.
+const HELPER_ENV: &str = "BANLIEUE_TESTENV_LIBVIRTD_HELPER";
+
+/// Not a test on its own (it returns at once without `HELPER_ENV`): the child process that
+/// `nothing_left_when_the_test_process_is_killed` kills, with a daemon and a running guest.
+#[tokio::test]
+async fn helper_instance_until_killed() -> Result<()> {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return Ok(());
+    }
+    let daemon = Libvirtd::start(LibvirtdOptions::default()).await?;
+    let name = "testenv-killed";
+    let xml_file = daemon.dir().join("domain.xml");
+    std::fs::write(&xml_file, EFI_TPM_DOMAIN.replace("NAME", name))?;
+    daemon
+        .virsh(["define", xml_file.to_str().context("utf-8 path")?])
+        .await?;
+    daemon.virsh(["start", name]).await?;
+    let guests: Vec<String> = daemon.guest_pids().iter().map(u32::to_string).collect();
+    println!(
+        "HELPER {} {} {}",
+        daemon.pid(),
+        daemon.dir().display(),
+        guests.join(",")
+    );
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn nothing_left_when_the_test_process_is_killed() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    if !Libvirtd::available()? {
+        return Ok(());
+    }
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--exact", "helper_instance_until_killed", "--nocapture"])
+        .env(HELPER_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("helper stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let report = tokio::time::timeout(Duration::from_secs(180), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(report) = line.strip_prefix("HELPER ") {
+                return Ok(report.to_owned());
+            }
+        }
+        anyhow::bail!("helper exited without reporting")
+    })
+    .await
+    .context("helper did not report within 180 s")??;
+    let mut fields = report.split(' ');
+    let daemon_pid: u32 = fields.next().context("pid")?.parse()?;
+    let dir = std::path::PathBuf::from(fields.next().context("dir")?);
+    let guests: Vec<u32> = fields
+        .next()
+        .context("guests")?
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    ensure!(!guests.is_empty() && dir.is_dir());
+
+    child.start_kill()?; // SIGKILL: no destructor runs in the helper.
+    child.wait().await?;
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let all_gone =
+        || pid_gone(daemon_pid) && guests.iter().all(|&pid| pid_gone(pid)) && !dir.exists();
+    while !all_gone() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(
+        pid_gone(daemon_pid),
+        "libvirtd {daemon_pid} outlived its test process"
+    );
+    for pid in guests {
+        ensure!(
+            pid_gone(pid),
+            "guest {} outlived the test process",
+            describe(pid)
+        );
+    }
+    ensure!(!dir.exists(), "{} left behind", dir.display());
+    Ok(())
+}

@@ -97,6 +97,31 @@ pub(crate) fn in_other_mount_namespace(pid: u32) -> bool {
     }
 }
 
+/// "name (state wchan)" of each thread of `pid`, for the message when a daemon hangs.
+pub(crate) fn describe_threads(pid: u32) -> String {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(gone)".to_owned();
+    };
+    let read = |task: &Path, file: &str| {
+        fs::read_to_string(task.join(file))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    tasks
+        .flatten()
+        .map(|task| {
+            let path = task.path();
+            let state = proc_stat_at(&path).map_or('?', |s| s.state);
+            format!("{} ({state} {})", read(&path, "comm"), read(&path, "wchan"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn proc_stat_at(dir: &Path) -> Option<ProcStat> {
+    parse_proc_stat(&fs::read_to_string(dir.join("stat")).ok()?)
+}
+
 /// Polls `done` until it holds or `timeout` passes; returns whether it held.
 pub(crate) fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
