@@ -2,15 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The files, in dependency order: qemu and lxc use remote's types.
-const PROTOCOL_FILES: &[&str] = &[
-    "virnetprotocol.x",
-    "virkeepaliveprotocol.x",
-    "remote_protocol.x",
-    "qemu_protocol.x",
-    "lxc_protocol.x",
-    "admin_protocol.x",
-];
+include!("protocol_files.rs");
 
 fn main() {
     let manifest = PathBuf::from(
@@ -20,6 +12,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("../../protocol"));
     println!("cargo:rerun-if-env-changed=BANLIEUE_PROTOCOL_DIR");
+    println!("cargo:rerun-if-changed=protocol_files.rs");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
 
     let paths: Vec<PathBuf> = PROTOCOL_FILES.iter().map(|f| protocol.join(f)).collect();

@@ -521,15 +521,7 @@ impl Emitter<'_> {
                     self.path(n).replace("super::", "super::super::")
                 })
             };
-            let stream = match pr.stream {
-                None => "None".to_string(),
-                Some((StreamDirection::Read, n)) => {
-                    format!("Some(({rt}::StreamDirection::Read, {n}))")
-                }
-                Some((StreamDirection::Write, n)) => {
-                    format!("Some(({rt}::StreamDirection::Write, {n}))")
-                }
-            };
+            let stream = stream_expr(rt, pr.stream);
             let _ = writeln!(
                 s,
                 "/// `{}` = {}.\n#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]\npub struct {m};\n\
@@ -564,15 +556,7 @@ impl Emitter<'_> {
                 t.as_ref()
                     .map_or("None".to_string(), |n| format!("Some({n:?})"))
             };
-            let stream = match pr.stream {
-                None => "None".to_string(),
-                Some((StreamDirection::Read, n)) => {
-                    format!("Some(({rt}::StreamDirection::Read, {n}))")
-                }
-                Some((StreamDirection::Write, n)) => {
-                    format!("Some(({rt}::StreamDirection::Write, {n}))")
-                }
-            };
+            let stream = stream_expr(rt, pr.stream);
             let _ = writeln!(
                 s,
                 "{rt}::ProcedureInfo {{ program: {:#x}, version: {}, number: {}, name: {:?}, args: {}, ret: {}, message: {}, stream: {stream}, priority_high: {} }},",
@@ -589,6 +573,15 @@ impl Emitter<'_> {
         s.push_str("];");
         self.w(&s);
         Ok(())
+    }
+}
+
+/// The `Option<(StreamDirection, u32)>` expression for a procedure's stream annotation.
+fn stream_expr(rt: &str, stream: Option<(StreamDirection, u32)>) -> String {
+    match stream {
+        None => "None".to_string(),
+        Some((StreamDirection::Read, n)) => format!("Some(({rt}::StreamDirection::Read, {n}))"),
+        Some((StreamDirection::Write, n)) => format!("Some(({rt}::StreamDirection::Write, {n}))"),
     }
 }
 

@@ -16,6 +16,8 @@ pub mod tls;
 pub mod uri;
 pub mod xdr;
 
+include!("../protocol_files.rs");
+
 pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorCode, RemoteError, Result};
 pub use tls::{CaBundle, Identity};

@@ -18,15 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use banlieue_xdrgen::model::Model;
 use banlieue_xdrgen::{HEADER_CONSTANTS, Input};
 
-/// The protocol files, in dependency order (qemu and lxc use remote's types).
-pub const PROTOCOL_FILES: &[&str] = &[
-    "virnetprotocol.x",
-    "virkeepaliveprotocol.x",
-    "remote_protocol.x",
-    "qemu_protocol.x",
-    "lxc_protocol.x",
-    "admin_protocol.x",
-];
+pub use banlieue_libvirt::PROTOCOL_FILES;
 
 /// Files whose C code needs `remote_protocol.h` for the types they borrow.
 const USES_REMOTE: &[&str] = &["qemu_protocol.x", "lxc_protocol.x"];

@@ -7,17 +7,10 @@ use std::path::PathBuf;
 /// libvirt's protocol files, in the order the build script reads them.
 pub fn protocol_inputs() -> Vec<banlieue_xdrgen::Input> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../protocol");
-    [
-        "virnetprotocol.x",
-        "virkeepaliveprotocol.x",
-        "remote_protocol.x",
-        "qemu_protocol.x",
-        "lxc_protocol.x",
-        "admin_protocol.x",
-    ]
-    .iter()
-    .map(|f| banlieue_xdrgen::Input::from_path(&dir.join(f)).expect("protocol/fetch has run"))
-    .collect()
+    banlieue_libvirt::PROTOCOL_FILES
+        .iter()
+        .map(|f| banlieue_xdrgen::Input::from_path(&dir.join(f)).expect("protocol/fetch has run"))
+        .collect()
 }
 
 pub fn protocol_model() -> banlieue_xdrgen::model::Model {
