@@ -6,17 +6,11 @@ set -euo pipefail
 # shellcheck source=../lib/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/env.sh"
 
-want=(genisoimage xorriso util-linux cloud-init python3-venv python3-yaml)
-missing=()
-for p in "${want[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    apt-get update -qq
-    # cloud-init's recommends pull in services this machine must not start; the reader needs
-    # only the Python package.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=../lib/apt-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/apt-install.sh"
+# No recommends: cloud-init's pull in services this machine must not start; the reader needs
+# only the Python package.
+apt_install_missing genisoimage xorriso util-linux cloud-init python3-venv python3-yaml
 
 venv="$BANLIEUE_CACHE/venv-iso"
 if ! "$venv/bin/python3" -c 'import pycdlib' 2>/dev/null; then
