@@ -360,44 +360,29 @@ impl Client {
         args: &P::Args,
         timeout: Option<Duration>,
     ) -> Result<P::Ret> {
-        let body = args.to_bytes().map_err(Error::Encode)?.freeze();
-        let reply = self
-            .raw_call(
-                P::PROGRAM,
-                P::VERSION,
-                P::NUMBER,
-                P::NAME,
-                body,
-                timeout,
-                None,
-            )
-            .await?;
+        let (reply, _) = self.raw_call::<P>(args, timeout, None).await?;
         reply.body::<P::Ret>().map_err(Error::from)
     }
 
-    /// Sends a call and waits for its reply packet. With `stream`, stream packets of this
-    /// serial are routed there from before the call is sent.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn raw_call(
+    /// Sends a call of `P` and waits for its reply packet; returns it with the call's serial.
+    /// With `stream`, stream packets of this serial are routed there from before the call is
+    /// sent.
+    pub(crate) async fn raw_call<P: Procedure>(
         &self,
-        program: u32,
-        version: u32,
-        procedure: i32,
-        name: &'static str,
-        body: Bytes,
+        args: &P::Args,
         timeout: Option<Duration>,
-        stream: Option<(mpsc::Sender<Result<Packet>>, &mut u32)>,
-    ) -> Result<Packet> {
+        stream: Option<mpsc::Sender<Result<Packet>>>,
+    ) -> Result<(Packet, u32)> {
+        let body = args.to_bytes().map_err(Error::Encode)?.freeze();
         let (tx, rx) = oneshot::channel();
         let serial = {
             let mut st = self.shared.lock();
             if let Some(reason) = &st.dead {
                 return Err(Error::ConnectionLost(reason.clone()));
             }
-            let serial = st.calls.begin(program, tx);
-            if let Some((sender, out)) = stream {
+            let serial = st.calls.begin(P::PROGRAM, tx);
+            if let Some(sender) = stream {
                 st.streams.insert(serial, sender);
-                *out = serial;
             }
             serial
         };
@@ -408,9 +393,9 @@ impl Client {
         };
         let packet = Packet {
             header: header(
-                program,
-                version,
-                procedure,
+                P::PROGRAM,
+                P::VERSION,
+                P::NUMBER,
                 VirNetMessageType::CALL,
                 serial,
                 VirNetMessageStatus::OK,
@@ -430,7 +415,7 @@ impl Client {
             Some(t) => tokio::time::timeout(t, wait)
                 .await
                 .map_err(|_| Error::Timeout {
-                    procedure: name,
+                    procedure: P::NAME,
                     after: t,
                 })?,
             None => wait.await,
@@ -448,7 +433,7 @@ impl Client {
             let err: crate::proto::net::VirNetMessageError = reply.body()?;
             return Err(Error::from(RemoteError::from(err)));
         }
-        Ok(reply)
+        Ok((reply, serial))
     }
 
     pub(crate) async fn send(&self, packet: Packet) -> Result<()> {

@@ -77,18 +77,8 @@ impl DataStream {
         args: &P::Args,
     ) -> Result<(P::Ret, DataStream)> {
         let (tx, rx) = mpsc::channel(client.options().stream_buffer.max(1));
-        let body = args.to_bytes().map_err(Error::Encode)?.freeze();
-        let mut serial = 0;
-        let reply = client
-            .raw_call(
-                P::PROGRAM,
-                P::VERSION,
-                P::NUMBER,
-                P::NAME,
-                body,
-                client.options().call_timeout,
-                Some((tx, &mut serial)),
-            )
+        let (reply, serial) = client
+            .raw_call::<P>(args, client.options().call_timeout, Some(tx))
             .await?;
         let ret = reply.body::<P::Ret>()?;
         let stream = DataStream {
