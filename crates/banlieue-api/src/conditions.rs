@@ -1,0 +1,168 @@
+//! Condition types and reasons, in the guides' words, and the one rule for updating a condition
+//! list.
+
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// Condition types.
+pub mod types {
+    /// Provider, LibvirtMachine, VirtualMachine, VirtualMachinePool: the object does its job.
+    pub const READY: &str = "Ready";
+    /// VirtualMachine: a failure domain was chosen and the machine created.
+    pub const SCHEDULED: &str = "Scheduled";
+    /// VirtualMachine: the backend machine exists and runs.
+    pub const INFRASTRUCTURE_READY: &str = "InfrastructureReady";
+    /// VirtualMachine: the guest itself reported it is ready (ADR-0043).
+    pub const GUEST_READY: &str = "GuestReady";
+    /// VirtualMachineClaim: a member is held.
+    pub const BOUND: &str = "Bound";
+    /// VirtualMachinePool: fewer available members than replicas.
+    pub const FILLING: &str = "Filling";
+}
+
+/// Condition reasons. A reason is CamelCase and stable; the message carries the detail.
+pub mod reasons {
+    // Provider
+    pub const CONNECTED: &str = "Connected";
+    pub const CREDENTIALS_UNAVAILABLE: &str = "CredentialsUnavailable";
+    pub const CONNECT_FAILED: &str = "ConnectFailed";
+    pub const UNSUPPORTED_SCHEME: &str = "UnsupportedScheme";
+    pub const CAPABILITIES_INCOMPLETE: &str = "CapabilitiesIncomplete";
+    pub const PROVIDER_CLASS_NOT_FOUND: &str = "ProviderClassNotFound";
+
+    // VirtualMachine scheduling
+    pub const SCHEDULED: &str = "Scheduled";
+    pub const IMAGE_NOT_READY: &str = "ImageNotReady";
+    pub const CLASS_NOT_FOUND: &str = "ClassNotFound";
+    pub const NO_PROVIDER_WITH_FEATURE: &str = "NoProviderWithFeature";
+    pub const NO_MATCHING_FAILURE_DOMAIN: &str = "NoMatchingFailureDomain";
+    pub const NO_BUILDER_FOR_CLASS: &str = "NoBuilderForClass";
+    pub const MACHINE_READY: &str = "MachineReady";
+    pub const MACHINE_NOT_READY: &str = "MachineNotReady";
+    pub const DELETING: &str = "Deleting";
+
+    // Image zones
+    pub const BUILD_PENDING: &str = "BuildPending";
+
+    // LibvirtMachine
+    pub const DOMAIN_RUNNING: &str = "DomainRunning";
+    pub const PROVISIONING: &str = "Provisioning";
+    pub const VOLUME_NOT_IN_POOL: &str = "VolumeNotInPool";
+    pub const STORAGE_POOL_NOT_FOUND: &str = "StoragePoolNotFound";
+    pub const NETWORK_NOT_FOUND: &str = "NetworkNotFound";
+    pub const DOMAIN_NAME_TAKEN: &str = "DomainNameTaken";
+    pub const PROVIDER_NOT_READY: &str = "ProviderNotReady";
+    pub const TEARDOWN_FAILED: &str = "TeardownFailed";
+    pub const LIBVIRT_ERROR: &str = "LibvirtError";
+
+    // VirtualMachinePool
+    pub const FILLING: &str = "Filling";
+    pub const READINESS_SIGNAL_ABSENT: &str = "ReadinessSignalAbsent";
+    pub const AT_CAPACITY: &str = "AtCapacity";
+
+    // VirtualMachineClaim
+    pub const BOUND: &str = "Bound";
+    pub const NO_MEMBER_AVAILABLE: &str = "NoMemberAvailable";
+    pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+    pub const MEMBER_DELETED: &str = "MemberDeleted";
+    pub const EXPIRED: &str = "Expired";
+    pub const RELEASING: &str = "Releasing";
+}
+
+/// Condition status values.
+pub mod status {
+    pub const TRUE: &str = "True";
+    pub const FALSE: &str = "False";
+    pub const UNKNOWN: &str = "Unknown";
+}
+
+/// The condition of `type_` in `conditions`, if any.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether `conditions` holds `type_` with status True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    find(conditions, type_).is_some_and(|c| c.status == status::TRUE)
+}
+
+/// A condition ready to be set with [`set`]; `last_transition_time` is filled by `set`.
+pub fn new(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.into(),
+        observed_generation,
+        last_transition_time: Time(Default::default()),
+    }
+}
+
+/// Sets `condition` in `conditions`, replacing one of the same type. The transition time moves
+/// only when the status changes, so "since when" stays meaningful across re-reconciles.
+/// Returns whether anything changed.
+pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition, now: Time) -> bool {
+    match conditions.iter_mut().find(|c| c.type_ == condition.type_) {
+        Some(existing) => {
+            condition.last_transition_time = if existing.status == condition.status {
+                existing.last_transition_time.clone()
+            } else {
+                now
+            };
+            let changed = *existing != condition;
+            *existing = condition;
+            changed
+        }
+        None => {
+            condition.last_transition_time = now;
+            conditions.push(condition);
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_status_change() {
+        let mut list = Vec::new();
+        assert!(set(
+            &mut list,
+            new("Ready", "False", "X", "a", Some(1)),
+            at(10)
+        ));
+        assert!(set(
+            &mut list,
+            new("Ready", "False", "Y", "b", Some(2)),
+            at(20)
+        ));
+        assert_eq!(list[0].last_transition_time, at(10));
+        assert_eq!(list[0].reason, "Y");
+        assert!(!set(
+            &mut list,
+            new("Ready", "False", "Y", "b", Some(2)),
+            at(30)
+        ));
+        assert!(set(
+            &mut list,
+            new("Ready", "True", "Z", "", Some(2)),
+            at(40)
+        ));
+        assert_eq!(list[0].last_transition_time, at(40));
+        assert_eq!(list.len(), 1);
+        assert!(is_true(&list, "Ready"));
+        assert!(!is_true(&list, "Scheduled"));
+    }
+}

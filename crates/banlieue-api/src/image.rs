@@ -1,0 +1,219 @@
+//! VMImage (a guest image and where it is imported) and VMClass (a machine's size and devices).
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::Firmware;
+use crate::conditions::Condition;
+
+/// A guest image, its sources per provider class, and its import state on each provider pool.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VMImage",
+    plural = "vmimages",
+    namespaced,
+    status = "VMImageStatus",
+    shortname = "vmimage",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.installMode"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".status.revision"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VMImageSpec {
+    /// How a machine gets its disk from this image (ADR-0040): Immediate boots an overlay over
+    /// the imported image; Deferred and Manual boot the image as install media onto an empty disk.
+    pub install_mode: InstallMode,
+    /// The image revision. When unset, a revision is derived from the sources' content, so a
+    /// changed source is a new revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub revision: Option<String>,
+    /// Size of a machine's OS disk when its class does not set one. Defaults to 10Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_size: Option<Quantity>,
+    /// Where the image comes from, per provider class.
+    #[schemars(length(min = 1))]
+    pub sources: Vec<ImageSource>,
+}
+
+/// ADR-0040's disk shapes, chosen by the image, never per machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum InstallMode {
+    /// The image is a bootable disk: each machine gets a copy-on-write overlay over it.
+    Immediate,
+    /// The image installs itself unattended onto each machine's empty disk.
+    Deferred,
+    /// Like Deferred, but a person drives the install.
+    Manual,
+}
+
+/// One source of an image for one provider class.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.kind != 'Url' || has(self.url)", "message": "a Url source needs url"},
+    {"rule": "self.kind != 'BackingFile' || has(self.volume)", "message": "a BackingFile source needs volume"}
+]))]
+pub struct ImageSource {
+    /// The provider class this source serves, for example `libvirt`.
+    #[schemars(length(min = 1, max = 253))]
+    pub provider_class: String,
+    /// Url: built by banlieue-imagebuilder from an OCI reference and imported by Jobs.
+    /// BackingFile: a volume already present in every pool.
+    pub kind: ImageSourceKind,
+    /// OCI reference of the image (kind Url).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: Option<String>,
+    /// Volume name in the provider's pools (kind BackingFile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub volume: Option<String>,
+}
+
+/// Kinds of image source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ImageSourceKind {
+    Url,
+    BackingFile,
+}
+
+/// Observed state of a VMImage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VMImageStatus {
+    /// Ready once some provider zone holds the image; Failed when every zone failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ImagePhase>,
+    /// The effective revision: spec.revision, or one derived from the sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The artifact banlieue-imagebuilder produced for Url sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_artifact: Option<BuildArtifact>,
+    /// Import state on each provider.
+    #[serde(default)]
+    pub per_provider: Vec<ProviderImageStatus>,
+    /// Conditions of the image.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Overall phases of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ImagePhase {
+    Pending,
+    Building,
+    Importing,
+    Ready,
+    Failed,
+}
+
+/// The built artifact of a Url source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildArtifact {
+    /// Artifact kind; `cloudImage` is a raw disk image.
+    pub kind: String,
+    /// The PVC holding it, in the build namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+    /// Path of the file inside the PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// SHA-256 of the file, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Ready once the file is complete.
+    pub phase: ArtifactPhase,
+}
+
+/// The one artifact kind there is.
+pub const ARTIFACT_KIND_CLOUD_IMAGE: &str = "cloudImage";
+
+/// Phases of a build artifact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ArtifactPhase {
+    Pending,
+    Building,
+    Ready,
+    Failed,
+}
+
+/// Import state of an image on one provider.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProviderImageStatus {
+    /// Name of the Provider (same namespace as the image's providers).
+    pub provider: String,
+    /// One entry per pool the provider advertises.
+    #[serde(default)]
+    pub zones: Vec<ZoneImageStatus>,
+}
+
+/// Import state of an image on one storage pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ZoneImageStatus {
+    /// The storage pool.
+    pub pool: String,
+    /// Where the import stands.
+    pub phase: ZonePhase,
+    /// The volume holding the image in the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// Why, when not Ready (for Failed, the import Job's failure reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Phases of an image on a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ZonePhase {
+    /// The build artifact is not Ready yet; the problem is upstream.
+    BuildPending,
+    /// An import Job is running.
+    Importing,
+    Ready,
+    Failed,
+}
+
+/// A machine size and its devices.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VMClass",
+    plural = "vmclasses",
+    namespaced,
+    shortname = "vmclass",
+    category = "banlieue",
+    printcolumn = r#"{"name":"CPU","type":"integer","jsonPath":".spec.cpu"}"#,
+    printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".spec.memory"}"#,
+    printcolumn = r#"{"name":"Firmware","type":"string","jsonPath":".spec.firmware"}"#,
+    printcolumn = r#"{"name":"TPM","type":"boolean","jsonPath":".spec.tpmEnabled"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VMClassSpec {
+    /// Virtual CPUs.
+    #[schemars(range(min = 1, max = 512))]
+    pub cpu: u32,
+    /// Memory, as a Kubernetes quantity (for example `2Gi`).
+    pub memory: Quantity,
+    /// Firmware: `bios` (default) or `efi`. EFI needs no loader path: the hypervisor picks it.
+    #[serde(default)]
+    pub firmware: Firmware,
+    /// Attach an emulated TPM 2.0. Needs a failure domain that declares the `vtpm` feature.
+    #[serde(default)]
+    pub tpm_enabled: bool,
+    /// Size of the OS disk; overrides the image's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_size: Option<Quantity>,
+}

@@ -1,0 +1,228 @@
+//! VirtualMachine (what a user asks for) and LibvirtMachine (the provider-specific machine the
+//! controller creates for it; the only thing the controller and the provider share, ADR-0050).
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{Firmware, LocalObjectReference, MachineAddress, SecretKeySelector};
+use crate::conditions::Condition;
+
+/// Largest inline user-data accepted. A seed ISO holds more, but a claim-sized API object
+/// should not; bigger payloads go through `userDataSecretRef`.
+pub const MAX_INLINE_USER_DATA: usize = 65536;
+
+/// A virtual machine: class, image, where it runs and what it is told at first boot.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VirtualMachine",
+    namespaced,
+    status = "VirtualMachineStatus",
+    shortname = "bvm",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".spec.classRef.name"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.imageRef.name"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".status.providerRef.name"}"#,
+    printcolumn = r#"{"name":"Scheduled","type":"string","jsonPath":".status.conditions[?(@.type==\"Scheduled\")].status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.addresses[0].address"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.userData) && has(self.userDataSecretRef))",
+    "message": "set at most one of userData and userDataSecretRef"
+}]))]
+pub struct VirtualMachineSpec {
+    /// The VMClass (same namespace).
+    pub class_ref: LocalObjectReference,
+    /// The VMImage (same namespace).
+    pub image_ref: LocalObjectReference,
+    /// Storage class; must be offered by the chosen Provider's failure domain.
+    #[schemars(length(min = 1, max = 63))]
+    pub storage_class_name: String,
+    /// Network class; must be offered by the chosen Provider's failure domain.
+    #[schemars(length(min = 1, max = 63))]
+    pub network_class_name: String,
+    /// cloud-init user-data, delivered as a NoCloud seed. For secrets use userDataSecretRef
+    /// (ADR-0055).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub user_data: Option<String>,
+    /// A Secret key holding cloud-init user-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<SecretKeySelector>,
+}
+
+/// Observed state of a VirtualMachine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineStatus {
+    /// Scheduled, InfrastructureReady, GuestReady and Ready.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The provider-specific machine created for this VirtualMachine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_ref: Option<MachineReference>,
+    /// The Provider it was scheduled onto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<LocalObjectReference>,
+    /// The failure domain it was scheduled into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    /// Addresses, mirrored from the machine.
+    #[serde(default)]
+    pub addresses: Vec<MachineAddress>,
+    /// The image revision the machine was built from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_revision: Option<String>,
+    /// The guest's own phase, when it publishes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_phase: Option<String>,
+    /// PEM certificates of the vTPM's endorsement keys (ADR-0045).
+    #[serde(default)]
+    pub tpm_endorsement_certificates: Vec<String>,
+    /// When the VirtualMachine last became Ready; orders pool members by time Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_since: Option<Time>,
+}
+
+/// A reference to a provider-specific machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineReference {
+    /// `banlieue.io/v1alpha1`.
+    pub api_version: String,
+    /// For example `LibvirtMachine`.
+    pub kind: String,
+    /// Name (same namespace).
+    pub name: String,
+}
+
+/// A libvirt domain to realise. The controller writes the spec; the libvirt provider realises it
+/// and reports in the status. Complete enough that the provider never reads a VirtualMachine.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "LibvirtMachine",
+    namespaced,
+    status = "LibvirtMachineStatus",
+    shortname = "lvmachine",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.providerRef.name"}"#,
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.pool"}"#,
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Domain","type":"string","jsonPath":".status.domainName"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.userData) && has(self.userDataSecretRef))",
+    "message": "set at most one of userData and userDataSecretRef"
+}]))]
+pub struct LibvirtMachineSpec {
+    /// The Provider (same namespace) whose host runs the domain.
+    pub provider_ref: LocalObjectReference,
+    /// Storage pool on the host for the machine's volumes.
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: String,
+    /// libvirt network the machine's interface joins.
+    #[schemars(length(min = 1, max = 253))]
+    pub network: String,
+    /// The OS disk.
+    pub disk: LibvirtDisk,
+    /// Firmware.
+    #[serde(default)]
+    pub firmware: Firmware,
+    /// Attach an emulated TPM 2.0 (tpm-crb, swtpm).
+    #[serde(default)]
+    pub tpm_enabled: bool,
+    /// Virtual CPUs.
+    #[schemars(range(min = 1, max = 512))]
+    pub cpu: u32,
+    /// Memory.
+    pub memory: Quantity,
+    /// cloud-init user-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub user_data: Option<String>,
+    /// A Secret key holding cloud-init user-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<SecretKeySelector>,
+}
+
+/// The OS disk of a LibvirtMachine: exactly one shape (ADR-0040).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.backingVolume) != has(self.installMedia)",
+    "message": "exactly one of backingVolume or installMedia must be set"
+}]))]
+pub struct LibvirtDisk {
+    /// Immediate images: a qcow2 overlay over this volume of the pool. Its backing format is
+    /// taken from the name (.qcow2/.qcow → qcow2, otherwise raw), never probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_volume: Option<String>,
+    /// Deferred/Manual images: an empty disk, with this volume of the pool as boot CD-ROM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_media: Option<String>,
+    /// Size of the OS disk.
+    pub size: Quantity,
+}
+
+/// Observed state of a LibvirtMachine, in Cluster API's shape.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LibvirtMachineStatus {
+    /// The domain is defined and running.
+    #[serde(default)]
+    pub ready: bool,
+    /// Provisioning progress.
+    #[serde(default)]
+    pub initialization: MachineInitialization,
+    /// `libvirt://<provider namespace>/<provider>/<domain uuid>`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "providerID"
+    )]
+    pub provider_id: Option<String>,
+    /// The libvirt domain's name (`<namespace>-<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_name: Option<String>,
+    /// The libvirt domain's UUID, chosen before the domain is first defined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_uuid: Option<String>,
+    /// Addresses from the domain's interfaces.
+    #[serde(default)]
+    pub addresses: Vec<MachineAddress>,
+    /// The guest's own phase, when it publishes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_phase: Option<String>,
+    /// PEM certificates of the vTPM's endorsement keys.
+    #[serde(default)]
+    pub tpm_endorsement_certificates: Vec<String>,
+    /// Ready (and GuestReady when the guest reports it), with messages from the guide's
+    /// troubleshooting table.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Cluster API's initialization block.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MachineInitialization {
+    /// The machine's infrastructure exists.
+    #[serde(default)]
+    pub provisioned: bool,
+}

@@ -1,0 +1,227 @@
+//! VirtualMachinePool (warm, unclaimed capacity) and VirtualMachineClaim (one member, for one
+//! identity, once).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{LocalObjectReference, MachineAddress};
+use crate::conditions::Condition;
+use crate::machine::VirtualMachineSpec;
+
+/// Keeps `replicas` unclaimed, warm VirtualMachines. Members leave only through a claim.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VirtualMachinePool",
+    namespaced,
+    status = "VirtualMachinePoolStatus",
+    shortname = "bvmpool",
+    category = "banlieue",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.availableReplicas"}"#,
+    printcolumn = r#"{"name":"Claimed","type":"integer","jsonPath":".status.claimedReplicas"}"#,
+    printcolumn = r#"{"name":"Readiness","type":"string","jsonPath":".spec.readiness"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachinePoolSpec {
+    /// Number of unclaimed members to keep. Claimed members do not count.
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: i32,
+    /// The VirtualMachine every member is created from.
+    pub template: VirtualMachineTemplate,
+    /// When a member counts as available to claims (ADR-0043).
+    #[serde(default)]
+    pub readiness: PoolReadiness,
+    /// An unclaimed member available for longer than this is replaced, oldest first. Unset:
+    /// members never go stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_idle_seconds: Option<i64>,
+    /// How unclaimed members of an older revision are replaced. Stated explicitly, no default.
+    pub update_strategy: PoolUpdateStrategy,
+}
+
+/// Template of pool members.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VirtualMachineTemplate {
+    /// Labels and annotations copied onto each member.
+    #[serde(default)]
+    pub metadata: TemplateMetadata,
+    /// The member's VirtualMachine spec.
+    pub spec: VirtualMachineSpec,
+}
+
+/// The parts of object metadata a template may set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TemplateMetadata {
+    /// Labels copied onto members.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations copied onto members.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// What makes a member available.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PoolReadiness {
+    /// The member's machine is ready. Right for Immediate images.
+    #[default]
+    InfrastructureReady,
+    /// The member published the `GuestReady` condition. Right for Deferred images, where the
+    /// machine is ready as soon as the install starts.
+    GuestReady,
+}
+
+/// Replacement of unclaimed members of older revisions. Claimed members are never touched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolUpdateStrategy {
+    /// Replace: create current-revision members, then delete old unclaimed ones.
+    /// OnDelete: old members stay until they are claimed, expire or are deleted.
+    #[serde(rename = "type")]
+    pub type_: PoolUpdateType,
+    /// How many members above `replicas` may exist while replacing. Defaults to 1.
+    #[serde(default = "default_max_surge")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_surge: i32,
+}
+
+fn default_max_surge() -> i32 {
+    1
+}
+
+/// Update strategy kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PoolUpdateType {
+    Replace,
+    OnDelete,
+}
+
+/// Observed state of a VirtualMachinePool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachinePoolStatus {
+    /// Unclaimed members, in any state.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Unclaimed members whose machine is ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Unclaimed members a claim can take now.
+    #[serde(default)]
+    pub available_replicas: i32,
+    /// Members bound to claims and still existing.
+    #[serde(default)]
+    pub claimed_replicas: i32,
+    /// Hash of the template and image revision new members are created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_revision: Option<String>,
+    /// Label selector of unclaimed members, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Ready with reasons Filling, ReadinessSignalAbsent, AtCapacity.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One pool member, for one subject, once. Release is deletion.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VirtualMachineClaim",
+    namespaced,
+    status = "VirtualMachineClaimStatus",
+    shortname = "vmclaim",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Pool","type":"string","jsonPath":".spec.poolRef.name"}"#,
+    printcolumn = r#"{"name":"VM","type":"string","jsonPath":".status.virtualMachineRef.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Expires","type":"string","jsonPath":".status.expiresAt"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self == oldSelf",
+    "message": "spec is immutable: a claim records who a sandbox was handed to"
+}]))]
+pub struct VirtualMachineClaimSpec {
+    /// The pool (same namespace) to take a member from.
+    pub pool_ref: LocalObjectReference,
+    /// Who the member is for. An identifier, never a credential.
+    pub subject: ClaimSubject,
+    /// Deadline in seconds, counted from binding. Required: at expiry the member is deleted,
+    /// then the claim.
+    #[schemars(range(min = 1))]
+    pub ttl_seconds: i64,
+}
+
+/// The identity a member is handed to. Recorded and mirrored, never interpreted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClaimSubject {
+    /// Who authenticated the subject (an OIDC issuer URL). Must be in the site's allowlist.
+    #[schemars(length(min = 1, max = 2048))]
+    pub issuer: String,
+    /// The subject's id at that issuer (`sub` or `oid`). Must equal the creator's username
+    /// unless the creator is a broker. Never a token, password or session key.
+    #[schemars(length(min = 1, max = 1024))]
+    pub id: String,
+}
+
+/// Observed state of a VirtualMachineClaim.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineClaimStatus {
+    /// Pending → Bound → Releasing → gone; Bound → Failed (terminal). Never backwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClaimPhase>,
+    /// The bound member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_machine_ref: Option<LocalObjectReference>,
+    /// The member's addresses, mirrored as they change.
+    #[serde(default)]
+    pub addresses: Vec<MachineAddress>,
+    /// When the member was bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_at: Option<Time>,
+    /// The absolute deadline: boundAt + ttlSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+    /// The member's vTPM endorsement-key certificates (PEM), the anchor for attesting it.
+    #[serde(default)]
+    pub tpm_endorsement_certificates: Vec<String>,
+    /// Deprecated: no longer minted (ADR-0049, amended). Kept so older claims still parse;
+    /// removed in the next API version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// Bound, with reasons NoMemberAvailable, PoolNotFound, MemberDeleted, Expired.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Claim phases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ClaimPhase {
+    /// No Ready, unclaimed member yet. Retries without limit.
+    Pending,
+    /// A member is held.
+    Bound,
+    /// Deleted or expired; the member is being destroyed.
+    Releasing,
+    /// The bound member vanished. Terminal.
+    Failed,
+}

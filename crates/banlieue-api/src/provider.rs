@@ -1,0 +1,220 @@
+//! Provider (a registered host) and ProviderClass (what runs a provider's workload).
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{LocalObjectReference, ValueOrSource};
+use crate::conditions::Condition;
+
+/// A hypervisor host (or vCenter) registered with banlieue. The operator connects to it, narrows
+/// the declared capabilities to what really exists and publishes the result as failure domains.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "Provider",
+    namespaced,
+    status = "ProviderStatus",
+    shortname = "vmprovider",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".spec.providerClassRef.name"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".spec.connection.endpoint"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderSpec {
+    /// The ProviderClass whose workload serves this Provider (for example `libvirt`).
+    pub provider_class_ref: LocalObjectReference,
+    /// How to reach the host.
+    pub connection: ProviderConnection,
+    /// What the administrator asserts the host offers. Declared, never discovered: the provider
+    /// only narrows it to what exists (ADR-0039).
+    #[serde(default)]
+    pub capabilities: ProviderCapabilities,
+    /// Trust anchors a verifier uses for guests' attestation. Published, never checked by
+    /// banlieue (ADR-0049).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<ProviderAttestation>,
+}
+
+/// Endpoint and TLS material of a Provider. Mutual TLS is the only transport (ADR-0011).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderConnection {
+    /// The host's URI, for libvirt `qemu+tls://host[:port]/system`. Other schemes are rejected
+    /// at reconcile with `scheme "…" is not supported`.
+    #[schemars(length(min = 1, max = 2048))]
+    pub endpoint: String,
+    /// A `kubernetes.io/tls`-shaped Secret with keys `tls.crt` and `tls.key`: the client
+    /// certificate is the credential.
+    pub credentials_ref: LocalObjectReference,
+    /// The CA that signed the host's server certificate. Required: only this CA is trusted.
+    pub ca_bundle: ValueOrSource,
+}
+
+/// Declared capabilities of a Provider.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderCapabilities {
+    /// Storage classes this host offers, each mapped to a storage pool on the host.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub storage_classes: Vec<StorageClassMapping>,
+    /// Network classes this host offers, each mapped to a network on the host.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub network_classes: Vec<NetworkClassMapping>,
+    /// Features the administrator has confirmed on this host, for example `vtpm`. Never
+    /// auto-discovered.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub features: Vec<String>,
+}
+
+/// A storage class name and the host pool that realises it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StorageClassMapping {
+    /// The storage class name VirtualMachines ask for.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Where it lives on the host.
+    pub target: StorageTarget,
+}
+
+/// A storage class's location on a libvirt host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StorageTarget {
+    /// Name of the libvirt storage pool.
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: String,
+}
+
+/// A network class name and the host network that realises it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NetworkClassMapping {
+    /// The network class name VirtualMachines ask for.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Where it lives on the host.
+    pub target: NetworkTarget,
+}
+
+/// A network class's location on a libvirt host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NetworkTarget {
+    /// Name of the libvirt network.
+    #[schemars(length(min = 1, max = 253))]
+    pub network: String,
+}
+
+/// Attestation trust configuration of a Provider.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAttestation {
+    /// Issuer certificates of this backend's vTPM endorsement keys (on libvirt, each host's
+    /// swtpm_localca issuer). Removing an issuer is how its EK certificates are revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ek_trust_bundle: Option<ValueOrSource>,
+}
+
+/// Observed state of a Provider.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderStatus {
+    /// `Ready` with reasons Connected, CredentialsUnavailable, UnsupportedScheme, ConnectFailed or
+    /// CapabilitiesIncomplete.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The declaration narrowed to what the host really has. A libvirt host is one failure
+    /// boundary, so it publishes exactly one entry once it has been reached.
+    #[serde(default)]
+    pub failure_domains: Vec<FailureDomain>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One failure domain of a Provider: what is really available there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureDomain {
+    /// Name of the failure domain (for libvirt, the host's name).
+    pub name: String,
+    /// Declared storage classes whose pool exists.
+    #[serde(default)]
+    pub storage_classes: Vec<StorageClassMapping>,
+    /// Declared network classes whose network exists.
+    #[serde(default)]
+    pub network_classes: Vec<NetworkClassMapping>,
+    /// Declared features, copied as declared.
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+/// The kind of machine a ProviderClass realises.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum MachineKind {
+    /// `banlieue.io/v1alpha1` LibvirtMachine.
+    #[default]
+    LibvirtMachine,
+}
+
+/// What a family of providers needs to run: its workload image and command, the machine kind
+/// it realises, and extra RBAC for its Role.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "ProviderClass",
+    shortname = "vmproviderclass",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineKind"}"#,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.image"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderClassSpec {
+    /// Container image of the provider workload (the banlieue binary).
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+    /// Entrypoint of the workload container. The operator appends
+    /// `provider libvirt run --provider NAME --namespace NS` to `args`.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Arguments placed before the provider's own.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The machine kind this class realises.
+    #[serde(default)]
+    pub machine_kind: MachineKind,
+    /// Rules added to each provider's Role on top of the base rules, for example `jobs` in
+    /// `batch` so the provider can run import Jobs.
+    #[serde(default)]
+    pub additional_rules: Vec<PolicyRule>,
+    /// How this class's import Jobs run.
+    #[serde(default)]
+    pub import: ImportJobSettings,
+}
+
+/// Settings of the image-import Jobs a ProviderClass's providers create.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportJobSettings {
+    /// Namespace the Jobs run in, where the artifacts PVC lives. Defaults to
+    /// `banlieue-imagebuild` (ADR-0016).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// ServiceAccount of the Jobs, in that namespace. Defaults to `default`, which then needs
+    /// the grant to read Providers and their Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// The PersistentVolumeClaim holding build artifacts, mounted at `/artifacts`. Defaults to
+    /// `banlieue-artifacts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts_claim_name: Option<String>,
+}
