@@ -1,0 +1,658 @@
+#!/usr/bin/env bash
+# Turns on libvirtd's TLS listener on this host, for banlieue's libvirt provider, which speaks
+# to libvirtd over mutual TLS only and authenticates with an x509 client certificate
+# (auth_tls = "none": the certificate is the credential).
+#
+# It makes a private CA (kept across runs), a server certificate and a client certificate,
+# puts the server's files where libvirtd looks for them, writes libvirtd.conf, brings the
+# listener up, and leaves the client's files in ~/.config/banlieue/libvirt/. Run it as root
+# on the libvirt host; see --help.
+set -euo pipefail
+shopt -s extglob
+
+readonly PROG=${0##*/}
+readonly BLOCK_BEGIN="# BEGIN banlieue TLS listener (written by bootstrap-libvirt-tls.sh; edit outside this block)"
+readonly BLOCK_END="# END banlieue TLS listener"
+# The libvirtd.conf keys the managed block owns; a setting of one of them elsewhere in the
+# file is commented out, since libvirtd would otherwise take whichever comes last.
+readonly MANAGED_KEYS=(listen_tls tls_port listen_addr auth_tls ca_file cert_file key_file)
+readonly DEFAULT_TLS_PORT=16514
+
+usage() {
+    cat <<EOF
+Usage: $PROG [OPTION]...
+
+Enable libvirtd's TLS listener (qemu+tls://HOST/system) for banlieue's libvirt provider.
+
+What it does, in order:
+  1. Makes a certificate authority, unless one exists (it is kept across runs):
+       /etc/pki/CA/cacert.pem            the CA certificate (libvirtd's ca_file)
+       /etc/pki/CA/private/cakey.pem     its private key, mode 600
+  2. Issues the server certificate libvirtd presents, with the subject alternative names
+     (SANs) this host's fully qualified name and short name plus every --san:
+       /etc/pki/libvirt/servercert.pem
+       /etc/pki/libvirt/private/serverkey.pem   mode 600
+     An existing server certificate is kept when it was signed by the CA and names exactly
+     these SANs; otherwise it is reissued.
+  3. Issues a client certificate (subject CN from --client-cn) and writes, into the client
+     directory (default ~/.config/banlieue/libvirt/, the home of \$SUDO_USER under sudo):
+       cacert.pem  clientcert.pem  clientkey.pem       files mode 600, directory mode 700
+     These are the names virsh reads from ?pkipath=DIR, and the files banlieue's credentials
+     Secret (tls.crt, tls.key) and CA ConfigMap (ca.crt) are made from. The script refuses to
+     write them inside a git work tree: they include a private key.
+  4. Writes /etc/libvirt/libvirtd.conf: listen_tls = 1, auth_tls = "none", tls_port,
+     listen_addr (with --listen-addr) and the three file paths above, in a marked block.
+     Settings elsewhere in the file are kept, except earlier settings of those keys, which
+     are commented out. When the file changes, the previous one is kept beside it as
+     libvirtd.conf.bak.<UTC time>.
+  5. Brings the listener up:
+     - with systemd: stops libvirtd.service, starts libvirtd.socket, enables and starts
+       libvirtd-tls.socket, then starts libvirtd.service. Under socket activation libvirtd
+       ignores listen_tls, listen_addr and tls_port (systemd owns the sockets), so a
+       non-default --listen-addr or --tls-port is written as a drop-in,
+       /etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf.
+     - without systemd: prints the command to run (libvirtd --listen -f CONF -d).
+     - with --no-restart or --root: prints the commands and touches no service.
+
+Re-running is safe: the CA is kept, certificates still valid for the requested names are
+kept, and an unchanged libvirtd.conf is not rewritten.
+
+Options:
+  --san NAME|IP        Add a subject alternative name to the server certificate; repeat
+                       for several. Use every name and address clients will put in the URI
+                       (qemu+tls://NAME/system): libvirt clients refuse a server whose
+                       certificate does not name the host they dialled.
+  --hostname NAME      The server certificate's common name and first DNS SAN
+                       (default: hostname -f, falling back to hostname).
+  --no-host-names      Leave this host's own names out of the SANs (only --san entries).
+  --client-cn NAME     Common name of the client certificate (default: banlieue).
+  --client-dir DIR     Where the client's files go (default ~/.config/banlieue/libvirt).
+  --listen-addr ADDR   Address the TLS listener binds (default: libvirtd's, all addresses).
+  --tls-port PORT      TCP port of the TLS listener (default: $DEFAULT_TLS_PORT).
+  --days N             Validity of new certificates, in days (default: 3650).
+  --tool certtool|openssl
+                       Which tool makes keys and certificates (default: certtool, from
+                       gnutls-bin, when installed, else openssl).
+  --force              Make a new CA and new certificates even when valid ones exist.
+                       Every client certificate the old CA signed stops working.
+  --no-restart         Write files only; print the commands that bring the listener up.
+  --root DIR           Test mode: every /etc path is taken under DIR/etc and the home
+                       directory is DIR/home; implies --no-restart. File contents (the
+                       paths in libvirtd.conf) name the relocated files, so a daemon can
+                       be started on them: libvirtd --listen -f DIR/etc/libvirt/libvirtd.conf
+  -h, --help           Show this help.
+
+Afterwards, from the machine holding the client files:
+  virsh -c "qemu+tls://HOST/system?pkipath=\$HOME/.config/banlieue/libvirt" version
+If that hangs instead of failing, a firewall is usually dropping the TLS port.
+EOF
+}
+
+die() {
+    echo "$PROG: error: $*" >&2
+    exit 1
+}
+
+note() {
+    echo "$PROG: $*"
+}
+
+# --- arguments ---------------------------------------------------------------------------
+
+root=""
+sans=()
+host_name=""
+host_names=1
+client_cn="banlieue"
+client_dir=""
+listen_addr=""
+tls_port=""
+days=3650
+tool=""
+force=0
+restart=1
+
+need_value() {
+    if (($# < 2)) || [[ -z $2 ]]; then
+        die "option $1 needs a value (see --help)"
+    fi
+}
+
+while (($#)); do
+    case $1 in
+    --san) need_value "$@"; sans+=("$2"); shift 2 ;;
+    --san=*) sans+=("${1#*=}"); shift ;;
+    --hostname) need_value "$@"; host_name=$2; shift 2 ;;
+    --hostname=*) host_name=${1#*=}; shift ;;
+    --no-host-names) host_names=0; shift ;;
+    --client-cn) need_value "$@"; client_cn=$2; shift 2 ;;
+    --client-cn=*) client_cn=${1#*=}; shift ;;
+    --client-dir) need_value "$@"; client_dir=$2; shift 2 ;;
+    --client-dir=*) client_dir=${1#*=}; shift ;;
+    --listen-addr) need_value "$@"; listen_addr=$2; shift 2 ;;
+    --listen-addr=*) listen_addr=${1#*=}; shift ;;
+    --tls-port) need_value "$@"; tls_port=$2; shift 2 ;;
+    --tls-port=*) tls_port=${1#*=}; shift ;;
+    --days) need_value "$@"; days=$2; shift 2 ;;
+    --days=*) days=${1#*=}; shift ;;
+    --tool) need_value "$@"; tool=$2; shift 2 ;;
+    --tool=*) tool=${1#*=}; shift ;;
+    --force) force=1; shift ;;
+    --no-restart) restart=0; shift ;;
+    --root) need_value "$@"; root=$2; shift 2 ;;
+    --root=*) root=${1#*=}; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+
+if [[ -n $tls_port ]]; then
+    if ! [[ $tls_port =~ ^[0-9]+$ ]] || ((tls_port < 1 || tls_port > 65535)); then
+        die "--tls-port must be a port number, got '$tls_port'"
+    fi
+fi
+if ! [[ $days =~ ^[0-9]+$ ]] || ((days == 0)); then
+    die "--days must be a positive number, got '$days'"
+fi
+[[ $client_cn =~ ^[A-Za-z0-9._@-]+$ ]] || die "--client-cn may hold letters, digits and . _ @ - only"
+if [[ -n $listen_addr && ! $listen_addr =~ ^[0-9A-Za-z.:_-]+$ ]]; then
+    die "--listen-addr must be an address or host name, got '$listen_addr'"
+fi
+
+case $tool in
+"") if command -v certtool >/dev/null; then tool=certtool; elif command -v openssl >/dev/null; then tool=openssl; else
+    die "neither certtool (Debian package gnutls-bin) nor openssl is installed"
+fi ;;
+certtool | openssl) command -v "$tool" >/dev/null || die "$tool is not installed" ;;
+*) die "--tool must be certtool or openssl, got '$tool'" ;;
+esac
+
+if [[ -n $root ]]; then
+    mkdir -p "$root"
+    root=$(cd "$root" && pwd)
+    restart=0
+fi
+
+# --- paths -------------------------------------------------------------------------------
+
+etc="$root/etc"
+ca_cert="$etc/pki/CA/cacert.pem"
+ca_key="$etc/pki/CA/private/cakey.pem"
+server_cert="$etc/pki/libvirt/servercert.pem"
+server_key="$etc/pki/libvirt/private/serverkey.pem"
+conf="$etc/libvirt/libvirtd.conf"
+socket_dropin="$etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf"
+
+# Whose home the client files go to: under sudo, the invoking user's, so that they end up
+# with the person who will build the Kubernetes Secret from them.
+client_owner=""
+if [[ -n $root ]]; then
+    home="$root/home"
+elif [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $EUID -eq 0 ]]; then
+    home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
+    [[ -n $home ]] || die "cannot find the home directory of $SUDO_USER"
+    client_owner=$SUDO_USER
+else
+    home=${HOME:?HOME is not set}
+fi
+client_dir=${client_dir:-$home/.config/banlieue/libvirt}
+case $client_dir in /*) ;; *) client_dir="$PWD/$client_dir" ;; esac
+
+# --- checks before anything is written ---------------------------------------------------
+
+# The nearest ancestor of $1 (itself included) that exists.
+existing_ancestor() {
+    local p=$1
+    while [[ ! -e $p ]]; do p=$(dirname "$p"); done
+    printf '%s\n' "$p"
+}
+
+# Succeeds when $1 lies inside a git work tree (a .git directory or file in it or above it).
+inside_git_work_tree() {
+    local p
+    p=$(cd "$(existing_ancestor "$1")" && pwd -P)
+    while :; do
+        [[ -e $p/.git ]] && return 0
+        [[ $p == / ]] && return 1
+        p=$(dirname "$p")
+    done
+}
+
+if inside_git_work_tree "$client_dir"; then
+    die "refusing to write the client's private key into a git work tree ($client_dir); pass --client-dir with a directory outside any repository"
+fi
+
+if [[ -z $root && $EUID -ne 0 ]]; then
+    die "run as root (it writes under /etc/pki and /etc/libvirt), or use --root DIR to write elsewhere"
+fi
+
+# --- the server certificate's names ------------------------------------------------------
+
+is_ip() {
+    [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ || $1 == *:* ]]
+}
+
+explicit_host_name=0
+[[ -z $host_name ]] || explicit_host_name=1
+if [[ -z $host_name ]]; then
+    host_name=$(hostname -f 2>/dev/null || true)
+    [[ -n $host_name ]] || host_name=$(hostname)
+fi
+san_list=()
+add_san() {
+    local s
+    [[ -n $1 ]] || return 0
+    for s in "${san_list[@]}"; do [[ $s == "$1" ]] && return 0; done
+    san_list+=("$1")
+}
+if ((host_names)); then
+    add_san "$host_name"
+    add_san "$(hostname 2>/dev/null || true)"
+fi
+for s in "${sans[@]}"; do
+    [[ $s =~ ^[A-Za-z0-9.:*_-]+$ ]] || die "--san '$s' is neither a host name nor an IP address"
+    add_san "$s"
+done
+((${#san_list[@]})) || die "no subject alternative names (--no-host-names needs at least one --san)"
+# With --no-host-names and no --hostname, the common name is the first SAN.
+((host_names || explicit_host_name)) || host_name=${san_list[0]}
+
+# An IPv6 address in one spelling (eight lower-case groups without leading zeros), since
+# certtool prints ::1 where openssl prints 0:0:0:0:0:0:0:1.
+ipv6_canonical() {
+    local a=${1,,} head tail groups=() out=() g n i
+    if [[ $a == *::* ]]; then
+        head=${a%%::*} tail=${a#*::}
+        local h=() t=()
+        [[ -z $head ]] || IFS=: read -ra h <<<"$head"
+        [[ -z $tail ]] || IFS=: read -ra t <<<"$tail"
+        n=$((8 - ${#h[@]} - ${#t[@]}))
+        groups=("${h[@]}")
+        for ((i = 0; i < n; i++)); do groups+=(0); done
+        groups+=("${t[@]}")
+    else
+        IFS=: read -ra groups <<<"$a"
+    fi
+    for g in "${groups[@]}"; do
+        g=${g##+(0)}
+        out+=("${g:-0}")
+    done
+    (IFS=:; echo "${out[*]}")
+}
+
+# Lines "DNS:name" / "IP:addr" on stdin, made comparable: sorted, IPv6 in one spelling.
+canonical_sans() {
+    local line
+    while IFS= read -r line; do
+        [[ -n $line ]] || continue
+        if [[ $line == IP:*:* ]]; then echo "IP:$(ipv6_canonical "${line#IP:}")"; else echo "$line"; fi
+    done | LC_ALL=C sort -u
+}
+
+requested_sans() {
+    local s
+    for s in "${san_list[@]}"; do
+        if is_ip "$s"; then echo "IP:$s"; else echo "DNS:$s"; fi
+    done | canonical_sans
+}
+
+# --- key and certificate making ----------------------------------------------------------
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# make_key OUT
+make_key() {
+    (
+        umask 077
+        if [[ $tool == certtool ]]; then
+            certtool --generate-privkey --key-type rsa --bits 3072 --outfile "$1" 2>/dev/null
+        else
+            openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:3072 -out "$1" 2>/dev/null
+        fi
+    )
+}
+
+# make_ca KEY CERT
+make_ca() {
+    local cn="banlieue libvirt CA ($host_name)"
+    if [[ $tool == certtool ]]; then
+        cat >"$work/ca.tmpl" <<EOF
+cn = "$cn"
+ca
+cert_signing_key
+crl_signing_key
+expiration_days = $days
+EOF
+        certtool --generate-self-signed --load-privkey "$1" --template "$work/ca.tmpl" \
+            --outfile "$2" 2>/dev/null
+    else
+        openssl req -x509 -new -key "$1" -subj "/CN=$cn" -days "$days" -sha256 \
+            -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -addext "subjectKeyIdentifier=hash" -out "$2" 2>/dev/null
+    fi
+}
+
+# make_leaf server|client CN KEY CERT
+make_leaf() {
+    local role=$1 cn=$2 key=$3 cert=$4 s
+    if [[ $tool == certtool ]]; then
+        {
+            echo "organization = \"banlieue\""
+            echo "cn = \"$cn\""
+            if [[ $role == server ]]; then
+                for s in "${san_list[@]}"; do
+                    if is_ip "$s"; then echo "ip_address = \"$s\""; else echo "dns_name = \"$s\""; fi
+                done
+                echo "tls_www_server"
+            else
+                echo "tls_www_client"
+            fi
+            echo "signing_key"
+            echo "encryption_key"
+            echo "expiration_days = $days"
+        } >"$work/$role.tmpl"
+        certtool --generate-certificate --load-privkey "$key" \
+            --load-ca-certificate "$ca_cert" --load-ca-privkey "$ca_key" \
+            --template "$work/$role.tmpl" --outfile "$cert" 2>/dev/null
+    else
+        {
+            echo "basicConstraints = critical,CA:FALSE"
+            echo "keyUsage = critical,digitalSignature,keyEncipherment"
+            echo "subjectKeyIdentifier = hash"
+            echo "authorityKeyIdentifier = keyid"
+            if [[ $role == server ]]; then
+                echo "extendedKeyUsage = serverAuth"
+                local alt=() i=0
+                for s in "${san_list[@]}"; do
+                    i=$((i + 1))
+                    if is_ip "$s"; then alt+=("IP.$i = $s"); else alt+=("DNS.$i = $s"); fi
+                done
+                echo "subjectAltName = @alt"
+                echo "[alt]"
+                printf '%s\n' "${alt[@]}"
+            else
+                echo "extendedKeyUsage = clientAuth"
+            fi
+        } >"$work/$role.ext"
+        openssl req -new -key "$key" -subj "/O=banlieue/CN=$cn" -out "$work/$role.csr" 2>/dev/null
+        openssl x509 -req -in "$work/$role.csr" -CA "$ca_cert" -CAkey "$ca_key" \
+            -set_serial "0x$(openssl rand -hex 16)" -days "$days" -sha256 \
+            -extfile "$work/$role.ext" -out "$cert" 2>/dev/null
+    fi
+}
+
+# Succeeds when CERT was signed by the CA in place.
+signed_by_ca() {
+    if [[ $tool == certtool ]]; then
+        certtool --verify --load-ca-certificate "$ca_cert" --infile "$1" >/dev/null 2>&1
+    else
+        openssl verify -CAfile "$ca_cert" "$1" >/dev/null 2>&1
+    fi
+}
+
+# The SANs in CERT, in the form requested_sans prints.
+cert_sans() {
+    if [[ $tool == certtool ]]; then
+        certtool -i --infile "$1" 2>/dev/null |
+            sed -n -e 's/^[[:space:]]*DNSname: \(.*\)$/DNS:\1/p' -e 's/^[[:space:]]*IPAddress: \(.*\)$/IP:\1/p'
+    else
+        openssl x509 -in "$1" -noout -ext subjectAltName 2>/dev/null | tail -n +2 |
+            tr ',' '\n' | sed -e 's/^[[:space:]]*//' -e 's/^IP Address:/IP:/'
+    fi | canonical_sans
+}
+
+# install_file SRC DEST MODE: atomically, creating DEST's directory.
+install_file() {
+    local dir
+    dir=$(dirname "$2")
+    mkdir -p "$dir"
+    install -m "$3" "$1" "$2.new.$$"
+    mv -f "$2.new.$$" "$2"
+}
+
+# --- 1. the CA ---------------------------------------------------------------------------
+
+new_ca=0
+if ((force)) || [[ ! -e $ca_cert && ! -e $ca_key ]]; then
+    mkdir -p "$(dirname "$ca_cert")" "$(dirname "$ca_key")"
+    chmod 700 "$(dirname "$ca_key")"
+    make_key "$work/cakey.pem"
+    # The CA's own files are written before they are used to sign anything below.
+    install_file "$work/cakey.pem" "$ca_key" 600
+    make_ca "$ca_key" "$work/cacert.pem"
+    install_file "$work/cacert.pem" "$ca_cert" 644
+    new_ca=1
+    note "made a new CA: $ca_cert"
+elif [[ ! -e $ca_key ]]; then
+    die "$ca_cert exists but its key $ca_key does not; this script cannot sign with a CA it does not hold (pass --force to replace that CA, which invalidates every certificate it signed)"
+elif [[ ! -e $ca_cert ]]; then
+    die "$ca_key exists but $ca_cert does not; restore it, or pass --force to make a new CA"
+else
+    note "keeping the existing CA: $ca_cert"
+fi
+
+# --- 2. the server certificate -----------------------------------------------------------
+
+reissue_server=$((force || new_ca))
+if ((!reissue_server)); then
+    if [[ ! -e $server_cert || ! -e $server_key ]]; then
+        reissue_server=1
+    elif ! signed_by_ca "$server_cert"; then
+        note "the server certificate was not signed by this CA: reissuing it"
+        reissue_server=1
+    elif [[ $(cert_sans "$server_cert") != "$(requested_sans)" ]]; then
+        note "the server certificate names other hosts: reissuing it"
+        reissue_server=1
+    fi
+fi
+if ((reissue_server)); then
+    mkdir -p "$(dirname "$server_key")"
+    chmod 700 "$(dirname "$server_key")"
+    make_key "$work/serverkey.pem"
+    make_leaf server "$host_name" "$work/serverkey.pem" "$work/servercert.pem"
+    install_file "$work/serverkey.pem" "$server_key" 600
+    install_file "$work/servercert.pem" "$server_cert" 644
+    note "issued the server certificate for: ${san_list[*]}"
+else
+    note "keeping the server certificate for: ${san_list[*]}"
+fi
+
+# --- 3. the client certificate -----------------------------------------------------------
+
+client_cert="$client_dir/clientcert.pem"
+client_key="$client_dir/clientkey.pem"
+mkdir -p "$client_dir"
+chmod 700 "$client_dir"
+reissue_client=$((force || new_ca))
+if ((!reissue_client)); then
+    if [[ ! -e $client_cert || ! -e $client_key ]] || ! signed_by_ca "$client_cert"; then
+        reissue_client=1
+    fi
+fi
+if ((reissue_client)); then
+    make_key "$work/clientkey.pem"
+    make_leaf client "$client_cn" "$work/clientkey.pem" "$work/clientcert.pem"
+    install_file "$work/clientkey.pem" "$client_key" 600
+    install_file "$work/clientcert.pem" "$client_cert" 600
+    note "issued the client certificate (CN=$client_cn)"
+else
+    note "keeping the client certificate"
+fi
+install_file "$ca_cert" "$client_dir/cacert.pem" 600
+chmod 600 "$client_key" "$client_cert"
+if [[ -n $client_owner ]]; then
+    chown -R "$client_owner:" "$client_dir"
+    # The parents made here belong to the user too, not to root.
+    p=$(dirname "$client_dir")
+    while [[ $p == "$home"/* ]]; do
+        [[ $(stat -c %U "$p") == root ]] && chown "$client_owner:" "$p"
+        p=$(dirname "$p")
+    done
+fi
+
+# --- 4. libvirtd.conf --------------------------------------------------------------------
+
+quote() {
+    local v=${1//\\/\\\\}
+    printf '"%s"' "${v//\"/\\\"}"
+}
+
+{
+    echo "$BLOCK_BEGIN"
+    echo "listen_tls = 1"
+    echo "tls_port = $(quote "${tls_port:-$DEFAULT_TLS_PORT}")"
+    [[ -z $listen_addr ]] || echo "listen_addr = $(quote "$listen_addr")"
+    # The client's x509 certificate, checked against ca_file, is the only credential.
+    echo "auth_tls = \"none\""
+    echo "ca_file = $(quote "$ca_cert")"
+    echo "cert_file = $(quote "$server_cert")"
+    echo "key_file = $(quote "$server_key")"
+    echo "$BLOCK_END"
+} >"$work/block"
+
+# The existing file without the previous block, with other settings of the managed keys
+# commented out, then the new block.
+if [[ -e $conf ]]; then
+    awk -v begin="$BLOCK_BEGIN" -v end="$BLOCK_END" -v keys="${MANAGED_KEYS[*]}" '
+        BEGIN { n = split(keys, k, " "); for (i = 1; i <= n; i++) managed[k[i]] = 1 }
+        $0 == begin { skipping = 1; next }
+        skipping && $0 == end { skipping = 0; next }
+        skipping { next }
+        {
+            if (match($0, /^[ \t]*[a-z_]+[ \t]*=/)) {
+                key = substr($0, RSTART, RLENGTH - 1); gsub(/[ \t]/, "", key)
+                if (key in managed) { print "#(banlieue) " $0; next }
+            }
+            print
+        }' "$conf" >"$work/libvirtd.conf"
+    # No blank line piles up between re-runs.
+    sed -i -e :a -e '/^\n*$/{$d;N;ba' -e '}' "$work/libvirtd.conf"
+    echo >>"$work/libvirtd.conf"
+fi
+cat "$work/block" >>"$work/libvirtd.conf"
+
+if [[ -e $conf ]] && cmp -s "$conf" "$work/libvirtd.conf"; then
+    note "$conf already has the TLS listener settings"
+else
+    mkdir -p "$(dirname "$conf")"
+    if [[ -e $conf ]]; then
+        backup="$conf.bak.$(date -u +%Y%m%dT%H%M%SZ)"
+        cp -p "$conf" "$backup"
+        note "kept the previous configuration as $backup"
+    fi
+    install_file "$work/libvirtd.conf" "$conf" 644
+    note "wrote $conf"
+fi
+
+# Under socket activation systemd owns the listening socket, so a non-default address or port
+# has to be said to systemd; the unit's own default is port 16514 on every address.
+dropin_changed=0
+if [[ -n $listen_addr || (-n $tls_port && $tls_port != "$DEFAULT_TLS_PORT") ]]; then
+    listen_stream=${tls_port:-$DEFAULT_TLS_PORT}
+    if [[ -n $listen_addr ]]; then
+        if [[ $listen_addr == *:* ]]; then listen_stream="[$listen_addr]:$listen_stream"; else listen_stream="$listen_addr:$listen_stream"; fi
+    fi
+    printf '# Written by bootstrap-libvirt-tls.sh: the TLS listener under socket activation.\n[Socket]\nListenStream=\nListenStream=%s\n' \
+        "$listen_stream" >"$work/dropin"
+    if ! cmp -s "$work/dropin" "$socket_dropin" 2>/dev/null; then
+        install_file "$work/dropin" "$socket_dropin" 644
+        dropin_changed=1
+        note "wrote $socket_dropin (ListenStream=$listen_stream)"
+    fi
+elif [[ -e $socket_dropin ]]; then
+    rm -f "$socket_dropin"
+    dropin_changed=1
+    note "removed $socket_dropin (back to the unit's default listener)"
+fi
+
+# --- 5. the listener ---------------------------------------------------------------------
+
+systemd_running() {
+    [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null
+}
+
+print_manual_steps() {
+    echo
+    echo "Nothing was restarted. To bring the TLS listener up:"
+    echo "  with systemd (socket activation; sockets first, then the service):"
+    ((dropin_changed)) && echo "    systemctl daemon-reload"
+    echo "    systemctl stop libvirtd.service"
+    echo "    systemctl start libvirtd.socket"
+    echo "    systemctl enable libvirtd-tls.socket"
+    echo "    systemctl restart libvirtd-tls.socket"
+    echo "    systemctl start libvirtd.service"
+    echo "  without systemd (stop a running libvirtd first):"
+    echo "    libvirtd --listen -f $conf -d"
+}
+
+bring_up_with_systemd() {
+    if ! systemctl cat libvirtd.service >/dev/null 2>&1; then
+        die "libvirtd.service is not installed; on a host running libvirt's per-driver daemons the TLS listener is virtproxyd-tls.socket, configured in virtproxyd.conf, which this script does not set up"
+    fi
+    if [[ $(systemctl is-enabled libvirtd.socket 2>/dev/null || true) == masked ]]; then
+        # Traditional mode under systemd: libvirtd opens its own sockets, so it reads
+        # listen_tls and needs --listen on its command line.
+        local args_file
+        for args_file in /etc/default/libvirtd /etc/sysconfig/libvirtd; do
+            if [[ -e $args_file ]] && ! grep -Eq '^[[:space:]]*LIBVIRTD_ARGS=.*(--listen|-l\b)' "$args_file"; then
+                note "warning: libvirtd.socket is masked, so libvirtd opens its sockets itself and needs --listen: add it to LIBVIRTD_ARGS in $args_file"
+            fi
+        done
+        note "systemctl restart libvirtd.service"
+        systemctl restart libvirtd.service
+        return
+    fi
+    local args_file
+    for args_file in /etc/default/libvirtd /etc/sysconfig/libvirtd; do
+        if [[ -e $args_file ]] && grep -Eq '^[[:space:]]*LIBVIRTD_ARGS=.*--listen' "$args_file"; then
+            die "$args_file passes --listen, which libvirtd refuses under socket activation; remove it and run again"
+        fi
+    done
+    local step
+    # libvirtd takes its sockets from systemd only when it starts, and libvirtd-tls.socket is
+    # bound to, and ordered after, libvirtd.socket: so the service goes down, the sockets come
+    # up, and the service starts last with all of them.
+    local steps=()
+    ((dropin_changed)) && steps+=("daemon-reload")
+    steps+=(
+        "stop libvirtd.service"
+        "start libvirtd.socket"
+        "enable libvirtd-tls.socket"
+        "restart libvirtd-tls.socket"
+        "start libvirtd.service"
+    )
+    for step in "${steps[@]}"; do
+        note "systemctl $step"
+        # shellcheck disable=SC2086 # each step is a verb and a unit
+        systemctl $step
+    done
+}
+
+if ((!restart)); then
+    print_manual_steps
+elif systemd_running; then
+    bring_up_with_systemd
+else
+    echo
+    echo "This host does not run systemd, so nothing was restarted. Stop a running libvirtd"
+    echo "(if any), then start it with the TLS listener:"
+    echo "  libvirtd --listen -f $conf -d"
+fi
+
+host_for_uri=${san_list[0]}
+is_ip "$host_for_uri" && [[ $host_for_uri == *:* ]] && host_for_uri="[$host_for_uri]"
+port_suffix=""
+[[ -z $tls_port || $tls_port == "$DEFAULT_TLS_PORT" ]] || port_suffix=":$tls_port"
+cat <<EOF
+
+Client credentials (mode 600) are in $client_dir:
+  cacert.pem clientcert.pem clientkey.pem
+Check the listener from a machine that has them:
+  virsh -c "qemu+tls://$host_for_uri$port_suffix/system?pkipath=$client_dir" version
+Then give them to banlieue:
+  kubectl -n banlieue-system create secret generic libvirt-creds \\
+    --from-file=tls.crt="$client_cert" --from-file=tls.key="$client_key"
+  kubectl -n banlieue-system create configmap libvirt-ca --from-file=ca.crt="$client_dir/cacert.pem"
+EOF
