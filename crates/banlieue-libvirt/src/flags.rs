@@ -22,3 +22,20 @@ pub const DOMAIN_EVENT_ID_LIFECYCLE: i32 = 0;
 /// include/libvirt/libvirt-domain.h, virConnectListAllDomainsFlags.
 pub const CONNECT_LIST_DOMAINS_ACTIVE: u32 = 1 << 0;
 pub const CONNECT_LIST_DOMAINS_INACTIVE: u32 = 1 << 1;
+
+/// include/libvirt/libvirt-domain.h, virDomainInterfaceAddressesSource.
+pub const DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE: u32 = 0;
+pub const DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT: u32 = 1;
+pub const DOMAIN_INTERFACE_ADDRESSES_SRC_ARP: u32 = 2;
+
+/// include/libvirt/libvirt-domain.h, virDomainXMLFlags.
+pub const DOMAIN_XML_SECURE: u32 = 1 << 0;
+pub const DOMAIN_XML_INACTIVE: u32 = 1 << 1;
+pub const DOMAIN_XML_UPDATE_CPU: u32 = 1 << 2;
+pub const DOMAIN_XML_MIGRATABLE: u32 = 1 << 3;
+
+/// include/libvirt/libvirt-qemu.h, virDomainQemuAgentCommandTimeoutValues: the `timeout`
+/// of an agent command, when not a number of seconds.
+pub const DOMAIN_AGENT_RESPONSE_TIMEOUT_BLOCK: i32 = -2;
+pub const DOMAIN_AGENT_RESPONSE_TIMEOUT_DEFAULT: i32 = -1;
+pub const DOMAIN_AGENT_RESPONSE_TIMEOUT_NOWAIT: i32 = 0;

@@ -10,6 +10,7 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod flags;
+pub mod handles;
 pub mod packet;
 pub mod stream;
 pub mod tls;
@@ -20,6 +21,10 @@ include!("../protocol_files.rs");
 
 pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorCode, RemoteError, Result};
+pub use handles::{
+    Domain, DomainState, InterfaceAddresses, IpAddress, Network, StoragePool, StorageVol,
+    StorageVolInfo, StorageVolType,
+};
 pub use tls::{CaBundle, Identity};
 pub use uri::ConnectUri;
 

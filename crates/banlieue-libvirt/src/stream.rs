@@ -251,8 +251,24 @@ pub async fn upload<R: AsyncRead + Unpin>(
     source: &mut R,
     length: u64,
     sparse: bool,
+    progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    upload_range(client, vol, source, 0, length, sparse, progress).await
+}
+
+/// [`upload`] into the volume from byte `offset`. A non-zero `length` is what the server is
+/// told to expect, and no more than that is read from `source`; 0 means to the end of `source`.
+pub async fn upload_range<R: AsyncRead + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    source: &mut R,
+    offset: u64,
+    length: u64,
+    sparse: bool,
     mut progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
+    let mut limited = source.take(if length == 0 { u64::MAX } else { length });
+    let source = &mut limited;
     let flags = if sparse {
         crate::flags::STORAGE_VOL_UPLOAD_SPARSE_STREAM
     } else {
@@ -260,7 +276,7 @@ pub async fn upload<R: AsyncRead + Unpin>(
     };
     let args = remote::RemoteStorageVolUploadArgs {
         vol: vol.clone(),
-        offset: 0,
+        offset,
         length,
         flags,
     };
@@ -309,6 +325,19 @@ pub async fn download<W: AsyncWrite + Unpin>(
     vol: &remote::RemoteNonnullStorageVol,
     sink: &mut W,
     sparse: bool,
+    progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    download_range(client, vol, sink, 0, 0, sparse, progress).await
+}
+
+/// [`download`] of `length` bytes from byte `offset` (`length` 0: to the end of the volume).
+pub async fn download_range<W: AsyncWrite + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    sink: &mut W,
+    offset: u64,
+    length: u64,
+    sparse: bool,
     mut progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let flags = if sparse {
@@ -318,8 +347,8 @@ pub async fn download<W: AsyncWrite + Unpin>(
     };
     let args = remote::RemoteStorageVolDownloadArgs {
         vol: vol.clone(),
-        offset: 0,
-        length: 0,
+        offset,
+        length,
         flags,
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(client, &args).await?;

@@ -1,0 +1,352 @@
+//! The typed handles against a real libvirtd: connection calls, a domain's lifecycle, pools and
+//! volumes (with ranged and sparse transfers), networks, lookups of missing objects, and the
+//! guest-agent call without an agent.
+
+use banlieue_libvirt::{
+    Client, Domain, DomainState, ErrorCode, Network, StoragePool, StorageVol, StorageVolType, flags,
+};
+use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+
+mod peer;
+
+use peer::{connect, daemon};
+
+/// A guest with no disk and no display: enough for define, start and destroy under TCG. It has
+/// a guest-agent channel that no agent will ever open.
+fn tiny_domain_xml(name: &str) -> String {
+    format!(
+        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
+         <os><type arch='x86_64' machine='pc'>hvm</type></os>\
+         <devices><video><model type='none'/></video>\
+         <interface type='user'><mac address='52:54:00:12:34:56'/><model type='virtio'/></interface>\
+         <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>\
+         </devices></domain>"
+    )
+}
+
+async fn dir_pool(c: &Client, d: &Libvirtd, name: &str) -> StoragePool {
+    let path = d.create_pool_dir(name).expect("pool dir");
+    let xml = format!(
+        "<pool type='dir'><name>{name}</name><target><path>{}</path></target></pool>",
+        path.display()
+    );
+    let pool = StoragePool::define_xml(c, &xml)
+        .await
+        .expect("pool defined");
+    pool.build().await.expect("built");
+    pool.create(0).await.expect("started");
+    pool
+}
+
+fn raw_volume_xml(name: &str, bytes: u64) -> String {
+    format!(
+        "<volume><name>{name}</name><capacity unit='bytes'>{bytes}</capacity><allocation>0</allocation><target><format type='raw'/></target></volume>"
+    )
+}
+
+#[tokio::test]
+async fn connection_calls_name_the_hypervisor_and_host() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    let version = c.version().await.expect("version");
+    assert!(version >= 10_000_000, "QEMU 10 reports {version}");
+    assert_eq!(c.lib_version().await.expect("lib version"), 11_003_000);
+    let caps = c.capabilities().await.expect("capabilities");
+    assert!(caps.contains("<capabilities>") && caps.contains("<arch>x86_64</arch>"));
+    let host = c.hostname().await.expect("hostname");
+    let virsh = d.virsh(["hostname"]).await.expect("virsh hostname");
+    assert_eq!(host, virsh.trim(), "the same host name as virsh");
+}
+
+#[tokio::test]
+async fn a_tiny_domain_is_defined_started_destroyed_and_undefined() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    let name = "banlieue-handles-tiny";
+    assert!(
+        Domain::lookup_by_name(&c, name)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "no such domain yet"
+    );
+    let dom = Domain::define_xml(&c, &tiny_domain_xml(name))
+        .await
+        .expect("defined");
+    assert_eq!(dom.name(), name);
+    assert_eq!(
+        dom.get_state().await.expect("state").0,
+        DomainState::SHUTOFF
+    );
+    let listed = c.list_all_domains(0).await.expect("list");
+    assert!(listed.iter().any(|x| x.uuid() == dom.uuid()));
+    let inactive = c
+        .list_all_domains(flags::CONNECT_LIST_DOMAINS_ACTIVE)
+        .await
+        .expect("list active");
+    assert!(inactive.iter().all(|x| x.name() != name), "not running yet");
+
+    dom.create().await.expect("started");
+    let (state, _) = dom.get_state().await.expect("state");
+    assert_eq!(state, DomainState::RUNNING);
+    let running = Domain::lookup_by_name(&c, name)
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert!(running.id() > 0, "a running domain has an id");
+    assert_eq!(running.uuid_string(), dom.uuid_string());
+    let xml = dom.get_xml_desc(0).await.expect("xml");
+    assert!(xml.contains(&format!("<name>{name}</name>")), "{xml}");
+    assert!(xml.contains("52:54:00:12:34:56"), "{xml}");
+    let inactive_xml = dom
+        .get_xml_desc(flags::DOMAIN_XML_INACTIVE)
+        .await
+        .expect("inactive xml");
+    assert!(
+        !inactive_xml.contains("<alias"),
+        "no live aliases in the inactive XML"
+    );
+
+    // A user-mode interface has no lease and no ARP entry: the call works and finds nothing
+    // to report, or names only our MAC.
+    let arp = dom
+        .interface_addresses(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_ARP)
+        .await
+        .expect("ARP source");
+    assert!(
+        arp.iter()
+            .all(|i| i.hwaddr.as_deref() == Some("52:54:00:12:34:56")),
+        "{arp:?}"
+    );
+    let err = dom
+        .interface_addresses(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
+        .await
+        .expect_err("no agent in this guest");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::AGENT_UNRESPONSIVE),
+        "{err}"
+    );
+
+    assert!(dom.destroy_if_running().await.expect("destroyed"), "it ran");
+    assert!(
+        !dom.destroy_if_running().await.expect("idempotent"),
+        "a second destroy finds it stopped"
+    );
+    let err = dom
+        .destroy()
+        .await
+        .expect_err("raw destroy of a stopped domain");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::OPERATION_INVALID),
+        "{err}"
+    );
+    assert_eq!(
+        dom.get_state().await.expect("state").0,
+        DomainState::SHUTOFF
+    );
+    dom.undefine_flags(flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_MANAGED_SAVE)
+        .await
+        .expect("undefined");
+    assert!(
+        Domain::lookup_by_name(&c, name)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "gone"
+    );
+    let err = dom.get_state().await.expect_err("a stale handle");
+    assert!(err.is_not_found(), "{err}");
+}
+
+#[tokio::test]
+async fn the_agent_command_without_an_agent_is_a_typed_error() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    let dom = Domain::define_xml(&c, &tiny_domain_xml("banlieue-handles-agent"))
+        .await
+        .expect("defined");
+    // Not running: libvirt refuses before looking for an agent.
+    let err = dom
+        .agent_command(r#"{"execute":"guest-ping"}"#, 5)
+        .await
+        .expect_err("not running");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::OPERATION_INVALID),
+        "{err}"
+    );
+    dom.create().await.expect("started");
+    // Running with an agent channel that no agent opened.
+    let err = dom
+        .agent_command(r#"{"execute":"guest-ping"}"#, 5)
+        .await
+        .expect_err("no agent");
+    let remote = err.remote().expect("a libvirt error");
+    assert_eq!(remote.code, ErrorCode::AGENT_UNRESPONSIVE, "{err}");
+    assert!(
+        remote
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("agent"),
+        "{remote:?}"
+    );
+    dom.destroy().await.expect("destroyed");
+    dom.undefine_flags(0).await.expect("undefined");
+}
+
+#[tokio::test]
+async fn volumes_are_created_filled_read_back_and_deleted() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    assert!(
+        StoragePool::lookup_by_name(&c, "vols")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    let pool = dir_pool(&c, &d, "vols").await;
+    assert!(pool.is_active().await.expect("active"));
+    let found = StoragePool::lookup_by_name(&c, "vols")
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(found.uuid(), pool.uuid());
+    let pools = StoragePool::list_all(&c, 0).await.expect("pools");
+    assert!(pools.iter().any(|p| p.name() == "vols"));
+    let pool_xml = pool.get_xml_desc(0).await.expect("pool xml");
+    let dir = d.create_pool_dir("vols").expect("same dir");
+    assert!(pool_xml.contains(&dir.display().to_string()), "{pool_xml}");
+
+    assert!(
+        StorageVol::lookup_by_name(&pool, "disk.raw")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    let size: u64 = 6 << 20;
+    let vol = StorageVol::create_xml(&pool, &raw_volume_xml("disk.raw", size), 0)
+        .await
+        .expect("created");
+    let info = vol.get_info().await.expect("info");
+    assert_eq!(info.kind, StorageVolType::FILE);
+    assert_eq!(info.capacity, size);
+    let path = vol.get_path().await.expect("path");
+    assert_eq!(path, dir.join("disk.raw").display().to_string());
+    assert_eq!(vol.key(), path, "a dir pool keys volumes by path");
+
+    // 1 MiB of data at 2 MiB, then 1 MiB of zeros and 1 MiB of data at 4 MiB, sparse, up to
+    // the end (a sparse upload leaves the file ending where the stream ended).
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let sent = vol
+        .upload(&mut &data[..], 2 << 20, data.len() as u64, false)
+        .await
+        .expect("upload at an offset");
+    assert_eq!(sent.data, data.len() as u64);
+    let mut mixed = vec![0u8; 1 << 20];
+    mixed.extend_from_slice(&data);
+    let sent = vol
+        .upload(&mut &mixed[..], 4 << 20, mixed.len() as u64, true)
+        .await
+        .expect("sparse upload");
+    assert_eq!(sent.data + sent.holes, mixed.len() as u64);
+    // Holes are found within each packet's chunk, so a few bytes at a chunk edge go as data.
+    assert!(
+        sent.holes >= (1 << 20) - 4096,
+        "the zero MiB travels as a hole: {sent:?}"
+    );
+
+    let mut whole = Vec::new();
+    vol.download(&mut whole, 0, 0, false)
+        .await
+        .expect("download");
+    assert_eq!(whole.len() as u64, size);
+    assert!(whole[..2 << 20].iter().all(|&b| b == 0));
+    assert!(whole[2 << 20..3 << 20] == data[..]);
+    assert!(whole[3 << 20..5 << 20].iter().all(|&b| b == 0));
+    assert!(whole[5 << 20..6 << 20] == data[..]);
+    let mut range = Vec::new();
+    vol.download(&mut range, (2 << 20) + 10, 100, true)
+        .await
+        .expect("ranged download");
+    assert!(range == data[10..110], "100 bytes from the offset");
+    assert!(
+        std::fs::read(&path).expect("the file on the host") == whole,
+        "the host file holds what was uploaded"
+    );
+
+    // A file dropped into the directory appears after a refresh.
+    std::fs::write(dir.join("dropped.img"), b"x").expect("write");
+    assert!(
+        StorageVol::lookup_by_name(&pool, "dropped.img")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    pool.refresh().await.expect("refresh");
+    let dropped = StorageVol::lookup_by_name(&pool, "dropped.img")
+        .await
+        .expect("lookup")
+        .expect("found after refresh");
+    assert_eq!(pool.list_all_volumes().await.expect("vols").len(), 2);
+
+    vol.delete().await.expect("deleted");
+    dropped.delete().await.expect("deleted");
+    assert!(
+        StorageVol::lookup_by_name(&pool, "disk.raw")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    assert!(!std::path::Path::new(&path).exists());
+    let err = vol.get_info().await.expect_err("a stale handle");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::NO_STORAGE_VOL),
+        "{err}"
+    );
+    pool.destroy().await.expect("pool stopped");
+    pool.undefine().await.expect("pool undefined");
+}
+
+#[tokio::test]
+async fn networks_are_listed_and_missing_ones_are_none() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    assert!(
+        Network::lookup_by_name(&c, "no-such-network")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    let nets = Network::list_all(&c, 0).await.expect("networks");
+    let virsh = d
+        .virsh(["net-list", "--all", "--name"])
+        .await
+        .expect("virsh net-list");
+    let mut ours: Vec<&str> = nets.iter().map(Network::name).collect();
+    let mut theirs: Vec<&str> = virsh.lines().filter(|l| !l.trim().is_empty()).collect();
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    assert_eq!(ours, theirs, "the same networks as virsh");
+    for n in &nets {
+        let again = Network::lookup_by_name(&c, n.name())
+            .await
+            .expect("lookup")
+            .expect("found");
+        assert_eq!(again.uuid(), n.uuid());
+        again.is_active().await.expect("is active");
+    }
+}
