@@ -10,6 +10,12 @@ fn default_ca_key() -> String {
     DEFAULT_CA_KEY.to_owned()
 }
 
+/// Drops an enum's own description from its schema. kube hoists an `Option<Enum>`'s schema
+/// over the field's, so without this the field's description would be replaced by the enum's.
+pub(crate) fn without_description(schema: &mut schemars::Schema) {
+    schema.remove("description");
+}
+
 /// A reference to another object in the same namespace, by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct LocalObjectReference {

@@ -8,12 +8,13 @@ use serde::{Deserialize, Serialize};
 use crate::common::Firmware;
 use crate::conditions::Condition;
 
-/// A guest image, its sources per provider class, and its import state on each provider pool.
+/// The desired state of a VMImage.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "VMImage",
+    doc = "A guest image, its sources per provider class, and its import state on each provider pool.",
     plural = "vmimages",
     namespaced,
     status = "VMImageStatus",
@@ -107,6 +108,7 @@ pub struct VMImageStatus {
 
 /// Overall phases of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::common::without_description)]
 pub enum ImagePhase {
     Pending,
     Building,
@@ -185,12 +187,13 @@ pub enum ZonePhase {
     Failed,
 }
 
-/// A machine size and its devices.
+/// The desired state of a VMClass.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "VMClass",
+    doc = "A machine size and its devices.",
     plural = "vmclasses",
     namespaced,
     shortname = "vmclass",

@@ -11,6 +11,7 @@ pub mod machine;
 pub mod names;
 pub mod pool;
 pub mod provider;
+pub mod render;
 
 pub use common::{
     Firmware, KeySelector, LocalObjectReference, MachineAddress, SecretKeySelector, Source,
@@ -39,7 +40,7 @@ pub use provider::{
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// Every CRD of the API, in a stable order (the order of `deploy/crds/`).
+/// Every CRD of the API, in a stable order (the order `banlieue crds` prints them in).
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         ProviderClass::crd(),

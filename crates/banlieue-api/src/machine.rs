@@ -14,12 +14,13 @@ use crate::conditions::Condition;
 /// should not; bigger payloads go through `userDataSecretRef`.
 pub const MAX_INLINE_USER_DATA: usize = 65536;
 
-/// A virtual machine: class, image, where it runs and what it is told at first boot.
+/// The desired state of a VirtualMachine.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "VirtualMachine",
+    doc = "A virtual machine: class, image, where it runs and what it is told at first boot.",
     namespaced,
     status = "VirtualMachineStatus",
     shortname = "bvm",
@@ -104,13 +105,13 @@ pub struct MachineReference {
     pub name: String,
 }
 
-/// A libvirt domain to realise. The controller writes the spec; the libvirt provider realises it
-/// and reports in the status. Complete enough that the provider never reads a VirtualMachine.
+/// The desired state of a LibvirtMachine.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "LibvirtMachine",
+    doc = "A libvirt domain to realise. The controller writes the spec; the libvirt provider realises it and reports in the status. Complete enough that the provider never reads a VirtualMachine.",
     namespaced,
     status = "LibvirtMachineStatus",
     shortname = "lvmachine",

@@ -12,12 +12,13 @@ use crate::common::{LocalObjectReference, MachineAddress};
 use crate::conditions::Condition;
 use crate::machine::VirtualMachineSpec;
 
-/// Keeps `replicas` unclaimed, warm VirtualMachines. Members leave only through a claim.
+/// The desired state of a VirtualMachinePool.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "VirtualMachinePool",
+    doc = "Keeps `replicas` unclaimed, warm VirtualMachines. Members leave only through a claim.",
     namespaced,
     status = "VirtualMachinePoolStatus",
     shortname = "bvmpool",
@@ -137,12 +138,13 @@ pub struct VirtualMachinePoolStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// One pool member, for one subject, once. Release is deletion.
+/// The desired state of a VirtualMachineClaim.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "VirtualMachineClaim",
+    doc = "One pool member, for one subject, once. Release is deletion.",
     namespaced,
     status = "VirtualMachineClaimStatus",
     shortname = "vmclaim",
@@ -215,6 +217,7 @@ pub struct VirtualMachineClaimStatus {
 
 /// Claim phases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(transform = crate::common::without_description)]
 pub enum ClaimPhase {
     /// No Ready, unclaimed member yet. Retries without limit.
     Pending,

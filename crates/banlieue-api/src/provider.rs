@@ -8,13 +8,13 @@ use serde::{Deserialize, Serialize};
 use crate::common::{LocalObjectReference, ValueOrSource};
 use crate::conditions::Condition;
 
-/// A hypervisor host (or vCenter) registered with banlieue. The operator connects to it, narrows
-/// the declared capabilities to what really exists and publishes the result as failure domains.
+/// The desired state of a Provider.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "Provider",
+    doc = "A hypervisor host (or vCenter) registered with banlieue. The operator connects to it, narrows the declared capabilities to what really exists and publishes the result as failure domains.",
     namespaced,
     status = "ProviderStatus",
     shortname = "vmprovider",
@@ -164,13 +164,13 @@ pub enum MachineKind {
     LibvirtMachine,
 }
 
-/// What a family of providers needs to run: its workload image and command, the machine kind
-/// it realises, and extra RBAC for its Role.
+/// The desired state of a ProviderClass.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "banlieue.io",
     version = "v1alpha1",
     kind = "ProviderClass",
+    doc = "What a family of providers needs to run: its workload image and command, the machine kind it realises, and extra RBAC for its Role.",
     shortname = "vmproviderclass",
     category = "banlieue",
     printcolumn = r#"{"name":"Machine","type":"string","jsonPath":".spec.machineKind"}"#,
