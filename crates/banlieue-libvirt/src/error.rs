@@ -217,6 +217,12 @@ pub enum Error {
     Encode(#[source] crate::xdr::Error),
     #[error("stream I/O")]
     StreamIo(#[source] std::io::Error),
+    #[error("reconnect gave up after {attempts} attempts")]
+    ReconnectGaveUp {
+        attempts: u32,
+        #[source]
+        last: Box<Error>,
+    },
 }
 
 impl Error {
@@ -228,6 +234,23 @@ impl Error {
     /// A libvirt "already exists" error.
     pub fn is_already_exists(&self) -> bool {
         matches!(self, Error::Remote(e) if e.is_already_exists())
+    }
+
+    /// A failure that trying again later may cure: the peer is unreachable, restarting or
+    /// went away. Bad input (URI, TLS material, a certificate either side refuses,
+    /// authentication) is not transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            // rustls reports a refused certificate or name as InvalidData; anything else
+            // during the handshake is the connection failing.
+            Error::Tls { source, .. } => source.kind() != std::io::ErrorKind::InvalidData,
+            Error::Connect { .. }
+            | Error::ConnectionLost(_)
+            | Error::Closed
+            | Error::Timeout { .. } => true,
+            Error::Remote(e) => matches!(e.code, ErrorCode::NO_CONNECT | ErrorCode::RPC),
+            _ => false,
+        }
     }
 
     /// The libvirt error, when the server reported one.

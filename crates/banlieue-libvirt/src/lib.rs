@@ -12,6 +12,7 @@ pub mod events;
 pub mod flags;
 pub mod handles;
 pub mod packet;
+pub mod reconnect;
 pub mod stream;
 pub mod tls;
 pub mod uri;
@@ -25,6 +26,7 @@ pub use handles::{
     Domain, DomainState, InterfaceAddresses, IpAddress, Network, StoragePool, StorageVol,
     StorageVolInfo, StorageVolType,
 };
+pub use reconnect::{Backoff, LifecycleUpdate, LifecycleWatch, Reconnecting};
 pub use tls::{CaBundle, Identity};
 pub use uri::ConnectUri;
 
