@@ -1,0 +1,7 @@
+//! The banlieue binary's subcommands, as a library so integration tests drive them directly.
+
+pub mod apply;
+pub mod bootstrap;
+pub mod cidata;
+pub mod libvirt;
+pub mod observe;
