@@ -19,6 +19,24 @@ pub struct DomainLifecycleEvent {
     pub detail: i32,
 }
 
+impl DomainLifecycleEvent {
+    /// libvirt's name for `event` (`virDomainEventType` without its prefix, lower case).
+    pub fn event_name(&self) -> Option<&'static str> {
+        Some(match self.event {
+            0 => "defined",
+            1 => "undefined",
+            2 => "started",
+            3 => "suspended",
+            4 => "resumed",
+            5 => "stopped",
+            6 => "shutdown",
+            7 => "pmsuspended",
+            8 => "crashed",
+            _ => return None,
+        })
+    }
+}
+
 /// Lifecycle events of every domain on the connection.
 #[derive(Debug)]
 pub struct DomainEvents {
