@@ -1,0 +1,291 @@
+//! deploy/admission/ against the real API server, with real user identities (client
+//! certificates for alice, bob and broker).
+//!
+//! The policy binding is cluster-wide, exactly as shipped, so every step runs in order in one
+//! test: before the policy, with the policy and no ConfigMap, with the shipped ConfigMap, with
+//! a broker listed, and with the ConfigMap deleted again.
+
+mod common;
+
+use std::time::Duration;
+
+use banlieue_testenv::control_plane::wait_for;
+use common::{apply_file, claim, claims, control_plane, create, refusal};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Error};
+use serde_json::{Value, json};
+
+const ISSUER: &str = "https://issuer.example.com";
+const POLICY_CONFIGMAP: &str = "banlieue-claim-subject-policy";
+const SYSTEM: &str = "banlieue-system";
+/// Policies and their parameters reach the admission plugin through informers: a change is in
+/// force within a second or two.
+const TAKES_EFFECT: Duration = Duration::from_secs(30);
+
+/// Lets alice, bob and broker create and change claims in `namespace`: RBAC decides who may
+/// create a claim at all; the policy decides whom it may name.
+async fn grant_claims(client: &Client, namespace: &str) {
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta("claimers"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["banlieue.io".into()]),
+            resources: Some(vec!["virtualmachineclaims".into()]),
+            verbs: ["create", "get", "list", "patch", "update", "delete"]
+                .map(String::from)
+                .to_vec(),
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta("claimers"),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "claimers".into(),
+        },
+        subjects: Some(
+            ["alice", "bob", "broker"]
+                .map(|user| Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "User".into(),
+                    name: user.into(),
+                    ..Subject::default()
+                })
+                .to_vec(),
+        ),
+    };
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the Role");
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the RoleBinding");
+}
+
+/// A dry-run create: admission runs in full, nothing is stored.
+async fn try_claim(
+    api: &Api<DynamicObject>,
+    issuer: &str,
+    id: &str,
+) -> Result<DynamicObject, Error> {
+    let object: DynamicObject = serde_json::from_value(claim("probe", issuer, id)).expect("object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        &object,
+    )
+    .await
+}
+
+/// Waits until `(issuer, id)` created through `api` is allowed (`true`) or refused (`false`).
+async fn wait_until(api: &Api<DynamicObject>, issuer: &str, id: &str, allowed: bool, what: &str) {
+    wait_for(what, TAKES_EFFECT, || async {
+        let outcome = try_claim(api, issuer, id).await;
+        Ok((outcome.is_ok() == allowed).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+}
+
+/// The denial of a missing ConfigMap. The API server answers 422 here (the binding cannot be
+/// configured), not the 403 of a failed validation, but the request is refused all the same.
+fn denied_for_missing_params(result: Result<DynamicObject, Error>) {
+    let (code, message) = refusal(result);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("denied request") && message.contains("no params found"),
+        "{message}"
+    );
+}
+
+fn forbidden(result: Result<DynamicObject, Error>) -> String {
+    let (code, message) = refusal(result);
+    assert_eq!(code, 403, "{message}");
+    message
+}
+
+async fn put_policy_configmap(client: &Client, data: Value) {
+    let configmap = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": POLICY_CONFIGMAP, "namespace": SYSTEM },
+        "data": data
+    });
+    Api::<ConfigMap>::namespaced(client.clone(), SYSTEM)
+        .patch(
+            POLICY_CONFIGMAP,
+            &PatchParams::apply(common::FIELD_MANAGER).force(),
+            &Patch::Apply(&configmap),
+        )
+        .await
+        .expect("apply the policy ConfigMap");
+}
+
+#[tokio::test]
+async fn the_subject_policy_ties_a_claim_to_its_creator() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    grant_claims(&admin, &ns).await;
+    let alice = claims(&cp.client_as("alice").await.expect("alice"), &ns);
+    let bob = claims(&cp.client_as("bob").await.expect("bob"), &ns);
+    let broker = claims(&cp.client_as("broker").await.expect("broker"), &ns);
+
+    // 1. Without deploy/admission nothing checks the subject: RBAC alone lets alice hand a
+    //    sandbox to bob's name. This is why applying deploy/admission is mandatory.
+    try_claim(&alice, ISSUER, "bob")
+        .await
+        .expect("unchecked before deploy/admission is applied");
+    try_claim(&alice, "https://unknown.example", "anyone")
+        .await
+        .expect("any issuer goes before deploy/admission is applied");
+
+    // 2. The policy and its binding, but no ConfigMap yet: every claim is denied, even one
+    //    naming its own creator (parameterNotFoundAction: Deny).
+    apply_file(&admin, "deploy/namespace.yaml", None).await;
+    apply_file(
+        &admin,
+        "deploy/admission/virtualmachineclaim-subject-authorization.yaml",
+        None,
+    )
+    .await;
+    wait_until(
+        &alice,
+        ISSUER,
+        "alice",
+        false,
+        "the policy to deny without its ConfigMap",
+    )
+    .await;
+    for (api, id) in [(&alice, "alice"), (&bob, "bob"), (&broker, "someone")] {
+        denied_for_missing_params(try_claim(api, ISSUER, id).await);
+    }
+
+    // 3. The shipped ConfigMap: its placeholder issuer, and no brokers.
+    apply_file(&admin, "deploy/admission/claim-subject-policy.yaml", None).await;
+    wait_until(
+        &alice,
+        ISSUER,
+        "alice",
+        true,
+        "the shipped ConfigMap to be read",
+    )
+    .await;
+    let created = create(&alice, claim("mine", ISSUER, "alice"))
+        .await
+        .expect("alice naming herself is allowed");
+    assert_eq!(created.data["spec"]["subject"]["id"], "alice");
+
+    let message = forbidden(try_claim(&alice, ISSUER, "bob").await);
+    assert!(
+        message.contains(
+            "spec.subject.id is bob but you are authenticated as alice. A claim records who a \
+             sandbox VM was handed to, so it may only name its own creator (or be created by a \
+             listed broker)."
+        ),
+        "{message}"
+    );
+    let message = forbidden(try_claim(&bob, ISSUER, "alice-uuid").await);
+    assert!(
+        message.contains("spec.subject.id is alice-uuid but you are authenticated as bob."),
+        "{message}"
+    );
+    // Brokers are empty by default: the broker identity is just another user.
+    let message = forbidden(try_claim(&broker, ISSUER, "alice").await);
+    assert!(
+        message.contains("you are authenticated as broker"),
+        "{message}"
+    );
+    // An issuer the site does not list.
+    let message = forbidden(try_claim(&alice, "https://evil.example", "alice").await);
+    assert!(
+        message.contains(
+            "spec.subject.issuer https://evil.example is not an issuer this site accepts"
+        ),
+        "{message}"
+    );
+
+    // The identity check is for creation: a later change to metadata by someone else (as
+    // the controller does with finalizers) is not a new attribution.
+    bob.patch(
+        "mine",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "labels": { "reviewed-by": "bob" } } })),
+    )
+    .await
+    .expect("a metadata change to someone else's claim is not refused by the policy");
+    // ...and the spec stays as it was created.
+    let (code, message) = refusal(
+        bob.patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "subject": { "id": "bob" } } })),
+        )
+        .await,
+    );
+    assert!(code == 422 || code == 403, "{code}: {message}");
+    assert!(message.contains("spec is immutable"), "{message}");
+
+    // 4. A site's ConfigMap, written loosely: commas and newlines, blanks and a comment.
+    put_policy_configmap(
+        &admin,
+        json!({
+            "issuers": "# our two issuers\n https://issuer.example.com ,https://login.example.org \n\n",
+            "brokers": "\n  broker  \n"
+        }),
+    )
+    .await;
+    wait_until(
+        &broker,
+        ISSUER,
+        "0c3b7f2e-1d4a-4b6c-9e8f-5a2d1c0b9e7f",
+        true,
+        "the broker to be listed",
+    )
+    .await;
+    for id in ["alice", "bob", "0c3b7f2e-1d4a-4b6c-9e8f-5a2d1c0b9e7f"] {
+        try_claim(&broker, ISSUER, id)
+            .await
+            .unwrap_or_else(|e| panic!("the broker may name {id}: {e}"));
+    }
+    try_claim(&alice, "https://login.example.org", "alice")
+        .await
+        .expect("the second, comma-separated issuer is accepted");
+    // Still no issuer outside the list, even for a broker: brokering is about who, not where.
+    let message = forbidden(try_claim(&broker, "https://evil.example", "alice").await);
+    assert!(
+        message.contains("is not an issuer this site accepts"),
+        "{message}"
+    );
+    // A comment line is not an issuer.
+    forbidden(try_claim(&alice, "# our two issuers", "alice").await);
+    // Listing a broker changes nothing for others.
+    forbidden(try_claim(&alice, ISSUER, "bob").await);
+
+    // 5. The ConfigMap deleted: back to denying everything.
+    Api::<ConfigMap>::namespaced(admin.clone(), SYSTEM)
+        .delete(POLICY_CONFIGMAP, &DeleteParams::default())
+        .await
+        .expect("delete the ConfigMap");
+    wait_until(
+        &broker,
+        ISSUER,
+        "alice",
+        false,
+        "the policy to deny after the ConfigMap is gone",
+    )
+    .await;
+    for (api, id) in [(&alice, "alice"), (&broker, "alice")] {
+        denied_for_missing_params(try_claim(api, ISSUER, id).await);
+    }
+}

@@ -1,0 +1,327 @@
+//! The API server, not Rust, enforces the schema: required fields, ranges, the one-of rules,
+//! the claim's immutable spec, unknown fields; and the Table API prints the claim columns the
+//! guide shows.
+
+mod common;
+
+use common::{claim, claims, control_plane, create, refusal};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+fn provider(name: &str, ca_bundle: Value) -> Value {
+    json!({
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "Provider",
+        "metadata": { "name": name },
+        "spec": {
+            "providerClassRef": { "name": "libvirt" },
+            "connection": {
+                "endpoint": "qemu+tls://kvm-1.example/system",
+                "credentialsRef": { "name": "creds" },
+                "caBundle": ca_bundle
+            }
+        }
+    })
+}
+
+fn providers(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let resource = kube::api::ApiResource::erase::<banlieue_api::Provider>(&());
+    Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+#[tokio::test]
+async fn a_claim_needs_a_positive_ttl() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+
+    let mut without = claim("no-ttl", "https://issuer.example.com", "alice");
+    without["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("ttlSeconds");
+    let (code, message) = refusal(create(&api, without).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.ttlSeconds: Required value"),
+        "{message}"
+    );
+
+    for ttl in [0, -5] {
+        let mut zero = claim("zero-ttl", "https://issuer.example.com", "alice");
+        zero["spec"]["ttlSeconds"] = json!(ttl);
+        let (code, message) = refusal(create(&api, zero).await);
+        assert_eq!(code, 422, "{message}");
+        assert!(
+            message.contains("spec.ttlSeconds")
+                && message.contains("should be greater than or equal to 1"),
+            "{message}"
+        );
+    }
+
+    create(&api, claim("ok", "https://issuer.example.com", "alice"))
+        .await
+        .expect("a claim with a TTL is accepted");
+}
+
+#[tokio::test]
+async fn a_claim_needs_a_subject_issuer_and_id() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    let (code, message) =
+        refusal(create(&api, claim("empty-id", "https://issuer.example.com", "")).await);
+    assert_eq!(code, 422);
+    assert!(message.contains("spec.subject.id"), "{message}");
+    let (code, message) = refusal(create(&api, claim("empty-issuer", "", "alice")).await);
+    assert_eq!(code, 422);
+    assert!(message.contains("spec.subject.issuer"), "{message}");
+}
+
+#[tokio::test]
+async fn ca_bundle_takes_exactly_one_source() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = providers(&cp.client().expect("client"), &ns);
+    let one_of = "exactly one of inline, configMapRef or secretRef must be set";
+
+    let two = json!({ "inline": "-----BEGIN CERTIFICATE-----", "configMapRef": { "name": "ca" } });
+    let (code, message) = refusal(create(&api, provider("two", two)).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("spec.connection.caBundle") && message.contains(one_of),
+        "{message}"
+    );
+
+    let (_, message) = refusal(create(&api, provider("none", json!({}))).await);
+    assert!(message.contains(one_of), "{message}");
+
+    // The attestation anchor has the same shape and the same rule.
+    let mut attested = provider("ek", json!({ "configMapRef": { "name": "ca" } }));
+    attested["spec"]["attestation"] = json!({ "ekTrustBundle": {
+        "configMapRef": { "name": "a" }, "secretRef": { "name": "b" } } });
+    let (_, message) = refusal(create(&api, attested).await);
+    assert!(
+        message.contains("spec.attestation.ekTrustBundle") && message.contains(one_of),
+        "{message}"
+    );
+
+    // One source is accepted, and the key defaults to ca.crt on the server.
+    let created = create(
+        &api,
+        provider("one", json!({ "configMapRef": { "name": "ca" } })),
+    )
+    .await
+    .expect("one source is accepted");
+    assert_eq!(
+        created.data["spec"]["connection"]["caBundle"]["configMapRef"]["key"],
+        "ca.crt"
+    );
+}
+
+#[tokio::test]
+async fn a_claims_spec_cannot_be_changed() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    create(&api, claim("fixed", "https://issuer.example.com", "alice"))
+        .await
+        .expect("create");
+
+    for change in [
+        json!({ "spec": { "subject": { "id": "mallory" } } }),
+        json!({ "spec": { "ttlSeconds": 86400 } }),
+        json!({ "spec": { "poolRef": { "name": "other-pool" } } }),
+    ] {
+        let (code, message) = refusal(
+            api.patch("fixed", &PatchParams::default(), &Patch::Merge(&change))
+                .await,
+        );
+        assert_eq!(code, 422, "{message}");
+        assert!(message.contains("spec is immutable"), "{message}");
+    }
+    // Metadata and status stay writable: finalizers and binding need them.
+    api.patch(
+        "fixed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "labels": { "a": "b" } } })),
+    )
+    .await
+    .expect("labels can change");
+    let claim = api.get("fixed").await.expect("get");
+    assert_eq!(claim.data["spec"]["subject"]["id"], "alice");
+}
+
+#[tokio::test]
+async fn unknown_fields_are_refused_when_strict_and_pruned_otherwise() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    let mut typo = claim("typo", "https://issuer.example.com", "alice");
+    typo["spec"]["ttl"] = json!(60);
+
+    // Server-side apply (`kubectl apply --server-side`) refuses it: the typed patch cannot
+    // hold a field the schema does not declare.
+    let apply = PatchParams::apply(common::FIELD_MANAGER);
+    let (_, message) = refusal(api.patch("typo", &apply, &Patch::Apply(&typo)).await);
+    assert!(
+        message.contains(".spec.ttl: field not declared in schema"),
+        "{message}"
+    );
+
+    // A create with fieldValidation=Strict (what kubectl sends) is refused with the path.
+    let client = cp.client().expect("client");
+    let request = http::Request::post(format!(
+        "/apis/banlieue.io/v1alpha1/namespaces/{ns}/virtualmachineclaims?fieldValidation=Strict"
+    ))
+    .header("Content-Type", "application/json")
+    .body(serde_json::to_vec(&typo).expect("JSON"))
+    .expect("request");
+    let (code, message) = refusal(client.request::<Value>(request).await);
+    assert_eq!(code, 400, "{message}");
+    assert!(message.contains(r#"unknown field "spec.ttl""#), "{message}");
+
+    // Without it the schema is structural, so the server prunes the field rather than store it.
+    let object: DynamicObject = serde_json::from_value(typo).expect("object");
+    let created = api
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create without strict validation");
+    assert!(
+        created.data["spec"].get("ttl").is_none(),
+        "{:?}",
+        created.data
+    );
+    assert_eq!(created.data["spec"]["ttlSeconds"], 900);
+}
+
+#[tokio::test]
+async fn user_data_is_inline_or_by_reference_and_bounded() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VirtualMachine>(&());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
+    let vm = |name: &str, extra: Value| {
+        let mut spec = json!({
+            "classRef": { "name": "small" },
+            "imageRef": { "name": "ubuntu-2404" },
+            "storageClassName": "standard",
+            "networkClassName": "prod"
+        });
+        spec.as_object_mut()
+            .expect("spec")
+            .extend(extra.as_object().expect("fields").clone());
+        json!({ "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+                "metadata": { "name": name }, "spec": spec })
+    };
+    let (code, message) = refusal(
+        create(
+            &api,
+            vm(
+                "both",
+                json!({ "userData": "#cloud-config\n",
+            "userDataSecretRef": { "name": "s", "key": "user-data" } }),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("set at most one of userData and userDataSecretRef"),
+        "{message}"
+    );
+
+    let too_big = "#".repeat(banlieue_api::machine::MAX_INLINE_USER_DATA + 1);
+    let (code, message) = refusal(create(&api, vm("big", json!({ "userData": too_big }))).await);
+    assert_eq!(code, 422);
+    assert!(message.contains("spec.userData: Too long"), "{message}");
+
+    let just_fits = "#".repeat(banlieue_api::machine::MAX_INLINE_USER_DATA);
+    create(&api, vm("fits", json!({ "userData": just_fits })))
+        .await
+        .expect("64 KiB of user-data is accepted");
+}
+
+#[tokio::test]
+async fn a_pool_scales_through_its_scale_subresource() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let client = cp.client().expect("client");
+    let applied =
+        common::apply_file(&client, "examples/19-virtualmachinepool.yaml", Some(&ns)).await;
+    assert_eq!(applied.len(), 1);
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VirtualMachinePool>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &resource);
+    // What `kubectl scale` and an HPA do.
+    let scale = api
+        .patch_scale(
+            "sandbox-pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": 5 } })),
+        )
+        .await
+        .expect("patch the scale subresource");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(5));
+    let pool = api.get("sandbox-pool").await.expect("get");
+    assert_eq!(pool.data["spec"]["replicas"], 5);
+}
+
+#[tokio::test]
+async fn the_table_api_prints_expires_as_a_deadline_and_age_as_an_age() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let client = cp.client().expect("client");
+    let api = claims(&client, &ns);
+    create(
+        &api,
+        claim("sandbox-for-alice", "https://issuer.example.com", "alice"),
+    )
+    .await
+    .expect("create");
+    // A deadline in the future: as a date column it would print <invalid>.
+    let deadline = "2099-09-20T14:17:11Z";
+    api.patch_status(
+        "sandbox-for-alice",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": {
+            "phase": "Bound",
+            "virtualMachineRef": { "name": "sandbox-pool-9dmtx" },
+            "boundAt": "2099-09-20T14:02:11Z",
+            "expiresAt": deadline
+        } })),
+    )
+    .await
+    .expect("patch status");
+
+    let request = http::Request::get(format!(
+        "/apis/banlieue.io/v1alpha1/namespaces/{ns}/virtualmachineclaims/sandbox-for-alice"
+    ))
+    .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .expect("request");
+    let table: Value = client.request(request).await.expect("GET as Table");
+    assert_eq!(table["kind"], "Table");
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(columns, ["Name", "Pool", "VM", "Phase", "Expires", "Age"]);
+    let cells = table["rows"][0]["cells"].as_array().expect("cells");
+    assert_eq!(cells[0], "sandbox-for-alice");
+    assert_eq!(cells[1], "sandbox-pool");
+    assert_eq!(cells[2], "sandbox-pool-9dmtx");
+    assert_eq!(cells[3], "Bound");
+    assert_eq!(
+        cells[4], deadline,
+        "EXPIRES is the absolute RFC 3339 deadline"
+    );
+    let age = cells[5].as_str().expect("AGE is text");
+    // Just created: an age in seconds such as "0s" or "5s", never a timestamp.
+    assert!(
+        age.ends_with('s') && age[..age.len() - 1].chars().all(|c| c.is_ascii_digit()),
+        "AGE is an age, got {age:?}"
+    );
+}
