@@ -1,1 +1,17 @@
-//! Work in progress.
+//! banlieue's libvirt provider: the Provider reconcile with its per-Provider workloads
+//! ([`operator`]), and the realisation of LibvirtMachines as libvirt domains ([`machine`]).
+//!
+//! It speaks to libvirt only through `banlieue-libvirt` and to the controller only through
+//! the LibvirtMachine object.
+
+pub mod connection;
+pub mod domain_xml;
+pub mod error;
+pub mod finalizers;
+pub mod host;
+pub mod machine;
+pub mod operator;
+pub mod quantity;
+pub mod volume_xml;
+
+pub use error::{Error, Result};

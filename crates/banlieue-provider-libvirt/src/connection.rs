@@ -1,0 +1,179 @@
+//! A Provider's TLS material and connection, shared by the operator (which probes the host)
+//! and the provider workload (which realises machines): one place reads the Secret and CA, so
+//! both fail with the same messages.
+
+use std::time::Duration;
+
+use banlieue_api::{Provider, Source};
+use banlieue_libvirt::{CaBundle, Client, ClientOptions, ConnectUri, Identity};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+
+use crate::error::{Error, Result};
+
+/// Key of the client certificate in the credentials Secret.
+pub const TLS_CRT: &str = "tls.crt";
+/// Key of the client key in the credentials Secret.
+pub const TLS_KEY: &str = "tls.key";
+
+/// The TLS material of a Provider, read from its Secret and CA source.
+#[derive(Debug)]
+pub struct Credentials {
+    pub identity: Identity,
+    pub ca: CaBundle,
+}
+
+/// Rejects every scheme but `qemu+tls` before anything is read: the provider has no ssh client
+/// and never talks in clear (ADR-0011).
+pub fn check_endpoint(endpoint: &str) -> Result<()> {
+    let scheme = endpoint.split_once("://").map_or(endpoint, |(s, _)| s);
+    if scheme != "qemu+tls" {
+        return Err(Error::UnsupportedScheme(scheme.to_owned()));
+    }
+    ConnectUri::parse(endpoint).map_err(|source| Error::ConnectFailed {
+        endpoint: endpoint.to_owned(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Reads the client certificate, key and CA the Provider names, from its namespace.
+pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<Credentials> {
+    let ns = provider.metadata.namespace.as_deref().unwrap_or("default");
+    let secrets: Api<Secret> = Api::namespaced(kube.clone(), ns);
+    let creds_name = &provider.spec.connection.credentials_ref.name;
+    let secret = get_opt(&secrets, creds_name, "Secret", ns).await?;
+    let cert = secret_key(&secret, creds_name, TLS_CRT)?;
+    let key = secret_key(&secret, creds_name, TLS_KEY)?;
+    let identity = Identity::from_pem(&cert, &key).map_err(|e| {
+        Error::CredentialsUnavailable(format!(
+            "Secret {creds_name:?} keys {TLS_CRT}/{TLS_KEY}: {}",
+            crate::error::chain(&e)
+        ))
+    })?;
+
+    let ca_pem = match provider.spec.connection.ca_bundle.source() {
+        Some(Source::Inline(pem)) => pem.as_bytes().to_vec(),
+        Some(Source::ConfigMap(sel)) => {
+            let maps: Api<ConfigMap> = Api::namespaced(kube.clone(), ns);
+            let map = get_opt(&maps, &sel.name, "ConfigMap", ns).await?;
+            map.data
+                .as_ref()
+                .and_then(|d| d.get(&sel.key))
+                .map(|v| v.as_bytes().to_vec())
+                .or_else(|| {
+                    map.binary_data
+                        .as_ref()
+                        .and_then(|d| d.get(&sel.key))
+                        .map(|b| b.0.clone())
+                })
+                .ok_or_else(|| {
+                    Error::CredentialsUnavailable(format!(
+                        "ConfigMap {:?} has no key {:?}",
+                        sel.name, sel.key
+                    ))
+                })?
+        }
+        Some(Source::Secret(sel)) => {
+            let secret = get_opt(&secrets, &sel.name, "Secret", ns).await?;
+            secret_key(&secret, &sel.name, &sel.key)?
+        }
+        None => {
+            return Err(Error::CredentialsUnavailable(
+                "caBundle must set exactly one of inline, configMapRef or secretRef".into(),
+            ));
+        }
+    };
+    let ca = CaBundle::from_pem(&ca_pem).map_err(|e| {
+        Error::CredentialsUnavailable(format!("caBundle: {}", crate::error::chain(&e)))
+    })?;
+    Ok(Credentials { identity, ca })
+}
+
+/// Connection tunables; the provider wants a dead host noticed within seconds.
+pub fn client_options(call_timeout: Duration) -> ClientOptions {
+    ClientOptions {
+        call_timeout: Some(call_timeout),
+        keepalive_interval: Duration::from_secs(2),
+        keepalive_count: 3,
+        ..ClientOptions::default()
+    }
+}
+
+/// Checks the scheme, then connects with the Provider's credentials.
+pub async fn connect(
+    endpoint: &str,
+    credentials: &Credentials,
+    options: ClientOptions,
+) -> Result<Client> {
+    check_endpoint(endpoint)?;
+    let failed = |source| Error::ConnectFailed {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
+    // The client's TCP connect has no deadline of its own; a host whose firewall drops
+    // packets would otherwise hold the reconcile forever.
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        Client::connect_with(endpoint, &credentials.identity, &credentials.ca, options),
+    )
+    .await
+    {
+        Ok(result) => result.map_err(failed),
+        Err(_) => Err(failed(banlieue_libvirt::Error::Timeout {
+            procedure: "connect",
+            after: CONNECT_TIMEOUT,
+        })),
+    }
+}
+
+/// How long a connection (TCP, TLS, libvirt's open sequence) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn get_opt<K>(api: &Api<K>, name: &str, kind: &str, ns: &str) -> Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(o)) => Ok(o),
+        Ok(None) => Err(Error::CredentialsUnavailable(format!(
+            "{kind} {ns}/{name} does not exist"
+        ))),
+        Err(e) => Err(Error::CredentialsUnavailable(format!(
+            "read {kind} {ns}/{name}: {}",
+            crate::error::chain(&e)
+        ))),
+    }
+}
+
+fn secret_key(secret: &Secret, name: &str, key: &str) -> Result<Vec<u8>> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.as_bytes().to_vec())
+        })
+        .ok_or_else(|| Error::CredentialsUnavailable(format!("Secret {name:?} has no key {key:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_qemu_tls_is_accepted() {
+        let e = check_endpoint("qemu+ssh://root@kvm-7/system").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"qemu+ssh\" is not supported");
+        let e = check_endpoint("qemu+tcp://kvm-7/system").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"qemu+tcp\" is not supported");
+        let e = check_endpoint("test+tls://kvm-7/default").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"test+tls\" is not supported");
+        assert!(check_endpoint("qemu+tls://kvm-7.example/system").is_ok());
+    }
+}

@@ -1,0 +1,105 @@
+//! The crate's one error type. Each variant that ends in a condition carries the guide's
+//! reason via [`Error::reason`].
+
+use banlieue_api::conditions::reasons;
+
+/// Everything the provider can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Secret, ConfigMap or key the Provider names is missing or unreadable.
+    #[error("{0}")]
+    CredentialsUnavailable(String),
+    /// The endpoint is not `qemu+tls://` (ADR-0011).
+    #[error("scheme \"{0}\" is not supported")]
+    UnsupportedScheme(String),
+    /// TLS or reachability.
+    #[error("connect to {endpoint}")]
+    ConnectFailed {
+        endpoint: String,
+        #[source]
+        source: banlieue_libvirt::Error,
+    },
+    /// A libvirt call failed after the connection was made.
+    #[error("{what}")]
+    Libvirt {
+        what: String,
+        #[source]
+        source: banlieue_libvirt::Error,
+    },
+    /// The Kubernetes API failed.
+    #[error("{what}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Building the cloud-init seed failed.
+    #[error("build the cloud-init seed")]
+    Seed(#[source] banlieue_iso::Error),
+    /// The object cannot be realised as written (a message from the guide's table).
+    #[error("{message}")]
+    Invalid {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The condition reason this error is reported with.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::CredentialsUnavailable(_) => reasons::CREDENTIALS_UNAVAILABLE,
+            Error::UnsupportedScheme(_) => reasons::UNSUPPORTED_SCHEME,
+            Error::ConnectFailed { .. } => reasons::CONNECT_FAILED,
+            Error::Libvirt { source, .. } if connection_lost(source) => reasons::CONNECT_FAILED,
+            Error::Libvirt { .. } | Error::Seed(_) => reasons::LIBVIRT_ERROR,
+            Error::Kube { .. } => reasons::PROVIDER_NOT_READY,
+            Error::Invalid { reason, .. } => reason,
+        }
+    }
+
+    pub(crate) fn libvirt(
+        what: impl Into<String>,
+    ) -> impl FnOnce(banlieue_libvirt::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Libvirt { what, source }
+    }
+
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Kube { what, source }
+    }
+
+    /// Whether the libvirt connection this error came from is unusable and must be replaced.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            Error::ConnectFailed { .. } => true,
+            Error::Libvirt { source, .. } => connection_lost(source),
+            _ => false,
+        }
+    }
+}
+
+fn connection_lost(e: &banlieue_libvirt::Error) -> bool {
+    matches!(
+        e,
+        banlieue_libvirt::Error::ConnectionLost(_)
+            | banlieue_libvirt::Error::Closed
+            | banlieue_libvirt::Error::Timeout { .. }
+    )
+}
+
+/// The error and its sources on one line, for condition messages: the underlying cause is
+/// what an operator needs to act on.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

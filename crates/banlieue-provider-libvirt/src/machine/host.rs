@@ -1,0 +1,154 @@
+//! The provider's one libvirt connection, opened with the Provider's credentials on first use
+//! and replaced when it dies; domain lifecycle events from it wake the reconciler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::Provider;
+use banlieue_api::conditions::reasons;
+use banlieue_libvirt::Client;
+use banlieue_libvirt::events::DomainEvents;
+use kube::Api;
+use tokio::sync::{Mutex, mpsc};
+
+use crate::connection;
+use crate::domain_xml::DomainType;
+use crate::error::{Error, Result};
+
+/// A live connection and what was learnt from the host when it was opened.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub client: Client,
+    pub domain_type: DomainType,
+}
+
+/// Opens and caches the connection to the Provider's host.
+pub struct Host {
+    kube: kube::Client,
+    namespace: String,
+    provider: String,
+    domain_type_override: Option<DomainType>,
+    call_timeout: Duration,
+    session: Mutex<Option<Session>>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("namespace", &self.namespace)
+            .field("provider", &self.provider)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Host {
+    pub fn new(
+        kube: kube::Client,
+        namespace: &str,
+        provider: &str,
+        domain_type_override: Option<DomainType>,
+        call_timeout: Duration,
+    ) -> Host {
+        Host {
+            kube,
+            namespace: namespace.to_owned(),
+            provider: provider.to_owned(),
+            domain_type_override,
+            call_timeout,
+            session: Mutex::new(None),
+        }
+    }
+
+    /// The live session, connecting (again) when there is none or it died. The Provider is
+    /// read on each connect, so new credentials are used from the next connection on.
+    pub async fn session(&self) -> Result<Session> {
+        let mut slot = self.session.lock().await;
+        if let Some(s) = slot.as_ref().filter(|s| s.client.is_alive()) {
+            return Ok(s.clone());
+        }
+        *slot = None;
+        let providers: Api<Provider> = Api::namespaced(self.kube.clone(), &self.namespace);
+        let provider = providers
+            .get_opt(&self.provider)
+            .await
+            .map_err(Error::kube(format!("read Provider {}", self.provider)))?
+            .ok_or_else(|| Error::Invalid {
+                reason: reasons::PROVIDER_NOT_READY,
+                message: format!(
+                    "Provider {}/{} does not exist",
+                    self.namespace, self.provider
+                ),
+            })?;
+        let endpoint = &provider.spec.connection.endpoint;
+        connection::check_endpoint(endpoint)?;
+        let creds = connection::load(&self.kube, &provider).await?;
+        let client = connection::connect(
+            endpoint,
+            &creds,
+            connection::client_options(self.call_timeout),
+        )
+        .await?;
+        let capabilities = client
+            .capabilities()
+            .await
+            .map_err(Error::libvirt("read the host's capabilities"))?;
+        let domain_type = crate::host::choose_domain_type(&capabilities, self.domain_type_override);
+        let session = Session {
+            client,
+            domain_type,
+        };
+        *slot = Some(session.clone());
+        tracing::info!(endpoint, domain_type = domain_type.as_str(), "connected");
+        Ok(session)
+    }
+
+    /// Forgets the session after an error that says it is dead, so the next call reconnects.
+    pub async fn forget(&self) {
+        *self.session.lock().await = None;
+    }
+}
+
+/// Subscribes to domain lifecycle events on each new session and sends one tick per event;
+/// reconnects after the connection dies. Ends when the receiver is dropped.
+pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
+    loop {
+        let subscribed = match host.session().await {
+            Ok(s) => DomainEvents::subscribe(&s.client)
+                .await
+                .map_err(Error::libvirt("subscribe to domain events")),
+            Err(e) => Err(e),
+        };
+        match subscribed {
+            Ok(mut events) => {
+                // A (re)subscription may have missed events: look at everything once.
+                if !tick(&ticks) {
+                    return;
+                }
+                while let Some(event) = events.next().await {
+                    if let Ok(e) = &event {
+                        tracing::debug!(domain = %e.domain, event = e.event, "domain event");
+                    }
+                    if !tick(&ticks) {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::error::chain(&e), "domain events unavailable");
+            }
+        }
+        if ticks.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Queues one tick unless one is already waiting: a burst of events (a start emits several)
+/// collapses into one pass. Returns false once nobody listens.
+fn tick(ticks: &mpsc::Sender<()>) -> bool {
+    !matches!(
+        ticks.try_send(()),
+        Err(mpsc::error::TrySendError::Closed(()))
+    )
+}

@@ -1,0 +1,188 @@
+//! LibvirtMachine realisation for one Provider, run by `banlieue provider libvirt run`: each
+//! LibvirtMachine whose `spec.providerRef` names this Provider becomes a libvirt domain, and
+//! is torn down under the `banlieue.io/domain-protection` finalizer.
+
+pub mod host;
+pub mod plan;
+mod realise;
+mod teardown;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::LibvirtMachine;
+use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::domain_xml::DomainType;
+use crate::error::{Error, Result, chain};
+use host::Host;
+
+/// Settings of one provider workload.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// The Provider this workload serves.
+    pub provider: String,
+    /// Its namespace, which is also where its LibvirtMachines live.
+    pub namespace: String,
+    /// How often every machine is looked at again, as a backstop to domain events.
+    pub resync: Duration,
+    /// Deadline of each libvirt call.
+    pub call_timeout: Duration,
+    /// Forces the domain type instead of deriving it from the host's capabilities
+    /// (see [`crate::host::DOMAIN_TYPE_ENV`]).
+    pub domain_type: Option<DomainType>,
+}
+
+impl ProviderConfig {
+    /// Defaults, with the domain type taken from `BANLIEUE_LIBVIRT_DOMAIN_TYPE` when set.
+    pub fn new(provider: impl Into<String>, namespace: impl Into<String>) -> ProviderConfig {
+        ProviderConfig {
+            provider: provider.into(),
+            namespace: namespace.into(),
+            resync: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(60),
+            domain_type: std::env::var(crate::host::DOMAIN_TYPE_ENV)
+                .ok()
+                .and_then(|v| DomainType::parse(&v)),
+        }
+    }
+}
+
+struct Context {
+    kube: kube::Client,
+    cfg: ProviderConfig,
+    host: Arc<Host>,
+}
+
+/// Reconciles this Provider's LibvirtMachines until `shutdown` completes.
+pub async fn run_provider(
+    client: kube::Client,
+    cfg: ProviderConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let host = Arc::new(Host::new(
+        client.clone(),
+        &cfg.namespace,
+        &cfg.provider,
+        cfg.domain_type,
+        cfg.call_timeout,
+    ));
+    let (ticks, tick_rx) = mpsc::channel(1);
+    let events = tokio::spawn(host::forward_events(host.clone(), ticks));
+    let machines: Api<LibvirtMachine> = Api::namespaced(client.clone(), &cfg.namespace);
+    let ctx = Arc::new(Context {
+        kube: client,
+        cfg,
+        host,
+    });
+    Controller::new(machines, watcher::Config::default())
+        .reconcile_all_on(futures::stream::unfold(tick_rx, |mut rx| async move {
+            rx.recv().await.map(|tick| (tick, rx))
+        }))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %chain(&e), "machine reconcile");
+            }
+        })
+        .await;
+    events.abort();
+    Ok(())
+}
+
+fn error_policy(_machine: Arc<LibvirtMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %chain(error), "machine reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
+async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Action> {
+    if machine.spec.provider_ref.name != ctx.cfg.provider {
+        return Ok(Action::await_change());
+    }
+    let api: Api<LibvirtMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    if machine.metadata.deletion_timestamp.is_some() {
+        return teardown::run(&machine, &api, &ctx).await;
+    }
+    if !machine
+        .finalizers()
+        .iter()
+        .any(|f| f == FINALIZER_DOMAIN_PROTECTION)
+    {
+        let mut finalizers = machine.finalizers().to_vec();
+        finalizers.push(FINALIZER_DOMAIN_PROTECTION.to_owned());
+        crate::finalizers::patch(&api, &*machine, finalizers).await?;
+        // The patch wakes the controller again with the new object.
+        return Ok(Action::await_change());
+    }
+    // The UUID is chosen and recorded before anything exists on the host: it is the seed's
+    // instance-id and the upsert guard's proof of ownership, so it must survive a crash
+    // between building the seed and defining the domain.
+    let Some(uuid) = machine.status.as_ref().and_then(|s| s.domain_uuid.clone()) else {
+        let uuid = uuid::Uuid::new_v4().to_string();
+        let names = plan::MachineNames::of(&machine);
+        patch_status(
+            &api,
+            &machine.name_any(),
+            json!({ "domainUuid": uuid, "domainName": names.domain }),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    };
+
+    let outcome = realise::run(&machine, &uuid, &ctx).await;
+    if let Err(e) = &outcome
+        && e.is_connection_lost()
+    {
+        ctx.host.forget().await;
+    }
+    let status = plan::status_after(
+        &machine,
+        &ctx.cfg.namespace,
+        &ctx.cfg.provider,
+        &outcome,
+        now(),
+    );
+    if Some(&status) != machine.status.as_ref() {
+        patch_status(
+            &api,
+            &machine.name_any(),
+            serde_json::to_value(&status).unwrap_or_default(),
+        )
+        .await?;
+    }
+    Ok(match &outcome {
+        Ok(o) if o.running => Action::requeue(ctx.cfg.resync),
+        // A domain starting, or an error: look again soon.
+        _ => Action::requeue(Duration::from_secs(5).min(ctx.cfg.resync)),
+    })
+}
+
+async fn patch_status(
+    api: &Api<LibvirtMachine>,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<()> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await
+    .map_err(Error::kube(format!("patch LibvirtMachine {name} status")))?;
+    Ok(())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}

@@ -1,0 +1,211 @@
+//! Acting on the host for a machine that is not being deleted: volumes, seed, define, start,
+//! and what the host then shows. Each step first looks at what exists, so a reconcile
+//! interrupted anywhere resumes where it stopped.
+
+use banlieue_api::LibvirtMachine;
+use banlieue_libvirt::flags;
+use banlieue_libvirt::{Client, Domain, DomainState, Network, StoragePool, StorageVol};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+
+use super::Context;
+use super::plan::{self, Existing, MachineNames, Observed};
+use crate::error::{Error, Result};
+use crate::volume_xml::{self, Backing, BackingFormat};
+
+/// Brings the machine's domain into existence and running; returns what the host shows.
+pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> Result<Observed> {
+    let session = ctx.host.session().await?;
+    let client = &session.client;
+    let names = MachineNames::of(machine);
+
+    let found = Domain::lookup_by_name(client, &names.domain)
+        .await
+        .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
+    let domain = match plan::classify(
+        found.as_ref().map(|d| d.uuid_string()).as_deref(),
+        Some(uuid),
+    ) {
+        Existing::Foreign { uuid } => return Err(plan::name_taken(&names.domain, &uuid)),
+        Existing::Ours => found.ok_or_else(|| Error::Invalid {
+            reason: banlieue_api::conditions::reasons::LIBVIRT_ERROR,
+            message: "the domain vanished between two calls".into(),
+        })?,
+        Existing::Absent => {
+            provision(machine, uuid, &names, client, ctx, session.domain_type).await?
+        }
+    };
+
+    let (state, _) = domain.get_state().await.map_err(Error::libvirt(format!(
+        "read the state of domain {}",
+        names.domain
+    )))?;
+    if state == DomainState::SHUTOFF || state == DomainState::CRASHED {
+        domain
+            .create()
+            .await
+            .map_err(Error::libvirt(format!("start domain {}", names.domain)))?;
+    }
+    let (state, _) = domain.get_state().await.map_err(Error::libvirt(format!(
+        "read the state of domain {}",
+        names.domain
+    )))?;
+    let running = state == DomainState::RUNNING;
+    let addresses = if running {
+        observe_addresses(&domain).await
+    } else {
+        Vec::new()
+    };
+    Ok(Observed { running, addresses })
+}
+
+/// Addresses from DHCP leases, else from the guest agent. Neither is an error when absent:
+/// an isolated network has no leases and a guest may run no agent.
+async fn observe_addresses(domain: &Domain) -> Vec<banlieue_api::MachineAddress> {
+    for source in [
+        flags::DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
+        flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+    ] {
+        if let Ok(ifaces) = domain.interface_addresses(source).await {
+            let found = plan::addresses(&ifaces);
+            if !found.is_empty() {
+                return found;
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// Creates the volumes and the seed, then defines the domain with the recorded UUID.
+async fn provision(
+    machine: &LibvirtMachine,
+    uuid: &str,
+    names: &MachineNames,
+    client: &Client,
+    ctx: &Context,
+    domain_type: crate::domain_xml::DomainType,
+) -> Result<Domain> {
+    let spec = &machine.spec;
+    let definition = plan::definition(machine, uuid, domain_type)?;
+    let capacity = plan::disk_bytes(machine)?;
+    let pool = StoragePool::lookup_by_name(client, &spec.pool)
+        .await
+        .map_err(Error::libvirt(format!(
+            "look up storage pool {}",
+            spec.pool
+        )))?
+        .ok_or_else(|| plan::pool_missing(&spec.pool))?;
+    if Network::lookup_by_name(client, &spec.network)
+        .await
+        .map_err(Error::libvirt(format!("look up network {}", spec.network)))?
+        .is_none()
+    {
+        return Err(plan::network_missing(&spec.network));
+    }
+    // The image volume: the overlay's backing file, or the install media.
+    let image_name = spec
+        .disk
+        .backing_volume
+        .as_deref()
+        .or(spec.disk.install_media.as_deref())
+        .ok_or_else(|| Error::Invalid {
+            reason: banlieue_api::conditions::reasons::PROVISIONING,
+            message: "exactly one of disk.backingVolume or disk.installMedia must be set".into(),
+        })?;
+    let image = lookup_volume(&pool, image_name)
+        .await?
+        .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))?;
+
+    if lookup_volume(&pool, &names.os_volume).await?.is_none() {
+        let backing = match spec.disk.backing_volume.as_deref() {
+            Some(name) => Some(Backing {
+                path: image
+                    .get_path()
+                    .await
+                    .map_err(Error::libvirt(format!("read the path of volume {name}")))?,
+                format: BackingFormat::from_volume_name(name),
+            }),
+            None => None,
+        };
+        let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
+        StorageVol::create_xml(&pool, &xml, 0)
+            .await
+            .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
+    }
+
+    // The seed is rebuilt whenever the domain is not defined yet: a previous attempt may have
+    // died mid-upload, and the bytes are a pure function of the UUID and user-data.
+    if let Some(stale) = lookup_volume(&pool, &names.cidata_volume).await? {
+        stale.delete().await.map_err(Error::libvirt(format!(
+            "delete stale volume {}",
+            names.cidata_volume
+        )))?;
+    }
+    let user_data = user_data(machine, ctx).await?;
+    let seed = plan::seed(&names.domain, uuid, user_data.as_deref())
+        .to_bytes()
+        .map_err(Error::Seed)?;
+    let cidata = StorageVol::create_xml(
+        &pool,
+        &volume_xml::raw(&names.cidata_volume, seed.len() as u64),
+        0,
+    )
+    .await
+    .map_err(Error::libvirt(format!(
+        "create volume {}",
+        names.cidata_volume
+    )))?;
+    let mut reader: &[u8] = &seed;
+    cidata
+        .upload(&mut reader, 0, seed.len() as u64, false)
+        .await
+        .map_err(Error::libvirt(format!("upload {}", names.cidata_volume)))?;
+
+    // Looked up once more right before the upsert: DOMAIN_DEFINE_XML would silently take over
+    // a domain someone defined under this name while the volumes were being made.
+    if let Some(d) = Domain::lookup_by_name(client, &names.domain)
+        .await
+        .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?
+        && plan::classify(Some(&d.uuid_string()), Some(uuid)) != Existing::Ours
+    {
+        return Err(plan::name_taken(&names.domain, &d.uuid_string()));
+    }
+    let xml = crate::domain_xml::render(&definition);
+    Domain::define_xml(client, &xml)
+        .await
+        .map_err(Error::libvirt(format!("define domain {}", names.domain)))
+}
+
+async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageVol>> {
+    StorageVol::lookup_by_name(pool, name)
+        .await
+        .map_err(Error::libvirt(format!(
+            "look up volume {name} in pool {}",
+            pool.name()
+        )))
+}
+
+/// Inline user-data, or the bytes of the Secret key it names.
+async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
+    if let Some(inline) = &machine.spec.user_data {
+        return Ok(Some(inline.as_bytes().to_vec()));
+    }
+    let Some(sel) = &machine.spec.user_data_secret_ref else {
+        return Ok(None);
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let secret = secrets
+        .get_opt(&sel.name)
+        .await
+        .map_err(Error::kube(format!("read Secret {}", sel.name)))?;
+    secret
+        .and_then(|s| s.data)
+        .and_then(|mut d| d.remove(&sel.key))
+        .map(|b| Some(b.0))
+        .ok_or_else(|| {
+            Error::CredentialsUnavailable(format!(
+                "Secret {:?} has no key {:?} (userDataSecretRef)",
+                sel.name, sel.key
+            ))
+        })
+}

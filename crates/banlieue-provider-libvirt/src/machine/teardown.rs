@@ -1,0 +1,167 @@
+//! Deletion under `banlieue.io/domain-protection`: destroy → undefine NVRAM|TPM|MANAGED_SAVE →
+//! delete the machine's own volumes → look the domain up again. Each step accepts that its
+//! object is already gone; a failing step is reported in Ready (TeardownFailed) and retried.
+
+use std::time::Duration;
+
+use banlieue_api::LibvirtMachine;
+use banlieue_api::conditions::reasons;
+use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
+use banlieue_libvirt::{Domain, StoragePool, StorageVol, flags};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+
+use super::Context;
+use super::plan::{self, Existing, MachineNames};
+use crate::error::{Error, Result, chain};
+
+/// libvirt fails an undefine of a UEFI domain without NVRAM, and without TPM the swtpm state
+/// (the per-VM secret the vTPM exists to isolate) stays behind.
+pub const UNDEFINE_FLAGS: u32 =
+    flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_TPM | flags::DOMAIN_UNDEFINE_MANAGED_SAVE;
+
+pub(super) async fn run(
+    machine: &LibvirtMachine,
+    api: &Api<LibvirtMachine>,
+    ctx: &Context,
+) -> Result<Action> {
+    if !machine
+        .finalizers()
+        .iter()
+        .any(|f| f == FINALIZER_DOMAIN_PROTECTION)
+    {
+        return Ok(Action::await_change());
+    }
+    match teardown(machine, ctx).await {
+        Ok(()) => {
+            let finalizers = machine
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER_DOMAIN_PROTECTION)
+                .cloned()
+                .collect();
+            crate::finalizers::patch(api, machine, finalizers).await?;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            if e.is_connection_lost() {
+                ctx.host.forget().await;
+            }
+            let failed = Error::Invalid {
+                reason: reasons::TEARDOWN_FAILED,
+                message: chain(&e),
+            };
+            let mut status = machine.status.clone().unwrap_or_default();
+            status.ready = false;
+            banlieue_api::conditions::set(
+                &mut status.conditions,
+                plan::condition_for(&failed, machine.metadata.generation),
+                super::now(),
+            );
+            if Some(&status) != machine.status.as_ref() {
+                super::patch_status(
+                    api,
+                    &machine.name_any(),
+                    serde_json::to_value(&status).unwrap_or_default(),
+                )
+                .await?;
+            }
+            Ok(Action::requeue(Duration::from_secs(5)))
+        }
+    }
+}
+
+async fn teardown(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
+    let names = MachineNames::of(machine);
+    let recorded = machine.status.as_ref().and_then(|s| s.domain_uuid.clone());
+    let Some(uuid) = recorded else {
+        // No UUID was ever recorded, so nothing was ever made on the host.
+        return Ok(());
+    };
+    let session = ctx.host.session().await?;
+    let client = &session.client;
+
+    let found = Domain::lookup_by_name(client, &names.domain)
+        .await
+        .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
+    match plan::classify(
+        found.as_ref().map(|d| d.uuid_string()).as_deref(),
+        Some(&uuid),
+    ) {
+        // Another domain holds the name: it and the volumes named after it are not ours,
+        // and this machine never made anything (the guard stops before the first volume).
+        Existing::Foreign { .. } => return Ok(()),
+        Existing::Absent => {}
+        Existing::Ours => {
+            if let Some(domain) = &found {
+                domain
+                    .destroy_if_running()
+                    .await
+                    .map_err(Error::libvirt(format!("destroy domain {}", names.domain)))?;
+                match domain.undefine_flags(UNDEFINE_FLAGS).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => {
+                        return Err(Error::Libvirt {
+                            what: format!("undefine domain {}", names.domain),
+                            source: e,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    // Only the machine's own volumes; the image (backing file or install media) belongs to
+    // the VMImage and other machines use it.
+    if let Some(pool) = StoragePool::lookup_by_name(client, &machine.spec.pool)
+        .await
+        .map_err(Error::libvirt(format!(
+            "look up storage pool {}",
+            machine.spec.pool
+        )))?
+    {
+        for name in [&names.os_volume, &names.cidata_volume] {
+            let vol = StorageVol::lookup_by_name(&pool, name)
+                .await
+                .map_err(Error::libvirt(format!("look up volume {name}")))?;
+            if let Some(vol) = vol {
+                match vol.delete().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => {
+                        return Err(Error::Libvirt {
+                            what: format!("delete volume {name}"),
+                            source: e,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    // Trust the host, not the undefine's reply: a domain left defined would be inherited by
+    // the next machine of this name.
+    let again = Domain::lookup_by_name(client, &names.domain)
+        .await
+        .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
+    if let Some(d) = again
+        && plan::classify(Some(&d.uuid_string()), Some(&uuid)) == Existing::Ours
+    {
+        return Err(Error::Invalid {
+            reason: reasons::TEARDOWN_FAILED,
+            message: format!("domain {} is still defined after undefine", names.domain),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn undefine_removes_nvram_tpm_and_managed_save() {
+        // virDomainUndefineFlagsValues: MANAGED_SAVE 1<<0, NVRAM 1<<2, TPM 1<<5.
+        assert_eq!(super::UNDEFINE_FLAGS, 1 | 4 | 32);
+    }
+}
