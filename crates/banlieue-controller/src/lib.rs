@@ -1,1 +1,327 @@
-//! Work in progress.
+//! banlieue's controller: schedules VirtualMachines onto Provider failure domains (creating the
+//! LibvirtMachine the libvirt provider realises), keeps VirtualMachinePools warm, and hands a
+//! pool member to exactly one VirtualMachineClaim, once. It never talks to libvirt.
+//!
+//! Each reconciler observes snapshots from reflector caches, decides with a pure function
+//! (`scheduling`, `pool_decide`, `claim_decide`, `machine_status`) and acts with a thin layer of
+//! patches. Entry point: [`run`].
+
+pub mod claim_decide;
+mod claim_reconcile;
+pub mod config;
+mod context;
+pub mod crash;
+pub mod error;
+mod expectations;
+pub mod machine_status;
+pub mod member;
+pub mod metrics;
+pub mod pool_decide;
+mod pool_reconcile;
+mod reservations;
+pub mod revision;
+pub mod scheduling;
+mod virtualmachine;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use banlieue_api::names;
+use banlieue_api::{
+    LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    VirtualMachinePool,
+};
+use futures::{FutureExt, StreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+pub use config::ControllerConfig;
+pub use crash::{CRASH_AT_ENV, CrashPoint};
+pub use error::{Error, Result};
+pub use metrics::Metrics;
+
+use context::{Context, Stores};
+
+/// The field manager of server-side applies and the reporting controller of Events.
+pub const FIELD_MANAGER: &str = "banlieue-controller";
+
+/// Runs the VirtualMachine, VirtualMachinePool and VirtualMachineClaim reconcilers until
+/// `shutdown` completes, then lets reconciles in flight finish.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let shutdown = shutdown.boxed().shared();
+    let namespace = config.namespace.clone();
+    let wc = watcher::Config::default();
+
+    let (providers, provider_reflector) = cache::<Provider>(scoped(&client, &namespace));
+    let (images, image_reflector) = cache::<VMImage>(scoped(&client, &namespace));
+    let (classes, class_reflector) = cache::<VMClass>(scoped(&client, &namespace));
+    let (machines, machine_reflector) = cache::<LibvirtMachine>(scoped(&client, &namespace));
+    let (provider_classes, provider_class_reflector) =
+        cache::<ProviderClass>(Api::all(client.clone()));
+    let reflectors = [
+        tokio::spawn(provider_reflector),
+        tokio::spawn(image_reflector),
+        tokio::spawn(class_reflector),
+        tokio::spawn(machine_reflector),
+        tokio::spawn(provider_class_reflector),
+    ];
+
+    let vm_controller = Controller::new(scoped::<VirtualMachine>(&client, &namespace), wc.clone());
+    let pool_controller = Controller::new(
+        scoped::<VirtualMachinePool>(&client, &namespace),
+        wc.clone(),
+    );
+    let claim_controller = Controller::new(
+        scoped::<VirtualMachineClaim>(&client, &namespace),
+        wc.clone(),
+    );
+    let stores = Stores {
+        vms: vm_controller.store(),
+        machines,
+        pools: pool_controller.store(),
+        claims: claim_controller.store(),
+        providers,
+        provider_classes,
+        images,
+        classes,
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        config,
+        metrics,
+        stores.clone(),
+    ));
+
+    let vms_for_providers = stores.vms.clone();
+    let vms_for_images = stores.vms.clone();
+    let vm_run = vm_controller
+        .owns(scoped::<LibvirtMachine>(&client, &namespace), wc.clone())
+        .watches(
+            scoped::<Provider>(&client, &namespace),
+            wc.clone(),
+            move |provider| {
+                unscheduled_vms(&vms_for_providers, provider.namespace().as_deref(), |_| {
+                    true
+                })
+            },
+        )
+        .watches(
+            scoped::<VMImage>(&client, &namespace),
+            wc.clone(),
+            move |image| {
+                let image_name = image.name_any();
+                unscheduled_vms(&vms_for_images, image.namespace().as_deref(), |vm| {
+                    vm.spec.image_ref.name == image_name
+                })
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |vm, ctx| guarded("virtualmachine", vm, ctx, virtualmachine::reconcile),
+            |vm, error, ctx| error_policy("virtualmachine", vm, error, ctx),
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    let pools_for_images = stores.pools.clone();
+    let pool_run = pool_controller
+        .owns(scoped::<VirtualMachine>(&client, &namespace), wc.clone())
+        .watches(
+            scoped::<VirtualMachineClaim>(&client, &namespace),
+            wc.clone(),
+            |claim| {
+                claim
+                    .namespace()
+                    .map(|ns| ObjectRef::new(&claim.spec.pool_ref.name).within(&ns))
+            },
+        )
+        .watches(
+            scoped::<VMImage>(&client, &namespace),
+            wc.clone(),
+            move |image| {
+                let image_name = image.name_any();
+                let image_namespace = image.namespace();
+                pools_for_images
+                    .state()
+                    .iter()
+                    .filter(|p| {
+                        p.namespace() == image_namespace
+                            && p.spec.template.spec.image_ref.name == image_name
+                    })
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool_reconcile::reconcile),
+            |pool, error, ctx| error_policy("virtualmachinepool", pool, error, ctx),
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    let claims_for_members = stores.claims.clone();
+    let claims_for_pools = stores.claims.clone();
+    let claim_run = claim_controller
+        .watches(
+            scoped::<VirtualMachine>(&client, &namespace),
+            wc.clone(),
+            move |vm| {
+                let Some(ns) = vm.namespace() else {
+                    return Vec::new();
+                };
+                if let Some(claim) = vm.labels().get(names::LABEL_CLAIM) {
+                    return vec![ObjectRef::new(claim).within(&ns)];
+                }
+                match vm.labels().get(names::LABEL_POOL) {
+                    Some(pool) => {
+                        claim_reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
+                    }
+                    None => Vec::new(),
+                }
+            },
+        )
+        .watches(
+            scoped::<VirtualMachinePool>(&client, &namespace),
+            wc,
+            move |pool| match pool.namespace() {
+                Some(ns) => {
+                    claim_reconcile::claims_of_pool(&claims_for_pools, &ns, &pool.name_any(), false)
+                }
+                None => Vec::new(),
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |claim, ctx| {
+                guarded(
+                    "virtualmachineclaim",
+                    claim,
+                    ctx,
+                    claim_reconcile::reconcile,
+                )
+            },
+            |claim, error, ctx| error_policy("virtualmachineclaim", claim, error, ctx),
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    futures::join!(vm_run, pool_run, claim_run);
+    for reflector in reflectors {
+        reflector.abort();
+    }
+    Ok(())
+}
+
+/// An API for `K` in the served namespace, or in all namespaces.
+fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A reflector cache for lookups, and the future that keeps it filled.
+fn cache<K>(api: Api<K>) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    );
+    let task = stream.for_each(|_| futures::future::ready(()));
+    (reader, task)
+}
+
+fn unscheduled_vms(
+    vms: &Store<VirtualMachine>,
+    namespace: Option<&str>,
+    matches: impl Fn(&VirtualMachine) -> bool,
+) -> Vec<ObjectRef<VirtualMachine>> {
+    vms.state()
+        .iter()
+        .filter(|vm| {
+            vm.metadata.namespace.as_deref() == namespace
+                && vm.status.as_ref().is_none_or(|s| s.machine_ref.is_none())
+                && matches(vm)
+        })
+        .map(|vm| ObjectRef::from_obj(vm.as_ref()))
+        .collect()
+}
+
+fn object_key<K: Resource>(object: &K) -> String {
+    format!(
+        "{}/{}",
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Runs a reconcile and forgets the object's error backoff when it succeeds.
+async fn guarded<K, F, Fut>(
+    controller: &'static str,
+    object: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: F,
+) -> Result<Action>
+where
+    K: Resource,
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<Action>>,
+{
+    let key = format!("{controller}/{}", object_key(object.as_ref()));
+    let result = reconcile(object, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.succeeded(&key);
+    }
+    result
+}
+
+/// Records the error and retries the object after its own, growing delay.
+fn error_policy<K: Resource>(
+    controller: &'static str,
+    object: Arc<K>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action
+where
+    K::DynamicType: Eq + Hash,
+{
+    ctx.metrics
+        .reconcile_error(controller, error.metric_reason());
+    let key = format!("{controller}/{}", object_key(object.as_ref()));
+    let delay = ctx.backoff.failed(
+        &key,
+        ctx.config.min_error_backoff,
+        ctx.config.max_error_backoff,
+    );
+    tracing::warn!(controller, object = %key, error = %error_chain(error), ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

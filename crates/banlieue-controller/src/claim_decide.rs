@@ -1,0 +1,170 @@
+//! What a claim does next (pure): which member to take, how its phase may move, and the words
+//! of its Bound condition.
+
+use std::cmp::Ordering;
+
+use banlieue_api::ClaimPhase;
+
+use crate::member::MemberView;
+
+/// Orders candidates for a bind: current revision first, then longest available (the member
+/// closest to idle expiry), then name so the choice is deterministic.
+pub fn bind_order(current_revision: &str, a: &MemberView, b: &MemberView) -> Ordering {
+    let stale = |m: &MemberView| m.revision.as_deref() != Some(current_revision);
+    stale(a)
+        .cmp(&stale(b))
+        .then_with(|| match (a.available_since, b.available_since) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        })
+        .then_with(|| a.name.cmp(&b.name))
+}
+
+/// The members a claim may take, best first: available, not being deleted, not skipped
+/// (reserved by another bind in flight or already tried).
+pub fn candidates<'a>(
+    members: &'a [MemberView],
+    current_revision: &str,
+    skip: impl Fn(&str) -> bool,
+) -> Vec<&'a MemberView> {
+    let mut list: Vec<&MemberView> = members
+        .iter()
+        .filter(|m| m.available && !m.deleting && !m.failed && !skip(&m.name))
+        .collect();
+    list.sort_by(|a, b| bind_order(current_revision, a, b));
+    list
+}
+
+fn rank(phase: Option<ClaimPhase>) -> u8 {
+    match phase {
+        None => 0,
+        Some(ClaimPhase::Pending) => 1,
+        Some(ClaimPhase::Bound) => 2,
+        Some(ClaimPhase::Releasing) | Some(ClaimPhase::Failed) => 3,
+    }
+}
+
+/// The phase after proposing `proposed` to a claim in `current`. Nothing moves backwards, and
+/// Failed and Releasing are final: a claim never leaves them for another phase.
+pub fn advance(current: Option<ClaimPhase>, proposed: ClaimPhase) -> Option<ClaimPhase> {
+    match current {
+        Some(ClaimPhase::Failed) | Some(ClaimPhase::Releasing) => current,
+        // Failed only follows Bound: a claim that never held a member cannot lose it.
+        Some(ClaimPhase::Pending) | None if proposed == ClaimPhase::Failed => current,
+        _ if rank(Some(proposed)) >= rank(current) => Some(proposed),
+        _ => current,
+    }
+}
+
+/// The message of `Bound=False, NoMemberAvailable`: the pool's own diagnosis in parentheses.
+pub fn no_member_message(pool: &str, pool_reason: &str, pool_message: &str) -> String {
+    format!("no Ready, unclaimed member in pool {pool} (pool: {pool_reason}: {pool_message})")
+}
+
+/// The message of `Bound=False, PoolNotFound`.
+pub fn pool_not_found_message(pool: &str) -> String {
+    format!("pool {pool} does not exist")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn member(name: &str, revision: &str, since: Option<i64>) -> MemberView {
+        MemberView {
+            name: name.to_owned(),
+            revision: Some(revision.to_owned()),
+            created: None,
+            available: since.is_some(),
+            available_since: since
+                .map(|s| Timestamp::from_second(1_800_000_000 + s).expect("valid time")),
+            infrastructure_ready: since.is_some(),
+            infrastructure_ready_since: None,
+            published_guest_ready: false,
+            deleting: false,
+            failed: false,
+            resource_version: None,
+        }
+    }
+
+    fn names(list: Vec<&MemberView>) -> Vec<&str> {
+        list.into_iter().map(|m| m.name.as_str()).collect()
+    }
+
+    #[test]
+    fn current_revision_then_longest_ready_then_name() {
+        let members = vec![
+            member("stale-oldest", "r1", Some(1)),
+            member("fresh-b", "r2", Some(20)),
+            member("fresh-a", "r2", Some(20)),
+            member("fresh-old", "r2", Some(10)),
+            member("not-ready", "r2", None),
+        ];
+        assert_eq!(
+            names(candidates(&members, "r2", |_| false)),
+            vec!["fresh-old", "fresh-a", "fresh-b", "stale-oldest"]
+        );
+    }
+
+    #[test]
+    fn a_stale_member_is_handed_out_when_nothing_fresher_is_ready() {
+        let members = vec![member("stale", "r1", Some(1)), member("fresh", "r2", None)];
+        assert_eq!(names(candidates(&members, "r2", |_| false)), vec!["stale"]);
+    }
+
+    #[test]
+    fn held_deleting_and_failed_members_are_skipped() {
+        let mut deleting = member("deleting", "r2", Some(1));
+        deleting.deleting = true;
+        let mut failed = member("failed", "r2", Some(1));
+        failed.failed = true;
+        let members = vec![
+            deleting,
+            failed,
+            member("held", "r2", Some(1)),
+            member("free", "r2", Some(2)),
+        ];
+        assert_eq!(
+            names(candidates(&members, "r2", |n| n == "held")),
+            vec!["free"]
+        );
+    }
+
+    #[test]
+    fn phases_never_move_backwards() {
+        use ClaimPhase::*;
+        assert_eq!(advance(None, Pending), Some(Pending));
+        assert_eq!(advance(Some(Pending), Bound), Some(Bound));
+        assert_eq!(advance(Some(Bound), Pending), Some(Bound));
+        assert_eq!(advance(Some(Bound), Releasing), Some(Releasing));
+        assert_eq!(advance(Some(Bound), Failed), Some(Failed));
+        assert_eq!(advance(Some(Releasing), Bound), Some(Releasing));
+        assert_eq!(advance(Some(Releasing), Pending), Some(Releasing));
+        // Failed is terminal: never rebound, never released into another phase.
+        for proposed in [Pending, Bound, Releasing] {
+            assert_eq!(advance(Some(Failed), proposed), Some(Failed));
+        }
+        // A claim that never held a member cannot fail for losing it.
+        assert_eq!(advance(Some(Pending), Failed), Some(Pending));
+        assert_eq!(advance(Some(Pending), Releasing), Some(Releasing));
+    }
+
+    #[test]
+    fn messages_embed_the_pool_diagnosis() {
+        assert_eq!(
+            no_member_message(
+                "sandbox-pool",
+                "ReadinessSignalAbsent",
+                r#"no member has published the "GuestReady" condition"#
+            ),
+            r#"no Ready, unclaimed member in pool sandbox-pool (pool: ReadinessSignalAbsent: no member has published the "GuestReady" condition)"#
+        );
+        assert_eq!(
+            pool_not_found_message("sandbox-pool"),
+            "pool sandbox-pool does not exist"
+        );
+    }
+}

@@ -1,0 +1,577 @@
+//! The VirtualMachineClaim reconciler: bind a member once, mirror it, release it by deletion.
+//!
+//! The bind is one JSON merge patch on the member carrying its resourceVersion (ADR-0057). The
+//! controller can only patch claims; it never creates or updates one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::conditions::{self, reasons, status, types};
+use banlieue_api::names;
+use banlieue_api::{
+    ClaimPhase, LocalObjectReference, VirtualMachine, VirtualMachineClaim,
+    VirtualMachineClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use crate::claim_decide;
+use crate::context::{Context, cached, namespace_of, uid_of};
+use crate::crash::{CrashPoint, crash_at};
+use crate::error::{Result, is_conflict, is_not_found};
+use crate::member::{MemberView, is_bound_to, is_unclaimed_member};
+use crate::revision::pool_revision;
+use crate::scheduling::{controller_owner_reference, image_revision};
+
+/// How often a releasing claim looks at its member again, in case the delete event is missed.
+const RELEASE_POLL: Duration = Duration::from_secs(2);
+/// Picks per reconcile before giving the other claims a turn.
+const MAX_BIND_ATTEMPTS: usize = 8;
+
+/// One claim, as the reconciler handles it.
+struct ClaimRef<'a> {
+    claim: &'a VirtualMachineClaim,
+    namespace: String,
+    name: String,
+    uid: String,
+    api: Api<VirtualMachineClaim>,
+}
+
+pub(crate) async fn reconcile(
+    claim: Arc<VirtualMachineClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action> {
+    ctx.stores.wait_until_ready().await?;
+    let namespace = namespace_of(claim.as_ref(), "VirtualMachineClaim")?;
+    let this = ClaimRef {
+        claim: claim.as_ref(),
+        name: claim.name_any(),
+        uid: uid_of(claim.as_ref(), "VirtualMachineClaim")?,
+        api: ctx.api(&namespace),
+        namespace,
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return release(&this, &ctx, true).await;
+    }
+    if !claim
+        .finalizers()
+        .iter()
+        .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
+    {
+        ctx.add_finalizer(&this.api, this.claim, names::FINALIZER_CLAIM_PROTECTION)
+            .await?;
+        return Ok(Action::await_change());
+    }
+    let status = claim.status.clone().unwrap_or_default();
+    match status.phase {
+        Some(ClaimPhase::Failed) => Ok(Action::await_change()),
+        Some(ClaimPhase::Releasing) => release(&this, &ctx, false).await,
+        Some(ClaimPhase::Bound) => bound(&this, &ctx, &status).await,
+        Some(ClaimPhase::Pending) | None => pending(&this, &ctx, &status).await,
+    }
+}
+
+/// A Pending claim: complete a bind committed earlier, or pick a member and bind it.
+async fn pending(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    status: &VirtualMachineClaimStatus,
+) -> Result<Action> {
+    if let Some(member) = committed_member(this, ctx).await? {
+        return complete_bind(this, ctx, status, &member).await;
+    }
+    let Some(pool) = cached(
+        &ctx.stores.pools,
+        &this.namespace,
+        &this.claim.spec.pool_ref.name,
+    ) else {
+        let pool_name = &this.claim.spec.pool_ref.name;
+        write_pending(
+            this,
+            ctx,
+            status,
+            reasons::POOL_NOT_FOUND,
+            claim_decide::pool_not_found_message(pool_name),
+        )
+        .await?;
+        return Ok(Action::requeue(ctx.config.resync));
+    };
+    let pool_name = pool.name_any();
+    let pool_uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
+    let image = cached(
+        &ctx.stores.images,
+        &this.namespace,
+        &pool.spec.template.spec.image_ref.name,
+    );
+    let revision = pool_revision(
+        &pool.spec.template,
+        image.as_deref().and_then(image_revision).as_deref(),
+    );
+    let vms = ctx.api::<VirtualMachine>(&this.namespace);
+
+    let mut members: Vec<VirtualMachine> = ctx
+        .stores
+        .vms
+        .state()
+        .iter()
+        .filter(|vm| {
+            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
+                && is_unclaimed_member(vm, &pool_name, &pool_uid)
+        })
+        .map(|vm| vm.as_ref().clone())
+        .collect();
+    for _ in 0..MAX_BIND_ATTEMPTS {
+        let views: Vec<MemberView> = members
+            .iter()
+            .map(|vm| MemberView::of(vm, pool.spec.readiness))
+            .collect();
+        let candidates = claim_decide::candidates(&views, &revision, |member| {
+            ctx.reservations.is_held(&this.namespace, member)
+        });
+        let Some(chosen) = candidates
+            .into_iter()
+            .find(|m| ctx.reservations.try_bind(&this.namespace, &m.name))
+        else {
+            let (pool_reason, pool_message) = pool
+                .status
+                .as_ref()
+                .and_then(|s| conditions::find(&s.conditions, types::READY))
+                .map(|c| (c.reason.clone(), c.message.clone()))
+                .unwrap_or_else(|| {
+                    (
+                        reasons::FILLING.to_owned(),
+                        "the pool has not reported yet".to_owned(),
+                    )
+                });
+            write_pending(
+                this,
+                ctx,
+                status,
+                reasons::NO_MEMBER_AVAILABLE,
+                claim_decide::no_member_message(&pool_name, &pool_reason, &pool_message),
+            )
+            .await?;
+            return Ok(Action::requeue(ctx.config.resync));
+        };
+        let member_name = chosen.name.clone();
+        match bind_patch(this, &vms, &member_name, chosen.resource_version.as_deref()).await {
+            Ok(member) => {
+                ctx.reservations.bound(&this.namespace, &member_name);
+                ctx.assign(&this.uid, &member_name);
+                crash_at(CrashPoint::AfterMemberPatch);
+                return complete_bind(this, ctx, status, &member).await;
+            }
+            Err(error) if is_conflict(&error) || is_not_found(&error) => {
+                if is_conflict(&error) {
+                    ctx.metrics.bind_conflicts.inc();
+                }
+                ctx.reservations.release(&this.namespace, &member_name);
+                tracing::debug!(claim = %this.name, member = %member_name, "bind lost a race; re-reading the pool");
+                // The cache is what was stale: ask the API server, which cannot disagree with
+                // itself.
+                if let Some(member) = bound_member_from_api(this, &vms).await? {
+                    return complete_bind(this, ctx, status, &member).await;
+                }
+                let selector = format!("{}={pool_name}", names::LABEL_POOL);
+                members = vms
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|vm| is_unclaimed_member(vm, &pool_name, &pool_uid))
+                    .collect();
+            }
+            Err(error) => {
+                ctx.reservations.release(&this.namespace, &member_name);
+                return Err(error.into());
+            }
+        }
+    }
+    // Every attempt lost a race: try again soon, with whatever the cache shows then.
+    Ok(Action::requeue(Duration::from_millis(50)))
+}
+
+/// The one write that binds: claim label set, pool label removed, owner moved from the pool to
+/// the claim, subject and bind time recorded, all conditional on the resourceVersion the member
+/// was chosen at.
+async fn bind_patch(
+    this: &ClaimRef<'_>,
+    vms: &Api<VirtualMachine>,
+    member: &str,
+    resource_version: Option<&str>,
+) -> Result<VirtualMachine, kube::Error> {
+    let owner = controller_owner_reference(this.claim);
+    let now = Timestamp::now();
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": {
+                names::LABEL_CLAIM: this.name,
+                names::LABEL_POOL: null,
+            },
+            "ownerReferences": [owner],
+            "annotations": {
+                names::ANNOTATION_SUBJECT_ISSUER: this.claim.spec.subject.issuer,
+                names::ANNOTATION_SUBJECT_ID: this.claim.spec.subject.id,
+                names::ANNOTATION_BOUND_AT: now.to_string(),
+            },
+        }
+    });
+    vms.patch(member, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// A member already bound to this claim: one this process bound, or one the cache shows.
+async fn committed_member(this: &ClaimRef<'_>, ctx: &Context) -> Result<Option<VirtualMachine>> {
+    if let Some(name) = ctx.assignment(&this.uid) {
+        if let Some(vm) = cached(&ctx.stores.vms, &this.namespace, &name)
+            .filter(|vm| is_bound_to(vm, &this.name, &this.uid))
+        {
+            return Ok(Some(vm.as_ref().clone()));
+        }
+        let vms = ctx.api::<VirtualMachine>(&this.namespace);
+        match vms.get_opt(&name).await? {
+            Some(vm) if is_bound_to(&vm, &this.name, &this.uid) => return Ok(Some(vm)),
+            _ => ctx.forget_assignment(&this.uid),
+        }
+    }
+    Ok(ctx
+        .stores
+        .vms
+        .state()
+        .iter()
+        .find(|vm| {
+            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
+                && is_bound_to(vm, &this.name, &this.uid)
+        })
+        .map(|vm| vm.as_ref().clone()))
+}
+
+async fn bound_member_from_api(
+    this: &ClaimRef<'_>,
+    vms: &Api<VirtualMachine>,
+) -> Result<Option<VirtualMachine>> {
+    Ok(claim_members(this, vms).await?.into_iter().next())
+}
+
+/// Members bound to this claim, from the API server.
+async fn claim_members(
+    this: &ClaimRef<'_>,
+    vms: &Api<VirtualMachine>,
+) -> Result<Vec<VirtualMachine>> {
+    let selector = format!("{}={}", names::LABEL_CLAIM, this.name);
+    Ok(vms
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .filter(|vm| is_bound_to(vm, &this.name, &this.uid))
+        .collect())
+}
+
+/// Writes the Bound status for `member`. boundAt comes from the member's annotation, so a
+/// status completed after a crash still tells the time of the bind and the TTL is not
+/// extended.
+async fn complete_bind(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    status: &VirtualMachineClaimStatus,
+    member: &VirtualMachine,
+) -> Result<Action> {
+    let member_name = member.name_any();
+    let bound_at = member
+        .annotations()
+        .get(names::ANNOTATION_BOUND_AT)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .unwrap_or_else(Timestamp::now);
+    let expires_at = bound_at
+        .checked_add(SignedDuration::from_secs(this.claim.spec.ttl_seconds))
+        .unwrap_or(bound_at);
+    let mut next = status.clone();
+    next.phase = claim_decide::advance(status.phase, ClaimPhase::Bound);
+    if next.phase != Some(ClaimPhase::Bound) {
+        return Ok(Action::await_change());
+    }
+    next.virtual_machine_ref = Some(LocalObjectReference::new(&member_name));
+    next.bound_at = Some(Time(bound_at));
+    next.expires_at = Some(Time(expires_at));
+    mirror_member(&mut next, member);
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::BOUND,
+            status::TRUE,
+            reasons::BOUND,
+            format!("bound to member {member_name}"),
+            this.claim.metadata.generation,
+        ),
+        Time(Timestamp::now()),
+    );
+    ctx.patch_status(&this.api, &this.name, &next).await?;
+    if let Some(created) = &this.claim.metadata.creation_timestamp {
+        let latency = bound_at.duration_since(created.0);
+        ctx.metrics
+            .claim_bind_latency
+            .observe(latency.as_secs_f64().max(0.0));
+    }
+    crash_at(CrashPoint::AfterClaimStatus);
+    ctx.event(
+        this.claim,
+        EventType::Normal,
+        reasons::BOUND,
+        format!("bound to member {member_name}"),
+    )
+    .await;
+    ctx.event(
+        member,
+        EventType::Normal,
+        reasons::BOUND,
+        format!("bound to claim {}", this.name),
+    )
+    .await;
+    Ok(Action::requeue(until(expires_at).min(ctx.config.resync)))
+}
+
+/// A Bound claim: fail if its member went away, release it at expiry, else mirror it.
+async fn bound(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    status: &VirtualMachineClaimStatus,
+) -> Result<Action> {
+    let vms = ctx.api::<VirtualMachine>(&this.namespace);
+    let member_name = status
+        .virtual_machine_ref
+        .as_ref()
+        .map(|r| r.name.clone())
+        .unwrap_or_default();
+    let member = match cached(&ctx.stores.vms, &this.namespace, &member_name)
+        .filter(|vm| is_bound_to(vm, &this.name, &this.uid))
+    {
+        Some(vm) => Some(vm.as_ref().clone()),
+        // Absent from the cache, or not yet showing the bind: only the API server can say.
+        None => vms
+            .get_opt(&member_name)
+            .await?
+            .filter(|vm| is_bound_to(vm, &this.name, &this.uid)),
+    };
+    let expires_at = status.expires_at.as_ref().map(|t| t.0);
+    let expired = expires_at.is_some_and(|t| Timestamp::now() >= t);
+    if expired {
+        let message = format!(
+            "expired at {}; the member is deleted, then the claim",
+            expires_at.map(|t| t.to_string()).unwrap_or_default()
+        );
+        enter_releasing(this, ctx, status, reasons::EXPIRED, message).await?;
+        return release_member(this, ctx, false).await;
+    }
+    match member {
+        Some(member) if member.metadata.deletion_timestamp.is_none() => {
+            let mut next = status.clone();
+            mirror_member(&mut next, &member);
+            if next != *status {
+                ctx.patch_status(&this.api, &this.name, &next).await?;
+            }
+            let wait = expires_at.map_or(ctx.config.resync, until);
+            Ok(Action::requeue(wait.min(ctx.config.resync)))
+        }
+        _ => {
+            let mut next = status.clone();
+            next.phase = claim_decide::advance(status.phase, ClaimPhase::Failed);
+            next.addresses.clear();
+            let message = format!(
+                "member {member_name} was deleted out from under the claim; a Failed claim is never rebound"
+            );
+            conditions::set(
+                &mut next.conditions,
+                conditions::new(
+                    types::BOUND,
+                    status::FALSE,
+                    reasons::MEMBER_DELETED,
+                    message.clone(),
+                    this.claim.metadata.generation,
+                ),
+                Time(Timestamp::now()),
+            );
+            ctx.patch_status(&this.api, &this.name, &next).await?;
+            ctx.forget_assignment(&this.uid);
+            ctx.event(
+                this.claim,
+                EventType::Warning,
+                reasons::MEMBER_DELETED,
+                message,
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Copies what a consumer reads from the member: its addresses and EK certificates.
+fn mirror_member(next: &mut VirtualMachineClaimStatus, member: &VirtualMachine) {
+    let member_status = member.status.clone().unwrap_or_default();
+    next.addresses = member_status.addresses;
+    next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates;
+}
+
+async fn write_pending(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    status: &VirtualMachineClaimStatus,
+    reason: &str,
+    message: String,
+) -> Result<()> {
+    let mut next = status.clone();
+    next.phase = claim_decide::advance(status.phase, ClaimPhase::Pending);
+    let reason_changed = conditions::find(&status.conditions, types::BOUND)
+        .map(|c| c.reason.as_str())
+        != Some(reason);
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::BOUND,
+            status::FALSE,
+            reason,
+            message.clone(),
+            this.claim.metadata.generation,
+        ),
+        Time(Timestamp::now()),
+    );
+    if next != *status {
+        ctx.patch_status(&this.api, &this.name, &next).await?;
+        if reason_changed {
+            ctx.event(this.claim, EventType::Normal, reason, message)
+                .await;
+        }
+    }
+    Ok(())
+}
+
+async fn enter_releasing(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    status: &VirtualMachineClaimStatus,
+    reason: &str,
+    message: String,
+) -> Result<()> {
+    let mut next = status.clone();
+    next.phase = claim_decide::advance(status.phase, ClaimPhase::Releasing);
+    if next.phase != Some(ClaimPhase::Releasing) || next == *status {
+        return Ok(());
+    }
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::BOUND,
+            status::FALSE,
+            reason,
+            message.clone(),
+            this.claim.metadata.generation,
+        ),
+        Time(Timestamp::now()),
+    );
+    ctx.patch_status(&this.api, &this.name, &next).await?;
+    crash_at(CrashPoint::AfterReleasingStatus);
+    ctx.event(this.claim, EventType::Normal, reasons::RELEASING, message)
+        .await;
+    Ok(())
+}
+
+/// A deleted or expired claim: Releasing, then delete its member and wait for it to be gone
+/// from the API server; then drop the finalizer (deleted) or delete the claim (expired).
+async fn release(this: &ClaimRef<'_>, ctx: &Context, deleting: bool) -> Result<Action> {
+    let status = this.claim.status.clone().unwrap_or_default();
+    if deleting && status.phase != Some(ClaimPhase::Failed) {
+        enter_releasing(
+            this,
+            ctx,
+            &status,
+            reasons::RELEASING,
+            "claim deleted; destroying its member".to_owned(),
+        )
+        .await?;
+    }
+    release_member(this, ctx, deleting).await
+}
+
+async fn release_member(this: &ClaimRef<'_>, ctx: &Context, deleting: bool) -> Result<Action> {
+    let vms = ctx.api::<VirtualMachine>(&this.namespace);
+    let members = claim_members(this, &vms).await?;
+    if members.is_empty() {
+        ctx.forget_assignment(&this.uid);
+        if deleting {
+            ctx.remove_finalizer(&this.api, this.claim, names::FINALIZER_CLAIM_PROTECTION)
+                .await?;
+        } else {
+            match this.api.delete(&this.name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(error) if is_not_found(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        return Ok(Action::await_change());
+    }
+    for member in members {
+        if member.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let member_name = member.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: member.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match vms.delete(&member_name, &params).await {
+            Ok(_) => {}
+            Err(error) if is_not_found(&error) || is_conflict(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+        crash_at(CrashPoint::AfterMemberDelete);
+        ctx.event(
+            &member,
+            EventType::Normal,
+            reasons::RELEASING,
+            format!("released by claim {}", this.name),
+        )
+        .await;
+    }
+    Ok(Action::requeue(RELEASE_POLL))
+}
+
+fn until(deadline: Timestamp) -> Duration {
+    let remaining = deadline.duration_since(Timestamp::now());
+    if remaining.is_negative() {
+        Duration::ZERO
+    } else {
+        remaining.unsigned_abs() + Duration::from_millis(10)
+    }
+}
+
+/// Claims to look at again when `pool`'s state changes: every claim naming it.
+pub(crate) fn claims_of_pool(
+    claims: &kube::runtime::reflector::Store<VirtualMachineClaim>,
+    namespace: &str,
+    pool: &str,
+    pending_only: bool,
+) -> Vec<kube::runtime::reflector::ObjectRef<VirtualMachineClaim>> {
+    claims
+        .state()
+        .iter()
+        .filter(|c| {
+            c.metadata.namespace.as_deref() == Some(namespace)
+                && c.spec.pool_ref.name == pool
+                && (!pending_only
+                    || matches!(
+                        c.status.as_ref().and_then(|s| s.phase),
+                        None | Some(ClaimPhase::Pending)
+                    ))
+        })
+        .map(|c| kube::runtime::reflector::ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}

@@ -1,0 +1,36 @@
+//! What the embedding binary chooses about a controller run.
+
+use std::time::Duration;
+
+/// Settings of one controller run.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// The namespace to serve; `None` serves all namespaces.
+    pub namespace: Option<String>,
+    /// How long GuestReady pool members may be infrastructure-ready without any of them
+    /// publishing `GuestReady` before the pool reports `ReadinessSignalAbsent`.
+    pub readiness_signal_grace: Duration,
+    /// How often every object is looked at again without a watch event, so time-based
+    /// decisions (Pending retries, expiry, idle members) never depend on an event arriving.
+    pub resync: Duration,
+    /// The shortest wait before a reconcile that failed is retried; it doubles per failure
+    /// of the same object up to `max_error_backoff`.
+    pub min_error_backoff: Duration,
+    /// The longest wait between retries of an object whose reconcile keeps failing.
+    pub max_error_backoff: Duration,
+    /// Name given to the field manager and to Events' reporting controller.
+    pub manager_name: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            readiness_signal_grace: Duration::from_secs(300),
+            resync: Duration::from_secs(300),
+            min_error_backoff: Duration::from_millis(200),
+            max_error_backoff: Duration::from_secs(60),
+            manager_name: crate::FIELD_MANAGER.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! What every reconciler shares: the client, the caches, in-process bookkeeping, metrics and
+//! the thin helpers for the writes the controller makes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use banlieue_api::{
+    LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    VirtualMachinePool,
+};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::config::ControllerConfig;
+use crate::error::{Error, Result};
+use crate::expectations::Expectations;
+use crate::metrics::Metrics;
+use crate::reservations::Reservations;
+
+/// Read-only caches, filled by reflectors.
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub vms: Store<VirtualMachine>,
+    pub machines: Store<LibvirtMachine>,
+    pub pools: Store<VirtualMachinePool>,
+    pub claims: Store<VirtualMachineClaim>,
+    pub providers: Store<Provider>,
+    pub provider_classes: Store<ProviderClass>,
+    pub images: Store<VMImage>,
+    pub classes: Store<VMClass>,
+}
+
+impl Stores {
+    /// Waits until every cache holds its initial list: a decision over a half-filled cache
+    /// could bind a second member to a claim whose first one is simply not listed yet.
+    pub async fn wait_until_ready(&self) -> Result<()> {
+        let results = futures::join!(
+            self.vms.wait_until_ready(),
+            self.machines.wait_until_ready(),
+            self.pools.wait_until_ready(),
+            self.claims.wait_until_ready(),
+            self.providers.wait_until_ready(),
+            self.provider_classes.wait_until_ready(),
+            self.images.wait_until_ready(),
+            self.classes.wait_until_ready(),
+        );
+        if results.0.is_err()
+            || results.1.is_err()
+            || results.2.is_err()
+            || results.3.is_err()
+            || results.4.is_err()
+            || results.5.is_err()
+            || results.6.is_err()
+            || results.7.is_err()
+        {
+            return Err(Error::CachesNotReady);
+        }
+        Ok(())
+    }
+}
+
+/// Shared by the three reconcilers.
+pub(crate) struct Context {
+    pub client: Client,
+    pub config: ControllerConfig,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub stores: Stores,
+    pub reservations: Reservations,
+    pub expectations: Expectations,
+    pub backoff: ErrorBackoff,
+    /// Claim uid → member name for binds this process committed, so a claim whose status write
+    /// failed is completed with its member even before the cache shows the bind.
+    assignments: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    pub fn new(client: Client, config: ControllerConfig, metrics: Metrics, stores: Stores) -> Self {
+        let reporter = Reporter {
+            controller: config.manager_name.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            metrics,
+            stores,
+            reservations: Reservations::default(),
+            expectations: Expectations::default(),
+            backoff: ErrorBackoff::default(),
+            assignments: Mutex::default(),
+        }
+    }
+
+    pub fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    pub fn assignment(&self, claim_uid: &str) -> Option<String> {
+        self.assignments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(claim_uid)
+            .cloned()
+    }
+
+    pub fn assign(&self, claim_uid: &str, member: &str) {
+        self.assignments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(claim_uid.to_owned(), member.to_owned());
+    }
+
+    pub fn forget_assignment(&self, claim_uid: &str) {
+        self.assignments
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(claim_uid);
+    }
+
+    /// Publishes an Event on `object`. Events are diagnostics: failing to write one never fails
+    /// a reconcile.
+    pub async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::debug!(%error, reason, "could not publish an event");
+        }
+    }
+
+    /// Writes `status` with a JSON merge patch on the status subresource.
+    pub async fn patch_status<K, S>(&self, api: &Api<K>, name: &str, status: &S) -> Result<K>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        S: serde::Serialize,
+    {
+        let patch = json!({ "status": status });
+        Ok(api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?)
+    }
+
+    /// Adds `finalizer` with a JSON patch that first tests the current list, so two writers
+    /// cannot clobber each other's finalizers.
+    pub async fn add_finalizer<K>(&self, api: &Api<K>, object: &K, finalizer: &str) -> Result<K>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let name = object.name_any();
+        let ops = if object.finalizers().is_empty() {
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": null},
+                {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+            ])
+        } else {
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": object.finalizers()},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
+            ])
+        };
+        Ok(api
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::<()>::Json(serde_json::from_value(ops)?),
+            )
+            .await?)
+    }
+
+    /// Removes `finalizer` with a JSON patch that tests it is still at the index it was seen at.
+    pub async fn remove_finalizer<K>(&self, api: &Api<K>, object: &K, finalizer: &str) -> Result<()>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
+            return Ok(());
+        };
+        let path = format!("/metadata/finalizers/{index}");
+        let ops = json!([
+            {"op": "test", "path": path, "value": finalizer},
+            {"op": "remove", "path": path},
+        ]);
+        match api
+            .patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::<()>::Json(serde_json::from_value(ops)?),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) if crate::error::is_not_found(&error) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// The namespace of a namespaced object, as an error when missing.
+pub(crate) fn namespace_of<K: Resource>(object: &K, kind: &'static str) -> Result<String> {
+    object
+        .meta()
+        .namespace
+        .clone()
+        .ok_or_else(|| Error::NoNamespace {
+            kind,
+            name: object.meta().name.clone().unwrap_or_default(),
+        })
+}
+
+/// The uid of an object, as an error when missing.
+pub(crate) fn uid_of<K: Resource>(object: &K, kind: &'static str) -> Result<String> {
+    object.meta().uid.clone().ok_or_else(|| Error::NoUid {
+        kind,
+        name: object.meta().name.clone().unwrap_or_default(),
+    })
+}
+
+/// A cache lookup by namespace and name.
+pub(crate) fn cached<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+/// Per-object retry delays after failed reconciles: doubling from the minimum to the maximum,
+/// forgotten on the next success.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorBackoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ErrorBackoff {
+    pub fn failed(
+        &self,
+        key: &str,
+        min: std::time::Duration,
+        max: std::time::Duration,
+    ) -> std::time::Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        let delay = min.saturating_mul(1u32 << (*count).min(16)).min(max);
+        *count = count.saturating_add(1);
+        delay
+    }
+
+    pub fn succeeded(&self, key: &str) {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        failures.remove(key);
+    }
+}

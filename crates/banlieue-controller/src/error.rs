@@ -1,0 +1,49 @@
+//! The controller's one error type.
+
+/// Errors of a reconcile or of the controller's start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("call the API server")]
+    Kube(#[from] kube::Error),
+    #[error("encode a patch")]
+    Encode(#[from] serde_json::Error),
+    #[error("{kind} {name} has no namespace")]
+    NoNamespace { kind: &'static str, name: String },
+    #[error("{kind} has no name")]
+    NoName { kind: &'static str },
+    #[error("{kind} {name} has no uid")]
+    NoUid { kind: &'static str, name: String },
+    #[error("fill the caches")]
+    CachesNotReady,
+}
+
+/// `Result` with the controller's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A short, stable label for the reconcile-errors metric.
+    pub fn metric_reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(status)) if status.is_conflict() => "Conflict",
+            Error::Kube(kube::Error::Api(status)) if status.is_forbidden() => "Forbidden",
+            Error::Kube(kube::Error::Api(status)) if status.is_not_found() => "NotFound",
+            Error::Kube(kube::Error::Api(_)) => "ApiError",
+            Error::Kube(_) => "ApiUnreachable",
+            Error::Encode(_) => "Encode",
+            Error::NoNamespace { .. } | Error::NoName { .. } | Error::NoUid { .. } => {
+                "InvalidObject"
+            }
+            Error::CachesNotReady => "CachesNotReady",
+        }
+    }
+}
+
+/// Whether a kube error is the API server's 409 Conflict.
+pub(crate) fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_conflict())
+}
+
+/// Whether a kube error is the API server's 404 Not Found.
+pub(crate) fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_not_found())
+}

@@ -1,0 +1,230 @@
+//! What a VirtualMachine's status says about its machine (pure): scheduling results and the
+//! mirror of the provider's LibvirtMachine status.
+
+use banlieue_api::conditions::{self, reasons, status, types};
+use banlieue_api::names;
+use banlieue_api::{LibvirtMachine, LocalObjectReference, MachineReference, VirtualMachineStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::scheduling::{Placement, Unschedulable};
+
+/// Reason of InfrastructureReady=False (and Ready=False) on a VirtualMachine whose machine was
+/// deleted out from under it. It is never recreated: a pool member or a bound VM silently
+/// replaced by a fresh one would break "bound at most once". A pool replaces such a member.
+pub const MACHINE_DELETED: &str = "MachineDeleted";
+
+/// The status after a failed scheduling attempt.
+pub fn unschedulable(
+    current: &VirtualMachineStatus,
+    failure: &Unschedulable,
+    generation: Option<i64>,
+    now: Time,
+) -> VirtualMachineStatus {
+    let mut next = current.clone();
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::SCHEDULED,
+            status::FALSE,
+            failure.reason,
+            failure.message.clone(),
+            generation,
+        ),
+        now.clone(),
+    );
+    set_ready(
+        &mut next,
+        false,
+        failure.reason,
+        &failure.message,
+        generation,
+        now,
+    );
+    next
+}
+
+/// The status once the machine of `placement` was created as `machine_name`.
+pub fn scheduled(
+    current: &VirtualMachineStatus,
+    machine_name: &str,
+    placement: &Placement,
+    generation: Option<i64>,
+    now: Time,
+) -> VirtualMachineStatus {
+    let mut next = current.clone();
+    next.machine_ref = Some(MachineReference {
+        api_version: names::API_VERSION.to_owned(),
+        kind: "LibvirtMachine".to_owned(),
+        name: machine_name.to_owned(),
+    });
+    next.provider_ref = Some(LocalObjectReference::new(&placement.provider));
+    next.failure_domain = Some(placement.failure_domain.clone());
+    next.image_revision = placement.image_revision.clone();
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::SCHEDULED,
+            status::TRUE,
+            reasons::SCHEDULED,
+            format!(
+                "provider {} failure domain {}",
+                placement.provider, placement.failure_domain
+            ),
+            generation,
+        ),
+        now,
+    );
+    next
+}
+
+/// The status with the machine's state mirrored: addresses, certificates, guest phase,
+/// InfrastructureReady (= the machine is ready), GuestReady (copied when the provider
+/// publishes it), Ready, and readySince (kept while Ready stays true).
+pub fn mirror_machine(
+    current: &VirtualMachineStatus,
+    machine: &LibvirtMachine,
+    generation: Option<i64>,
+    now: Time,
+) -> VirtualMachineStatus {
+    let mut next = current.clone();
+    let machine_status = machine.status.clone().unwrap_or_default();
+    next.addresses = machine_status.addresses.clone();
+    next.tpm_endorsement_certificates = machine_status.tpm_endorsement_certificates.clone();
+    next.guest_phase = machine_status.guest_phase.clone();
+    let machine_ready = conditions::find(&machine_status.conditions, types::READY);
+    let (reason, message) = if machine_status.ready {
+        (reasons::MACHINE_READY, String::new())
+    } else {
+        (
+            reasons::MACHINE_NOT_READY,
+            machine_ready
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_else(|| "the provider has not reported yet".to_owned()),
+        )
+    };
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::INFRASTRUCTURE_READY,
+            if machine_status.ready {
+                status::TRUE
+            } else {
+                status::FALSE
+            },
+            reason,
+            message.clone(),
+            generation,
+        ),
+        now.clone(),
+    );
+    if let Some(guest) = conditions::find(&machine_status.conditions, types::GUEST_READY) {
+        let mut mirrored = guest.clone();
+        mirrored.observed_generation = generation;
+        conditions::set(&mut next.conditions, mirrored, now.clone());
+    }
+    set_ready(
+        &mut next,
+        machine_status.ready,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    next
+}
+
+/// The status once the machine was found deleted.
+pub fn machine_deleted(
+    current: &VirtualMachineStatus,
+    machine_name: &str,
+    generation: Option<i64>,
+    now: Time,
+) -> VirtualMachineStatus {
+    let mut next = current.clone();
+    let message = format!("machine {machine_name} was deleted");
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::INFRASTRUCTURE_READY,
+            status::FALSE,
+            MACHINE_DELETED,
+            message.clone(),
+            generation,
+        ),
+        now.clone(),
+    );
+    next.addresses.clear();
+    set_ready(&mut next, false, MACHINE_DELETED, &message, generation, now);
+    next
+}
+
+fn set_ready(
+    next: &mut VirtualMachineStatus,
+    ready: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Time,
+) {
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::READY,
+            if ready { status::TRUE } else { status::FALSE },
+            reason,
+            message,
+            generation,
+        ),
+        now.clone(),
+    );
+    next.ready_since = match (ready, next.ready_since.take()) {
+        (true, Some(since)) => Some(since),
+        (true, None) => Some(now),
+        (false, _) => None,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use banlieue_api::{LibvirtMachineStatus, MachineAddress};
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid time"))
+    }
+
+    fn machine(ready: bool) -> LibvirtMachine {
+        let mut m: LibvirtMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": {"name": "m"},
+            "spec": {"providerRef": {"name": "p"}, "pool": "default", "network": "n",
+                     "disk": {"backingVolume": "v", "size": "1Gi"}, "cpu": 1, "memory": "1Gi"}
+        }))
+        .expect("valid machine");
+        m.status = Some(LibvirtMachineStatus {
+            ready,
+            addresses: vec![MachineAddress {
+                type_: "InternalIP".into(),
+                address: "192.0.2.1".into(),
+            }],
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn ready_since_is_kept_while_ready_and_cleared_when_not() {
+        let s = mirror_machine(&Default::default(), &machine(true), Some(1), at(10));
+        assert_eq!(s.ready_since, Some(at(10)));
+        assert!(conditions::is_true(
+            &s.conditions,
+            types::INFRASTRUCTURE_READY
+        ));
+        assert_eq!(s.addresses.len(), 1);
+        let s = mirror_machine(&s, &machine(true), Some(1), at(20));
+        assert_eq!(s.ready_since, Some(at(10)));
+        let s = mirror_machine(&s, &machine(false), Some(1), at(30));
+        assert_eq!(s.ready_since, None);
+        assert!(!conditions::is_true(&s.conditions, types::READY));
+    }
+}

@@ -1,0 +1,94 @@
+//! How the controller reads a VirtualMachine as a pool member (pure).
+
+use banlieue_api::conditions::{self, types};
+use banlieue_api::names;
+use banlieue_api::{PoolReadiness, VirtualMachine};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::machine_status::MACHINE_DELETED;
+
+/// A snapshot of one member, with only what pool and claim decisions read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    pub name: String,
+    pub revision: Option<String>,
+    pub created: Option<Timestamp>,
+    /// A claim may take it now.
+    pub available: bool,
+    /// Since when it has been available (readySince, or GuestReady's transition time).
+    pub available_since: Option<Timestamp>,
+    /// Its machine is ready.
+    pub infrastructure_ready: bool,
+    /// Since when its machine has been ready.
+    pub infrastructure_ready_since: Option<Timestamp>,
+    /// It carries a `GuestReady` condition at all, whatever its status.
+    pub published_guest_ready: bool,
+    /// Its deletion was requested.
+    pub deleting: bool,
+    /// It can never become available (its machine was deleted).
+    pub failed: bool,
+    pub resource_version: Option<String>,
+}
+
+impl MemberView {
+    /// Reads `vm` under the pool's readiness rule.
+    pub fn of(vm: &VirtualMachine, readiness: PoolReadiness) -> Self {
+        let status = vm.status.clone().unwrap_or_default();
+        let infra = conditions::is_true(&status.conditions, types::INFRASTRUCTURE_READY);
+        let infra_since = infra
+            .then(|| status.ready_since.as_ref().map(|t| t.0))
+            .flatten();
+        let guest = conditions::find(&status.conditions, types::GUEST_READY);
+        let deleting = vm.metadata.deletion_timestamp.is_some();
+        let (available, available_since) = match readiness {
+            PoolReadiness::InfrastructureReady => (infra, infra_since),
+            PoolReadiness::GuestReady => {
+                let guest_ready = guest.is_some_and(|c| c.status == conditions::status::TRUE);
+                (
+                    infra && guest_ready,
+                    guest
+                        .filter(|_| infra && guest_ready)
+                        .map(|c| c.last_transition_time.0),
+                )
+            }
+        };
+        let failed = conditions::find(&status.conditions, types::INFRASTRUCTURE_READY)
+            .is_some_and(|c| c.reason == MACHINE_DELETED);
+        Self {
+            name: vm.name_any(),
+            revision: vm.labels().get(names::LABEL_POOL_REVISION).cloned(),
+            created: vm.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            available: available && !deleting && !failed,
+            available_since,
+            infrastructure_ready: infra,
+            infrastructure_ready_since: infra_since,
+            published_guest_ready: guest.is_some(),
+            deleting,
+            failed,
+            resource_version: vm.metadata.resource_version.clone(),
+        }
+    }
+}
+
+/// Whether `vm` is an unclaimed member of the pool with uid `pool_uid`: labelled with the pool,
+/// controlled by it, and carrying no claim.
+pub fn is_unclaimed_member(vm: &VirtualMachine, pool_name: &str, pool_uid: &str) -> bool {
+    vm.labels().get(names::LABEL_POOL).map(String::as_str) == Some(pool_name)
+        && !vm.labels().contains_key(names::LABEL_CLAIM)
+        && controller_uid(vm) == Some(pool_uid)
+}
+
+/// Whether `vm` is bound to the claim with uid `claim_uid`.
+pub fn is_bound_to(vm: &VirtualMachine, claim_name: &str, claim_uid: &str) -> bool {
+    vm.labels().get(names::LABEL_CLAIM).map(String::as_str) == Some(claim_name)
+        && controller_uid(vm) == Some(claim_uid)
+}
+
+/// The uid of the object's controller owner.
+pub fn controller_uid(vm: &VirtualMachine) -> Option<&str> {
+    vm.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}

@@ -1,0 +1,443 @@
+//! What a pool does next (pure): how many members to create, which to delete, what its status
+//! says. Its input is a snapshot; the acting layer is `pool_reconcile`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use banlieue_api::conditions::{reasons, status};
+use banlieue_api::{PoolReadiness, PoolUpdateType};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::member::MemberView;
+
+/// The message of a GuestReady pool whose members never publish the signal.
+pub const READINESS_SIGNAL_ABSENT_MESSAGE: &str =
+    r#"no member has published the "GuestReady" condition"#;
+
+/// A snapshot of one pool.
+#[derive(Clone, Debug)]
+pub struct PoolSnapshot {
+    pub replicas: i32,
+    pub max_surge: i32,
+    pub update: PoolUpdateType,
+    pub readiness: PoolReadiness,
+    pub max_idle: Option<Duration>,
+    pub current_revision: String,
+    /// Unclaimed members controlled by the pool.
+    pub members: Vec<MemberView>,
+    /// Creates issued whose members the cache has not shown yet (expectations).
+    pub pending_creates: usize,
+    /// Members a claim is binding right now: never deleted, whatever else holds.
+    pub reserved: BTreeSet<String>,
+    /// Members bound to the pool's claims.
+    pub claimed: i32,
+    pub readiness_signal_grace: Duration,
+    pub now: Timestamp,
+}
+
+/// The pool's Ready condition, as decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadyVerdict {
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the pool does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub creates: usize,
+    /// Members to delete, in order.
+    pub deletes: Vec<String>,
+    /// Unclaimed members, not being deleted.
+    pub replicas: i32,
+    pub ready_replicas: i32,
+    pub available_replicas: i32,
+    pub ready: ReadyVerdict,
+    /// When a time-based decision next changes by itself (idle expiry, the readiness grace).
+    pub revisit_after: Option<Duration>,
+}
+
+fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
+    let since = since?;
+    let elapsed: SignedDuration = now.duration_since(since);
+    Some(elapsed.unsigned_abs()).filter(|_| !elapsed.is_negative())
+}
+
+/// Decides the pool's next step.
+///
+/// - Members that failed or vanished are replaced (they no longer count).
+/// - Creates never overshoot: pending creates count as members.
+/// - Stale members (an older revision under `Replace`, or idle for longer than `maxIdleSeconds`)
+///   are replaced with at most `maxSurge` extra members, and an available stale member is
+///   deleted only once the pool keeps `replicas` available without it, oldest first.
+/// - A reserved member (being bound) is never deleted: the bind wins.
+pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
+    let replicas = pool.replicas.max(0) as usize;
+    let pending = pool.pending_creates;
+    let live: Vec<&MemberView> = pool
+        .members
+        .iter()
+        .filter(|m| !m.deleting && !m.failed)
+        .collect();
+    let is_idle = |m: &MemberView| {
+        m.available
+            && pool
+                .max_idle
+                .zip(age(pool.now, m.available_since))
+                .is_some_and(|(limit, age)| age > limit)
+    };
+    let is_old = |m: &MemberView| {
+        pool.update == PoolUpdateType::Replace
+            && m.revision.as_deref() != Some(pool.current_revision.as_str())
+    };
+    let is_stale = |m: &MemberView| is_old(m) || is_idle(m);
+    let reserved = |m: &MemberView| pool.reserved.contains(&m.name);
+
+    let stale_count = live.iter().filter(|m| is_stale(m)).count();
+    let fresh_count = live.len() - stale_count;
+    let surge = if stale_count > 0 {
+        pool.max_surge.max(1) as usize
+    } else {
+        0
+    };
+    let limit = replicas + surge;
+    let creates = replicas
+        .saturating_sub(fresh_count + pending)
+        .min(limit.saturating_sub(live.len() + pending));
+
+    let mut deletes: Vec<String> = pool
+        .members
+        .iter()
+        .filter(|m| m.failed && !m.deleting && !reserved(m))
+        .map(|m| m.name.clone())
+        .collect();
+
+    let mut remaining: Vec<&MemberView> = live.iter().copied().filter(|m| !reserved(m)).collect();
+    let mut live_count = live.len();
+    let mut available = live.iter().filter(|m| m.available).count();
+
+    // Over the limit (replicas lowered): unavailable members first, then stale ones, then the
+    // longest idle (the next to expire anyway).
+    let over = (live_count + pending).saturating_sub(limit);
+    remaining.sort_by(|a, b| {
+        (a.available, !is_stale(a), a.available_since)
+            .cmp(&(b.available, !is_stale(b), b.available_since))
+            .then_with(|| b.created.cmp(&a.created))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    for member in remaining.drain(..over.min(remaining.len())) {
+        deletes.push(member.name.clone());
+        live_count -= 1;
+        available -= usize::from(member.available);
+    }
+
+    // Stale members: unavailable ones when others cover them, available ones oldest first
+    // when `replicas` stay available without them.
+    let mut stale: Vec<&MemberView> = remaining.into_iter().filter(|m| is_stale(m)).collect();
+    stale.sort_by(|a, b| {
+        (a.available, a.available_since)
+            .cmp(&(b.available, b.available_since))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    for member in stale {
+        let keeps_enough = if member.available {
+            available > replicas
+        } else {
+            live_count + pending > replicas
+        };
+        if keeps_enough {
+            deletes.push(member.name.clone());
+            live_count -= 1;
+            available -= usize::from(member.available);
+        }
+    }
+
+    let ready_count = live.iter().filter(|m| m.infrastructure_ready).count();
+    let available_count = live.iter().filter(|m| m.available).count();
+    let ready = verdict(pool, &live, available_count, replicas);
+
+    let mut revisit: Option<Duration> = None;
+    let mut sooner = |d: Duration| revisit = Some(revisit.map_or(d, |r: Duration| r.min(d)));
+    if let Some(limit) = pool.max_idle {
+        for member in live.iter().filter(|m| m.available && !is_idle(m)) {
+            if let Some(age) = age(pool.now, member.available_since) {
+                sooner(limit.saturating_sub(age) + Duration::from_millis(100));
+            }
+        }
+    }
+    if pool.readiness == PoolReadiness::GuestReady
+        && ready.reason != reasons::READINESS_SIGNAL_ABSENT
+    {
+        for member in live.iter().filter(|m| m.infrastructure_ready) {
+            if let Some(age) = age(pool.now, member.infrastructure_ready_since) {
+                sooner(
+                    pool.readiness_signal_grace.saturating_sub(age) + Duration::from_millis(100),
+                );
+            }
+        }
+    }
+
+    PoolPlan {
+        creates,
+        deletes,
+        replicas: live.len() as i32,
+        ready_replicas: ready_count as i32,
+        available_replicas: available_count as i32,
+        ready,
+        revisit_after: revisit,
+    }
+}
+
+fn verdict(
+    pool: &PoolSnapshot,
+    live: &[&MemberView],
+    available: usize,
+    replicas: usize,
+) -> ReadyVerdict {
+    if available >= replicas {
+        return ReadyVerdict {
+            status: status::TRUE,
+            reason: reasons::AT_CAPACITY,
+            message: format!("{available}/{replicas} members available"),
+        };
+    }
+    let signal_absent = pool.readiness == PoolReadiness::GuestReady
+        && !pool.members.iter().any(|m| m.published_guest_ready)
+        && live.iter().any(|m| {
+            m.infrastructure_ready
+                && age(pool.now, m.infrastructure_ready_since)
+                    .is_some_and(|age| age >= pool.readiness_signal_grace)
+        });
+    if signal_absent {
+        return ReadyVerdict {
+            status: status::FALSE,
+            reason: reasons::READINESS_SIGNAL_ABSENT,
+            message: READINESS_SIGNAL_ABSENT_MESSAGE.to_owned(),
+        };
+    }
+    let starting = live.len().saturating_sub(available) + pool.pending_creates;
+    ReadyVerdict {
+        status: status::FALSE,
+        reason: reasons::FILLING,
+        message: format!("{available}/{replicas} members available, {starting} starting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CURRENT: &str = "rev-2";
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).expect("valid time")
+    }
+
+    fn member(name: &str, revision: &str, available_since: Option<i64>) -> MemberView {
+        MemberView {
+            name: name.to_owned(),
+            revision: Some(revision.to_owned()),
+            created: Some(t(0)),
+            available: available_since.is_some(),
+            available_since: available_since.map(t),
+            infrastructure_ready: available_since.is_some(),
+            infrastructure_ready_since: available_since.map(t),
+            published_guest_ready: available_since.is_some(),
+            deleting: false,
+            failed: false,
+            resource_version: Some("1".to_owned()),
+        }
+    }
+
+    fn pool(replicas: i32, members: Vec<MemberView>) -> PoolSnapshot {
+        PoolSnapshot {
+            replicas,
+            max_surge: 1,
+            update: PoolUpdateType::Replace,
+            readiness: PoolReadiness::InfrastructureReady,
+            max_idle: None,
+            current_revision: CURRENT.to_owned(),
+            members,
+            pending_creates: 0,
+            reserved: BTreeSet::new(),
+            claimed: 0,
+            readiness_signal_grace: Duration::from_secs(60),
+            now: t(1000),
+        }
+    }
+
+    #[test]
+    fn an_empty_pool_creates_replicas() {
+        let plan = decide(&pool(3, vec![]));
+        assert_eq!(plan.creates, 3);
+        assert!(plan.deletes.is_empty());
+        assert_eq!(plan.ready.reason, reasons::FILLING);
+        assert_eq!(plan.ready.message, "0/3 members available, 0 starting");
+    }
+
+    #[test]
+    fn pending_creates_are_counted_so_the_pool_never_overshoots() {
+        let mut p = pool(3, vec![member("a", CURRENT, None)]);
+        p.pending_creates = 2;
+        assert_eq!(decide(&p).creates, 0);
+        // Even members that never become ready count.
+        p.pending_creates = 0;
+        p.members.push(member("b", CURRENT, None));
+        p.members.push(member("c", CURRENT, None));
+        assert_eq!(decide(&p).creates, 0);
+    }
+
+    #[test]
+    fn failed_and_deleting_members_are_replaced() {
+        let mut failed = member("a", CURRENT, None);
+        failed.failed = true;
+        let mut deleting = member("b", CURRENT, Some(1));
+        deleting.deleting = true;
+        let plan = decide(&pool(
+            2,
+            vec![failed, deleting, member("c", CURRENT, Some(5))],
+        ));
+        assert_eq!(plan.creates, 1);
+        assert_eq!(plan.deletes, vec!["a".to_owned()]);
+        assert_eq!(plan.replicas, 1);
+    }
+
+    #[test]
+    fn a_full_pool_is_at_capacity() {
+        let plan = decide(&pool(
+            2,
+            vec![member("a", CURRENT, Some(1)), member("b", CURRENT, Some(2))],
+        ));
+        assert_eq!(plan.creates, 0);
+        assert!(plan.deletes.is_empty());
+        assert_eq!(plan.ready.status, status::TRUE);
+        assert_eq!(plan.ready.reason, reasons::AT_CAPACITY);
+    }
+
+    #[test]
+    fn old_revisions_roll_with_bounded_surge_keeping_replicas_available() {
+        let old = "rev-1";
+        // Two old members: one surge member is created, nothing deleted yet.
+        let p = pool(
+            2,
+            vec![member("a", old, Some(1)), member("b", old, Some(2))],
+        );
+        let plan = decide(&p);
+        assert_eq!((plan.creates, plan.deletes.clone()), (1, vec![]));
+        // The surge member is not available yet: still nothing deleted, nothing more created.
+        let p = pool(
+            2,
+            vec![
+                member("a", old, Some(1)),
+                member("b", old, Some(2)),
+                member("c", CURRENT, None),
+            ],
+        );
+        let plan = decide(&p);
+        assert_eq!((plan.creates, plan.deletes.clone()), (0, vec![]));
+        // Once it is available, the oldest old member goes.
+        let p = pool(
+            2,
+            vec![
+                member("a", old, Some(1)),
+                member("b", old, Some(2)),
+                member("c", CURRENT, Some(50)),
+            ],
+        );
+        let plan = decide(&p);
+        assert_eq!(
+            (plan.creates, plan.deletes.clone()),
+            (0, vec!["a".to_owned()])
+        );
+    }
+
+    #[test]
+    fn on_delete_keeps_old_revisions() {
+        let mut p = pool(
+            2,
+            vec![member("a", "rev-1", Some(1)), member("b", "rev-1", Some(2))],
+        );
+        p.update = PoolUpdateType::OnDelete;
+        let plan = decide(&p);
+        assert_eq!((plan.creates, plan.deletes), (0, vec![]));
+    }
+
+    #[test]
+    fn idle_members_are_replaced_oldest_first_never_a_reserved_one() {
+        let mut p = pool(
+            2,
+            vec![
+                member("a", CURRENT, Some(10)),
+                member("b", CURRENT, Some(5)),
+                member("c", CURRENT, Some(900)),
+            ],
+        );
+        p.max_idle = Some(Duration::from_secs(500));
+        // Three members, two idle, replicas 2: one surplus goes, the oldest idle one (b).
+        let plan = decide(&p);
+        assert_eq!(plan.deletes.first().map(String::as_str), Some("b"));
+        // b is being bound: it is never reaped; a (the next oldest) is.
+        p.reserved.insert("b".to_owned());
+        let plan = decide(&p);
+        assert!(
+            !plan.deletes.contains(&"b".to_owned()),
+            "{:?}",
+            plan.deletes
+        );
+        assert_eq!(plan.deletes.first().map(String::as_str), Some("a"));
+        // The idle limit of c is the next time to look.
+        assert_eq!(
+            plan.revisit_after,
+            Some(Duration::from_secs(400) + Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn idle_member_at_replicas_waits_for_its_replacement() {
+        let mut p = pool(1, vec![member("a", CURRENT, Some(0))]);
+        p.max_idle = Some(Duration::from_secs(10));
+        let plan = decide(&p);
+        assert_eq!((plan.creates, plan.deletes.clone()), (1, vec![]));
+        p.members.push(member("b", CURRENT, Some(999)));
+        let plan = decide(&p);
+        assert_eq!((plan.creates, plan.deletes), (0, vec!["a".to_owned()]));
+    }
+
+    #[test]
+    fn readiness_signal_absent_after_the_grace_without_any_guest_ready() {
+        let mut a = member("a", CURRENT, None);
+        a.infrastructure_ready = true;
+        a.infrastructure_ready_since = Some(t(990));
+        let mut p = pool(1, vec![a.clone()]);
+        p.readiness = PoolReadiness::GuestReady;
+        p.readiness_signal_grace = Duration::from_secs(30);
+        // Within the grace: still Filling.
+        assert_eq!(decide(&p).ready.reason, reasons::FILLING);
+        p.now = t(1100);
+        let plan = decide(&p);
+        assert_eq!(plan.ready.reason, reasons::READINESS_SIGNAL_ABSENT);
+        assert_eq!(
+            plan.ready.message,
+            r#"no member has published the "GuestReady" condition"#
+        );
+        // One member publishing the condition (even False) means the signal exists.
+        a.published_guest_ready = true;
+        p.members = vec![a];
+        assert_eq!(decide(&p).ready.reason, reasons::FILLING);
+    }
+
+    #[test]
+    fn scale_down_deletes_unavailable_members_first_then_the_longest_idle() {
+        let p = pool(
+            1,
+            vec![
+                member("a", CURRENT, Some(1)),
+                member("b", CURRENT, None),
+                member("c", CURRENT, Some(2)),
+            ],
+        );
+        let plan = decide(&p);
+        assert_eq!(plan.deletes, vec!["b".to_owned(), "a".to_owned()]);
+    }
+}

@@ -1,0 +1,268 @@
+//! The VirtualMachinePool reconciler: observe the members in the cache, decide with
+//! `pool_decide`, create and delete members, write the status.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::conditions::{self, status, types};
+use banlieue_api::names;
+use banlieue_api::{ClaimPhase, VirtualMachine, VirtualMachinePool, VirtualMachinePoolStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use crate::context::{Context, cached, namespace_of, uid_of};
+use crate::error::{Result, is_conflict, is_not_found};
+use crate::member::{MemberView, is_unclaimed_member};
+use crate::metrics::PoolLabels;
+use crate::pool_decide::{self, PoolSnapshot};
+use crate::revision::pool_revision;
+use crate::scheduling::{controller_owner_reference, image_revision};
+
+pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.stores.wait_until_ready().await?;
+    let namespace = namespace_of(pool.as_ref(), "VirtualMachinePool")?;
+    let name = pool.name_any();
+    let labels = PoolLabels {
+        namespace: namespace.clone(),
+        pool: name.clone(),
+    };
+    if pool.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the members the pool still owns; bound members were
+        // re-parented to their claims and stay.
+        for family in [
+            &ctx.metrics.pool_warm,
+            &ctx.metrics.pool_claimed,
+            &ctx.metrics.pool_filling,
+        ] {
+            family.remove(&labels);
+        }
+        return Ok(Action::await_change());
+    }
+    let uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
+    let image = cached(
+        &ctx.stores.images,
+        &namespace,
+        &pool.spec.template.spec.image_ref.name,
+    );
+    let revision = pool_revision(
+        &pool.spec.template,
+        image.as_deref().and_then(image_revision).as_deref(),
+    );
+
+    let members: Vec<Arc<VirtualMachine>> = ctx
+        .stores
+        .vms
+        .state()
+        .into_iter()
+        .filter(|vm| {
+            vm.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && is_unclaimed_member(vm, &name, &uid)
+        })
+        .collect();
+    let views: Vec<MemberView> = members
+        .iter()
+        .map(|vm| MemberView::of(vm, pool.spec.readiness))
+        .collect();
+    let seen: BTreeSet<&str> = views.iter().map(|m| m.name.as_str()).collect();
+    let pool_key = format!("{namespace}/{name}");
+    let pending_creates = ctx
+        .expectations
+        .pending(&pool_key, |member| seen.contains(member));
+    let claimed = ctx
+        .stores
+        .claims
+        .state()
+        .iter()
+        .filter(|c| {
+            c.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && c.spec.pool_ref.name == name
+                && c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound)
+        })
+        .count() as i32;
+    let snapshot = PoolSnapshot {
+        replicas: pool.spec.replicas,
+        max_surge: pool.spec.update_strategy.max_surge,
+        update: pool.spec.update_strategy.type_,
+        readiness: pool.spec.readiness,
+        max_idle: pool
+            .spec
+            .max_idle_seconds
+            .map(|s| Duration::from_secs(s.max(0) as u64)),
+        current_revision: revision.clone(),
+        members: views,
+        pending_creates,
+        reserved: ctx.reservations.held_in(&namespace).into_iter().collect(),
+        claimed,
+        readiness_signal_grace: ctx.config.readiness_signal_grace,
+        now: Timestamp::now(),
+    };
+    let plan = pool_decide::decide(&snapshot);
+
+    let vms = ctx.api::<VirtualMachine>(&namespace);
+    for _ in 0..plan.creates {
+        let member = new_member(&pool, &revision)?;
+        let created = vms.create(&PostParams::default(), &member).await?;
+        let member_name = created.name_any();
+        ctx.expectations.created(&pool_key, &member_name);
+        ctx.event(
+            pool.as_ref(),
+            EventType::Normal,
+            "MemberCreated",
+            format!("created member {member_name} (revision {revision})"),
+        )
+        .await;
+    }
+    for member_name in &plan.deletes {
+        reap(&ctx, &pool, &namespace, &members, member_name).await?;
+    }
+
+    let current = pool.status.clone().unwrap_or_default();
+    let mut next = VirtualMachinePoolStatus {
+        replicas: plan.replicas,
+        ready_replicas: plan.ready_replicas,
+        available_replicas: plan.available_replicas,
+        claimed_replicas: claimed,
+        current_revision: Some(revision),
+        selector: Some(format!("{}={name}", names::LABEL_POOL)),
+        conditions: current.conditions.clone(),
+        observed_generation: pool.metadata.generation,
+    };
+    let now = Time(Timestamp::now());
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::READY,
+            plan.ready.status,
+            plan.ready.reason,
+            plan.ready.message.clone(),
+            pool.metadata.generation,
+        ),
+        now.clone(),
+    );
+    let filling = plan.ready.status != status::TRUE;
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::FILLING,
+            if filling { status::TRUE } else { status::FALSE },
+            plan.ready.reason,
+            plan.ready.message.clone(),
+            pool.metadata.generation,
+        ),
+        now,
+    );
+    if next != current {
+        let previous_reason =
+            conditions::find(&current.conditions, types::READY).map(|c| c.reason.clone());
+        ctx.patch_status(&ctx.api::<VirtualMachinePool>(&namespace), &name, &next)
+            .await?;
+        if previous_reason.as_deref() != Some(plan.ready.reason) {
+            let kind = if filling {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            ctx.event(
+                pool.as_ref(),
+                kind,
+                plan.ready.reason,
+                plan.ready.message.clone(),
+            )
+            .await;
+        }
+    }
+    ctx.metrics
+        .pool_warm
+        .get_or_create(&labels)
+        .set(plan.available_replicas.into());
+    ctx.metrics
+        .pool_claimed
+        .get_or_create(&labels)
+        .set(claimed.into());
+    ctx.metrics
+        .pool_filling
+        .get_or_create(&labels)
+        .set((plan.replicas - plan.available_replicas).max(0).into());
+
+    let wait = plan
+        .revisit_after
+        .map_or(ctx.config.resync, |d| d.min(ctx.config.resync));
+    Ok(Action::requeue(wait))
+}
+
+/// Deletes an unclaimed member, unless a claim is binding it. The delete carries the member's
+/// resourceVersion, so a bind that landed first makes it fail: the bind is the race winner.
+async fn reap(
+    ctx: &Context,
+    pool: &VirtualMachinePool,
+    namespace: &str,
+    members: &[Arc<VirtualMachine>],
+    member_name: &str,
+) -> Result<()> {
+    let Some(member) = members.iter().find(|m| m.name_any() == member_name) else {
+        return Ok(());
+    };
+    if !ctx.reservations.try_reap(namespace, member_name) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: member.metadata.resource_version.clone(),
+            uid: member.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let result = ctx
+        .api::<VirtualMachine>(namespace)
+        .delete(member_name, &params)
+        .await;
+    ctx.reservations.release(namespace, member_name);
+    match result {
+        Ok(_) => {
+            ctx.event(
+                pool,
+                EventType::Normal,
+                "MemberDeleted",
+                format!("deleted unclaimed member {member_name}"),
+            )
+            .await;
+            Ok(())
+        }
+        // Changed since the cache saw it (perhaps bound) or already gone: look again later.
+        Err(error) if is_conflict(&error) || is_not_found(&error) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// A new member: the template, labelled with the pool and its revision, controlled by the pool,
+/// already holding the machine-protection finalizer.
+fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachine> {
+    let name = pool.name_any();
+    let template = &pool.spec.template;
+    let mut labels = template.metadata.labels.clone();
+    labels.insert(names::LABEL_POOL.to_owned(), name.clone());
+    labels.insert(names::LABEL_POOL_REVISION.to_owned(), revision.to_owned());
+    let owner = controller_owner_reference(pool).ok_or_else(|| crate::Error::NoUid {
+        kind: "VirtualMachinePool",
+        name: name.clone(),
+    })?;
+    Ok(VirtualMachine {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}-")),
+            namespace: pool.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: (!template.metadata.annotations.is_empty())
+                .then(|| template.metadata.annotations.clone()),
+            owner_references: Some(vec![owner]),
+            finalizers: Some(vec![names::FINALIZER_MACHINE_PROTECTION.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
+    })
+}

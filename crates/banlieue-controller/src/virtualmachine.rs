@@ -1,0 +1,184 @@
+//! The VirtualMachine reconciler: schedules a VirtualMachine onto a failure domain, creates its
+//! LibvirtMachine, mirrors the machine's status back, and holds the VirtualMachine until its
+//! machine is gone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::names;
+use banlieue_api::{LibvirtMachine, Provider, VirtualMachine};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use crate::context::{Context, cached, namespace_of, uid_of};
+use crate::error::{Result, is_not_found};
+use crate::machine_status;
+use crate::scheduling::{self, ScheduleInput};
+
+/// How often a VirtualMachine waiting for its machine to go is looked at, in case the delete
+/// event is missed.
+const TEARDOWN_POLL: Duration = Duration::from_secs(2);
+
+pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.stores.wait_until_ready().await?;
+    let namespace = namespace_of(vm.as_ref(), "VirtualMachine")?;
+    let name = vm.name_any();
+    let vms = ctx.api::<VirtualMachine>(&namespace);
+    let machines = ctx.api::<LibvirtMachine>(&namespace);
+
+    if vm.metadata.deletion_timestamp.is_some() {
+        return teardown(&vm, &ctx, &namespace).await;
+    }
+    if !vm
+        .finalizers()
+        .iter()
+        .any(|f| f == names::FINALIZER_MACHINE_PROTECTION)
+    {
+        ctx.add_finalizer(&vms, vm.as_ref(), names::FINALIZER_MACHINE_PROTECTION)
+            .await?;
+        return Ok(Action::await_change());
+    }
+
+    let uid = uid_of(vm.as_ref(), "VirtualMachine")?;
+    let current = vm.status.clone().unwrap_or_default();
+    let generation = vm.metadata.generation;
+    let now = Time(Timestamp::now());
+    let machine = cached(&ctx.stores.machines, &namespace, &name)
+        .filter(|m| m.owner_references().iter().any(|o| o.uid == uid));
+
+    let next = match (&current.machine_ref, machine) {
+        (Some(_), Some(machine)) => {
+            machine_status::mirror_machine(&current, &machine, generation, now)
+        }
+        (Some(reference), None) => {
+            // The cache may lag behind a machine created a moment ago; only the API server can
+            // say it is gone.
+            match machines.get_opt(&reference.name).await? {
+                Some(machine) => {
+                    machine_status::mirror_machine(&current, &machine, generation, now)
+                }
+                None => machine_status::machine_deleted(&current, &reference.name, generation, now),
+            }
+        }
+        (None, _) => match schedule(&vm, &ctx, &namespace) {
+            Err(failure) => {
+                if !current
+                    .conditions
+                    .iter()
+                    .any(|c| c.reason == failure.reason)
+                {
+                    ctx.event(
+                        vm.as_ref(),
+                        EventType::Warning,
+                        failure.reason,
+                        failure.message.clone(),
+                    )
+                    .await;
+                }
+                machine_status::unschedulable(&current, &failure, generation, now)
+            }
+            Ok((placement, machine)) => {
+                // Server-side apply: idempotent, so a status write lost after this point only
+                // repeats an identical apply.
+                let params = PatchParams::apply(&ctx.config.manager_name).force();
+                machines
+                    .patch(&name, &params, &Patch::Apply(&machine))
+                    .await?;
+                ctx.event(
+                    vm.as_ref(),
+                    EventType::Normal,
+                    "Scheduled",
+                    format!(
+                        "created LibvirtMachine {name} on provider {} pool {}",
+                        placement.provider, placement.pool
+                    ),
+                )
+                .await;
+                machine_status::scheduled(&current, &name, &placement, generation, now)
+            }
+        },
+    };
+    if next != current {
+        ctx.patch_status(&vms, &name, &next).await?;
+    }
+    Ok(if next.machine_ref.is_some() {
+        Action::requeue(ctx.config.resync)
+    } else {
+        // Unschedulable: Provider and VMImage changes wake it, this is the fallback.
+        Action::requeue(ctx.config.resync.min(Duration::from_secs(30)))
+    })
+}
+
+/// Deletes the machine and waits for it to be gone from the API server before letting the
+/// VirtualMachine go: the machine's own finalizer holds until the domain is destroyed.
+async fn teardown(vm: &VirtualMachine, ctx: &Context, namespace: &str) -> Result<Action> {
+    let vms = ctx.api::<VirtualMachine>(namespace);
+    let machines = ctx.api::<LibvirtMachine>(namespace);
+    let name = vm.name_any();
+    let uid = vm.uid().unwrap_or_default();
+    match machines.get_opt(&name).await? {
+        Some(machine) if machine.owner_references().iter().any(|o| o.uid == uid) => {
+            if machine.metadata.deletion_timestamp.is_none() {
+                match machines.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(error) if is_not_found(&error) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            Ok(Action::requeue(TEARDOWN_POLL))
+        }
+        _ => {
+            ctx.remove_finalizer(&vms, vm, names::FINALIZER_MACHINE_PROTECTION)
+                .await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn schedule(
+    vm: &VirtualMachine,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<(scheduling::Placement, LibvirtMachine), scheduling::Unschedulable> {
+    let class = cached(&ctx.stores.classes, namespace, &vm.spec.class_ref.name);
+    let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
+    let providers: Vec<Arc<Provider>> = ctx
+        .stores
+        .providers
+        .state()
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .collect();
+    let provider_refs: Vec<&Provider> = providers.iter().map(Arc::as_ref).collect();
+    let provider_classes_owned = ctx.stores.provider_classes.state();
+    let provider_classes: BTreeMap<String, &banlieue_api::ProviderClass> = provider_classes_owned
+        .iter()
+        .map(|c| (c.name_any(), c.as_ref()))
+        .collect();
+    let placement = scheduling::schedule(ScheduleInput {
+        vm,
+        class: class.as_deref(),
+        image: image.as_deref(),
+        providers: &provider_refs,
+        provider_classes: &provider_classes,
+    })?;
+    let class = class.ok_or_else(|| scheduling::Unschedulable {
+        reason: banlieue_api::conditions::reasons::CLASS_NOT_FOUND,
+        message: format!("vmclass {} does not exist", vm.spec.class_ref.name),
+    })?;
+    let machine = scheduling::libvirt_machine(vm, &class, &placement).ok_or_else(|| {
+        scheduling::Unschedulable {
+            reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
+            message: format!(
+                "cannot build a machine for provider class {:?}",
+                placement.provider_class
+            ),
+        }
+    })?;
+    Ok((placement, machine))
+}

@@ -1,0 +1,127 @@
+//! Scheduling a standalone VirtualMachine: the LibvirtMachine contract, the reasons it says
+//! why nothing fits, and deletion blocking on the machine.
+
+use std::sync::atomic::Ordering;
+
+use banlieue_api::conditions::{self, reasons, types};
+use banlieue_api::{LibvirtMachine, VirtualMachine};
+use banlieue_testenv::control_plane::wait_for;
+use kube::api::DeleteParams;
+
+use crate::support::fake_provider::FakeProvider;
+use crate::support::*;
+
+fn scheduled_reason(vm: &VirtualMachine) -> Option<(String, String, String)> {
+    let status = vm.status.as_ref()?;
+    let c = conditions::find(&status.conditions, types::SCHEDULED)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on_machine()
+-> TestResult {
+    let h = Harness::new().await?;
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let controller = h.start_controller().await?;
+
+    // The image is not Ready on the only provider's pool.
+    h.apply_image(IMAGE, "r1", false).await?;
+    h.create_vm("web-01", CLASS).await?;
+    let vm = h
+        .wait_vm("web-01", "Scheduled=False ImageNotReady", |vm| {
+            scheduled_reason(vm)
+                .is_some_and(|(s, r, _)| s == "False" && r == reasons::IMAGE_NOT_READY)
+        })
+        .await?;
+    let (_, _, message) = scheduled_reason(&vm).ok_or("no condition")?;
+    assert!(
+        message.contains(IMAGE) && message.contains(PROVIDER),
+        "{message}"
+    );
+
+    // A tpmEnabled class needs vtpm, which the provider does not advertise.
+    h.apply_class("tpm", true).await?;
+    h.apply_image(IMAGE, "r1", true).await?;
+    h.create_vm("tpm-01", "tpm").await?;
+    let vm = h
+        .wait_vm("tpm-01", "Scheduled=False NoProviderWithFeature", |vm| {
+            scheduled_reason(vm)
+                .is_some_and(|(s, r, _)| s == "False" && r == reasons::NO_PROVIDER_WITH_FEATURE)
+        })
+        .await?;
+    assert!(scheduled_reason(&vm).is_some_and(|(_, _, m)| m.contains("vtpm")));
+
+    // A provider whose class has no builder: the reason names the class.
+    h.apply_provider(PROVIDER, "vsphere", &["vtpm"]).await?;
+    let vm = h
+        .wait_vm("tpm-01", "Scheduled=False NoBuilderForClass", |vm| {
+            scheduled_reason(vm)
+                .is_some_and(|(s, r, _)| s == "False" && r == reasons::NO_BUILDER_FOR_CLASS)
+        })
+        .await?;
+    assert!(
+        scheduled_reason(&vm).is_some_and(|(_, _, m)| m.contains("\"vsphere\"")),
+        "{:?}",
+        scheduled_reason(&vm)
+    );
+
+    // Fix the provider: both schedule, and the tpm one gets a TPM.
+    h.apply_provider(PROVIDER, PROVIDER_CLASS, &["vtpm"])
+        .await?;
+    for name in ["web-01", "tpm-01"] {
+        h.wait_vm(name, "Ready", |vm| {
+            vm.status.as_ref().is_some_and(|s| {
+                conditions::is_true(&s.conditions, types::READY) && !s.addresses.is_empty()
+            })
+        })
+        .await?;
+    }
+    let machines = h.api::<LibvirtMachine>();
+    let tpm_machine = machines.get("tpm-01").await?;
+    assert!(tpm_machine.spec.tpm_enabled);
+    let web_machine = machines.get("web-01").await?;
+    assert!(!web_machine.spec.tpm_enabled);
+    assert_eq!(
+        web_machine.spec.user_data.as_deref(),
+        Some("#cloud-config\n")
+    );
+
+    // Deleting the VM blocks while the machine's finalizer holds.
+    provider
+        .controls
+        .hold_teardown
+        .store(true, Ordering::SeqCst);
+    let vms = h.api::<VirtualMachine>();
+    vms.delete("web-01", &DeleteParams::default()).await?;
+    wait_for("the machine to be deleting", DEADLINE, || {
+        let machines = machines.clone();
+        async move {
+            Ok(machines
+                .get_opt("web-01")
+                .await?
+                .filter(|m| m.metadata.deletion_timestamp.is_some())
+                .map(|_| ()))
+        }
+    })
+    .await?;
+    let vm = vms.get_opt("web-01").await?;
+    assert!(
+        vm.is_some_and(|vm| vm.metadata.deletion_timestamp.is_some()),
+        "the VM waits for its machine"
+    );
+    provider
+        .controls
+        .hold_teardown
+        .store(false, Ordering::SeqCst);
+    wait_for("the VM to be gone", DEADLINE, || {
+        let vms = vms.clone();
+        async move { Ok(vms.get_opt("web-01").await?.is_none().then_some(())) }
+    })
+    .await?;
+    assert!(
+        machines.get_opt("web-01").await?.is_none(),
+        "the machine went first"
+    );
+    controller.stop().await?;
+    Ok(())
+}

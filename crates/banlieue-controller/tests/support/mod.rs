@@ -1,0 +1,564 @@
+//! Test support: CRDs, the controller's RBAC, fixtures, a fake provider that plays the
+//! LibvirtMachine contract, and the controller run in process or as a child process.
+#![allow(dead_code)]
+
+pub mod fake_provider;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::conditions::{self, status, types};
+use banlieue_api::{VMClass, VMImage, VirtualMachine, VirtualMachineClaim, VirtualMachinePool};
+use banlieue_controller::{ControllerConfig, Metrics};
+use banlieue_testenv::control_plane::{ControlPlane, wait_for};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{AuthInfo, Kubeconfig};
+use kube::{Client, ResourceExt};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::{OnceCell, oneshot};
+
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The service account the controller runs as in tests.
+pub const CONTROLLER_SA: &str = "banlieue-controller";
+/// The ClusterRole of the controller. deploy/rbac/controller-clusterrole.yaml when it exists,
+/// else an equivalent one created here.
+pub const CONTROLLER_ROLE: &str = "banlieue-controller";
+pub const PROVIDER: &str = "host-1";
+pub const PROVIDER_CLASS: &str = "libvirt";
+pub const CLASS: &str = "small";
+pub const IMAGE: &str = "img";
+pub const STORAGE_CLASS: &str = "standard";
+pub const NETWORK_CLASS: &str = "prod";
+pub const HOST_POOL: &str = "default";
+pub const HOST_NETWORK: &str = "br-prod";
+pub const IMAGE_VOLUME: &str = "img.qcow2";
+
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A namespace with everything a pool needs, served by the controller under test.
+pub struct Harness {
+    pub cp: &'static ControlPlane,
+    pub admin: Client,
+    pub namespace: String,
+}
+
+impl Harness {
+    pub async fn new() -> TestResult<Self> {
+        let cp = ControlPlane::shared().await?;
+        let admin = cp.client()?;
+        install_crds_once(&admin).await?;
+        install_role_once(&admin, cp).await?;
+        let namespace = cp.fresh_namespace().await?;
+        let harness = Self {
+            cp,
+            admin,
+            namespace,
+        };
+        harness.grant_controller().await?;
+        harness.fixtures().await?;
+        Ok(harness)
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.admin.clone(), &self.namespace)
+    }
+
+    async fn grant_controller(&self) -> TestResult {
+        let accounts: Api<ServiceAccount> = self.api();
+        let account: ServiceAccount = serde_json::from_value(json!({
+            "metadata": {"name": CONTROLLER_SA}
+        }))?;
+        accounts.create(&PostParams::default(), &account).await?;
+        // A ClusterRoleBinding because ProviderClasses are cluster-scoped; the controller still
+        // serves only this namespace.
+        let bindings: Api<ClusterRoleBinding> = Api::all(self.admin.clone());
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("banlieue-controller-{}", self.namespace),
+                         "labels": {"banlieue.io/test": "true"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CONTROLLER_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": self.namespace}]
+        }))?;
+        bindings.create(&PostParams::default(), &binding).await?;
+        Ok(())
+    }
+
+    /// A client with exactly the controller's RBAC.
+    pub async fn controller_client(&self) -> TestResult<Client> {
+        Ok(self
+            .cp
+            .client_as_service_account(&self.namespace, CONTROLLER_SA)
+            .await?)
+    }
+
+    /// Provider (Ready, one failure domain), ProviderClass, VMClass and a Ready VMImage.
+    async fn fixtures(&self) -> TestResult {
+        self.apply_provider(PROVIDER, PROVIDER_CLASS, &[]).await?;
+        self.apply_class(CLASS, false).await?;
+        self.apply_image(IMAGE, "r1", true).await?;
+        Ok(())
+    }
+
+    pub async fn apply_provider(&self, name: &str, class: &str, features: &[&str]) -> TestResult {
+        let providers: Api<banlieue_api::Provider> = self.api();
+        let params = PatchParams::apply("banlieue-test").force();
+        let provider = json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "Provider",
+            "metadata": {"name": name},
+            "spec": {
+                "providerClassRef": {"name": class},
+                "connection": {"endpoint": "qemu+tls://127.0.0.1/system",
+                               "credentialsRef": {"name": "creds"},
+                               "caBundle": {"configMapRef": {"name": "ca"}}},
+                "capabilities": {
+                    "storageClasses": [{"name": STORAGE_CLASS, "target": {"pool": HOST_POOL}}],
+                    "networkClasses": [{"name": NETWORK_CLASS, "target": {"network": HOST_NETWORK}}],
+                    "features": features,
+                }
+            }
+        });
+        providers
+            .patch(name, &params, &Patch::Apply(&provider))
+            .await?;
+        let status = json!({"status": {
+            "conditions": [ready_condition()],
+            "failureDomains": [{
+                "name": name,
+                "storageClasses": [{"name": STORAGE_CLASS, "target": {"pool": HOST_POOL}}],
+                "networkClasses": [{"name": NETWORK_CLASS, "target": {"network": HOST_NETWORK}}],
+                "features": features,
+            }]
+        }});
+        providers
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn apply_class(&self, name: &str, tpm: bool) -> TestResult {
+        let classes: Api<VMClass> = self.api();
+        let class = json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VMClass",
+            "metadata": {"name": name},
+            "spec": {"cpu": 2, "memory": "2Gi", "firmware": "efi", "tpmEnabled": tpm, "diskSize": "20Gi"}
+        });
+        classes
+            .patch(
+                name,
+                &PatchParams::apply("banlieue-test").force(),
+                &Patch::Apply(&class),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// An Immediate image with revision `revision`, Ready on the provider's pool or not.
+    pub async fn apply_image(&self, name: &str, revision: &str, ready: bool) -> TestResult {
+        let images: Api<VMImage> = self.api();
+        let image = json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+            "metadata": {"name": name},
+            "spec": {"installMode": "Immediate",
+                     "sources": [{"providerClass": "libvirt", "kind": "BackingFile", "volume": IMAGE_VOLUME}]}
+        });
+        images
+            .patch(
+                name,
+                &PatchParams::apply("banlieue-test").force(),
+                &Patch::Apply(&image),
+            )
+            .await?;
+        let phase = if ready { "Ready" } else { "Importing" };
+        let status = json!({"status": {
+            "phase": phase,
+            "revision": revision,
+            "perProvider": [{"provider": PROVIDER, "zones": [{"pool": HOST_POOL, "phase": phase, "volume": IMAGE_VOLUME}]}]
+        }});
+        images
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        Ok(())
+    }
+
+    /// A pool like examples/19-virtualmachinepool.yaml.
+    pub async fn create_pool(
+        &self,
+        name: &str,
+        replicas: i32,
+        readiness: &str,
+        extra: serde_json::Value,
+    ) -> TestResult<VirtualMachinePool> {
+        let mut spec = json!({
+            "replicas": replicas,
+            "readiness": readiness,
+            "updateStrategy": {"type": "Replace", "maxSurge": 1},
+            "template": {
+                "metadata": {"labels": {"app": "sandbox"}},
+                "spec": {"classRef": {"name": CLASS}, "imageRef": {"name": IMAGE},
+                         "storageClassName": STORAGE_CLASS, "networkClassName": NETWORK_CLASS}
+            }
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                spec.insert(k.clone(), v.clone());
+            }
+        }
+        let pool: VirtualMachinePool = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachinePool",
+            "metadata": {"name": name}, "spec": spec
+        }))?;
+        Ok(self
+            .api::<VirtualMachinePool>()
+            .create(&PostParams::default(), &pool)
+            .await?)
+    }
+
+    /// A claim like examples/20-virtualmachineclaim.yaml, created by the administrator (the
+    /// controller cannot create claims).
+    pub async fn create_claim(
+        &self,
+        name: &str,
+        pool: &str,
+        ttl: i64,
+    ) -> TestResult<VirtualMachineClaim> {
+        let claim: VirtualMachineClaim = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",
+            "metadata": {"name": name},
+            "spec": {"poolRef": {"name": pool},
+                     "subject": {"issuer": "https://issuer.example.com", "id": format!("subject-{name}")},
+                     "ttlSeconds": ttl}
+        }))?;
+        Ok(self
+            .api::<VirtualMachineClaim>()
+            .create(&PostParams::default(), &claim)
+            .await?)
+    }
+
+    /// Waits until the claim satisfies `ok`.
+    pub async fn wait_claim(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&VirtualMachineClaim) -> bool,
+    ) -> TestResult<VirtualMachineClaim> {
+        let claims: Api<VirtualMachineClaim> = self.api();
+        let ok = &ok;
+        Ok(wait_for(what, DEADLINE, || {
+            let claims = claims.clone();
+            async move { Ok(claims.get_opt(name).await?.filter(|c| ok(c))) }
+        })
+        .await?)
+    }
+
+    /// Waits until the pool has `n` available members.
+    pub async fn wait_available(&self, pool: &str, n: i32) -> TestResult<VirtualMachinePool> {
+        let pools: Api<VirtualMachinePool> = self.api();
+        Ok(wait_for(
+            &format!("pool {pool} to have {n} available"),
+            DEADLINE,
+            || {
+                let pools = pools.clone();
+                async move {
+                    Ok(pools.get_opt(pool).await?.filter(|p| {
+                        p.status
+                            .as_ref()
+                            .is_some_and(|s| s.available_replicas == n && s.replicas == n)
+                    }))
+                }
+            },
+        )
+        .await?)
+    }
+
+    /// Waits until the pool's status satisfies `ok`.
+    pub async fn wait_pool(
+        &self,
+        pool: &str,
+        what: &str,
+        ok: impl Fn(&banlieue_api::VirtualMachinePoolStatus) -> bool,
+    ) -> TestResult<VirtualMachinePool> {
+        let pools: Api<VirtualMachinePool> = self.api();
+        let ok = &ok;
+        Ok(wait_for(&format!("pool {pool}: {what}"), DEADLINE, || {
+            let pools = pools.clone();
+            async move {
+                Ok(pools
+                    .get_opt(pool)
+                    .await?
+                    .filter(|p| p.status.as_ref().is_some_and(ok)))
+            }
+        })
+        .await?)
+    }
+
+    /// Creates a standalone VirtualMachine.
+    pub async fn create_vm(&self, name: &str, class: &str) -> TestResult<VirtualMachine> {
+        let vm: VirtualMachine = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": name},
+            "spec": {"classRef": {"name": class}, "imageRef": {"name": IMAGE},
+                     "storageClassName": STORAGE_CLASS, "networkClassName": NETWORK_CLASS,
+                     "userData": "#cloud-config\n"}
+        }))?;
+        Ok(self
+            .api::<VirtualMachine>()
+            .create(&PostParams::default(), &vm)
+            .await?)
+    }
+
+    /// Waits until the VirtualMachine satisfies `ok`.
+    pub async fn wait_vm(
+        &self,
+        name: &str,
+        what: &str,
+        ok: impl Fn(&VirtualMachine) -> bool,
+    ) -> TestResult<VirtualMachine> {
+        let vms: Api<VirtualMachine> = self.api();
+        let ok = &ok;
+        Ok(wait_for(what, DEADLINE, || {
+            let vms = vms.clone();
+            async move { Ok(vms.get_opt(name).await?.filter(|v| ok(v))) }
+        })
+        .await?)
+    }
+
+    pub async fn members(&self, pool: &str) -> TestResult<Vec<VirtualMachine>> {
+        let vms: Api<VirtualMachine> = self.api();
+        let selector = format!("{}={pool}", banlieue_api::names::LABEL_POOL);
+        Ok(vms
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await?
+            .items)
+    }
+
+    /// Runs the controller in process, as its service account, serving this namespace.
+    pub async fn start_controller(&self) -> TestResult<RunningController> {
+        self.start_controller_with(test_config(&self.namespace))
+            .await
+    }
+
+    pub async fn start_controller_with(
+        &self,
+        config: ControllerConfig,
+    ) -> TestResult<RunningController> {
+        let client = self.controller_client().await?;
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(banlieue_controller::run(
+            client,
+            config,
+            metrics.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(RunningController {
+            stop: Some(stop),
+            task,
+            metrics,
+            registry: Arc::new(registry),
+        })
+    }
+
+    /// Writes a kubeconfig holding a token of the controller's service account, for a
+    /// controller run as a child process.
+    pub async fn controller_kubeconfig(&self, dir: &Path) -> TestResult<PathBuf> {
+        let admin_path = self
+            .cp
+            .kubeconfig("admin")
+            .ok_or("a child-process controller needs a local control plane")?;
+        let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
+        let accounts: Api<ServiceAccount> = self.api();
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: None,
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request(CONTROLLER_SA, &PostParams::default(), &request)
+            .await?
+            .status
+            .and_then(|s| s.token)
+            .ok_or("TokenRequest returned no token")?;
+        for named in &mut kubeconfig.auth_infos {
+            named.auth_info = Some(AuthInfo {
+                token: Some(token.clone().into()),
+                ..AuthInfo::default()
+            });
+        }
+        let path = dir.join(format!("{}.kubeconfig", self.namespace));
+        // JSON is YAML, and the kubeconfig reader takes either.
+        std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
+        Ok(path)
+    }
+}
+
+/// A controller running in this process.
+pub struct RunningController {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<banlieue_controller::Result<()>>,
+    pub metrics: Metrics,
+    pub registry: Arc<Registry>,
+}
+
+impl RunningController {
+    pub async fn stop(mut self) -> TestResult {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await??;
+        Ok(())
+    }
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Short grace periods so tests are quick.
+pub fn test_config(namespace: &str) -> ControllerConfig {
+    ControllerConfig {
+        namespace: Some(namespace.to_owned()),
+        readiness_signal_grace: Duration::from_secs(2),
+        resync: Duration::from_secs(5),
+        ..ControllerConfig::default()
+    }
+}
+
+pub fn ready_condition() -> serde_json::Value {
+    json!({"type": "Ready", "status": "True", "reason": "Connected", "message": "",
+           "lastTransitionTime": "2026-01-01T00:00:00Z"})
+}
+
+pub fn phase(claim: &VirtualMachineClaim) -> Option<banlieue_api::ClaimPhase> {
+    claim.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn bound_condition(claim: &VirtualMachineClaim) -> Option<conditions::Condition> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::BOUND).cloned())
+}
+
+pub fn is_bound(claim: &VirtualMachineClaim) -> bool {
+    phase(claim) == Some(banlieue_api::ClaimPhase::Bound)
+        && bound_condition(claim).is_some_and(|c| c.status == status::TRUE)
+}
+
+pub fn member_name(claim: &VirtualMachineClaim) -> Option<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.virtual_machine_ref.as_ref())
+        .map(|r| r.name.clone())
+}
+
+async fn install_crds_once(admin: &Client) -> TestResult {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_try_init(|| async {
+        let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+        let params = PatchParams::apply("banlieue-test").force();
+        for crd in banlieue_api::crds() {
+            let name = crd.name_any();
+            crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
+        }
+        for crd in banlieue_api::crds() {
+            let name = crd.name_any();
+            let crds = crds.clone();
+            wait_for(&format!("CRD {name} Established"), DEADLINE, || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let crd = crds.get(&name).await?;
+                    let established = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    Ok(established.then_some(()))
+                }
+            })
+            .await?;
+        }
+        let classes: Api<banlieue_api::ProviderClass> = Api::all(admin.clone());
+        let class = json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+            "metadata": {"name": PROVIDER_CLASS},
+            "spec": {"image": "banlieue:test", "machineKind": "LibvirtMachine"}
+        });
+        classes
+            .patch(PROVIDER_CLASS, &params, &Patch::Apply(&class))
+            .await?;
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// The controller's ClusterRole: the repository's when it exists, else the equivalent rules.
+async fn install_role_once(admin: &Client, cp: &ControlPlane) -> TestResult {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_try_init(|| async {
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/rbac/controller-clusterrole.yaml");
+        if shipped.is_file() {
+            cp.apply_yaml(&shipped).await?;
+            return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(());
+        }
+        let roles: Api<ClusterRole> = Api::all(admin.clone());
+        let role: ClusterRole = serde_json::from_value(controller_rules())?;
+        roles
+            .patch(
+                CONTROLLER_ROLE,
+                &PatchParams::apply("banlieue-test").force(),
+                &Patch::Apply(&role),
+            )
+            .await?;
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// What the controller needs, and nothing more. Claims: read, patch, status and finalizers,
+/// and delete (an expired claim is deleted); never create, never update.
+pub fn controller_rules() -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": CONTROLLER_ROLE},
+        "rules": [
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachineclaims"],
+             "verbs": ["get", "list", "watch", "patch", "delete"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachineclaims/status", "virtualmachineclaims/finalizers"],
+             "verbs": ["patch"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines", "libvirtmachines"],
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines/status", "virtualmachinepools/status"],
+             "verbs": ["get", "patch"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines/finalizers", "virtualmachinepools/finalizers"],
+             "verbs": ["update", "patch"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachinepools"],
+             "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": ["banlieue.io"], "resources": ["providers", "providerclasses", "vmimages", "vmclasses"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ]
+    })
+}
