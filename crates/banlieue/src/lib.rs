@@ -3,5 +3,7 @@
 pub mod apply;
 pub mod bootstrap;
 pub mod cidata;
+pub mod dev;
 pub mod libvirt;
 pub mod observe;
+pub mod roles;

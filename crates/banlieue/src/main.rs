@@ -1,12 +1,21 @@
 //! The banlieue binary: one executable for every role, chosen by subcommand.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
-
-use banlieue::{bootstrap, cidata, libvirt, observe};
+use banlieue::roles::{self, Roles};
+use banlieue::{bootstrap, cidata, dev, libvirt, observe};
+use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
+use clap::{Args, Parser, Subcommand};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
 
 /// banlieue: single-use VM sandboxes on Kubernetes, on libvirt/KVM hosts.
+///
+/// Kubernetes access uses the current kubeconfig (KUBECONFIG, ~/.kube/config) or the
+/// in-cluster service account.
 #[derive(Debug, Parser)]
 #[command(name = "banlieue", version, about, propagate_version = true)]
 struct Cli {
@@ -18,16 +27,81 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
+    /// Run the controller: VirtualMachine scheduling, pools and claims, and the Provider
+    /// reconcile with its per-Provider workloads.
+    Controller(ServeArgs),
+    /// Provider roles.
     #[command(subcommand)]
-    Libvirt(libvirt::Command),
-    /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
-    Cidata(cidata::CidataArgs),
+    Provider(ProviderCommand),
+    /// Print every CustomResourceDefinition as YAML, or write one file per CRD.
+    Crds {
+        /// Write `<name>.yaml` files into this directory instead of printing.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Apply the namespace, CRDs, RBAC and controller Deployment to the current kubeconfig.
     ///
     /// Server-side apply, idempotent; prints what changed. Does not apply deploy/admission/:
     /// that is a separate, mandatory step.
     Bootstrap,
+    /// The local default: a control plane and libvirtd on loopback, a pool and a claim.
+    #[command(subcommand)]
+    Dev(dev::DevCommand),
+    /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
+    #[command(subcommand)]
+    Libvirt(libvirt::Command),
+    /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
+    Cidata(cidata::CidataArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ProviderCommand {
+    /// The libvirt provider.
+    #[command(subcommand)]
+    Libvirt(LibvirtProviderCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum LibvirtProviderCommand {
+    /// Realise the LibvirtMachines and image imports of one Provider.
+    Run {
+        /// The Provider's name.
+        #[arg(long)]
+        provider: String,
+        /// The Provider's namespace.
+        #[arg(long)]
+        namespace: String,
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
+    /// Import an image file into a storage pool of a Provider (what an import Job runs).
+    ///
+    /// The endpoint and TLS material are read from the Provider through the Kubernetes API,
+    /// never from the command line.
+    Import {
+        /// The VMImage being imported.
+        #[arg(long)]
+        vmimage: String,
+        /// The Provider whose host receives the image.
+        #[arg(long)]
+        provider: String,
+        /// The Provider's namespace.
+        #[arg(long)]
+        provider_namespace: String,
+        /// The storage pool on the host.
+        #[arg(long)]
+        pool: String,
+        /// The raw image file.
+        #[arg(long)]
+        source: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "BANLIEUE_METRICS_ADDRESS")]
+    metrics_address: SocketAddr,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -35,7 +109,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Runs `future` on a multi-threaded runtime; the short-lived subcommands stay synchronous.
 fn block_on<F>(future: F) -> Result<(), BoxError>
 where
-    F: std::future::Future<Output = Result<(), BoxError>>,
+    F: Future<Output = Result<(), BoxError>>,
 {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -43,23 +117,123 @@ where
         .block_on(future)
 }
 
+/// Runs `roles` until SIGTERM or Ctrl-C, serving metrics and health meanwhile.
+async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
+    let kube = kube::Client::try_default().await?;
+    let shutdown = CancellationToken::new();
+    let mut registry = Registry::default();
+    let tasks = roles::spawn_all(&kube, &mut registry, &shutdown, roles)?;
+    let readiness = observe::Readiness::default();
+    let address =
+        observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
+    readiness.set(true);
+    tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            dev::wait_for_stop().await;
+            shutdown.cancel();
+        });
+    }
+    shutdown.cancelled().await;
+    readiness.set(false);
+    for task in tasks {
+        let _ = task.await;
+    }
+    Ok(())
+}
+
+fn crds(out: Option<PathBuf>) -> Result<(), BoxError> {
+    match out {
+        None => print!("{}", banlieue_api::render::crds_yaml()),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)?;
+            for (name, text) in banlieue_api::render::crd_files()? {
+                let path = dir.join(name);
+                std::fs::write(&path, text)?;
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     observe::init_tracing(cli.log.log_format);
     let result = match cli.command {
-        Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
-        Command::Cidata(args) => return cidata::run(&args),
+        Command::Controller(args) => block_on(serve(
+            Roles {
+                controller: true,
+                operator: true,
+                provider: None,
+            },
+            args,
+        )),
+        Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
+            provider,
+            namespace,
+            serve: args,
+        })) => block_on(serve(
+            Roles {
+                provider: Some((provider, namespace)),
+                ..Roles::default()
+            },
+            args,
+        )),
+        Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
+            vmimage,
+            provider,
+            provider_namespace,
+            pool,
+            source,
+        })) => block_on(async {
+            let kube = kube::Client::try_default().await?;
+            let args = ImportArgs {
+                vmimage,
+                provider,
+                provider_namespace,
+                pool,
+                source,
+            };
+            match banlieue_provider_libvirt::image::run_import(kube, args).await? {
+                ImportOutcome::AlreadyComplete { volume, .. } => {
+                    println!("volume {volume} is already complete in the pool; nothing to do")
+                }
+                ImportOutcome::Imported { volume, .. } => println!("imported volume {volume}"),
+            }
+            Ok(())
+        }),
+        Command::Crds { out } => crds(out),
         Command::Bootstrap => block_on(async {
             let client = kube::Client::try_default().await?;
             bootstrap::run(client).await?;
             Ok(())
         }),
+        Command::Dev(command) => block_on(dev::run(command)),
+        Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
+        Command::Cidata(args) => return cidata::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line.
+fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text.replace('\n', " ")
 }

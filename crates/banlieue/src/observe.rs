@@ -31,9 +31,16 @@ pub struct LogArgs {
 /// Installs the global tracing subscriber. `RUST_LOG` overrides the default `info` filter.
 pub fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+        // The client builder logs every failed request at ERROR, including the expected ones
+        // while waiting for an API server to come up; callers get those errors anyway.
+        .unwrap_or_else(|_| {
+            EnvFilter::new(
+                "info,kube_runtime=warn,kube_client=warn,kube_client::client::builder=off",
+            )
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second call (tests, `dev up` hosting several roles) keeps the first subscriber.
     let _ = match format {

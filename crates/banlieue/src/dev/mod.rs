@@ -1,0 +1,407 @@
+//! `banlieue dev up` / `dev down`: the embedded local default. A control plane and a libvirtd
+//! on loopback, bootstrap and the admission policy, a Provider for that libvirtd, the
+//! controller and the provider in this process, then a pool and a claim that binds.
+
+pub mod objects;
+mod table;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use banlieue_api::names::SYSTEM_NAMESPACE;
+use banlieue_api::{ClaimPhase, VirtualMachineClaim};
+use banlieue_libvirt::proto::remote::{self, procedures as rp};
+use banlieue_libvirt::{CaBundle, Client as LibvirtClient, Identity, StoragePool, StorageVol};
+use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::FIELD_MANAGER;
+use crate::{bootstrap, observe};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Size of the BackingFile image: enough for QEMU to open, small enough to write instantly.
+const IMAGE_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DevCommand {
+    /// Start a local control plane and libvirtd, bootstrap, register a Provider, run the
+    /// controller and provider in process, and bind a claim from a warm pool.
+    ///
+    /// Keeps running until Ctrl-C or `banlieue dev down`, then tears everything down.
+    Up(UpArgs),
+    /// Stop a running `banlieue dev up`, which tears everything down.
+    Down,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Exit 0 as soon as the claim is Bound (after tearing everything down).
+    #[arg(long)]
+    pub non_interactive: bool,
+    /// Give up when the claim is not Bound within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_seconds: u64,
+    /// Address of the /metrics, /healthz and /readyz endpoint.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_address: std::net::SocketAddr,
+}
+
+/// Where `dev up` records its PID for `dev down`.
+fn pid_file() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("banlieue").join("dev").join("dev-up.pid")
+}
+
+/// Prints one progress line with the time since start.
+struct Progress {
+    started: Instant,
+    step: usize,
+}
+
+impl Progress {
+    const STEPS: usize = 9;
+
+    fn step(&mut self, what: &str) {
+        self.step += 1;
+        eprintln!(
+            "[{}/{}] {what} ({:.1} s)",
+            self.step,
+            Self::STEPS,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn note(&self, what: &str) {
+        eprintln!(
+            "      {what} ({:.1} s)",
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+pub async fn run(command: DevCommand) -> Result<(), BoxError> {
+    match command {
+        DevCommand::Up(args) => up(args).await,
+        DevCommand::Down => down().await,
+    }
+}
+
+async fn up(args: UpArgs) -> Result<(), BoxError> {
+    let mut progress = Progress {
+        started: Instant::now(),
+        step: 0,
+    };
+    let pid_path = pid_file();
+    if let Some(parent) = pid_path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&pid_path, std::process::id().to_string())?;
+    let _pid_guard = RemoveOnDrop(pid_path);
+
+    progress.step("starting the control plane and libvirtd on loopback");
+    let (control_plane, libvirtd) = tokio::try_join!(
+        async { ControlPlane::start().await.map_err(BoxError::from) },
+        async {
+            Libvirtd::start(LibvirtdOptions::default())
+                .await
+                .map_err(|e| BoxError::from(e.to_string()))
+        },
+    )?;
+    let kube = control_plane.client()?;
+    let kubeconfig = control_plane
+        .kubeconfig("admin")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    progress.note(&format!("kubeconfig: {kubeconfig}"));
+    progress.note(&format!("libvirtd: {}", libvirtd.tls_uri()));
+
+    progress.step("bootstrapping: namespace, CRDs, RBAC, controller Deployment");
+    let objects = bootstrap::bootstrap_objects()?;
+    bootstrap::apply_all(&kube, &objects, |_| {}).await?;
+
+    progress.step("applying the claim-subject admission policy");
+    let admission = bootstrap::objects_of(bootstrap::ADMISSION)?;
+    bootstrap::apply_all(&kube, &admission, |_| {}).await?;
+    apply(&kube, &objects::claim_policy_configmap()).await?;
+    let (role, binding) = objects::claimant_rbac();
+    apply(&kube, &role).await?;
+    apply(&kube, &binding).await?;
+
+    progress.step("preparing libvirt: storage pool, isolated network, image volume");
+    let identity = Identity::from_files(&libvirtd.client_cert_path(), &libvirtd.client_key_path())?;
+    let ca = CaBundle::from_file(&libvirtd.ca_cert_path())?;
+    let host = LibvirtClient::connect(&libvirtd.tls_uri(), &identity, &ca).await?;
+    let pool_dir = libvirtd.create_pool_dir(objects::STORAGE_POOL)?;
+    prepare_host(&host, &pool_dir.display().to_string()).await?;
+    host.close().await?;
+
+    progress.step("registering a Provider for the local libvirtd");
+    let cert = std::fs::read(libvirtd.client_cert_path())?;
+    let key = std::fs::read(libvirtd.client_key_path())?;
+    let ca_pem = std::fs::read_to_string(libvirtd.ca_cert_path())?;
+    apply(&kube, &objects::credentials_secret(&cert, &key)).await?;
+    apply(&kube, &objects::ca_configmap(&ca_pem)).await?;
+    apply(&kube, &objects::provider_class("banlieue:dev")).await?;
+    apply(&kube, &objects::provider(&libvirtd.tls_uri())).await?;
+
+    progress.step("running the controller and the libvirt provider in this process");
+    let shutdown = CancellationToken::new();
+    let mut registry = Registry::default();
+    let workers = crate::roles::spawn_all(
+        &kube,
+        &mut registry,
+        &shutdown,
+        crate::roles::Roles {
+            controller: true,
+            operator: true,
+            provider: Some((objects::PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
+        },
+    )?;
+    let readiness = observe::Readiness::default();
+    let metrics =
+        observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
+    readiness.set(true);
+    progress.note(&format!("metrics: http://{metrics}/metrics"));
+
+    progress.step("creating the image and the class");
+    apply(&kube, &objects::image()).await?;
+    apply(&kube, &objects::class()).await?;
+
+    progress.step("creating the pool and the claim");
+    apply(&kube, &objects::pool()).await?;
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    claims
+        .create(&PostParams::default(), &objects::claim())
+        .await?;
+
+    progress.step("waiting for the claim to be Bound");
+    let bound = wait_bound(&kube, Duration::from_secs(args.timeout_seconds), &progress).await;
+    let outcome = match bound {
+        Ok(()) => {
+            println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
+            println!("kubeconfig: {kubeconfig}");
+            println!(
+                "  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}"
+            );
+            if !args.non_interactive {
+                eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
+                wait_for_stop().await;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    };
+
+    eprintln!("tearing down");
+    shutdown.cancel();
+    for worker in workers {
+        let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
+    }
+    let mut started: Vec<(String, u32)> = control_plane
+        .pids()
+        .into_iter()
+        .map(|(name, pid)| (name.to_owned(), pid))
+        .collect();
+    started.push(("libvirtd".into(), libvirtd.pid()));
+    started.extend(
+        libvirtd
+            .guest_pids()
+            .into_iter()
+            .map(|pid| ("qemu".to_owned(), pid)),
+    );
+    drop(libvirtd);
+    drop(control_plane);
+    let left: Vec<String> = started
+        .iter()
+        .filter(|(_, pid)| is_running(*pid))
+        .map(|(name, pid)| format!("{name} (PID {pid})"))
+        .collect();
+    if !left.is_empty() {
+        return Err(format!("still running after tear-down: {}", left.join(", ")).into());
+    }
+    eprintln!(
+        "done: {} processes stopped ({:.1} s)",
+        started.len(),
+        progress.started.elapsed().as_secs_f64()
+    );
+    outcome
+}
+
+/// The storage pool, the isolated network and the image volume.
+async fn prepare_host(host: &LibvirtClient, pool_dir: &str) -> Result<(), BoxError> {
+    let pool = StoragePool::define_xml(host, &objects::storage_pool_xml(pool_dir)).await?;
+    pool.create(0).await?;
+    let network = host
+        .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
+            xml: objects::network_xml(),
+        })
+        .await?
+        .net;
+    host.call::<rp::NetworkCreate>(&remote::RemoteNetworkCreateArgs { net: network })
+        .await?;
+    let volume = StorageVol::create_xml(&pool, &objects::image_volume_xml(IMAGE_BYTES), 0).await?;
+    let mut zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), IMAGE_BYTES);
+    volume.upload(&mut zeros, 0, IMAGE_BYTES, true).await?;
+    Ok(())
+}
+
+async fn wait_bound(
+    kube: &Client,
+    deadline: Duration,
+    progress: &Progress,
+) -> Result<(), BoxError> {
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let started = Instant::now();
+    let mut last = String::new();
+    loop {
+        let claim = claims.get(objects::CLAIM).await?;
+        let status = claim.status.unwrap_or_default();
+        if status.phase == Some(ClaimPhase::Bound) {
+            return Ok(());
+        }
+        let why = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Bound")
+            .map(|c| format!("{}: {}", c.reason, c.message))
+            .unwrap_or_else(|| "waiting for the controller".into());
+        let phase = status
+            .phase
+            .map(|p| format!("{p:?}"))
+            .unwrap_or_else(|| "new".into());
+        let line = format!("claim {phase}: {why}");
+        if line != last {
+            progress.note(&line);
+            last = line;
+        }
+        if started.elapsed() > deadline {
+            return Err(format!("the claim was not Bound within {deadline:?}: {last}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM (which `dev down` sends).
+pub async fn wait_for_stop() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn down() -> Result<(), BoxError> {
+    let path = pid_file();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("no `banlieue dev up` is running");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{}: not a PID: {text:?}", path.display()))?;
+    // Only signal the process if it is really a dev up: the PID may have been reused.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let is_dev_up = args.windows(2).any(|w| w[0] == b"dev" && w[1] == b"up");
+    if !is_dev_up {
+        let _ = std::fs::remove_file(&path);
+        println!("no `banlieue dev up` is running (stale PID file removed)");
+        return Ok(());
+    }
+    let process = rustix::process::Pid::from_raw(pid).ok_or("invalid PID")?;
+    rustix::process::kill_process(process, rustix::process::Signal::TERM)?;
+    println!("stopping banlieue dev up (PID {pid})");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if Instant::now() > deadline {
+            return Err(format!("PID {pid} did not exit within 120 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("stopped; nothing is left running");
+    Ok(())
+}
+
+/// Server-side applies a typed object with the bootstrap field manager.
+async fn apply<K>(kube: &Client, object: &K) -> Result<(), BoxError>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+    K::Scope: ScopeApi<K>,
+{
+    let name = object.meta().name.clone().ok_or("object without a name")?;
+    let api = K::Scope::api(kube, object.meta().namespace.as_deref());
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Picks a namespaced or cluster-wide `Api` from the object's scope.
+trait ScopeApi<K> {
+    fn api(kube: &Client, namespace: Option<&str>) -> Api<K>;
+}
+
+impl<K> ScopeApi<K> for k8s_openapi::NamespaceResourceScope
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    fn api(kube: &Client, namespace: Option<&str>) -> Api<K> {
+        Api::namespaced(kube.clone(), namespace.unwrap_or("default"))
+    }
+}
+
+impl<K> ScopeApi<K> for k8s_openapi::ClusterResourceScope
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>,
+{
+    fn api(kube: &Client, _: Option<&str>) -> Api<K> {
+        Api::all(kube.clone())
+    }
+}
+
+/// Whether `pid` is a live process (a zombie awaiting its parent does not count).
+fn is_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

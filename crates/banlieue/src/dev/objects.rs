@@ -1,0 +1,326 @@
+//! The objects `banlieue dev up` creates, as pure values: one Provider for the local libvirtd,
+//! a tiny BackingFile image, a small class, a pool of one and a claim by `alice`.
+
+use std::collections::BTreeMap;
+
+use banlieue_api::names::SYSTEM_NAMESPACE;
+use banlieue_api::{
+    ClaimSubject, Firmware, ImageSource, ImageSourceKind, InstallMode, KeySelector,
+    LocalObjectReference, NetworkClassMapping, NetworkTarget, PoolReadiness, PoolUpdateStrategy,
+    PoolUpdateType, Provider, ProviderCapabilities, ProviderClass, ProviderClassSpec,
+    ProviderConnection, ProviderSpec, StorageClassMapping, StorageTarget, TemplateMetadata,
+    VMClass, VMClassSpec, VMImage, VMImageSpec, ValueOrSource, VirtualMachineClaim,
+    VirtualMachineClaimSpec, VirtualMachinePool, VirtualMachinePoolSpec, VirtualMachineSpec,
+    VirtualMachineTemplate,
+};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+
+/// Names of everything dev up creates, in one place so the summary and the tests agree.
+pub const PROVIDER_CLASS: &str = "libvirt";
+pub const PROVIDER: &str = "local";
+pub const CREDENTIALS_SECRET: &str = "local-libvirt-creds";
+pub const CA_CONFIGMAP: &str = "local-libvirt-ca";
+pub const STORAGE_POOL: &str = "default";
+pub const NETWORK: &str = "banlieue-dev";
+pub const STORAGE_CLASS: &str = "standard";
+pub const NETWORK_CLASS: &str = "isolated";
+pub const IMAGE: &str = "dev-image";
+pub const IMAGE_VOLUME: &str = "dev-image.raw";
+pub const CLASS: &str = "small";
+pub const POOL: &str = "sandbox-pool";
+pub const CLAIM: &str = "sandbox-for-alice";
+/// The user the claim is created as; the admission policy checks the subject against it.
+pub const CLAIMANT: &str = "alice";
+/// The one issuer the dev policy allows.
+pub const ISSUER: &str = "https://issuer.dev.banlieue.invalid";
+pub const CLAIM_POLICY_CONFIGMAP: &str = "banlieue-claim-subject-policy";
+pub const CLAIMANT_ROLE: &str = "dev-claimant";
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(SYSTEM_NAMESPACE.to_owned()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The client identity libvirtd trusts, as the Secret the Provider names.
+pub fn credentials_secret(cert_pem: &[u8], key_pem: &[u8]) -> Secret {
+    let data = BTreeMap::from([
+        ("tls.crt".to_owned(), ByteString(cert_pem.to_vec())),
+        ("tls.key".to_owned(), ByteString(key_pem.to_vec())),
+    ]);
+    Secret {
+        metadata: meta(CREDENTIALS_SECRET),
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+/// The CA that signed libvirtd's certificate.
+pub fn ca_configmap(ca_pem: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(CA_CONFIGMAP),
+        data: Some(BTreeMap::from([("ca.crt".to_owned(), ca_pem.to_owned())])),
+        ..ConfigMap::default()
+    }
+}
+
+/// The claim-subject policy's parameters: the dev issuer, no brokers.
+pub fn claim_policy_configmap() -> ConfigMap {
+    ConfigMap {
+        metadata: meta(CLAIM_POLICY_CONFIGMAP),
+        data: Some(BTreeMap::from([
+            ("issuers".to_owned(), ISSUER.to_owned()),
+            ("brokers".to_owned(), String::new()),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
+/// Lets the claimant create and read claims in the system namespace, nothing else.
+pub fn claimant_rbac() -> (Role, RoleBinding) {
+    let role = Role {
+        metadata: meta(CLAIMANT_ROLE),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["banlieue.io".into()]),
+            resources: Some(vec!["virtualmachineclaims".into()]),
+            verbs: ["create", "get", "list", "watch", "delete"]
+                .map(String::from)
+                .to_vec(),
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(CLAIMANT_ROLE),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: CLAIMANT_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: CLAIMANT.into(),
+            namespace: None,
+        }]),
+    };
+    (role, binding)
+}
+
+/// The ProviderClass. Its workload never runs here (no kubelet): dev up runs the provider in
+/// process, so the image is only a name.
+pub fn provider_class(image: &str) -> ProviderClass {
+    ProviderClass::new(
+        PROVIDER_CLASS,
+        ProviderClassSpec {
+            image: image.to_owned(),
+            command: vec!["/banlieue".into()],
+            args: Vec::new(),
+            machine_kind: Default::default(),
+            additional_rules: Vec::new(),
+            import: Default::default(),
+        },
+    )
+}
+
+/// The Provider for the local libvirtd at `endpoint`.
+pub fn provider(endpoint: &str) -> Provider {
+    let mut provider = Provider::new(
+        PROVIDER,
+        ProviderSpec {
+            provider_class_ref: LocalObjectReference::new(PROVIDER_CLASS),
+            connection: ProviderConnection {
+                endpoint: endpoint.to_owned(),
+                credentials_ref: LocalObjectReference::new(CREDENTIALS_SECRET),
+                ca_bundle: ValueOrSource {
+                    config_map_ref: Some(KeySelector {
+                        name: CA_CONFIGMAP.into(),
+                        key: "ca.crt".into(),
+                    }),
+                    ..ValueOrSource::default()
+                },
+            },
+            capabilities: ProviderCapabilities {
+                storage_classes: vec![StorageClassMapping {
+                    name: STORAGE_CLASS.into(),
+                    target: StorageTarget {
+                        pool: STORAGE_POOL.into(),
+                    },
+                }],
+                network_classes: vec![NetworkClassMapping {
+                    name: NETWORK_CLASS.into(),
+                    target: NetworkTarget {
+                        network: NETWORK.into(),
+                    },
+                }],
+                features: Vec::new(),
+            },
+            attestation: None,
+        },
+    );
+    provider.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    provider
+}
+
+/// A BackingFile image: the raw volume dev up writes into the pool.
+pub fn image() -> VMImage {
+    let mut image = VMImage::new(
+        IMAGE,
+        VMImageSpec {
+            install_mode: InstallMode::Immediate,
+            revision: Some("1".into()),
+            disk_size: Some(Quantity("1Gi".into())),
+            sources: vec![ImageSource {
+                provider_class: PROVIDER_CLASS.into(),
+                kind: ImageSourceKind::BackingFile,
+                url: None,
+                volume: Some(IMAGE_VOLUME.into()),
+            }],
+        },
+    );
+    image.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    image
+}
+
+/// One vCPU and little memory: the guest has no OS to boot, it only has to run under TCG.
+pub fn class() -> VMClass {
+    let mut class = VMClass::new(
+        CLASS,
+        VMClassSpec {
+            cpu: 1,
+            memory: Quantity("128Mi".into()),
+            firmware: Firmware::Bios,
+            tpm_enabled: false,
+            disk_size: None,
+        },
+    );
+    class.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    class
+}
+
+/// A pool of one warm member.
+pub fn pool() -> VirtualMachinePool {
+    let mut pool = VirtualMachinePool::new(
+        POOL,
+        VirtualMachinePoolSpec {
+            replicas: 1,
+            template: VirtualMachineTemplate {
+                metadata: TemplateMetadata::default(),
+                spec: VirtualMachineSpec {
+                    class_ref: LocalObjectReference::new(CLASS),
+                    image_ref: LocalObjectReference::new(IMAGE),
+                    storage_class_name: STORAGE_CLASS.into(),
+                    network_class_name: NETWORK_CLASS.into(),
+                    user_data: Some("#cloud-config\nhostname: sandbox\n".into()),
+                    user_data_secret_ref: None,
+                },
+            },
+            readiness: PoolReadiness::InfrastructureReady,
+            max_idle_seconds: None,
+            update_strategy: PoolUpdateStrategy {
+                type_: PoolUpdateType::Replace,
+                max_surge: 1,
+            },
+        },
+    );
+    pool.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    pool
+}
+
+/// The claim, naming the claimant as its subject (the admission policy insists).
+pub fn claim() -> VirtualMachineClaim {
+    let mut claim = VirtualMachineClaim::new(
+        CLAIM,
+        VirtualMachineClaimSpec {
+            pool_ref: LocalObjectReference::new(POOL),
+            subject: ClaimSubject {
+                issuer: ISSUER.into(),
+                id: CLAIMANT.into(),
+            },
+            ttl_seconds: 3600,
+        },
+    );
+    claim.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    claim
+}
+
+/// The dir storage pool at `path`.
+pub fn storage_pool_xml(path: &str) -> String {
+    let path = xml_escape(path);
+    format!(
+        "<pool type='dir'><name>{STORAGE_POOL}</name><target><path>{path}</path></target></pool>"
+    )
+}
+
+/// An isolated network: a bridge with no address, no DHCP and no DNS, so nothing listens
+/// anywhere but loopback.
+pub fn network_xml() -> String {
+    format!(
+        "<network><name>{NETWORK}</name><bridge name='bnl-dev0' stp='off'/><dns enable='no'/></network>"
+    )
+}
+
+/// The raw image volume (a few MiB of zeros: QEMU only has to run it).
+pub fn image_volume_xml(bytes: u64) -> String {
+    format!(
+        "<volume><name>{IMAGE_VOLUME}</name><capacity unit='bytes'>{bytes}</capacity><target><format type='raw'/></target></volume>"
+    )
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('\'', "&apos;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claim_names_its_creator_and_an_allowed_issuer() {
+        let claim = claim();
+        assert_eq!(claim.spec.subject.id, CLAIMANT);
+        let policy = claim_policy_configmap();
+        assert_eq!(policy.data.unwrap()["issuers"], claim.spec.subject.issuer);
+    }
+
+    #[test]
+    fn the_pool_template_matches_the_provider_declaration() {
+        let provider = provider("qemu+tls://127.0.0.1:1/system");
+        let pool = pool();
+        let caps = &provider.spec.capabilities;
+        let template = &pool.spec.template.spec;
+        assert!(
+            caps.storage_classes
+                .iter()
+                .any(|s| s.name == template.storage_class_name)
+        );
+        assert!(
+            caps.network_classes
+                .iter()
+                .any(|n| n.name == template.network_class_name)
+        );
+        assert_eq!(template.image_ref.name, IMAGE);
+        assert_eq!(
+            image().spec.sources[0].volume.as_deref(),
+            Some(IMAGE_VOLUME)
+        );
+    }
+
+    #[test]
+    fn pool_paths_are_escaped() {
+        assert_eq!(
+            storage_pool_xml("/a'b<c"),
+            "<pool type='dir'><name>default</name><target><path>/a&apos;b&lt;c</path></target></pool>"
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! The long-running roles (controller, libvirt operator, libvirt provider) as tasks, so the
+//! same wiring serves `banlieue controller`, `banlieue provider libvirt run` and `dev up`.
+
+use banlieue_controller::{ControllerConfig, Metrics};
+use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
+use banlieue_provider_libvirt::machine::ProviderConfig;
+use banlieue_provider_libvirt::operator::OperatorConfig;
+use kube::Client;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Which roles to run in this process.
+#[derive(Clone, Debug, Default)]
+pub struct Roles {
+    /// VirtualMachine scheduling, pools and claims.
+    pub controller: bool,
+    /// The Provider reconcile and the per-Provider workloads.
+    pub operator: bool,
+    /// LibvirtMachines and image imports of one Provider: (name, namespace).
+    pub provider: Option<(String, String)>,
+}
+
+/// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
+/// logs its error and cancels `shutdown`, so the process never runs half of its roles.
+pub fn spawn_all(
+    kube: &Client,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+    roles: Roles,
+) -> Result<Vec<JoinHandle<()>>, BoxError> {
+    let mut tasks = Vec::new();
+    if roles.controller {
+        let metrics = Metrics::register(registry);
+        let (kube, stop) = (kube.clone(), shutdown.clone());
+        tasks.push(supervise("controller", shutdown, async move {
+            banlieue_controller::run(
+                kube,
+                ControllerConfig::default(),
+                metrics,
+                stop.cancelled_owned(),
+            )
+            .await
+            .map_err(BoxError::from)
+        }));
+    }
+    if roles.operator {
+        let (kube, stop) = (kube.clone(), shutdown.clone());
+        tasks.push(supervise("libvirt operator", shutdown, async move {
+            banlieue_provider_libvirt::operator::run_operator(
+                kube,
+                OperatorConfig::default(),
+                stop.cancelled_owned(),
+            )
+            .await
+            .map_err(BoxError::from)
+        }));
+    }
+    if let Some((name, namespace)) = roles.provider {
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = ProviderConfig::new(name.clone(), namespace.clone());
+        tasks.push(supervise("libvirt provider", shutdown, async move {
+            banlieue_provider_libvirt::machine::run_provider(client, cfg, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = ImageReconcilerConfig::new(name, namespace);
+        tasks.push(supervise(
+            "libvirt image reconciler",
+            shutdown,
+            async move {
+                banlieue_provider_libvirt::image::jobs::run_image_reconciler(
+                    client,
+                    cfg,
+                    stop.cancelled_owned(),
+                )
+                .await
+                .map_err(BoxError::from)
+            },
+        ));
+    }
+    Ok(tasks)
+}
+
+fn supervise(
+    role: &'static str,
+    shutdown: &CancellationToken,
+    task: impl Future<Output = Result<(), BoxError>> + Send + 'static,
+) -> JoinHandle<()> {
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        match task.await {
+            Ok(()) => tracing::info!(role, "stopped"),
+            Err(error) => {
+                tracing::error!(role, %error, "failed; stopping the process");
+                shutdown.cancel();
+            }
+        }
+    })
+}
