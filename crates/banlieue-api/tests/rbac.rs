@@ -407,3 +407,45 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
     let (code, _) = refusal(create(&machines, machine).await);
     assert_eq!(code, 403);
 }
+
+#[tokio::test]
+async fn the_controller_deployment_runs_banlieue_controller_as_the_bound_service_account() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    install_controller(&admin).await;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), "banlieue-system");
+    let deployment = deployments
+        .get("banlieue-controller")
+        .await
+        .expect("the controller Deployment");
+    let pod = deployment.spec.template.spec.expect("a pod template");
+    // The ServiceAccount the ClusterRoleBinding names, so the ClusterRole is what it runs with.
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("banlieue-controller")
+    );
+    let binding: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin);
+    let binding = binding
+        .get("banlieue-controller")
+        .await
+        .expect("the binding");
+    let subject = &binding.subjects.expect("subjects")[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        (
+            "ServiceAccount",
+            "banlieue-controller",
+            Some("banlieue-system")
+        )
+    );
+    assert_eq!(pod.containers.len(), 1);
+    assert_eq!(
+        pod.containers[0].args.as_deref(),
+        Some(&["controller".to_owned()][..])
+    );
+}
