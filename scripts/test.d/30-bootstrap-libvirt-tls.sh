@@ -245,11 +245,12 @@ for tool in certtool openssl; do
     grep -q "Running hypervisor: QEMU" <<<"$version" || fail "unexpected virsh version output: $version"
     pass "$tool: virsh version over TLS: $(grep 'Running hypervisor' <<<"$version" | sed 's/^ *//')"
 
-    # --- banlieue libvirt version --------------------------------------------------------
-    # Place for the project's own client against the same daemon, once the command exists:
-    #   cargo run --quiet --locked -p banlieue -- libvirt version --uri "qemu+tls://127.0.0.1:$port/system" \
-    #       --ca "$client/cacert.pem" --cert "$client/clientcert.pem" --key "$client/clientkey.pem"
-    # --------------------------------------------------------------------------------------
+    # banlieue's own client reads the same pkipath directory virsh does.
+    banlieue_bin="${CARGO_TARGET_DIR:-$repo/target}/debug/banlieue"
+    [[ -x $banlieue_bin ]] || (cd "$repo" && cargo build --quiet --locked -p banlieue)
+    ours=$("$banlieue_bin" libvirt version -c "$uri") || fail "$tool: banlieue libvirt version failed: $ours"
+    grep -qi "qemu" <<<"$ours" || fail "$tool: unexpected banlieue libvirt version output: $ours"
+    pass "$tool: banlieue libvirt version over TLS: $(head -1 <<<"$ours")"
 
     # The TLS is mutual: a client certificate from another CA is turned away by the daemon.
     stranger="$root/stranger"
