@@ -1,0 +1,487 @@
+//! LibvirtMachine realisation against a real control plane and a real libvirtd (QEMU under
+//! TCG): machines run, their devices and seed are what the guide says, deletion leaves nothing
+//! of the machine behind and never touches the image, and the failure paths report the
+//! guide's messages.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use banlieue_api::conditions::{self, Condition};
+use banlieue_api::{
+    Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference, Provider,
+};
+use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
+use banlieue_provider_libvirt::domain_xml::DomainType;
+use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
+use common::{Host, control_plane, credentials, eventually, provider};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, DeleteParams, PostParams};
+use tokio::sync::oneshot;
+
+const PROVIDER: &str = "edge";
+
+/// A namespace with the credentials and a Provider for `host`, and the provider workload
+/// running for it until the returned sender is dropped.
+async fn provider_namespace(host: &Host) -> Result<(kube::Client, String, oneshot::Sender<()>)> {
+    let cp = control_plane().await;
+    let kube = cp.client()?;
+    let ns = cp.fresh_namespace().await?;
+    credentials(&kube, &ns, host).await?;
+    Api::<Provider>::namespaced(kube.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &provider(
+                PROVIDER,
+                "libvirt",
+                &host.libvirtd.tls_uri(),
+                host.capabilities(),
+            ),
+        )
+        .await?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let mut cfg = ProviderConfig::new(PROVIDER, &ns);
+    // /dev/kvm exists on these machines but cannot run guests.
+    cfg.domain_type = Some(DomainType::Qemu);
+    cfg.resync = Duration::from_secs(3);
+    cfg.call_timeout = Duration::from_secs(30);
+    let client = kube.clone();
+    tokio::spawn(async move {
+        let _ = run_provider(client, cfg, async move {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    Ok((kube, ns, tx))
+}
+
+fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
+    LibvirtMachine::new(
+        name,
+        LibvirtMachineSpec {
+            provider_ref: LocalObjectReference::new(PROVIDER),
+            pool: host.pool.clone(),
+            network: host.network.clone(),
+            disk,
+            firmware: Firmware::Bios,
+            tpm_enabled: false,
+            cpu: 1,
+            memory: Quantity("256Mi".into()),
+            user_data: None,
+            user_data_secret_ref: None,
+        },
+    )
+}
+
+fn backing(volume: &str) -> LibvirtDisk {
+    LibvirtDisk {
+        backing_volume: Some(volume.into()),
+        install_media: None,
+        size: Quantity("64Mi".into()),
+    }
+}
+
+fn install_media(volume: &str) -> LibvirtDisk {
+    LibvirtDisk {
+        backing_volume: None,
+        install_media: Some(volume.into()),
+        size: Quantity("64Mi".into()),
+    }
+}
+
+fn ready(m: &LibvirtMachine) -> Option<Condition> {
+    m.status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, "Ready"))
+        .cloned()
+}
+
+async fn wait_machine(
+    api: &Api<LibvirtMachine>,
+    name: &str,
+    what: &str,
+    secs: u64,
+    check: impl Fn(&Condition) -> bool,
+) -> Result<LibvirtMachine> {
+    eventually(what, secs, || async {
+        let m = api.get(name).await?;
+        Ok(ready(&m).filter(&check).map(|_| m))
+    })
+    .await
+}
+
+async fn volume_names(host: &Host) -> Result<Vec<String>> {
+    let client = host.client().await?;
+    let pool = StoragePool::lookup_by_name(&client, &host.pool)
+        .await?
+        .context("the test pool exists")?;
+    pool.refresh().await?;
+    let names = pool
+        .list_all_volumes()
+        .await?
+        .iter()
+        .map(|v| v.name().to_owned())
+        .collect();
+    let _ = client.close().await;
+    Ok(names)
+}
+
+async fn domain_names(host: &Host) -> Result<Vec<String>> {
+    let client = host.client().await?;
+    let names = client
+        .list_all_domains(0)
+        .await?
+        .iter()
+        .map(|d| d.name().to_owned())
+        .collect();
+    let _ = client.close().await;
+    Ok(names)
+}
+
+/// Reads `/meta-data` of the seed volume through the client (a volume download) and isoinfo's
+/// Joliet reader.
+async fn seed_meta_data(host: &Host, volume: &str) -> Result<String> {
+    let client = host.client().await?;
+    let pool = StoragePool::lookup_by_name(&client, &host.pool)
+        .await?
+        .context("pool")?;
+    let vol = StorageVol::lookup_by_name(&pool, volume)
+        .await?
+        .context("the seed volume exists")?;
+    let mut bytes = Vec::new();
+    vol.download(&mut bytes, 0, 0, false).await?;
+    let _ = client.close().await;
+    let dir = tempfile::tempdir()?;
+    let iso = dir.path().join("seed.iso");
+    std::fs::write(&iso, &bytes)?;
+    let out = std::process::Command::new("isoinfo")
+        .args(["-J", "-x", "/meta-data", "-i"])
+        .arg(&iso)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "isoinfo: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    host.create_raw_volume("installer.iso", 1 << 20).await?;
+    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+
+    api.create(
+        &PostParams::default(),
+        &machine("imm", &host, backing("base.raw")),
+    )
+    .await?;
+    let mut deferred = machine("def", &host, install_media("installer.iso"));
+    deferred.spec.firmware = Firmware::Efi;
+    deferred.spec.tpm_enabled = true;
+    deferred.spec.user_data = Some("#cloud-config\nhostname: def\n".into());
+    api.create(&PostParams::default(), &deferred).await?;
+
+    let imm = wait_machine(&api, "imm", "imm running", 180, |c| c.status == "True").await?;
+    let def = wait_machine(&api, "def", "def running", 180, |c| c.status == "True").await?;
+    for (m, name) in [(&imm, "imm"), (&def, "def")] {
+        let s = m.status.clone().unwrap();
+        let domain = format!("{ns}-{name}");
+        let uuid = s.domain_uuid.clone().context("a recorded UUID")?;
+        assert!(s.ready);
+        assert!(s.initialization.provisioned);
+        assert_eq!(s.domain_name.as_deref(), Some(domain.as_str()));
+        assert_eq!(
+            s.provider_id,
+            Some(format!("libvirt://{ns}/{PROVIDER}/{uuid}"))
+        );
+        assert_eq!(ready(m).unwrap().reason, "DomainRunning");
+
+        // The seed carries the UUID as instance-id and the domain name as hostname.
+        let meta = seed_meta_data(&host, &format!("{domain}-cidata.iso")).await?;
+        assert!(meta.contains(&format!("instance-id: \"{uuid}\"")), "{meta}");
+        assert!(
+            meta.contains(&format!("local-hostname: {domain}")),
+            "{meta}"
+        );
+    }
+
+    // dumpxml through the client: the devices the guide promises.
+    let client = host.client().await?;
+    let d = Domain::lookup_by_name(&client, &format!("{ns}-imm"))
+        .await?
+        .context("imm")?;
+    assert_eq!(d.get_state().await?.0, DomainState::RUNNING);
+    assert_eq!(
+        Some(d.uuid_string()),
+        imm.status.as_ref().unwrap().domain_uuid
+    );
+    let xml = d.get_xml_desc(0).await?;
+    assert!(xml.contains("<domain type='qemu'"), "{xml}");
+    assert!(
+        xml.contains(&format!("volume='{ns}-imm-os.qcow2'")),
+        "{xml}"
+    );
+    assert!(
+        xml.contains(&format!("volume='{ns}-imm-cidata.iso'")),
+        "{xml}"
+    );
+    assert!(xml.contains("<target dev='sda' bus='scsi'/>"), "{xml}");
+    assert!(
+        xml.contains(&format!("<source network='{}'", host.network)),
+        "{xml}"
+    );
+    assert!(xml.contains("<serial type='pty'>"), "{xml}");
+    assert!(!xml.contains("<graphics"), "{xml}");
+    // The overlay's backing format comes from the name: base.raw → raw.
+    let pool = StoragePool::lookup_by_name(&client, &host.pool)
+        .await?
+        .context("pool")?;
+    let os = StorageVol::lookup_by_name(&pool, &format!("{ns}-imm-os.qcow2"))
+        .await?
+        .context("os volume")?;
+    let vol_xml = os.get_xml_desc().await?;
+    assert!(vol_xml.contains("base.raw</path>"), "{vol_xml}");
+    assert!(vol_xml.contains("<format type='raw'/>"), "{vol_xml}");
+
+    let d = Domain::lookup_by_name(&client, &format!("{ns}-def"))
+        .await?
+        .context("def")?;
+    let def_uuid = d.uuid_string();
+    let xml = d.get_xml_desc(0).await?;
+    assert!(xml.contains("volume='installer.iso'"), "{xml}");
+    assert!(
+        xml.contains(&format!("volume='{ns}-def-cidata.iso'")),
+        "{xml}"
+    );
+    assert!(xml.contains("<os firmware='efi'>"), "{xml}");
+    assert!(xml.contains("<nvram"), "a per-domain varstore: {xml}");
+    assert!(xml.contains("<tpm model='tpm-crb'>"), "{xml}");
+    let os_disk = xml.find("-def-os.qcow2").unwrap();
+    let media = xml.find("installer.iso").unwrap();
+    let seed = xml.find("-def-cidata.iso").unwrap();
+    assert!(os_disk < media && media < seed, "disk order: {xml}");
+    let _ = client.close().await;
+    let vars = host
+        .libvirtd
+        .state_dir()
+        .join(format!("qemu/nvram/{ns}-def_VARS.fd"));
+    let swtpm = host.libvirtd.state_dir().join(format!("swtpm/{def_uuid}"));
+    assert!(
+        vars.exists(),
+        "{} exists while the domain does",
+        vars.display()
+    );
+    assert!(
+        swtpm.exists(),
+        "{} exists while the domain does",
+        swtpm.display()
+    );
+
+    // Deletion: blocks until the domain and the machine's volumes are gone.
+    api.delete("imm", &DeleteParams::default()).await?;
+    api.delete("def", &DeleteParams::default()).await?;
+    eventually("machines gone from the API", 120, || async {
+        Ok(api
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    let domains = domain_names(&host).await?;
+    assert!(domains.is_empty(), "domains left: {domains:?}");
+    let volumes = volume_names(&host).await?;
+    assert!(
+        volumes.iter().all(|v| !v.starts_with(&ns)),
+        "machine volumes left: {volumes:?}"
+    );
+    assert!(
+        volumes.contains(&"base.raw".to_owned()),
+        "the image stays: {volumes:?}"
+    );
+    assert!(
+        volumes.contains(&"installer.iso".to_owned()),
+        "the image stays: {volumes:?}"
+    );
+    assert!(!vars.exists(), "{} left behind", vars.display());
+    assert!(!swtpm.exists(), "{} left behind", swtpm.display());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_name_in_two_namespaces_makes_two_domains() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube_a, ns_a, _a) = provider_namespace(&host).await?;
+    let (kube_b, ns_b, _b) = provider_namespace(&host).await?;
+    let a: Api<LibvirtMachine> = Api::namespaced(kube_a, &ns_a);
+    let b: Api<LibvirtMachine> = Api::namespaced(kube_b, &ns_b);
+    a.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    b.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    let ma = wait_machine(&a, "web", "web in a", 180, |c| c.status == "True").await?;
+    let mb = wait_machine(&b, "web", "web in b", 180, |c| c.status == "True").await?;
+    let uuid = |m: &LibvirtMachine| m.status.as_ref().and_then(|s| s.domain_uuid.clone());
+    assert_ne!(uuid(&ma), uuid(&mb));
+    let mut domains = domain_names(&host).await?;
+    domains.sort();
+    let mut expected = vec![format!("{ns_a}-web"), format!("{ns_b}-web")];
+    expected.sort();
+    assert_eq!(domains, expected);
+    a.delete("web", &DeleteParams::default()).await?;
+    b.delete("web", &DeleteParams::default()).await?;
+    eventually("both deleted", 120, || async {
+        Ok((a.get_opt("web").await?.is_none() && b.get_opt("web").await?.is_none()).then_some(()))
+    })
+    .await?;
+    assert!(domain_names(&host).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_paths_report_the_guides_messages() -> Result<()> {
+    let host = Host::start().await?;
+    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+
+    // The backing volume is absent.
+    api.create(
+        &PostParams::default(),
+        &machine("nobase", &host, backing("missing.raw")),
+    )
+    .await?;
+    let m = wait_machine(&api, "nobase", "VolumeNotInPool", 60, |c| {
+        c.reason == "VolumeNotInPool"
+    })
+    .await?;
+    assert_eq!(
+        ready(&m).unwrap().message,
+        format!("volume missing.raw is not in pool {}", host.pool)
+    );
+
+    // The pool is absent.
+    let mut nopool = machine("nopool", &host, backing("missing.raw"));
+    nopool.spec.pool = "nvme-pool".into();
+    api.create(&PostParams::default(), &nopool).await?;
+    let m = wait_machine(&api, "nopool", "StoragePoolNotFound", 60, |c| {
+        c.reason == "StoragePoolNotFound"
+    })
+    .await?;
+    assert_eq!(
+        ready(&m).unwrap().message,
+        "storage pool nvme-pool does not exist"
+    );
+
+    // A foreign domain holds the machine's name: it is never redefined nor deleted.
+    let foreign = format!("{ns}-taken");
+    let foreign_uuid = "0b6f1e0c-0000-4000-8000-000000000042";
+    let xml_path = host.libvirtd.dir().join("foreign.xml");
+    std::fs::write(
+        &xml_path,
+        format!(
+            "<domain type='qemu'><name>{foreign}</name><uuid>{foreign_uuid}</uuid>\
+             <memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os></domain>"
+        ),
+    )?;
+    host.libvirtd
+        .virsh(["define", &xml_path.display().to_string()])
+        .await?;
+    let before = host.libvirtd.virsh(["dumpxml", &foreign]).await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    api.create(
+        &PostParams::default(),
+        &machine("taken", &host, backing("base.raw")),
+    )
+    .await?;
+    let m = wait_machine(&api, "taken", "DomainNameTaken", 60, |c| {
+        c.reason == "DomainNameTaken"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains(&foreign) && message.contains(foreign_uuid),
+        "{message}"
+    );
+    assert_eq!(host.libvirtd.virsh(["dumpxml", &foreign]).await?, before);
+
+    for name in ["nobase", "nopool", "taken"] {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    eventually("machines deleted", 60, || async {
+        Ok(api
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    // The foreign domain survives the machine's deletion, untouched.
+    assert_eq!(host.libvirtd.virsh(["dumpxml", &foreign]).await?, before);
+    let volumes = volume_names(&host).await?;
+    assert!(
+        !volumes.iter().any(|v| v.starts_with(&foreign)),
+        "{volumes:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
+    let mut host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    // Stop the daemon as soon as the machine has its UUID: the reconcile is under way.
+    eventually("UUID recorded", 60, || async {
+        let m = api.get("web").await?;
+        Ok(m.status.and_then(|s| s.domain_uuid))
+    })
+    .await?;
+    host.libvirtd.suspend()?;
+    let outcome = wait_machine(
+        &api,
+        "web",
+        "ConnectFailed while libvirtd is stopped",
+        120,
+        |c| c.reason == "ConnectFailed",
+    )
+    .await;
+    host.libvirtd.resume()?;
+    let m = outcome?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains("connection lost") || message.contains("timed out"),
+        "{message}"
+    );
+    let m = wait_machine(&api, "web", "running after libvirtd is back", 180, |c| {
+        c.status == "True"
+    })
+    .await?;
+    assert!(m.status.unwrap().ready);
+    assert_eq!(domain_names(&host).await?, vec![format!("{ns}-web")]);
+    api.delete("web", &DeleteParams::default()).await?;
+    eventually("deleted", 120, || async {
+        Ok(api.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
