@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
-use banlieue_libvirt::{CaBundle, Client as LibvirtClient, Identity, StoragePool, StorageVol};
+use banlieue_libvirt::{CaBundle, Client as LibvirtClient, Identity, Network, StoragePool, StorageVol};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -118,6 +118,70 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
                 .map_err(|e| BoxError::from(e.to_string()))
         },
     )?;
+    let peers = Peers {
+        control_plane,
+        libvirtd,
+        // Unique per run: the bridge lives in the host's network namespace, which parallel
+        // runs share.
+        bridge: format!("bnl{}", std::process::id()),
+    };
+    let shutdown = CancellationToken::new();
+    let mut workers = Vec::new();
+    let outcome = drive(&args, &peers, &shutdown, &mut workers, &mut progress).await;
+
+    eprintln!("tearing down");
+    shutdown.cancel();
+    for worker in workers {
+        let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
+    }
+    if let Err(error) = release_host(&peers.libvirtd).await {
+        eprintln!("      could not remove the dev network: {error}");
+    }
+    let left = peers.stop();
+    if !left.is_empty() {
+        return Err(format!("still running after tear-down: {}", left.join(", ")).into());
+    }
+    eprintln!("done ({:.1} s)", progress.started.elapsed().as_secs_f64());
+    outcome
+}
+
+/// The local peers of one run.
+struct Peers {
+    control_plane: ControlPlane,
+    libvirtd: Libvirtd,
+    bridge: String,
+}
+
+impl Peers {
+    /// Stops every process started for the run; returns those still alive afterwards.
+    fn stop(self) -> Vec<String> {
+        let mut started: Vec<(String, u32)> = self
+            .control_plane
+            .pids()
+            .into_iter()
+            .map(|(name, pid)| (name.to_owned(), pid))
+            .collect();
+        started.push(("libvirtd".into(), self.libvirtd.pid()));
+        started.extend(self.libvirtd.guest_pids().into_iter().map(|pid| ("qemu".to_owned(), pid)));
+        drop(self.libvirtd);
+        drop(self.control_plane);
+        started
+            .iter()
+            .filter(|(_, pid)| is_running(*pid))
+            .map(|(name, pid)| format!("{name} (PID {pid})"))
+            .collect()
+    }
+}
+
+/// Everything between starting the peers and tearing them down.
+async fn drive(
+    args: &UpArgs,
+    peers: &Peers,
+    shutdown: &CancellationToken,
+    workers: &mut Vec<tokio::task::JoinHandle<()>>,
+    progress: &mut Progress,
+) -> Result<(), BoxError> {
+    let (control_plane, libvirtd) = (&peers.control_plane, &peers.libvirtd);
     let kube = control_plane.client()?;
     let kubeconfig = control_plane
         .kubeconfig("admin")
@@ -139,11 +203,9 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     apply(&kube, &binding).await?;
 
     progress.step("preparing libvirt: storage pool, isolated network, image volume");
-    let identity = Identity::from_files(&libvirtd.client_cert_path(), &libvirtd.client_key_path())?;
-    let ca = CaBundle::from_file(&libvirtd.ca_cert_path())?;
-    let host = LibvirtClient::connect(&libvirtd.tls_uri(), &identity, &ca).await?;
+    let host = connect(libvirtd).await?;
     let pool_dir = libvirtd.create_pool_dir(objects::STORAGE_POOL)?;
-    prepare_host(&host, &pool_dir.display().to_string()).await?;
+    prepare_host(&host, &pool_dir.display().to_string(), &peers.bridge).await?;
     host.close().await?;
 
     progress.step("registering a Provider for the local libvirtd");
@@ -156,18 +218,17 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     apply(&kube, &objects::provider(&libvirtd.tls_uri())).await?;
 
     progress.step("running the controller and the libvirt provider in this process");
-    let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
-    let workers = crate::roles::spawn_all(
+    workers.extend(crate::roles::spawn_all(
         &kube,
         &mut registry,
-        &shutdown,
+        shutdown,
         crate::roles::Roles {
             controller: true,
             operator: true,
             provider: Some((objects::PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
         },
-    )?;
+    )?);
     let readiness = observe::Readiness::default();
     let metrics =
         observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
@@ -182,70 +243,55 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     apply(&kube, &objects::pool()).await?;
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
-    claims
-        .create(&PostParams::default(), &objects::claim())
-        .await?;
+    claims.create(&PostParams::default(), &objects::claim()).await?;
 
     progress.step("waiting for the claim to be Bound");
-    let bound = wait_bound(&kube, Duration::from_secs(args.timeout_seconds), &progress).await;
-    let outcome = match bound {
-        Ok(()) => {
-            println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
-            println!("kubeconfig: {kubeconfig}");
-            println!(
-                "  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}"
-            );
-            if !args.non_interactive {
-                eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
-                wait_for_stop().await;
-            }
-            Ok(())
+    let deadline = Duration::from_secs(args.timeout_seconds);
+    tokio::select! {
+        bound = wait_bound(&kube, deadline, progress) => bound?,
+        _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
+    }
+    println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
+    println!("kubeconfig: {kubeconfig}");
+    println!(
+        "  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}"
+    );
+    if !args.non_interactive {
+        eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
+        tokio::select! {
+            _ = wait_for_stop() => {}
+            _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
         }
-        Err(e) => Err(e),
-    };
+    }
+    Ok(())
+}
 
-    eprintln!("tearing down");
-    shutdown.cancel();
-    for worker in workers {
-        let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
+async fn connect(libvirtd: &Libvirtd) -> Result<LibvirtClient, BoxError> {
+    let identity = Identity::from_files(&libvirtd.client_cert_path(), &libvirtd.client_key_path())?;
+    let ca = CaBundle::from_file(&libvirtd.ca_cert_path())?;
+    Ok(LibvirtClient::connect(&libvirtd.tls_uri(), &identity, &ca).await?)
+}
+
+/// Stops the dev network, whose bridge would otherwise outlive the daemon on the host.
+async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
+    let host = connect(libvirtd).await?;
+    if let Some(network) = Network::lookup_by_name(&host, objects::NETWORK).await? {
+        host.call::<rp::NetworkDestroy>(&remote::RemoteNetworkDestroyArgs {
+            net: network.raw().clone(),
+        })
+        .await?;
     }
-    let mut started: Vec<(String, u32)> = control_plane
-        .pids()
-        .into_iter()
-        .map(|(name, pid)| (name.to_owned(), pid))
-        .collect();
-    started.push(("libvirtd".into(), libvirtd.pid()));
-    started.extend(
-        libvirtd
-            .guest_pids()
-            .into_iter()
-            .map(|pid| ("qemu".to_owned(), pid)),
-    );
-    drop(libvirtd);
-    drop(control_plane);
-    let left: Vec<String> = started
-        .iter()
-        .filter(|(_, pid)| is_running(*pid))
-        .map(|(name, pid)| format!("{name} (PID {pid})"))
-        .collect();
-    if !left.is_empty() {
-        return Err(format!("still running after tear-down: {}", left.join(", ")).into());
-    }
-    eprintln!(
-        "done: {} processes stopped ({:.1} s)",
-        started.len(),
-        progress.started.elapsed().as_secs_f64()
-    );
-    outcome
+    host.close().await?;
+    Ok(())
 }
 
 /// The storage pool, the isolated network and the image volume.
-async fn prepare_host(host: &LibvirtClient, pool_dir: &str) -> Result<(), BoxError> {
+async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Result<(), BoxError> {
     let pool = StoragePool::define_xml(host, &objects::storage_pool_xml(pool_dir)).await?;
     pool.create(0).await?;
     let network = host
         .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
-            xml: objects::network_xml(),
+            xml: objects::network_xml(bridge),
         })
         .await?
         .net;

@@ -260,9 +260,10 @@ pub fn storage_pool_xml(path: &str) -> String {
 
 /// An isolated network: a bridge with no address, no DHCP and no DNS, so nothing listens
 /// anywhere but loopback.
-pub fn network_xml() -> String {
+pub fn network_xml(bridge: &str) -> String {
+    let bridge = xml_escape(bridge);
     format!(
-        "<network><name>{NETWORK}</name><bridge name='bnl-dev0' stp='off'/><dns enable='no'/></network>"
+        "<network><name>{NETWORK}</name><bridge name='{bridge}' stp='off'/><dns enable='no'/></network>"
     )
 }
 
