@@ -33,6 +33,9 @@ const FEATURE_PROGRAM_KEEPALIVE: i32 = 10;
 pub struct ClientOptions {
     /// Default deadline of a call; `None` waits as long as the connection lives.
     pub call_timeout: Option<Duration>,
+    /// Deadline of the TCP connect, the TLS handshake and the server's confirmation byte
+    /// together; `None` leaves it to the kernel (minutes for an unreachable host).
+    pub connect_timeout: Option<Duration>,
     /// Ping after this much silence.
     pub keepalive_interval: Duration,
     /// Give the peer up after `interval × count` of silence.
@@ -47,6 +50,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             call_timeout: Some(Duration::from_secs(120)),
+            connect_timeout: Some(Duration::from_secs(30)),
             keepalive_interval: Duration::from_secs(5),
             keepalive_count: 5,
             send_queue: 64,
@@ -194,6 +198,7 @@ impl Client {
         Self::connect_with(uri, identity, ca, ClientOptions::default()).await
     }
 
+    /// [`Client::connect`] with explicit tunables.
     pub async fn connect_with(
         uri: &str,
         identity: &Identity,
@@ -204,10 +209,31 @@ impl Client {
         let config = crate::tls::client_config(identity, ca)?;
         let name = crate::tls::server_name(&uri.host)?;
         let address = uri.address();
-        let tcp = tokio::net::TcpStream::connect(&address)
+        let tls = Self::open_tls(&uri, &address, config, name);
+        let tls =
+            match opts.connect_timeout {
+                Some(after) => tokio::time::timeout(after, tls).await.map_err(|_| {
+                    Error::ConnectTimeout {
+                        address: address.clone(),
+                        after,
+                    }
+                })??,
+                None => tls.await?,
+            };
+        Self::handshake_with(tls, &uri.server_uri(), opts).await
+    }
+
+    /// TCP, TLS, and libvirtd's confirmation that it accepted the client certificate.
+    async fn open_tls(
+        uri: &ConnectUri,
+        address: &str,
+        config: Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+    ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(address)
             .await
             .map_err(|source| Error::Connect {
-                address: address.clone(),
+                address: address.to_string(),
                 source,
             })?;
         let _ = tcp.set_nodelay(true);
@@ -235,7 +261,7 @@ impl Client {
                 });
             }
         }
-        Self::handshake_with(tls, &uri.server_uri(), opts).await
+        Ok(tls)
     }
 
     /// Runs libvirt's open sequence over any byte stream (a Unix socket, a test pipe, or

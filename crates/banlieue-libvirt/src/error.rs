@@ -182,6 +182,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("connect to {address}: no TLS session within {after:?}")]
+    ConnectTimeout {
+        address: String,
+        after: std::time::Duration,
+    },
     #[error("TLS handshake with {host}")]
     Tls {
         host: String,
@@ -245,6 +250,7 @@ impl Error {
             // during the handshake is the connection failing.
             Error::Tls { source, .. } => source.kind() != std::io::ErrorKind::InvalidData,
             Error::Connect { .. }
+            | Error::ConnectTimeout { .. }
             | Error::ConnectionLost(_)
             | Error::Closed
             | Error::Timeout { .. } => true,

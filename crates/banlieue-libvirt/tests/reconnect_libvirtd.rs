@@ -141,3 +141,57 @@ async fn an_unreachable_daemon_gives_up_after_the_bounded_attempts() {
     .expect_err("ssh");
     assert!(matches!(err, Error::UnsupportedScheme(_)), "{err}");
 }
+
+#[tokio::test]
+async fn a_frozen_daemon_is_left_and_rejoined_when_it_wakes() {
+    let Some(mut d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let (id, ca) = identity(&d);
+    let opts = ClientOptions {
+        keepalive_interval: Duration::from_secs(1),
+        keepalive_count: 3,
+        connect_timeout: Some(Duration::from_secs(1)),
+        ..ClientOptions::default()
+    };
+    let backoff = Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_millis(500),
+        factor: 2,
+        attempts: 200,
+    };
+    let conn = Reconnecting::connect(&d.tls_uri(), &id, &ca, opts.clone(), backoff)
+        .await
+        .expect("connects");
+    let mut watch = conn.lifecycle_events().await.expect("subscribed");
+    let first = conn.client().await.expect("client");
+
+    d.suspend().expect("SIGSTOP");
+    // The kernel still accepts TCP connections for the stopped daemon; nothing answers TLS.
+    let err = banlieue_libvirt::Client::connect_with(&d.tls_uri(), &id, &ca, opts)
+        .await
+        .expect_err("no TLS from a stopped daemon");
+    assert!(matches!(err, Error::ConnectTimeout { .. }), "{err}");
+    assert!(err.is_transient());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while first.is_alive() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keepalive gives the frozen daemon up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    d.resume().expect("SIGCONT");
+
+    let client = conn.client().await.expect("a new connection");
+    let dom = Domain::define_xml(&client, &domain_xml("banlieue-reconnect-thawed"))
+        .await
+        .expect("defined");
+    let seen = wait_for(&mut watch, "banlieue-reconnect-thawed", 0).await;
+    assert!(
+        seen.iter()
+            .any(|u| matches!(u, LifecycleUpdate::Resubscribed { .. })),
+        "{seen:?}"
+    );
+    dom.undefine_flags(0).await.expect("undefined");
+}
