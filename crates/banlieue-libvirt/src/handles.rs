@@ -4,6 +4,26 @@
 //! lookup time); it is cheap to clone and stays valid as long as the object exists.
 //!
 //! Lookups return `Ok(None)` when the object does not exist; every other failure is an error.
+//!
+//! ```no_run
+//! # async fn demo(client: banlieue_libvirt::Client, xml: String) -> banlieue_libvirt::Result<()> {
+//! use banlieue_libvirt::{flags, Domain, DomainState, StoragePool, StorageVol};
+//!
+//! let dom = Domain::define_xml(&client, &xml).await?;
+//! dom.create().await?;
+//! assert_eq!(dom.get_state().await?.0, DomainState::RUNNING);
+//! dom.destroy_if_running().await?;
+//! dom.undefine_flags(flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_TPM).await?;
+//! assert!(Domain::lookup_by_name(&client, dom.name()).await?.is_none());
+//!
+//! if let Some(pool) = StoragePool::lookup_by_name(&client, "images").await? {
+//!     if let Some(vol) = StorageVol::lookup_by_name(&pool, "base.qcow2").await? {
+//!         let mut out = Vec::new();
+//!         vol.download(&mut out, 0, 0, true).await?;
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
 use tokio::io::{AsyncRead, AsyncWrite};
 

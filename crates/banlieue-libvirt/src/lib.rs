@@ -4,6 +4,11 @@
 //! `protocol/fetch`): every type of every program with its XDR encoding, and a table and a
 //! marker type per procedure. On top of it sit the sans-io packet codec ([`packet`]) and the
 //! XDR runtime ([`xdr`]).
+//!
+//! The tokio client ([`Client`]) calls any procedure by its marker type; [`handles`] names the
+//! common ones (`Domain::define_xml`, `StorageVol::upload`, …); [`stream`] moves volume data,
+//! [`events`] delivers lifecycle events, and [`reconnect`] re-opens a lost connection and
+//! re-registers its event subscriptions. See `docs/client.md`.
 
 pub mod client;
 pub mod dispatch;
