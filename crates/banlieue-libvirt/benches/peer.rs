@@ -2,7 +2,8 @@
 //!
 //! - Calls: `CONNECT_GET_LIB_VERSION` sequentially, then with 32 calls in flight on one
 //!   connection (32 tasks; Python: 32 threads, which libvirt-python lets run concurrently),
-//!   against `/usr/bin/python3` with Debian's python3-libvirt over the same TLS URI. The daemon
+//!   against `/usr/bin/python3` with Debian's python3-libvirt over the same TLS URI; five
+//!   rounds, interleaved, medians compared. The daemon
 //!   is configured with `max_client_requests = 32` so that it, not the server, bounds
 //!   concurrency.
 //! - Volumes: 1 GiB of incompressible data up into a raw volume of a dir pool and back down,
@@ -10,7 +11,8 @@
 //!   each under `/usr/bin/time` for wall time and peak RSS. Median of three runs each.
 //!
 //! ```text
-//! cargo bench -p banlieue-libvirt --bench peer
+//! cargo bench -p banlieue-libvirt --bench peer             # both parts
+//! cargo bench -p banlieue-libvirt --bench peer -- calls    # or only one: calls, volumes
 //! ```
 //!
 //! Prints a table with the ratios (libvirt's time / ours: above 1 means we are faster).
@@ -56,11 +58,19 @@ fn main() {
     if !Libvirtd::available().expect("libvirtd is installed (run scripts/setup)") {
         return;
     }
-    runtime.block_on(compare());
+    let only = |part: &str| {
+        !args.iter().any(|a| a == "calls" || a == "volumes") || args.iter().any(|a| a == part)
+    };
+    runtime.block_on(compare(only("calls"), only("volumes")));
 }
 
 async fn connect(uri: &str) -> Client {
-    let pki = PathBuf::from(ConnectUri::parse(uri).expect("uri").pkipath.expect("pkipath"));
+    let pki = PathBuf::from(
+        ConnectUri::parse(uri)
+            .expect("uri")
+            .pkipath
+            .expect("pkipath"),
+    );
     let id = Identity::from_files(&pki.join("clientcert.pem"), &pki.join("clientkey.pem"))
         .expect("identity");
     let ca = CaBundle::from_file(&pki.join("cacert.pem")).expect("ca");
@@ -197,22 +207,78 @@ fn same_bytes(a: &Path, b: &Path) -> bool {
         .success()
 }
 
-async fn compare() {
+async fn compare(calls: bool, volumes: bool) {
     let d = Libvirtd::start(LibvirtdOptions::default().with_max_client_requests(IN_FLIGHT as u32))
         .await
         .expect("libvirtd starts");
     let uri = d.virsh_uri();
     let c = connect(&uri).await;
 
-    let (ours_seq, ours_conc) = calls_per_second(&c).await;
-    let (py_seq, py_conc) = python_calls(&uri);
+    println!("\n| workload | banlieue-libvirt | libvirt | libvirt time / ours |");
+    println!("|---|---|---|---|");
+    if calls {
+        compare_calls(&c, &uri).await;
+    }
+    if volumes {
+        compare_volumes(&d, &c, &uri).await;
+    }
+}
 
+/// Rounds of the call workloads, ours and Python's interleaved, so that load from other work
+/// on the machine falls on both; the medians are compared.
+const CALL_ROUNDS: usize = 5;
+
+fn median_of(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+async fn compare_calls(c: &Client, uri: &str) {
+    let (mut ours, mut python) = (Vec::new(), Vec::new());
+    for _ in 0..CALL_ROUNDS {
+        ours.push(calls_per_second(c).await);
+        python.push(python_calls(uri));
+    }
+    let ours_seq = median_of(ours.iter().map(|r| r.0).collect());
+    let ours_conc = median_of(ours.iter().map(|r| r.1).collect());
+    let py_seq = median_of(python.iter().map(|r| r.0).collect());
+    let py_conc = median_of(python.iter().map(|r| r.1).collect());
+    let spread =
+        |v: &[(Duration, Duration)], pick: fn(&(Duration, Duration)) -> Duration, n: usize| {
+            let rates: Vec<f64> = v.iter().map(|r| n as f64 / pick(r).as_secs_f64()).collect();
+            let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = rates.iter().copied().fold(0.0, f64::max);
+            format!("{lo:.0}–{hi:.0}")
+        };
+    eprintln!(
+        "calls/s over {CALL_ROUNDS} rounds: sequential ours {} python {}; in flight ours {} python {}",
+        spread(&ours, |r| r.0, SEQUENTIAL),
+        spread(&python, |r| r.0, SEQUENTIAL),
+        spread(&ours, |r| r.1, CONCURRENT),
+        spread(&python, |r| r.1, CONCURRENT),
+    );
+    let rate = |n: usize, t: Duration| n as f64 / t.as_secs_f64();
+    println!(
+        "| {SEQUENTIAL} sequential GET_LIB_VERSION | {:.0} calls/s | {:.0} calls/s (python3-libvirt) | {:.2} |",
+        rate(SEQUENTIAL, ours_seq),
+        rate(SEQUENTIAL, py_seq),
+        py_seq.as_secs_f64() / ours_seq.as_secs_f64()
+    );
+    println!(
+        "| {CONCURRENT} GET_LIB_VERSION, {IN_FLIGHT} in flight | {:.0} calls/s | {:.0} calls/s (python3-libvirt, {IN_FLIGHT} threads) | {:.2} |",
+        rate(CONCURRENT, ours_conc),
+        rate(CONCURRENT, py_conc),
+        py_conc.as_secs_f64() / ours_conc.as_secs_f64()
+    );
+}
+
+async fn compare_volumes(d: &Libvirtd, c: &Client, uri: &str) {
     let dir = d.create_pool_dir("bench").expect("pool dir");
     let xml = format!(
         "<pool type='dir'><name>bench</name><target><path>{}</path></target></pool>",
         dir.display()
     );
-    let pool = StoragePool::define_xml(&c, &xml).await.expect("pool");
+    let pool = StoragePool::define_xml(c, &xml).await.expect("pool");
     pool.create(0).await.expect("pool started");
     let vol_xml = format!(
         "<volume><name>big.raw</name><capacity unit='bytes'>{VOLUME}</capacity><target><format type='raw'/></target></volume>"
@@ -230,12 +296,13 @@ async fn compare() {
     let me = std::env::current_exe().expect("own path");
     let ours = |op: &str, file: &Path| {
         let mut cmd = Command::new(&me);
-        cmd.args(["--worker", op, &uri, "bench", "big.raw"]).arg(file);
+        cmd.args(["--worker", op, uri, "bench", "big.raw"])
+            .arg(file);
         timed(&mut cmd)
     };
     let virsh = |op: &str, file: &Path| {
         let mut cmd = Command::new("virsh");
-        cmd.args(["-q", "-c", &uri, op, "--pool", "bench", "big.raw"])
+        cmd.args(["-q", "-c", uri, op, "--pool", "bench", "big.raw"])
             .arg(file);
         timed(&mut cmd)
     };
@@ -250,22 +317,7 @@ async fn compare() {
     assert!(same_bytes(&source, &virsh_down), "virsh's download differs");
     let [up_ours, up_virsh, down_ours, down_virsh] = results.map(median);
 
-    let rate = |n: usize, t: Duration| n as f64 / t.as_secs_f64();
     let mibs = |t: Duration| VOLUME as f64 / (1 << 20) as f64 / t.as_secs_f64();
-    println!("\n| workload | banlieue-libvirt | libvirt | libvirt time / ours |");
-    println!("|---|---|---|---|");
-    println!(
-        "| {SEQUENTIAL} sequential GET_LIB_VERSION | {:.0} calls/s | {:.0} calls/s (python3-libvirt) | {:.2} |",
-        rate(SEQUENTIAL, ours_seq),
-        rate(SEQUENTIAL, py_seq),
-        py_seq.as_secs_f64() / ours_seq.as_secs_f64()
-    );
-    println!(
-        "| {CONCURRENT} GET_LIB_VERSION, {IN_FLIGHT} in flight | {:.0} calls/s | {:.0} calls/s (python3-libvirt, {IN_FLIGHT} threads) | {:.2} |",
-        rate(CONCURRENT, ours_conc),
-        rate(CONCURRENT, py_conc),
-        py_conc.as_secs_f64() / ours_conc.as_secs_f64()
-    );
     for (name, (ot, orss), (vt, vrss)) in [
         ("upload 1 GiB", up_ours, up_virsh),
         ("download 1 GiB", down_ours, down_virsh),
