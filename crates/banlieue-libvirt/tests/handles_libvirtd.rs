@@ -2,6 +2,7 @@
 //! volumes (with ranged and sparse transfers), networks, lookups of missing objects, and the
 //! guest-agent call without an agent.
 
+use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::{
     Client, Domain, DomainState, ErrorCode, Network, StoragePool, StorageVol, StorageVolType, flags,
 };
@@ -244,6 +245,8 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     let path = vol.get_path().await.expect("path");
     assert_eq!(path, dir.join("disk.raw").display().to_string());
     assert_eq!(vol.key(), path, "a dir pool keys volumes by path");
+    let vol_xml = vol.get_xml_desc().await.expect("volume xml");
+    assert!(vol_xml.contains("<name>disk.raw</name>"), "{vol_xml}");
 
     // 1 MiB of data at 2 MiB, then 1 MiB of zeros and 1 MiB of data at 4 MiB, sparse, up to
     // the end (a sparse upload leaves the file ending where the stream ended).
@@ -331,6 +334,21 @@ async fn networks_are_listed_and_missing_ones_are_none() {
             .expect("lookup")
             .is_none()
     );
+    // Defined, never started: no bridge is made.
+    let defined = c
+        .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
+            xml: "<network><name>banlieue-handles-net</name><bridge name='virbr-bl9'/></network>"
+                .into(),
+        })
+        .await
+        .expect("network defined")
+        .net;
+    let net = Network::lookup_by_name(&c, "banlieue-handles-net")
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(net.uuid(), defined.uuid);
+    assert!(!net.is_active().await.expect("is active"), "never started");
     let nets = Network::list_all(&c, 0).await.expect("networks");
     let virsh = d
         .virsh(["net-list", "--all", "--name"])
@@ -341,12 +359,14 @@ async fn networks_are_listed_and_missing_ones_are_none() {
     ours.sort_unstable();
     theirs.sort_unstable();
     assert_eq!(ours, theirs, "the same networks as virsh");
-    for n in &nets {
-        let again = Network::lookup_by_name(&c, n.name())
+    assert!(ours.contains(&"banlieue-handles-net"));
+    c.call::<rp::NetworkUndefine>(&remote::RemoteNetworkUndefineArgs { net: defined })
+        .await
+        .expect("undefined");
+    assert!(
+        Network::lookup_by_name(&c, "banlieue-handles-net")
             .await
             .expect("lookup")
-            .expect("found");
-        assert_eq!(again.uuid(), n.uuid());
-        again.is_active().await.expect("is active");
-    }
+            .is_none()
+    );
 }
