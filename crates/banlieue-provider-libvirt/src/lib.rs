@@ -9,6 +9,7 @@ pub mod domain_xml;
 pub mod error;
 pub mod finalizers;
 pub mod host;
+pub mod image;
 pub mod machine;
 pub mod operator;
 pub mod quantity;

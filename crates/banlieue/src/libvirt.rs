@@ -37,6 +37,7 @@ pub enum Command {
     Pools(Connect),
     /// Volumes of a pool: name, type, capacity, allocation, path.
     Vols {
+        /// Storage pool name.
         pool: String,
         #[command(flatten)]
         conn: Connect,
@@ -45,8 +46,11 @@ pub enum Command {
     Domains(Connect),
     /// Upload a local file into a volume.
     VolUpload {
+        /// Storage pool name.
         pool: String,
+        /// Volume name in the pool.
         vol: String,
+        /// File to read.
         file: PathBuf,
         #[command(flatten)]
         range: Range,
@@ -55,8 +59,11 @@ pub enum Command {
     },
     /// Download a volume into a local file.
     VolDownload {
+        /// Storage pool name.
         pool: String,
+        /// Volume name in the pool.
         vol: String,
+        /// File to write (created or truncated).
         file: PathBuf,
         #[command(flatten)]
         range: Range,

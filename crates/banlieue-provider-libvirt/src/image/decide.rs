@@ -1,0 +1,734 @@
+//! The pure half of the image reconcile: which pools, which Jobs, what each zone says, and how
+//! this provider's entry merges into a VMImage status that other providers write too.
+
+use std::collections::BTreeMap;
+
+use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
+use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER, LABEL_VMIMAGE};
+use banlieue_api::{
+    ArtifactPhase, BuildArtifact, ImagePhase, ImageSource, ImageSourceKind, Provider,
+    ProviderClass, ProviderImageStatus, VMImage, VMImageStatus, ZoneImageStatus, ZonePhase,
+};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sha2::{Digest, Sha256};
+
+/// The PVC the build artifacts live on when the ProviderClass names none.
+pub const DEFAULT_ARTIFACTS_CLAIM: &str = "banlieue-artifacts";
+/// Where the import Job mounts the artifacts PVC.
+pub const ARTIFACTS_MOUNT: &str = "/artifacts";
+/// The value of `app.kubernetes.io/managed-by` on import Jobs.
+pub const MANAGED_BY: &str = "banlieue";
+/// The import container's name.
+pub const CONTAINER_NAME: &str = "import";
+/// The example that carries the `jobs` grant.
+pub const PROVIDER_CLASS_EXAMPLE: &str = "examples/09-providerclass-libvirt.yaml";
+
+/// The image's effective revision: `spec.revision`, or `r` and 10 hex digits of the SHA-256 of
+/// its sources, so that a changed source is a new revision (and a new volume).
+pub fn revision(image: &VMImage) -> String {
+    if let Some(r) = image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
+        return r.to_owned();
+    }
+    let mut hasher = Sha256::new();
+    for source in &image.spec.sources {
+        // Length-prefixed fields, so no two different source lists hash alike.
+        for field in [
+            source.provider_class.as_str(),
+            match source.kind {
+                ImageSourceKind::Url => "Url",
+                ImageSourceKind::BackingFile => "BackingFile",
+            },
+            source.url.as_deref().unwrap_or(""),
+            source.volume.as_deref().unwrap_or(""),
+        ] {
+            hasher.update((field.len() as u64).to_be_bytes());
+            hasher.update(field.as_bytes());
+        }
+    }
+    let digest = hasher.finalize();
+    let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
+    format!("r{hex}")
+}
+
+/// The volume a Url import writes in each pool: `<image>-<revision>.raw`. The revision in the
+/// name means a new revision never overwrites a volume that running machines use as backing.
+pub fn url_volume_name(image: &str, revision: &str) -> String {
+    format!("{image}-{revision}.raw")
+}
+
+/// The image's source for `class`, if it has one.
+pub fn source_for_class<'a>(image: &'a VMImage, class: &str) -> Option<&'a ImageSource> {
+    image
+        .spec
+        .sources
+        .iter()
+        .find(|s| s.provider_class == class)
+}
+
+/// The storage pools the Provider advertises: its (single) failure domain's storage classes,
+/// each pool once, in declaration order.
+pub fn storage_pools(provider: &Provider) -> Vec<String> {
+    let mut pools: Vec<String> = Vec::new();
+    let Some(domain) = provider
+        .status
+        .as_ref()
+        .and_then(|s| s.failure_domains.first())
+    else {
+        return pools;
+    };
+    for class in &domain.storage_classes {
+        if !pools.contains(&class.target.pool) {
+            pools.push(class.target.pool.clone());
+        }
+    }
+    pools
+}
+
+/// The import settings of a ProviderClass with their defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportSettings {
+    pub namespace: String,
+    /// `None`: the build namespace's `default` ServiceAccount.
+    pub service_account: Option<String>,
+    pub artifacts_claim: String,
+}
+
+impl ImportSettings {
+    pub fn of(class: &ProviderClass) -> Self {
+        let import = &class.spec.import;
+        ImportSettings {
+            namespace: import
+                .namespace
+                .clone()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| names::DEFAULT_BUILD_NAMESPACE.to_owned()),
+            service_account: import
+                .service_account_name
+                .clone()
+                .filter(|n| !n.is_empty()),
+            artifacts_claim: import
+                .artifacts_claim_name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| DEFAULT_ARTIFACTS_CLAIM.to_owned()),
+        }
+    }
+
+    /// The ServiceAccount the Job's pods run as.
+    pub fn effective_service_account(&self) -> &str {
+        self.service_account.as_deref().unwrap_or("default")
+    }
+}
+
+/// Whether a Url source's build half is done, and where its file is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArtifactState {
+    /// Ready, with the file's path inside the PVC (no leading `/`).
+    Ready { path: String },
+    /// Not (yet) usable; the text says why, for the zone's message.
+    Pending(String),
+}
+
+/// Reads `status.buildArtifact`: only a Ready `cloudImage` with a path can be imported.
+pub fn artifact_state(artifact: Option<&BuildArtifact>) -> ArtifactState {
+    let Some(a) = artifact else {
+        return ArtifactState::Pending("no build artifact yet (banlieue-imagebuilder)".into());
+    };
+    if a.kind != ARTIFACT_KIND_CLOUD_IMAGE {
+        return ArtifactState::Pending(format!(
+            "build artifact kind {:?} is not {ARTIFACT_KIND_CLOUD_IMAGE}",
+            a.kind
+        ));
+    }
+    if a.phase != ArtifactPhase::Ready {
+        return ArtifactState::Pending(format!("build artifact is {:?}", a.phase));
+    }
+    match a.path.as_deref().map(|p| p.trim_start_matches('/')) {
+        Some(p) if !p.is_empty() && !p.split('/').any(|c| c == "..") => {
+            ArtifactState::Ready { path: p.to_owned() }
+        }
+        _ => ArtifactState::Pending("build artifact is Ready but names no usable path".into()),
+    }
+}
+
+/// The Job's container arguments after the class's own: exactly the guide's command line.
+pub fn import_args(
+    image: &str,
+    provider: &str,
+    provider_namespace: &str,
+    pool: &str,
+    artifact_path: &str,
+) -> Vec<String> {
+    [
+        "provider",
+        "libvirt",
+        "import",
+        "--vmimage",
+        image,
+        "--provider",
+        provider,
+        "--provider-namespace",
+        provider_namespace,
+        "--pool",
+        pool,
+        "--source",
+        &format!("{ARTIFACTS_MOUNT}/{artifact_path}"),
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// The labels of an import Job (and its pods).
+pub fn job_labels(image: &str, provider: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_VMIMAGE.to_owned(), image.to_owned()),
+        (LABEL_PROVIDER.to_owned(), provider.to_owned()),
+        (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+    ])
+}
+
+/// The import Job of `image` on `pool` of `provider`. Its name is a function of the triple,
+/// which is what makes adoption possible.
+pub fn import_job(
+    image: &str,
+    provider: &Provider,
+    class: &ProviderClass,
+    pool: &str,
+    artifact_path: &str,
+) -> Job {
+    let provider_name = provider.metadata.name.as_deref().unwrap_or_default();
+    let provider_namespace = provider.metadata.namespace.as_deref().unwrap_or("default");
+    let settings = ImportSettings::of(class);
+    let labels = job_labels(image, provider_name);
+    let mut args = class.spec.args.clone();
+    args.extend(import_args(
+        image,
+        provider_name,
+        provider_namespace,
+        pool,
+        artifact_path,
+    ));
+    Job {
+        metadata: ObjectMeta {
+            name: Some(names::import_job_name(image, provider_name, pool)),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            // A partial upload restarts from zero: one retry, never a loop (ADR-0010).
+            backoff_limit: Some(1),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    service_account_name: settings.service_account.clone(),
+                    containers: vec![Container {
+                        name: CONTAINER_NAME.into(),
+                        image: Some(class.spec.image.clone()),
+                        command: (!class.spec.command.is_empty())
+                            .then(|| class.spec.command.clone()),
+                        args: Some(args),
+                        volume_mounts: Some(vec![VolumeMount {
+                            name: "artifacts".into(),
+                            mount_path: ARTIFACTS_MOUNT.into(),
+                            read_only: Some(true),
+                            ..VolumeMount::default()
+                        }]),
+                        ..Container::default()
+                    }],
+                    volumes: Some(vec![Volume {
+                        name: "artifacts".into(),
+                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                            claim_name: settings.artifacts_claim.clone(),
+                            read_only: Some(true),
+                        }),
+                        ..Volume::default()
+                    }]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A zone whose build half is not finished: the problem is upstream.
+pub fn zone_build_pending(pool: &str, why: &str) -> ZoneImageStatus {
+    ZoneImageStatus {
+        pool: pool.to_owned(),
+        phase: ZonePhase::BuildPending,
+        volume: None,
+        message: Some(why.to_owned()),
+    }
+}
+
+/// A zone mirrored from its import Job: Complete → Ready, Failed → Failed with the Job's
+/// reason and message, anything else → Importing.
+pub fn zone_from_job(pool: &str, volume: &str, job: &Job) -> ZoneImageStatus {
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let holds = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    };
+    let (phase, message) = if holds("Complete").is_some() {
+        (ZonePhase::Ready, None)
+    } else if let Some(failed) = holds("Failed") {
+        let reason = failed.reason.as_deref().unwrap_or("Failed");
+        let detail = failed.message.as_deref().unwrap_or("");
+        (
+            ZonePhase::Failed,
+            Some(format!(
+                "import Job {namespace}/{name} failed: {reason}: {detail}; its log says why \
+                 (kubectl -n {namespace} logs job/{name}); delete the Job to retry"
+            )),
+        )
+    } else {
+        (
+            ZonePhase::Importing,
+            Some(format!("import Job {namespace}/{name} is running")),
+        )
+    };
+    ZoneImageStatus {
+        pool: pool.to_owned(),
+        phase,
+        volume: Some(volume.to_owned()),
+        message,
+    }
+}
+
+/// A zone whose Job could not be created because the provider may not create Jobs there.
+pub fn zone_jobs_forbidden(
+    pool: &str,
+    volume: &str,
+    namespace: &str,
+    class: &str,
+) -> ZoneImageStatus {
+    ZoneImageStatus {
+        pool: pool.to_owned(),
+        phase: ZonePhase::Failed,
+        volume: Some(volume.to_owned()),
+        message: Some(format!(
+            "creating the import Job was forbidden (403 on jobs in namespace {namespace}): \
+             ProviderClass {class} is missing additionalRules granting create, get, list and \
+             watch on batch/jobs; see {PROVIDER_CLASS_EXAMPLE}"
+        )),
+    }
+}
+
+/// An Importing zone whose Job's ServiceAccount does not exist: its pods cannot be created.
+pub fn with_missing_service_account(
+    mut zone: ZoneImageStatus,
+    namespace: &str,
+    service_account: &str,
+    class: &str,
+) -> ZoneImageStatus {
+    if zone.phase == ZonePhase::Importing {
+        zone.message = Some(format!(
+            "ServiceAccount {service_account} not found in namespace {namespace}, so the import \
+             Job's pods cannot be created: create it there with read access to Providers, their \
+             Secrets and CA ConfigMaps, or set spec.import.serviceAccountName on ProviderClass \
+             {class} to one that exists"
+        ));
+    }
+    zone
+}
+
+/// Whether a BackingFile volume is in a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presence {
+    Present,
+    Absent,
+    /// The pool itself is missing or the host could not be asked; the text says which.
+    Unknown(String),
+}
+
+/// A BackingFile zone: Ready when the named volume is in the pool, otherwise Failed with the
+/// guide's `volume … is not in pool` so the scheduler reports ImageNotReady.
+pub fn zone_backing_file(pool: &str, volume: &str, presence: &Presence) -> ZoneImageStatus {
+    let (phase, message) = match presence {
+        Presence::Present => (ZonePhase::Ready, None),
+        Presence::Absent => (
+            ZonePhase::Failed,
+            Some(format!(
+                "volume {volume} is not in pool {pool}: a BackingFile must already be there \
+                 (virsh vol-list {pool})"
+            )),
+        ),
+        Presence::Unknown(why) => (ZonePhase::Failed, Some(why.clone())),
+    };
+    ZoneImageStatus {
+        pool: pool.to_owned(),
+        phase,
+        volume: Some(volume.to_owned()),
+        message,
+    }
+}
+
+/// `current` with this provider's entry replaced by `zones` (other providers' entries kept as
+/// they are), the revision set and the overall phase recomputed.
+pub fn merged_status(
+    current: Option<&VMImageStatus>,
+    provider: &str,
+    zones: Vec<ZoneImageStatus>,
+    revision: &str,
+) -> VMImageStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    let entry = ProviderImageStatus {
+        provider: provider.to_owned(),
+        zones,
+    };
+    match status
+        .per_provider
+        .iter_mut()
+        .find(|p| p.provider == provider)
+    {
+        Some(existing) => *existing = entry,
+        None => status.per_provider.push(entry),
+    }
+    status.revision = Some(revision.to_owned());
+    status.phase = Some(overall_phase(&status));
+    status
+}
+
+/// Ready once some zone holds the image; Failed when every zone failed; Importing while a
+/// Job runs; Building or Pending while the build half is not done.
+pub fn overall_phase(status: &VMImageStatus) -> ImagePhase {
+    let zones: Vec<ZonePhase> = status
+        .per_provider
+        .iter()
+        .flat_map(|p| p.zones.iter().map(|z| z.phase))
+        .collect();
+    if zones.contains(&ZonePhase::Ready) {
+        ImagePhase::Ready
+    } else if zones.contains(&ZonePhase::Importing) {
+        ImagePhase::Importing
+    } else if !zones.is_empty() && zones.iter().all(|z| *z == ZonePhase::Failed) {
+        ImagePhase::Failed
+    } else if status
+        .build_artifact
+        .as_ref()
+        .is_some_and(|a| a.phase == ArtifactPhase::Building)
+    {
+        ImagePhase::Building
+    } else {
+        ImagePhase::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use banlieue_api::{
+        FailureDomain, ImportJobSettings, InstallMode, LocalObjectReference, ProviderClassSpec,
+        ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping, StorageTarget,
+        VMImageSpec, ValueOrSource,
+    };
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+
+    fn image(revision: Option<&str>, url: &str) -> VMImage {
+        VMImage::new(
+            "ubuntu",
+            VMImageSpec {
+                install_mode: InstallMode::Immediate,
+                revision: revision.map(str::to_owned),
+                disk_size: None,
+                sources: vec![ImageSource {
+                    provider_class: "libvirt".into(),
+                    kind: ImageSourceKind::Url,
+                    url: Some(url.into()),
+                    volume: None,
+                }],
+            },
+        )
+    }
+
+    fn provider(pools: &[(&str, &str)]) -> Provider {
+        let mut p = Provider::new(
+            "edge-7",
+            ProviderSpec {
+                provider_class_ref: LocalObjectReference::new("libvirt"),
+                connection: ProviderConnection {
+                    endpoint: "qemu+tls://h/system".into(),
+                    credentials_ref: LocalObjectReference::new("creds"),
+                    ca_bundle: ValueOrSource::default(),
+                },
+                capabilities: Default::default(),
+                attestation: None,
+            },
+        );
+        p.metadata.namespace = Some("banlieue-system".into());
+        p.status = Some(ProviderStatus {
+            failure_domains: vec![FailureDomain {
+                name: "h".into(),
+                storage_classes: pools
+                    .iter()
+                    .map(|(name, pool)| StorageClassMapping {
+                        name: (*name).into(),
+                        target: StorageTarget {
+                            pool: (*pool).into(),
+                        },
+                    })
+                    .collect(),
+                ..FailureDomain::default()
+            }],
+            ..ProviderStatus::default()
+        });
+        p
+    }
+
+    fn class(import: ImportJobSettings) -> ProviderClass {
+        ProviderClass::new(
+            "libvirt",
+            ProviderClassSpec {
+                image: "banlieue:dev".into(),
+                command: vec!["/banlieue".into()],
+                args: vec!["--log-format=json".into()],
+                machine_kind: Default::default(),
+                additional_rules: vec![],
+                import,
+            },
+        )
+    }
+
+    fn job_with(condition: Option<(&str, &str, &str)>) -> Job {
+        let mut job = import_job(
+            "ubuntu",
+            &provider(&[("gold", "nvme")]),
+            &class(Default::default()),
+            "nvme",
+            "ubuntu.raw",
+        );
+        job.status = Some(JobStatus {
+            conditions: condition.map(|(t, reason, message)| {
+                vec![JobCondition {
+                    type_: t.into(),
+                    status: "True".into(),
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                    ..JobCondition::default()
+                }]
+            }),
+            ..JobStatus::default()
+        });
+        job
+    }
+
+    #[test]
+    fn revision_is_the_spec_or_follows_the_sources() {
+        assert_eq!(revision(&image(Some("v3"), "oci://a")), "v3");
+        let a = revision(&image(None, "oci://a"));
+        assert_eq!(a, revision(&image(None, "oci://a")));
+        assert_ne!(a, revision(&image(None, "oci://b")));
+        assert_eq!(a.len(), 11);
+        assert_eq!(url_volume_name("ubuntu", &a), format!("ubuntu-{a}.raw"));
+    }
+
+    #[test]
+    fn pools_come_from_the_first_failure_domain_once_each() {
+        let p = provider(&[("gold", "nvme"), ("std", "default"), ("fast", "nvme")]);
+        assert_eq!(storage_pools(&p), vec!["nvme", "default"]);
+        let mut none = p.clone();
+        none.status = None;
+        assert!(storage_pools(&none).is_empty());
+    }
+
+    #[test]
+    fn settings_default_to_the_build_namespace_and_artifacts_claim() {
+        let s = ImportSettings::of(&class(Default::default()));
+        assert_eq!(s.namespace, "banlieue-imagebuild");
+        assert_eq!(s.artifacts_claim, "banlieue-artifacts");
+        assert_eq!(s.effective_service_account(), "default");
+        let s = ImportSettings::of(&class(ImportJobSettings {
+            namespace: Some("build".into()),
+            service_account_name: Some("importer".into()),
+            artifacts_claim_name: Some("arts".into()),
+        }));
+        assert_eq!(
+            (s.namespace.as_str(), s.effective_service_account()),
+            ("build", "importer")
+        );
+    }
+
+    #[test]
+    fn only_a_ready_cloud_image_with_a_path_is_importable() {
+        let ready = |path: Option<&str>, kind: &str, phase| BuildArtifact {
+            kind: kind.into(),
+            claim_name: None,
+            path: path.map(str::to_owned),
+            size_bytes: None,
+            sha256: None,
+            phase,
+        };
+        assert!(matches!(artifact_state(None), ArtifactState::Pending(_)));
+        assert!(matches!(
+            artifact_state(Some(&ready(
+                Some("a.raw"),
+                "cloudImage",
+                ArtifactPhase::Building
+            ))),
+            ArtifactState::Pending(_)
+        ));
+        assert!(matches!(
+            artifact_state(Some(&ready(Some("a.raw"), "iso", ArtifactPhase::Ready))),
+            ArtifactState::Pending(_)
+        ));
+        assert!(matches!(
+            artifact_state(Some(&ready(
+                Some("../etc/x"),
+                "cloudImage",
+                ArtifactPhase::Ready
+            ))),
+            ArtifactState::Pending(_)
+        ));
+        assert_eq!(
+            artifact_state(Some(&ready(
+                Some("/img/a.raw"),
+                "cloudImage",
+                ArtifactPhase::Ready
+            ))),
+            ArtifactState::Ready {
+                path: "img/a.raw".into()
+            }
+        );
+    }
+
+    #[test]
+    fn job_carries_the_guides_command_line_after_the_class_args() {
+        let job = job_with(None);
+        let container = &job
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0];
+        assert_eq!(
+            container.args.as_deref().unwrap().join(" "),
+            "--log-format=json provider libvirt import --vmimage ubuntu --provider edge-7 \
+             --provider-namespace banlieue-system --pool nvme --source /artifacts/ubuntu.raw"
+        );
+        assert_eq!(job.spec.as_ref().unwrap().backoff_limit, Some(1));
+        assert_eq!(
+            job.metadata.name.as_deref(),
+            Some("import-ubuntu-edge-7-nvme")
+        );
+    }
+
+    #[test]
+    fn zones_mirror_the_job() {
+        let z = zone_from_job("nvme", "v.raw", &job_with(None));
+        assert_eq!(z.phase, ZonePhase::Importing);
+        let z = zone_from_job("nvme", "v.raw", &job_with(Some(("Complete", "", ""))));
+        assert_eq!((z.phase, z.message), (ZonePhase::Ready, None));
+        let z = zone_from_job(
+            "nvme",
+            "v.raw",
+            &job_with(Some((
+                "Failed",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            ))),
+        );
+        assert_eq!(z.phase, ZonePhase::Failed);
+        let message = z.message.unwrap();
+        assert!(
+            message.contains("BackoffLimitExceeded: Job has reached"),
+            "{message}"
+        );
+        let sa = with_missing_service_account(
+            zone_from_job("nvme", "v.raw", &job_with(None)),
+            "banlieue-imagebuild",
+            "importer",
+            "libvirt",
+        );
+        assert!(
+            sa.message
+                .unwrap()
+                .contains("ServiceAccount importer not found")
+        );
+        let forbidden = zone_jobs_forbidden("nvme", "v.raw", "banlieue-imagebuild", "libvirt");
+        assert_eq!(forbidden.phase, ZonePhase::Failed);
+        assert!(forbidden.message.unwrap().contains("additionalRules"));
+    }
+
+    #[test]
+    fn backing_file_zone_is_ready_only_when_present() {
+        assert_eq!(
+            zone_backing_file("p", "base.qcow2", &Presence::Present).phase,
+            ZonePhase::Ready
+        );
+        let absent = zone_backing_file("p", "base.qcow2", &Presence::Absent);
+        assert_eq!(absent.phase, ZonePhase::Failed);
+        assert!(
+            absent
+                .message
+                .unwrap()
+                .contains("volume base.qcow2 is not in pool p")
+        );
+    }
+
+    #[test]
+    fn merging_keeps_other_providers_and_recomputes_the_phase() {
+        let zone = |pool: &str, phase| ZoneImageStatus {
+            pool: pool.into(),
+            phase,
+            volume: None,
+            message: None,
+        };
+        let current = VMImageStatus {
+            per_provider: vec![ProviderImageStatus {
+                provider: "other".into(),
+                zones: vec![zone("a", ZonePhase::Failed)],
+            }],
+            ..VMImageStatus::default()
+        };
+        let merged = merged_status(
+            Some(&current),
+            "edge-7",
+            vec![zone("b", ZonePhase::Importing)],
+            "r1",
+        );
+        assert_eq!(merged.per_provider.len(), 2);
+        assert_eq!(merged.per_provider[0], current.per_provider[0]);
+        assert_eq!(merged.phase, Some(ImagePhase::Importing));
+        assert_eq!(merged.revision.as_deref(), Some("r1"));
+        let again = merged_status(
+            Some(&merged),
+            "edge-7",
+            vec![zone("b", ZonePhase::Failed)],
+            "r1",
+        );
+        assert_eq!(again.per_provider.len(), 2);
+        assert_eq!(again.phase, Some(ImagePhase::Failed));
+        let ready = merged_status(
+            Some(&again),
+            "edge-7",
+            vec![zone("b", ZonePhase::Ready)],
+            "r1",
+        );
+        assert_eq!(ready.phase, Some(ImagePhase::Ready));
+        assert_eq!(
+            overall_phase(&VMImageStatus::default()),
+            ImagePhase::Pending
+        );
+    }
+}

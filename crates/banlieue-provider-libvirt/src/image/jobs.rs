@@ -1,0 +1,373 @@
+//! The per-Provider VMImage reconcile (observe → decide → act): for each VMImage in the
+//! Provider's namespace with a source for the Provider's class, one import Job per storage pool
+//! (Url) or a presence check (BackingFile), mirrored into this provider's entry of
+//! `status.perProvider[]`.
+//!
+//! Status is written read-modify-write with the object's resourceVersion in the merge patch:
+//! other providers write their own entries of the same list, and a conflict (409) means
+//! "read again and re-merge", never "overwrite".
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
+use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
+use banlieue_libvirt::Client as LibvirtClient;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tokio::sync::Mutex;
+use tracing::{debug, info, warn};
+
+use super::decide::{self, ArtifactState, ImportSettings, Presence};
+use super::error::{Error, Result, api_status};
+use super::volume;
+
+/// Which Provider this reconcile serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageReconcilerConfig {
+    /// The Provider's name.
+    pub provider: String,
+    /// The Provider's namespace, which is also where its VMImages are.
+    pub namespace: String,
+    /// How often an image is looked at again without a change (BackingFile volumes and Job
+    /// progress are not all watchable).
+    pub resync: Duration,
+}
+
+impl ImageReconcilerConfig {
+    pub fn new(provider: impl Into<String>, namespace: impl Into<String>) -> Self {
+        ImageReconcilerConfig {
+            provider: provider.into(),
+            namespace: namespace.into(),
+            resync: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The result of creating-or-adopting one import Job.
+#[derive(Debug)]
+enum JobState {
+    Present(Box<Job>),
+    /// 403 on jobs in the build namespace.
+    Forbidden,
+}
+
+/// One reconcile of images for one Provider. Holds a libvirt connection for BackingFile
+/// checks, opened on first use and reopened when it dies.
+pub struct ImageReconciler {
+    client: kube::Client,
+    cfg: ImageReconcilerConfig,
+    libvirt: Mutex<Option<LibvirtClient>>,
+}
+
+impl std::fmt::Debug for ImageReconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageReconciler")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ImageReconciler {
+    pub fn new(client: kube::Client, cfg: ImageReconcilerConfig) -> Self {
+        ImageReconciler {
+            client,
+            cfg,
+            libvirt: Mutex::new(None),
+        }
+    }
+
+    /// Reconciles one image: returns this provider's zones as written to its status, or
+    /// `None` when the image has no source for this provider's class (nothing is written).
+    pub async fn reconcile(&self, image: &VMImage) -> Result<Option<Vec<ZoneImageStatus>>> {
+        let image_name = image.name_any();
+        let provider = self.provider().await?;
+        let class_name = provider.spec.provider_class_ref.name.clone();
+        let Some(source) = decide::source_for_class(image, &class_name) else {
+            return Ok(None);
+        };
+        let pools = decide::storage_pools(&provider);
+        if pools.is_empty() {
+            return Err(Error::NoFailureDomain(self.cfg.provider.clone()));
+        }
+        let revision = decide::revision(image);
+        let zones = match source.kind {
+            ImageSourceKind::Url => {
+                let classes: Api<ProviderClass> = Api::all(self.client.clone());
+                let class = classes
+                    .get(&class_name)
+                    .await
+                    .map_err(|e| Error::kube(format!("providerclass {class_name}"), e))?;
+                let artifact = image
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.build_artifact.as_ref());
+                match decide::artifact_state(artifact) {
+                    ArtifactState::Pending(why) => pools
+                        .iter()
+                        .map(|pool| decide::zone_build_pending(pool, &why))
+                        .collect(),
+                    ArtifactState::Ready { path } => {
+                        let volume = decide::url_volume_name(&image_name, &revision);
+                        self.import_zones(&image_name, &provider, &class, &pools, &path, &volume)
+                            .await?
+                    }
+                }
+            }
+            ImageSourceKind::BackingFile => {
+                let volume = source.volume.clone().unwrap_or_default();
+                let mut zones = Vec::with_capacity(pools.len());
+                for pool in &pools {
+                    let presence = self.backing_file_presence(&provider, pool, &volume).await;
+                    zones.push(decide::zone_backing_file(pool, &volume, &presence));
+                }
+                zones
+            }
+        };
+        self.write_status(&image_name, zones.clone(), &revision)
+            .await?;
+        Ok(Some(zones))
+    }
+
+    async fn provider(&self) -> Result<Provider> {
+        let providers: Api<Provider> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        providers.get(&self.cfg.provider).await.map_err(|e| {
+            Error::kube(
+                format!("provider {}/{}", self.cfg.namespace, self.cfg.provider),
+                e,
+            )
+        })
+    }
+
+    /// Creates or adopts each pool's Job and mirrors it into a zone.
+    async fn import_zones(
+        &self,
+        image: &str,
+        provider: &Provider,
+        class: &ProviderClass,
+        pools: &[String],
+        artifact_path: &str,
+        volume: &str,
+    ) -> Result<Vec<ZoneImageStatus>> {
+        let settings = ImportSettings::of(class);
+        let class_name = class.name_any();
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &settings.namespace);
+        let mut zones = Vec::with_capacity(pools.len());
+        for pool in pools {
+            let desired = decide::import_job(image, provider, class, pool, artifact_path);
+            let zone = match ensure_job(&jobs, &desired).await? {
+                JobState::Present(job) => decide::zone_from_job(pool, volume, &job),
+                JobState::Forbidden => {
+                    decide::zone_jobs_forbidden(pool, volume, &settings.namespace, &class_name)
+                }
+            };
+            zones.push(zone);
+        }
+        if zones.iter().any(|z| z.phase == ZonePhase::Importing)
+            && self.service_account_missing(&settings).await
+        {
+            let sa = settings.effective_service_account().to_owned();
+            zones = zones
+                .into_iter()
+                .map(|z| {
+                    decide::with_missing_service_account(z, &settings.namespace, &sa, &class_name)
+                })
+                .collect();
+        }
+        Ok(zones)
+    }
+
+    /// Whether the Jobs' ServiceAccount is known to be absent. Any other answer (403
+    /// included: the provider need not be allowed to read ServiceAccounts) is not evidence.
+    async fn service_account_missing(&self, settings: &ImportSettings) -> bool {
+        let accounts: Api<ServiceAccount> =
+            Api::namespaced(self.client.clone(), &settings.namespace);
+        match accounts.get(settings.effective_service_account()).await {
+            Err(e) if api_status(&e) == Some(404) => true,
+            Err(e) => {
+                debug!(error = %e, "cannot tell whether the import ServiceAccount exists");
+                false
+            }
+            Ok(_) => false,
+        }
+    }
+
+    async fn backing_file_presence(&self, provider: &Provider, pool: &str, name: &str) -> Presence {
+        let client = match self.libvirt_client(provider).await {
+            Ok(client) => client,
+            Err(e) => return Presence::Unknown(format!("cannot reach the host: {}", chain(&e))),
+        };
+        let pool_handle = match volume::lookup_pool(&client, pool).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Presence::Unknown(format!("storage pool {pool} does not exist")),
+            Err(e) => return Presence::Unknown(chain(&e)),
+        };
+        match volume::lookup_volume(&client, &pool_handle, name).await {
+            Ok(Some(_)) => Presence::Present,
+            Ok(None) => Presence::Absent,
+            Err(e) => Presence::Unknown(chain(&e)),
+        }
+    }
+
+    async fn libvirt_client(&self, provider: &Provider) -> Result<LibvirtClient> {
+        let mut slot = self.libvirt.lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| c.is_alive()) {
+            return Ok(client.clone());
+        }
+        let credentials = crate::connection::load(&self.client, provider).await?;
+        let endpoint = &provider.spec.connection.endpoint;
+        let options = crate::connection::client_options(Duration::from_secs(30));
+        let client = crate::connection::connect(endpoint, &credentials, options).await?;
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Replaces this provider's entry of `status.perProvider[]`, compare-and-swap on the
+    /// resourceVersion, retrying on conflict.
+    async fn write_status(
+        &self,
+        image: &str,
+        zones: Vec<ZoneImageStatus>,
+        revision: &str,
+    ) -> Result<()> {
+        const ATTEMPTS: usize = 8;
+        let images: Api<VMImage> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
+        for _ in 0..ATTEMPTS {
+            let current = images
+                .get_status(image)
+                .await
+                .map_err(|e| Error::kube(format!("vmimage {image}"), e))?;
+            let merged = decide::merged_status(
+                current.status.as_ref(),
+                &self.cfg.provider,
+                zones.clone(),
+                revision,
+            );
+            if current.status.as_ref() == Some(&merged) {
+                return Ok(());
+            }
+            let patch = serde_json::json!({
+                "metadata": { "resourceVersion": current.resource_version() },
+                "status": merged,
+            });
+            match images
+                .patch_status(image, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(Error::kube(format!("status of vmimage {image}"), e)),
+            }
+        }
+        Err(Error::StatusConflict(image.to_owned()))
+    }
+}
+
+/// Gets the Job by its deterministic name, creating it only when absent: a Job that exists is
+/// adopted whatever its state, so a re-reconcile never starts a second transfer.
+async fn ensure_job(jobs: &Api<Job>, desired: &Job) -> Result<JobState> {
+    let name = desired.metadata.name.clone().unwrap_or_default();
+    match jobs.get(&name).await {
+        Ok(job) => return Ok(JobState::Present(Box::new(job))),
+        Err(e) if api_status(&e) == Some(403) => return Ok(JobState::Forbidden),
+        Err(e) if api_status(&e) == Some(404) => {}
+        Err(e) => return Err(Error::kube(format!("job {name}"), e)),
+    }
+    match jobs.create(&PostParams::default(), desired).await {
+        Ok(job) => {
+            info!(job = %name, "created import Job");
+            Ok(JobState::Present(Box::new(job)))
+        }
+        Err(e) if api_status(&e) == Some(403) => Ok(JobState::Forbidden),
+        // Created between our get and create: adopt it.
+        Err(e) if api_status(&e) == Some(409) => jobs
+            .get(&name)
+            .await
+            .map(|job| JobState::Present(Box::new(job)))
+            .map_err(|e| Error::kube(format!("job {name}"), e)),
+        Err(e) => Err(Error::kube(format!("create job {name}"), e)),
+    }
+}
+
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Runs the image reconcile of one Provider until `shutdown` resolves. Watches the Provider's
+/// VMImages, its import Jobs in the build namespace (label `banlieue.io/provider`), and the
+/// Provider itself (new pools re-reconcile every image).
+pub async fn run_image_reconciler(
+    client: kube::Client,
+    cfg: ImageReconcilerConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Result<()> {
+    let reconciler = Arc::new(ImageReconciler::new(client.clone(), cfg.clone()));
+    let provider = reconciler.provider().await?;
+    let class_name = provider.spec.provider_class_ref.name.clone();
+    let classes: Api<ProviderClass> = Api::all(client.clone());
+    let build_namespace = match classes.get(&class_name).await {
+        Ok(class) => ImportSettings::of(&class).namespace,
+        Err(e) => return Err(Error::kube(format!("providerclass {class_name}"), e)),
+    };
+
+    let images: Api<VMImage> = Api::namespaced(client.clone(), &cfg.namespace);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &build_namespace);
+    let providers: Api<Provider> = Api::namespaced(client.clone(), &cfg.namespace);
+    let controller = Controller::new(images, watcher::Config::default());
+    let store = controller.store();
+    let image_namespace = cfg.namespace.clone();
+    controller
+        .watches(
+            jobs,
+            watcher::Config::default().labels(&format!("{LABEL_PROVIDER}={}", cfg.provider)),
+            move |job: Job| {
+                job.labels()
+                    .get(LABEL_VMIMAGE)
+                    .map(|image| ObjectRef::<VMImage>::new(image).within(&image_namespace))
+            },
+        )
+        .watches(
+            providers,
+            watcher::Config::default().fields(&format!("metadata.name={}", cfg.provider)),
+            move |_: Provider| {
+                store
+                    .state()
+                    .iter()
+                    .map(|image| ObjectRef::from_obj(&**image))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, reconciler)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "image reconcile");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn reconcile(image: Arc<VMImage>, ctx: Arc<ImageReconciler>) -> Result<Action> {
+    ctx.reconcile(&image).await?;
+    Ok(Action::requeue(ctx.cfg.resync))
+}
+
+fn error_policy(image: Arc<VMImage>, error: &Error, _ctx: Arc<ImageReconciler>) -> Action {
+    warn!(vmimage = %image.name_any(), error = %chain(error), "image reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}

@@ -1,0 +1,682 @@
+//! VMImage import against a real kube-apiserver (with the Job controller, no kubelet) and a
+//! real libvirtd over TLS. The control plane runs no pods, so the tests check the Job objects
+//! and run the import directly, as the Job would: in process, and as a child process where it
+//! must be killed or inspected through /proc.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use banlieue_api::{
+    ArtifactPhase, BuildArtifact, ImageSource, ImageSourceKind, ImportJobSettings, InstallMode,
+    KeySelector, LocalObjectReference, Provider, ProviderClass, ProviderClassSpec,
+    ProviderConnection, ProviderImageStatus, ProviderSpec, VMImage, VMImageSpec, ValueOrSource,
+    ZoneImageStatus, ZonePhase,
+};
+use banlieue_provider_libvirt::image::decide;
+use banlieue_provider_libvirt::image::jobs::{ImageReconciler, ImageReconcilerConfig};
+use banlieue_provider_libvirt::image::marker;
+use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome, run_import};
+use banlieue_testenv::control_plane::{ControlPlane, wait_for};
+use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+const MIB: u64 = 1 << 20;
+const IMAGE: &str = "kairos-ubuntu-2404";
+const PROVIDER: &str = "edge-7";
+
+struct Cluster {
+    cp: &'static ControlPlane,
+    client: kube::Client,
+    /// The Provider's and the VMImages' namespace.
+    ns: String,
+    /// The ProviderClass's build namespace.
+    build_ns: String,
+    class: String,
+}
+
+async fn cluster() -> Cluster {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().expect("client");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let build_ns = cp.fresh_namespace().await.expect("build namespace");
+    let class = format!("libvirt-{ns}");
+    let classes: Api<ProviderClass> = Api::all(client.clone());
+    let pc = ProviderClass::new(
+        &class,
+        ProviderClassSpec {
+            image: "banlieue:test".into(),
+            command: vec!["/usr/bin/banlieue".into()],
+            args: vec![],
+            machine_kind: Default::default(),
+            additional_rules: vec![],
+            import: ImportJobSettings {
+                namespace: Some(build_ns.clone()),
+                service_account_name: Some("importer".into()),
+                artifacts_claim_name: None,
+            },
+        },
+    );
+    classes
+        .create(&PostParams::default(), &pc)
+        .await
+        .expect("providerclass");
+    Cluster {
+        cp,
+        client,
+        ns,
+        build_ns,
+        class,
+    }
+}
+
+impl Cluster {
+    /// A Provider whose status already advertises `pools` (the operator is not running here).
+    async fn provider(&self, endpoint: &str, pools: &[(&str, &str)]) -> Provider {
+        let providers: Api<Provider> = Api::namespaced(self.client.clone(), &self.ns);
+        let p = Provider::new(
+            PROVIDER,
+            ProviderSpec {
+                provider_class_ref: LocalObjectReference::new(&self.class),
+                connection: ProviderConnection {
+                    endpoint: endpoint.into(),
+                    credentials_ref: LocalObjectReference::new("libvirt-creds"),
+                    ca_bundle: ValueOrSource {
+                        config_map_ref: Some(KeySelector {
+                            name: "libvirt-ca".into(),
+                            key: "ca.crt".into(),
+                        }),
+                        ..ValueOrSource::default()
+                    },
+                },
+                capabilities: Default::default(),
+                attestation: None,
+            },
+        );
+        providers
+            .create(&PostParams::default(), &p)
+            .await
+            .expect("provider");
+        let classes: Vec<_> = pools
+            .iter()
+            .map(|(name, pool)| json!({"name": name, "target": {"pool": pool}}))
+            .collect();
+        let status = json!({"status": {"failureDomains": [
+            {"name": "127.0.0.1", "storageClasses": classes}
+        ]}});
+        providers
+            .patch_status(PROVIDER, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("provider status")
+    }
+
+    /// The Secret and CA ConfigMap of a Provider pointing at `d`.
+    async fn credentials(&self, d: &Libvirtd) {
+        let read = |p: PathBuf| std::fs::read(p).expect("pki file");
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("libvirt-creds".into()),
+                ..Default::default()
+            },
+            data: Some(
+                [
+                    ("tls.crt".to_owned(), ByteString(read(d.client_cert_path()))),
+                    ("tls.key".to_owned(), ByteString(read(d.client_key_path()))),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret");
+        let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let ca = String::from_utf8(read(d.ca_cert_path())).expect("ca pem");
+        let map = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("libvirt-ca".into()),
+                ..Default::default()
+            },
+            data: Some([("ca.crt".to_owned(), ca)].into()),
+            ..Default::default()
+        };
+        maps.create(&PostParams::default(), &map)
+            .await
+            .expect("configmap");
+    }
+
+    async fn image(&self, name: &str, source: ImageSource) -> VMImage {
+        let images: Api<VMImage> = Api::namespaced(self.client.clone(), &self.ns);
+        let image = VMImage::new(
+            name,
+            VMImageSpec {
+                install_mode: InstallMode::Immediate,
+                revision: None,
+                disk_size: None,
+                sources: vec![source],
+            },
+        );
+        images
+            .create(&PostParams::default(), &image)
+            .await
+            .expect("vmimage")
+    }
+
+    fn url_source(&self) -> ImageSource {
+        ImageSource {
+            provider_class: self.class.clone(),
+            kind: ImageSourceKind::Url,
+            url: Some("oci://registry.invalid/kairos:2404".into()),
+            volume: None,
+        }
+    }
+
+    async fn get_image(&self, name: &str) -> VMImage {
+        Api::<VMImage>::namespaced(self.client.clone(), &self.ns)
+            .get(name)
+            .await
+            .expect("get vmimage")
+    }
+
+    fn reconciler(&self) -> ImageReconciler {
+        ImageReconciler::new(
+            self.client.clone(),
+            ImageReconcilerConfig::new(PROVIDER, &self.ns),
+        )
+    }
+
+    async fn jobs(&self) -> Vec<Job> {
+        Api::<Job>::namespaced(self.client.clone(), &self.build_ns)
+            .list(&ListParams::default().labels(&format!("banlieue.io/vmimage={IMAGE}")))
+            .await
+            .expect("list jobs")
+            .items
+    }
+}
+
+/// A libvirtd with a started `dir` pool named `pool`; returns the pool's directory.
+async fn libvirtd_with_pool(pool: &str) -> Option<(Libvirtd, PathBuf)> {
+    if !Libvirtd::available().expect("libvirtd") {
+        return None;
+    }
+    let d = Libvirtd::start(LibvirtdOptions::default())
+        .await
+        .expect("libvirtd");
+    let dir = d.create_pool_dir(pool).expect("pool dir");
+    let target = dir.display().to_string();
+    d.virsh(["pool-define-as", pool, "dir", "--target", &target])
+        .await
+        .expect("pool-define-as");
+    d.virsh(["pool-start", pool]).await.expect("pool-start");
+    Some((d, dir))
+}
+
+/// Writes a file of `layout` (data or hole, MiB each) with deterministic pseudo-random data;
+/// returns its SHA-256.
+fn write_source(path: &Path, layout: &[(bool, u64)]) -> String {
+    let mut file = std::fs::File::create(path).expect("create source");
+    let mut hasher = Sha256::new();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut buf = vec![0u8; MIB as usize];
+    let zeros = vec![0u8; MIB as usize];
+    let mut len = 0;
+    for &(data, mib) in layout {
+        for _ in 0..mib {
+            if data {
+                for chunk in buf.chunks_mut(8) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    chunk.copy_from_slice(&state.to_le_bytes());
+                }
+                file.write_all(&buf).expect("write source");
+                hasher.update(&buf);
+            } else {
+                file.seek(SeekFrom::Current(MIB as i64)).expect("seek");
+                hasher.update(&zeros);
+            }
+            len += MIB;
+        }
+    }
+    file.set_len(len).expect("set_len");
+    hex(&hasher.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_file(path: &Path) -> String {
+    let mut file = std::fs::File::open(path).expect("open");
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; MIB as usize];
+    loop {
+        let n = file.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    hex(&hasher.finalize())
+}
+
+/// The volume's bytes as the independent `virsh` client downloads them, hashed.
+async fn downloaded_sha256(d: &Libvirtd, pool: &str, volume: &str) -> String {
+    let out = d.dir().join(format!("{volume}.download"));
+    let path = out.display().to_string();
+    d.virsh(["vol-download", "--pool", pool, volume, &path])
+        .await
+        .expect("vol-download");
+    let sum = sha256_file(&out);
+    std::fs::remove_file(&out).expect("remove download");
+    sum
+}
+
+async fn volume_exists(d: &Libvirtd, pool: &str, volume: &str) -> bool {
+    d.virsh(["vol-list", pool])
+        .await
+        .expect("vol-list")
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(volume))
+}
+
+/// A Job as the test pins it: every field the provider sets, nothing the API server or the
+/// Job controller adds, namespaces replaced by placeholders.
+fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
+    let spec = job.spec.as_ref().expect("job spec");
+    let pod = spec.template.spec.as_ref().expect("pod spec");
+    let ours = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+        labels
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.starts_with("banlieue.io/") || k.starts_with("app.kubernetes.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let text = serde_json::to_string(&json!({
+        "name": job.metadata.name,
+        "namespace": job.metadata.namespace,
+        "labels": job.metadata.labels,
+        "backoffLimit": spec.backoff_limit,
+        "podLabels": ours(spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref())),
+        "restartPolicy": pod.restart_policy,
+        "serviceAccountName": pod.service_account_name,
+        "containers": pod.containers.iter().map(|c| json!({
+            "name": c.name,
+            "image": c.image,
+            "command": c.command,
+            "args": c.args,
+            "volumeMounts": c.volume_mounts,
+        })).collect::<Vec<_>>(),
+        "volumes": pod.volumes,
+    }))
+    .expect("json")
+    .replace(&c.build_ns, "[build-namespace]")
+    .replace(&c.ns, "[provider-namespace]");
+    serde_json::from_str(&text).expect("json")
+}
+
+#[tokio::test]
+async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
+    let c = cluster().await;
+    c.provider(
+        "qemu+tls://127.0.0.1:1/system",
+        &[
+            ("gold", "nvme-pool"),
+            ("standard", "default"),
+            ("fast", "nvme-pool"),
+        ],
+    )
+    .await;
+    c.image(IMAGE, c.url_source()).await;
+    // Another provider's entry, which this provider must never touch.
+    let other = ProviderImageStatus {
+        provider: "someone-else".into(),
+        zones: vec![ZoneImageStatus {
+            pool: "p".into(),
+            phase: ZonePhase::Importing,
+            volume: Some("x.raw".into()),
+            message: None,
+        }],
+    };
+    let images: Api<VMImage> = Api::namespaced(c.client.clone(), &c.ns);
+    images
+        .patch_status(
+            IMAGE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"perProvider": [other]}})),
+        )
+        .await
+        .expect("other provider's status");
+
+    let reconciler = c.reconciler();
+    let image = c.get_image(IMAGE).await;
+    let zones = reconciler
+        .reconcile(&image)
+        .await
+        .expect("reconcile")
+        .expect("ours");
+    assert_eq!(
+        zones
+            .iter()
+            .map(|z| (z.pool.as_str(), z.phase))
+            .collect::<Vec<_>>(),
+        vec![
+            ("nvme-pool", ZonePhase::BuildPending),
+            ("default", ZonePhase::BuildPending)
+        ]
+    );
+    assert!(
+        c.jobs().await.is_empty(),
+        "no Job before the artifact is Ready"
+    );
+
+    images
+        .patch_status(
+            IMAGE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"buildArtifact": BuildArtifact {
+                kind: "cloudImage".into(),
+                claim_name: None,
+                path: Some("kairos-ubuntu-2404.raw".into()),
+                size_bytes: None,
+                sha256: None,
+                phase: ArtifactPhase::Ready,
+            }}})),
+        )
+        .await
+        .expect("artifact ready");
+    let image = c.get_image(IMAGE).await;
+    let zones = reconciler
+        .reconcile(&image)
+        .await
+        .expect("reconcile")
+        .expect("ours");
+    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    for zone in &zones {
+        assert_eq!(zone.phase, ZonePhase::Importing);
+        assert_eq!(zone.volume.as_deref(), Some(volume.as_str()));
+        // The importer's ServiceAccount does not exist in the build namespace.
+        let message = zone.message.as_deref().unwrap_or_default();
+        assert!(
+            message.contains("ServiceAccount importer not found"),
+            "{message}"
+        );
+    }
+    let mut jobs = c.jobs().await;
+    jobs.sort_by_key(|j| j.name_any());
+    let pinned_jobs: Vec<_> = jobs.iter().map(|j| pinned(j, &c)).collect();
+    insta::assert_snapshot!(
+        "import_jobs_two_pools",
+        serde_json::to_string_pretty(&pinned_jobs).expect("json")
+    );
+    let uids: Vec<_> = jobs.iter().map(|j| j.uid()).collect();
+
+    // A second reconcile adopts: same Jobs, none added.
+    reconciler.reconcile(&image).await.expect("reconcile again");
+    let mut again = c.jobs().await;
+    again.sort_by_key(|j| j.name_any());
+    assert_eq!(again.iter().map(|j| j.uid()).collect::<Vec<_>>(), uids);
+
+    let status = c.get_image(IMAGE).await.status.expect("status");
+    assert_eq!(status.per_provider.len(), 2);
+    assert_eq!(
+        status.per_provider[0], other,
+        "another provider's entry was changed"
+    );
+    assert_eq!(status.per_provider[1].provider, PROVIDER);
+    assert_eq!(status.per_provider[1].zones, zones);
+    assert_eq!(status.revision, Some(decide::revision(&image)));
+    assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Importing));
+}
+
+#[tokio::test]
+async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
+    let Some((d, _dir)) = libvirtd_with_pool("images").await else {
+        return;
+    };
+    d.virsh([
+        "vol-create-as",
+        "images",
+        "base.qcow2",
+        "1M",
+        "--format",
+        "qcow2",
+    ])
+    .await
+    .expect("vol-create-as");
+    let c = cluster().await;
+    c.credentials(&d).await;
+    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    let backing = |volume: &str| ImageSource {
+        provider_class: c.class.clone(),
+        kind: ImageSourceKind::BackingFile,
+        url: None,
+        volume: Some(volume.into()),
+    };
+    c.image("present", backing("base.qcow2")).await;
+    c.image("absent", backing("missing.qcow2")).await;
+    let reconciler = c.reconciler();
+
+    let zones = reconciler
+        .reconcile(&c.get_image("present").await)
+        .await
+        .expect("reconcile")
+        .expect("ours");
+    assert_eq!(zones.len(), 1);
+    assert_eq!(
+        (zones[0].phase, zones[0].message.as_deref()),
+        (ZonePhase::Ready, None)
+    );
+    let status = c.get_image("present").await.status.expect("status");
+    assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Ready));
+
+    let zones = reconciler
+        .reconcile(&c.get_image("absent").await)
+        .await
+        .expect("reconcile")
+        .expect("ours");
+    assert_eq!(zones[0].phase, ZonePhase::Failed);
+    let message = zones[0].message.as_deref().unwrap_or_default();
+    assert!(
+        message.contains("volume missing.qcow2 is not in pool images"),
+        "{message}"
+    );
+    let status = c.get_image("absent").await.status.expect("status");
+    assert_ne!(status.phase, Some(banlieue_api::ImagePhase::Ready));
+    assert!(c.jobs().await.is_empty(), "a BackingFile never gets a Job");
+}
+
+/// 256 MiB: data, hole, data, hole (the trailing hole only in the file's length).
+const LAYOUT: &[(bool, u64)] = &[(true, 64), (false, 64), (true, 64), (false, 64)];
+
+#[tokio::test]
+async fn sparse_import_uploads_identical_bytes_and_a_rerun_is_a_no_op() {
+    let Some((d, _dir)) = libvirtd_with_pool("images").await else {
+        return;
+    };
+    let c = cluster().await;
+    c.credentials(&d).await;
+    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    c.image(IMAGE, c.url_source()).await;
+    let source = d.dir().join("source.raw");
+    let sum = write_source(&source, LAYOUT);
+    assert!(
+        std::fs::metadata(&source).expect("source").blocks() * 512 < 256 * MIB,
+        "the source must be sparse for this test"
+    );
+    let args = ImportArgs {
+        vmimage: IMAGE.into(),
+        provider: PROVIDER.into(),
+        provider_namespace: c.ns.clone(),
+        pool: "images".into(),
+        source: source.clone(),
+    };
+    let outcome = run_import(c.client.clone(), args.clone())
+        .await
+        .expect("import");
+    let ImportOutcome::Imported {
+        volume,
+        marker,
+        transfer,
+        ..
+    } = outcome
+    else {
+        panic!("first import must upload: {outcome:?}");
+    };
+    assert_eq!(marker.sha256, sum);
+    assert_eq!(marker.size_bytes, 256 * MIB);
+    assert_eq!(transfer.data + transfer.holes, 256 * MIB);
+    // Zero runs are found per stream packet, so a few KiB at packet edges go as data.
+    assert!(
+        transfer.holes > 120 * MIB,
+        "holes travelled as data: {transfer:?}"
+    );
+    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
+
+    let again = run_import(c.client.clone(), args).await.expect("rerun");
+    assert!(
+        matches!(&again, ImportOutcome::AlreadyComplete { volume: v, .. } if *v == volume),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
+async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
+    let Some((d, dir)) = libvirtd_with_pool("images").await else {
+        return;
+    };
+    let c = cluster().await;
+    c.credentials(&d).await;
+    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    let image = c.image(IMAGE, c.url_source()).await;
+    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    let source = d.dir().join("source.raw");
+    let sum = write_source(&source, LAYOUT);
+    let kubeconfig = c.cp.kubeconfig("admin").expect("local control plane");
+
+    let example = import_example();
+    let mut child = tokio::process::Command::new(&example)
+        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
+        .args([
+            "--vmimage",
+            IMAGE,
+            "--provider",
+            PROVIDER,
+            "--provider-namespace",
+        ])
+        .arg(&c.ns)
+        .args(["--pool", "images", "--source"])
+        .arg(&source)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the import example");
+    let pid = child.id().expect("pid");
+
+    // Wait until the upload has written some data, then freeze the importer so it cannot
+    // finish before it is killed.
+    let file = dir.join(&volume);
+    wait_for("the upload to start", Duration::from_secs(60), || {
+        let file = file.clone();
+        async move {
+            Ok(std::fs::metadata(&file)
+                .ok()
+                .filter(|m| m.blocks() > 0)
+                .map(|_| ()))
+        }
+    })
+    .await
+    .expect("upload started");
+    signal(pid, "STOP");
+
+    let key = std::fs::read_to_string(d.client_key_path()).expect("key");
+    let key_body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
+    for what in ["cmdline", "environ"] {
+        let bytes = std::fs::read(format!("/proc/{pid}/{what}")).expect("read /proc");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("PRIVATE KEY"), "a key in /proc/{pid}/{what}");
+        for line in key
+            .lines()
+            .filter(|l| l.len() > 16 && !l.starts_with("-----"))
+        {
+            assert!(!text.contains(line), "key material in /proc/{pid}/{what}");
+        }
+    }
+    assert!(!key_body.is_empty());
+
+    let allocated = std::fs::metadata(&file).expect("volume file").blocks() * 512;
+    assert!(
+        allocated < 128 * MIB,
+        "killed too late: {allocated} bytes written"
+    );
+    signal(pid, "KILL");
+    child.wait().await.expect("reap the import");
+
+    assert!(
+        volume_exists(&d, "images", &volume).await,
+        "the half-written volume is left"
+    );
+    let record = marker::marker_volume_name(&volume);
+    assert!(
+        !volume_exists(&d, "images", &record).await,
+        "a killed import must never leave a completion record"
+    );
+
+    // The Job's one retry: the half-written volume is not taken for complete.
+    let args = ImportArgs {
+        vmimage: IMAGE.into(),
+        provider: PROVIDER.into(),
+        provider_namespace: c.ns.clone(),
+        pool: "images".into(),
+        source,
+    };
+    let outcome = run_import(c.client.clone(), args.clone())
+        .await
+        .expect("retry");
+    assert!(
+        matches!(outcome, ImportOutcome::Imported { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
+    let again = run_import(c.client.clone(), args).await.expect("rerun");
+    assert!(
+        matches!(again, ImportOutcome::AlreadyComplete { .. }),
+        "{again:?}"
+    );
+}
+
+/// Sends a signal to one process we started, by its PID.
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// `examples/import.rs`, which `cargo test` builds next to the test binaries.
+fn import_example() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("examples/import");
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo build -p banlieue-provider-libvirt --example import",
+        path.display()
+    );
+    path
+}
