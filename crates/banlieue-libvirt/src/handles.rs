@@ -615,6 +615,29 @@ impl StorageVol {
         )
         .await
     }
+
+    /// [`StorageVol::download`] into a file, which it truncates first: with `sparse`, holes
+    /// become holes in the file rather than written zeros.
+    pub async fn download_to_file(
+        &self,
+        file: tokio::fs::File,
+        offset: u64,
+        length: u64,
+        sparse: bool,
+    ) -> Result<Transfer> {
+        file.set_len(0).await.map_err(crate::Error::StreamIo)?;
+        let mut sink = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        stream::download_range_seeking(
+            &self.client,
+            &self.raw,
+            &mut sink,
+            offset,
+            length,
+            sparse,
+            |_| {},
+        )
+        .await
+    }
 }
 
 /// A virtual network (`virNetworkPtr`).

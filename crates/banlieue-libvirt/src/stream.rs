@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::client::Client;
@@ -338,6 +338,100 @@ pub async fn download_range<W: AsyncWrite + Unpin>(
     offset: u64,
     length: u64,
     sparse: bool,
+    progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    let mut sink = ZeroFill(sink);
+    download_into(client, vol, &mut sink, offset, length, sparse, progress).await
+}
+
+/// [`download_range`] into a seekable sink, such as a new or truncated file: holes become
+/// seeks, so the file on disk is sparse where the volume is. The sink must read as zeros where
+/// it is skipped (a fresh file does; one with old data does not).
+pub async fn download_range_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    sink: &mut W,
+    offset: u64,
+    length: u64,
+    sparse: bool,
+    progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    let mut sink = Seeking {
+        inner: sink,
+        ends_in_hole: false,
+    };
+    download_into(client, vol, &mut sink, offset, length, sparse, progress).await
+}
+
+/// Where downloaded data and holes go.
+trait DownloadSink {
+    async fn data(&mut self, data: &[u8]) -> std::io::Result<()>;
+    async fn hole(&mut self, len: u64) -> std::io::Result<()>;
+    async fn end(&mut self) -> std::io::Result<()>;
+}
+
+/// Holes written out as zeros, for sinks that cannot seek.
+struct ZeroFill<'a, W>(&'a mut W);
+
+impl<W: AsyncWrite + Unpin> DownloadSink for ZeroFill<'_, W> {
+    async fn data(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.0.write_all(data).await
+    }
+
+    async fn hole(&mut self, mut len: u64) -> std::io::Result<()> {
+        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+        while len > 0 {
+            let n = len.min(ZEROS.len() as u64) as usize;
+            self.0.write_all(&ZEROS[..n]).await?;
+            len -= n as u64;
+        }
+        Ok(())
+    }
+
+    async fn end(&mut self) -> std::io::Result<()> {
+        self.0.flush().await
+    }
+}
+
+/// Holes skipped by seeking.
+struct Seeking<'a, W> {
+    inner: &'a mut W,
+    ends_in_hole: bool,
+}
+
+impl<W: AsyncWrite + AsyncSeek + Unpin> DownloadSink for Seeking<'_, W> {
+    async fn data(&mut self, data: &[u8]) -> std::io::Result<()> {
+        self.ends_in_hole = false;
+        self.inner.write_all(data).await
+    }
+
+    async fn hole(&mut self, len: u64) -> std::io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let len = i64::try_from(len).map_err(|_| std::io::Error::other("hole too long"))?;
+        self.inner.seek(std::io::SeekFrom::Current(len)).await?;
+        self.ends_in_hole = true;
+        Ok(())
+    }
+
+    async fn end(&mut self) -> std::io::Result<()> {
+        // A file is only as long as its last write: a trailing hole needs one byte at its end.
+        if self.ends_in_hole {
+            self.inner.seek(std::io::SeekFrom::Current(-1)).await?;
+            self.inner.write_all(&[0]).await?;
+        }
+        self.inner.flush().await
+    }
+}
+
+async fn download_into(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    sink: &mut impl DownloadSink,
+    offset: u64,
+    length: u64,
+    sparse: bool,
     mut progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let flags = if sparse {
@@ -353,20 +447,15 @@ pub async fn download_range<W: AsyncWrite + Unpin>(
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(client, &args).await?;
     let mut total = Transfer::default();
-    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
     loop {
         match stream.recv().await? {
             StreamEvent::Data(d) => {
-                sink.write_all(&d).await.map_err(Error::StreamIo)?;
+                sink.data(&d).await.map_err(Error::StreamIo)?;
                 total.data += d.len() as u64;
             }
-            StreamEvent::Hole(mut len) => {
+            StreamEvent::Hole(len) => {
+                sink.hole(len).await.map_err(Error::StreamIo)?;
                 total.holes += len;
-                while len > 0 {
-                    let n = len.min(ZEROS.len() as u64) as usize;
-                    sink.write_all(&ZEROS[..n]).await.map_err(Error::StreamIo)?;
-                    len -= n as u64;
-                }
             }
             StreamEvent::Eof => {
                 stream.acknowledge_eof().await?;
@@ -379,7 +468,7 @@ pub async fn download_range<W: AsyncWrite + Unpin>(
         }
         progress(total);
     }
-    sink.flush().await.map_err(Error::StreamIo)?;
+    sink.end().await.map_err(Error::StreamIo)?;
     Ok(total)
 }
 

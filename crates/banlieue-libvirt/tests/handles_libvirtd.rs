@@ -278,6 +278,25 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     assert!(whole[2 << 20..3 << 20] == data[..]);
     assert!(whole[3 << 20..5 << 20].iter().all(|&b| b == 0));
     assert!(whole[5 << 20..6 << 20] == data[..]);
+    let local = d.dir().join("sparse-copy.raw");
+    std::fs::write(&local, b"old bytes that must go").expect("a file with old data");
+    let file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .open(&local)
+        .await
+        .expect("open");
+    let got = vol
+        .download_to_file(file, 0, 0, true)
+        .await
+        .expect("download to a sparse file");
+    assert!(got.holes >= 3 << 20, "{got:?}");
+    assert!(std::fs::read(&local).expect("read") == whole);
+    let allocated =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&local).expect("stat")) * 512;
+    assert!(
+        allocated <= (3 << 20) + (64 << 10),
+        "holes stay holes on disk: {allocated} bytes allocated for {size}"
+    );
     let mut range = Vec::new();
     vol.download(&mut range, (2 << 20) + 10, 100, true)
         .await

@@ -528,17 +528,10 @@ async fn vol_download(
     let sink = tokio::fs::File::create(file)
         .await
         .map_err(|e| format!("create {}: {e}", file.display()))?;
-    let mut sink = tokio::io::BufWriter::with_capacity(1 << 20, sink);
-    let t = stream::download_range(
-        &c,
-        v.raw(),
-        &mut sink,
-        range.offset,
-        range.length,
-        range.sparse,
-        |_| {},
-    )
-    .await?;
+    // With --sparse the volume's holes stay holes in the file.
+    let t = v
+        .download_to_file(sink, range.offset, range.length, range.sparse)
+        .await?;
     report_transfer(conn.output, "downloaded", &v, t)
 }
 
