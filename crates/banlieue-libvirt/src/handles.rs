@@ -620,12 +620,15 @@ impl StorageVol {
     /// become holes in the file rather than written zeros.
     pub async fn download_to_file(
         &self,
-        file: tokio::fs::File,
+        mut file: tokio::fs::File,
         offset: u64,
         length: u64,
         sparse: bool,
     ) -> Result<Transfer> {
         file.set_len(0).await.map_err(crate::Error::StreamIo)?;
+        tokio::io::AsyncSeekExt::rewind(&mut file)
+            .await
+            .map_err(crate::Error::StreamIo)?;
         let mut sink = tokio::io::BufWriter::with_capacity(1 << 20, file);
         stream::download_range_seeking(
             &self.client,
