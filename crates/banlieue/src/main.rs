@@ -167,6 +167,7 @@ fn main() -> ExitCode {
                 controller: true,
                 operator: true,
                 provider: None,
+                domain_type: None,
             },
             args,
         )),

@@ -2,6 +2,7 @@
 //! same wiring serves `banlieue controller`, `banlieue provider libvirt run` and `dev up`.
 
 use banlieue_controller::{ControllerConfig, Metrics};
+use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
 use banlieue_provider_libvirt::machine::ProviderConfig;
 use banlieue_provider_libvirt::operator::OperatorConfig;
@@ -21,6 +22,8 @@ pub struct Roles {
     pub operator: bool,
     /// LibvirtMachines and image imports of one Provider: (name, namespace).
     pub provider: Option<(String, String)>,
+    /// Forces the provider's domain type instead of deriving it from the host's capabilities.
+    pub domain_type: Option<DomainType>,
 }
 
 /// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
@@ -60,7 +63,10 @@ pub fn spawn_all(
     }
     if let Some((name, namespace)) = roles.provider {
         let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = ProviderConfig::new(name.clone(), namespace.clone());
+        let mut cfg = ProviderConfig::new(name.clone(), namespace.clone());
+        if roles.domain_type.is_some() {
+            cfg.domain_type = roles.domain_type;
+        }
         tasks.push(supervise("libvirt provider", shutdown, async move {
             banlieue_provider_libvirt::machine::run_provider(client, cfg, stop.cancelled_owned())
                 .await

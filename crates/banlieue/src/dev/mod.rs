@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
-use banlieue_libvirt::{CaBundle, Client as LibvirtClient, Identity, Network, StoragePool, StorageVol};
+use banlieue_libvirt::{
+    CaBundle, Client as LibvirtClient, Identity, Network, StoragePool, StorageVol,
+};
+use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -52,6 +55,10 @@ pub struct UpArgs {
     /// Address of the /metrics, /healthz and /readyz endpoint.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub metrics_address: std::net::SocketAddr,
+    /// Domain type of the guests: `qemu` (TCG emulation, works everywhere) or `kvm` (needs a
+    /// usable /dev/kvm; some machines have the device but fail KVM guests).
+    #[arg(long, default_value = "qemu", value_parser = ["qemu", "kvm"])]
+    pub domain_type: String,
 }
 
 /// Where `dev up` records its PID for `dev down`.
@@ -162,7 +169,12 @@ impl Peers {
             .map(|(name, pid)| (name.to_owned(), pid))
             .collect();
         started.push(("libvirtd".into(), self.libvirtd.pid()));
-        started.extend(self.libvirtd.guest_pids().into_iter().map(|pid| ("qemu".to_owned(), pid)));
+        started.extend(
+            self.libvirtd
+                .guest_pids()
+                .into_iter()
+                .map(|pid| ("qemu".to_owned(), pid)),
+        );
         drop(self.libvirtd);
         drop(self.control_plane);
         started
@@ -227,6 +239,7 @@ async fn drive(
             controller: true,
             operator: true,
             provider: Some((objects::PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
+            domain_type: DomainType::parse(&args.domain_type),
         },
     )?);
     let readiness = observe::Readiness::default();
@@ -243,7 +256,9 @@ async fn drive(
     apply(&kube, &objects::pool()).await?;
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
-    claims.create(&PostParams::default(), &objects::claim()).await?;
+    claims
+        .create(&PostParams::default(), &objects::claim())
+        .await?;
 
     progress.step("waiting for the claim to be Bound");
     let deadline = Duration::from_secs(args.timeout_seconds);
@@ -253,9 +268,7 @@ async fn drive(
     }
     println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
     println!("kubeconfig: {kubeconfig}");
-    println!(
-        "  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}"
-    );
+    println!("  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
     if !args.non_interactive {
         eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
         tokio::select! {

@@ -1,0 +1,86 @@
+//! `banlieue dev up` as a user runs it, interactively, then `banlieue dev down` from another
+//! process: the claim is Bound, the view is printed, and tear-down leaves nothing running
+//! (dev up itself fails when a process it started outlives it).
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
+
+#[test]
+fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
+    if std::env::var_os("BANLIEUE_ALLOW_MISSING_PEERS").is_some()
+        && !banlieue_testenv::libvirtd::Libvirtd::available().unwrap_or(false)
+    {
+        eprintln!("SKIPPED: libvirtd is not installed (BANLIEUE_ALLOW_MISSING_PEERS is set)");
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let mut up = Command::new(BIN)
+        .args(["dev", "up", "--timeout-seconds", "300"])
+        .env("XDG_CACHE_HOME", cache.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = up.stdout.take().unwrap();
+    let stderr = up.stderr.take().unwrap();
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("dev up: {line}");
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    loop {
+        match lines.recv_timeout(Duration::from_secs(400)) {
+            Ok(line) if line.starts_with("running;") => break,
+            Ok(line) => log.push(line),
+            Err(_) => {
+                let _ = up.kill();
+                panic!("dev up never reported running:\n{}", log.join("\n"));
+            }
+        }
+    }
+    // Steps are reported in order.
+    let steps: Vec<&String> = log.iter().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(steps.len(), 9, "{steps:?}");
+    assert!(steps[8].starts_with("[9/9] waiting for the claim to be Bound"));
+
+    let down = Command::new(BIN)
+        .args(["dev", "down"])
+        .env("XDG_CACHE_HOME", cache.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&down.stdout);
+    assert!(down.status.success(), "dev down: {said} {}", String::from_utf8_lossy(&down.stderr));
+    assert!(said.contains("stopped; nothing is left running"), "{said}");
+
+    let status = up.wait().unwrap();
+    let mut view = String::new();
+    stdout.read_to_string(&mut view).unwrap();
+    assert!(status.success(), "dev up exited {status}:\n{view}");
+    let header = view.lines().next().unwrap_or_default();
+    let columns: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(columns, ["NAME", "POOL", "VM", "PHASE", "EXPIRES", "AGE"], "{view}");
+    let row: Vec<&str> = view.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row[0], "sandbox-for-alice", "{view}");
+    assert_eq!(row[1], "sandbox-pool");
+    assert!(row[2].starts_with("sandbox-pool-"), "{view}");
+    assert_eq!(row[3], "Bound");
+    assert!(row[4].ends_with('Z'), "EXPIRES is an absolute deadline: {view}");
+    assert!(!cache.path().join("banlieue/dev/dev-up.pid").exists(), "the PID file outlived dev up");
+
+    // A second `dev down` finds nothing to stop.
+    let again = Command::new(BIN)
+        .args(["dev", "down"])
+        .env("XDG_CACHE_HOME", cache.path())
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains("no `banlieue dev up` is running"));
+}
