@@ -17,7 +17,9 @@ use banlieue_api::{
 use banlieue_provider_libvirt::image::decide;
 use banlieue_provider_libvirt::image::jobs::{ImageReconciler, ImageReconcilerConfig};
 use banlieue_provider_libvirt::image::marker;
-use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome, run_import};
+use banlieue_provider_libvirt::image::{
+    ImportArgs, ImportOutcome, run_image_reconciler, run_import,
+};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use k8s_openapi::ByteString;
@@ -437,6 +439,213 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
     assert_eq!(status.per_provider[1].zones, zones);
     assert_eq!(status.revision, Some(decide::revision(&image)));
     assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Importing));
+}
+
+/// A provider identity without the `jobs` grant (a ProviderClass without additionalRules):
+/// it may read its Provider, VMImages and ProviderClasses and write VMImage status, no more.
+async fn provider_without_jobs_grant(c: &Cluster) -> kube::Client {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+    };
+    let pp = PostParams::default();
+    let meta = |name: &str| kube::api::ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let rule = |resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec!["banlieue.io".into()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: "provider".into(),
+        namespace: Some(c.ns.clone()),
+        ..Subject::default()
+    };
+    Api::<ServiceAccount>::namespaced(c.client.clone(), &c.ns)
+        .create(
+            &pp,
+            &ServiceAccount {
+                metadata: meta("provider"),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("service account");
+    Api::<Role>::namespaced(c.client.clone(), &c.ns)
+        .create(
+            &pp,
+            &Role {
+                metadata: meta("provider"),
+                rules: Some(vec![
+                    rule(&["providers", "vmimages"], &["get", "list", "watch"]),
+                    rule(&["vmimages/status"], &["get", "patch", "update"]),
+                ]),
+            },
+        )
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(c.client.clone(), &c.ns)
+        .create(
+            &pp,
+            &RoleBinding {
+                metadata: meta("provider"),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "provider".into(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .expect("rolebinding");
+    let cluster_name = format!("provider-{}", c.ns);
+    Api::<ClusterRole>::all(c.client.clone())
+        .create(
+            &pp,
+            &ClusterRole {
+                metadata: meta(&cluster_name),
+                rules: Some(vec![rule(&["providerclasses"], &["get", "list", "watch"])]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("clusterrole");
+    Api::<ClusterRoleBinding>::all(c.client.clone())
+        .create(
+            &pp,
+            &ClusterRoleBinding {
+                metadata: meta(&cluster_name),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: cluster_name.clone(),
+                },
+                subjects: Some(vec![subject]),
+            },
+        )
+        .await
+        .expect("clusterrolebinding");
+    c.cp.client_as_service_account(&c.ns, "provider")
+        .await
+        .expect("provider client")
+}
+
+#[tokio::test]
+async fn a_403_on_jobs_fails_the_zones_with_the_additional_rules_hint() {
+    let c = cluster().await;
+    c.provider("qemu+tls://127.0.0.1:1/system", &[("gold", "nvme-pool")])
+        .await;
+    c.image(IMAGE, c.url_source()).await;
+    Api::<VMImage>::namespaced(c.client.clone(), &c.ns)
+        .patch_status(
+            IMAGE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"buildArtifact": {
+                "kind": "cloudImage", "path": "k.raw", "phase": "Ready"
+            }}})),
+        )
+        .await
+        .expect("artifact ready");
+    let client = provider_without_jobs_grant(&c).await;
+    let reconciler = ImageReconciler::new(client, ImageReconcilerConfig::new(PROVIDER, &c.ns));
+    // RBAC propagates to the authorizer's cache within moments; wait for the verdict.
+    let zones = wait_for(
+        "a reconcile as the provider",
+        Duration::from_secs(30),
+        || async {
+            Ok(reconciler
+                .reconcile(&c.get_image(IMAGE).await)
+                .await
+                .ok()
+                .flatten())
+        },
+    )
+    .await
+    .expect("reconcile as the provider");
+    assert_eq!(zones.len(), 1);
+    assert_eq!(zones[0].phase, ZonePhase::Failed);
+    let message = zones[0].message.as_deref().unwrap_or_default();
+    assert!(message.contains("403 on jobs"), "{message}");
+    assert!(message.contains("additionalRules"), "{message}");
+    assert!(
+        message.contains("examples/09-providerclass-libvirt.yaml"),
+        "{message}"
+    );
+    assert!(c.jobs().await.is_empty());
+    let status = c.get_image(IMAGE).await.status.expect("status");
+    assert_eq!(status.per_provider[0].zones, zones);
+    assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Failed));
+}
+
+#[tokio::test]
+async fn the_reconciler_loop_creates_the_jobs_and_stops_on_shutdown() {
+    let c = cluster().await;
+    c.provider(
+        "qemu+tls://127.0.0.1:1/system",
+        &[("gold", "nvme-pool"), ("standard", "default")],
+    )
+    .await;
+    c.image(IMAGE, c.url_source()).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(run_image_reconciler(
+        c.client.clone(),
+        ImageReconcilerConfig::new(PROVIDER, &c.ns),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let pending = wait_for("BuildPending zones", Duration::from_secs(60), || async {
+        let status = c.get_image(IMAGE).await.status.unwrap_or_default();
+        Ok(status
+            .per_provider
+            .into_iter()
+            .find(|p| p.provider == PROVIDER)
+            .filter(|p| p.zones.len() == 2))
+    })
+    .await
+    .expect("zones");
+    assert!(
+        pending
+            .zones
+            .iter()
+            .all(|z| z.phase == ZonePhase::BuildPending)
+    );
+    assert!(c.jobs().await.is_empty());
+
+    // The artifact becoming Ready is a VMImage change: the loop reacts without a resync.
+    Api::<VMImage>::namespaced(c.client.clone(), &c.ns)
+        .patch_status(
+            IMAGE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"buildArtifact": {
+                "kind": "cloudImage", "path": "k.raw", "phase": "Ready"
+            }}})),
+        )
+        .await
+        .expect("artifact ready");
+    wait_for("two import Jobs", Duration::from_secs(60), || async {
+        Ok((c.jobs().await.len() == 2).then_some(()))
+    })
+    .await
+    .expect("jobs");
+    wait_for("Importing zones", Duration::from_secs(60), || async {
+        let status = c.get_image(IMAGE).await.status.unwrap_or_default();
+        Ok((status.phase == Some(banlieue_api::ImagePhase::Importing)).then_some(()))
+    })
+    .await
+    .expect("importing");
+    stop.send(()).expect("stop");
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the loop stops on shutdown")
+        .expect("join")
+        .expect("the loop ends cleanly");
+    assert_eq!(c.jobs().await.len(), 2, "never more than one Job per pool");
 }
 
 #[tokio::test]
