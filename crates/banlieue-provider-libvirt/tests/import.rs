@@ -82,9 +82,13 @@ async fn cluster() -> Cluster {
 impl Cluster {
     /// A Provider whose status already advertises `pools` (the operator is not running here).
     async fn provider(&self, endpoint: &str, pools: &[(&str, &str)]) -> Provider {
+        self.provider_named(PROVIDER, endpoint, pools).await
+    }
+
+    async fn provider_named(&self, name: &str, endpoint: &str, pools: &[(&str, &str)]) -> Provider {
         let providers: Api<Provider> = Api::namespaced(self.client.clone(), &self.ns);
         let p = Provider::new(
-            PROVIDER,
+            name,
             ProviderSpec {
                 provider_class_ref: LocalObjectReference::new(&self.class),
                 connection: ProviderConnection {
@@ -114,7 +118,7 @@ impl Cluster {
             {"name": "127.0.0.1", "storageClasses": classes}
         ]}});
         providers
-            .patch_status(PROVIDER, &PatchParams::default(), &Patch::Merge(&status))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .expect("provider status")
     }
@@ -646,6 +650,41 @@ async fn the_reconciler_loop_creates_the_jobs_and_stops_on_shutdown() {
         .expect("join")
         .expect("the loop ends cleanly");
     assert_eq!(c.jobs().await.len(), 2, "never more than one Job per pool");
+}
+
+#[tokio::test]
+async fn two_providers_writing_one_image_at_once_keep_both_entries() {
+    let c = cluster().await;
+    c.provider("qemu+tls://127.0.0.1:1/system", &[("gold", "a")])
+        .await;
+    c.provider_named("edge-8", "qemu+tls://127.0.0.1:2/system", &[("gold", "b")])
+        .await;
+    c.image(IMAGE, c.url_source()).await;
+    let first = c.reconciler();
+    let second = ImageReconciler::new(
+        c.client.clone(),
+        ImageReconcilerConfig::new("edge-8", &c.ns),
+    );
+    // Interleaved read-modify-writes of one status: without the resourceVersion
+    // compare-and-swap, a lost update would drop one provider's entry.
+    for round in 0..5 {
+        let image = c.get_image(IMAGE).await;
+        let (a, b) = tokio::join!(first.reconcile(&image), second.reconcile(&image));
+        a.expect("first provider");
+        b.expect("second provider");
+        let status = c.get_image(IMAGE).await.status.expect("status");
+        let mut providers: Vec<_> = status
+            .per_provider
+            .iter()
+            .map(|p| (p.provider.as_str(), p.zones[0].pool.as_str()))
+            .collect();
+        providers.sort();
+        assert_eq!(
+            providers,
+            vec![("edge-7", "a"), ("edge-8", "b")],
+            "round {round}"
+        );
+    }
 }
 
 #[tokio::test]
