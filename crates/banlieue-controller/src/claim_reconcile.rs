@@ -46,7 +46,7 @@ pub(crate) async fn reconcile(
     claim: Arc<VirtualMachineClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action> {
-    ctx.stores.wait_until_ready().await?;
+    ctx.readiness.wait().await?;
     let namespace = namespace_of(claim.as_ref(), "VirtualMachineClaim")?;
     let this = ClaimRef {
         claim: claim.as_ref(),
@@ -196,28 +196,40 @@ async fn pending(
     Ok(Action::requeue(Duration::from_millis(50)))
 }
 
-/// The one write that binds: claim label set, pool label removed, owner moved from the pool to
-/// the claim, subject and bind time recorded, all conditional on the resourceVersion the member
-/// was chosen at.
 async fn bind_patch(
     this: &ClaimRef<'_>,
     vms: &Api<VirtualMachine>,
     member: &str,
     resource_version: Option<&str>,
 ) -> Result<VirtualMachine, kube::Error> {
-    let owner = controller_owner_reference(this.claim);
-    let now = Timestamp::now();
+    bind_member(vms, this.claim, member, resource_version).await
+}
+
+/// The one write that binds `member` to `claim`: claim label set, pool label removed, owner
+/// moved from the pool to the claim, subject and bind time recorded, all conditional on the
+/// resourceVersion the member was chosen at. A 409 means someone wrote the member since.
+pub async fn bind_member(
+    vms: &Api<VirtualMachine>,
+    claim: &VirtualMachineClaim,
+    member: &str,
+    resource_version: Option<&str>,
+) -> Result<VirtualMachine, kube::Error> {
+    let owner = controller_owner_reference(claim);
+    // Whole seconds: the status's boundAt is a metav1.Time, which keeps no fraction, and the
+    // annotation must be the same instant so a status completed after a crash agrees with it.
+    let now =
+        Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
     let patch = json!({
         "metadata": {
             "resourceVersion": resource_version,
             "labels": {
-                names::LABEL_CLAIM: this.name,
+                names::LABEL_CLAIM: claim.name_any(),
                 names::LABEL_POOL: null,
             },
             "ownerReferences": [owner],
             "annotations": {
-                names::ANNOTATION_SUBJECT_ISSUER: this.claim.spec.subject.issuer,
-                names::ANNOTATION_SUBJECT_ID: this.claim.spec.subject.id,
+                names::ANNOTATION_SUBJECT_ISSUER: claim.spec.subject.issuer,
+                names::ANNOTATION_SUBJECT_ID: claim.spec.subject.id,
                 names::ANNOTATION_BOUND_AT: now.to_string(),
             },
         }

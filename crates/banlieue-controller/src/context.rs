@@ -34,32 +34,38 @@ pub(crate) struct Stores {
     pub classes: Store<VMClass>,
 }
 
-impl Stores {
+/// Which caches hold their initial list, one bit each. Tracked from the watch streams rather
+/// than with `Store::wait_until_ready`, whose one-shot channel wakes only the last of several
+/// concurrent waiters.
+#[derive(Clone, Debug)]
+pub(crate) struct Readiness {
+    filled: tokio::sync::watch::Sender<u32>,
+    all: u32,
+}
+
+impl Readiness {
+    pub fn new(caches: u32) -> Self {
+        Self {
+            filled: tokio::sync::watch::Sender::new(0),
+            all: (1u32 << caches) - 1,
+        }
+    }
+
+    /// Marks cache number `index` as filled.
+    pub fn filled(&self, index: u32) {
+        self.filled.send_modify(|mask| *mask |= 1 << index);
+    }
+
     /// Waits until every cache holds its initial list: a decision over a half-filled cache
     /// could bind a second member to a claim whose first one is simply not listed yet.
-    pub async fn wait_until_ready(&self) -> Result<()> {
-        let results = futures::join!(
-            self.vms.wait_until_ready(),
-            self.machines.wait_until_ready(),
-            self.pools.wait_until_ready(),
-            self.claims.wait_until_ready(),
-            self.providers.wait_until_ready(),
-            self.provider_classes.wait_until_ready(),
-            self.images.wait_until_ready(),
-            self.classes.wait_until_ready(),
-        );
-        if results.0.is_err()
-            || results.1.is_err()
-            || results.2.is_err()
-            || results.3.is_err()
-            || results.4.is_err()
-            || results.5.is_err()
-            || results.6.is_err()
-            || results.7.is_err()
-        {
-            return Err(Error::CachesNotReady);
-        }
-        Ok(())
+    pub async fn wait(&self) -> Result<()> {
+        let all = self.all;
+        let mut receiver = self.filled.subscribe();
+        receiver
+            .wait_for(|mask| *mask & all == all)
+            .await
+            .map(|_| ())
+            .map_err(|_| Error::CachesNotReady)
     }
 }
 
@@ -70,6 +76,7 @@ pub(crate) struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     pub stores: Stores,
+    pub readiness: Readiness,
     pub reservations: Reservations,
     pub expectations: Expectations,
     pub backoff: ErrorBackoff,
@@ -87,7 +94,13 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    pub fn new(client: Client, config: ControllerConfig, metrics: Metrics, stores: Stores) -> Self {
+    pub fn new(
+        client: Client,
+        config: ControllerConfig,
+        metrics: Metrics,
+        stores: Stores,
+        readiness: Readiness,
+    ) -> Self {
         let reporter = Reporter {
             controller: config.manager_name.clone(),
             instance: std::env::var("POD_NAME").ok(),
@@ -98,6 +111,7 @@ impl Context {
             config,
             metrics,
             stores,
+            readiness,
             reservations: Reservations::default(),
             expectations: Expectations::default(),
             backoff: ErrorBackoff::default(),

@@ -41,12 +41,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+pub use claim_reconcile::bind_member;
 pub use config::ControllerConfig;
 pub use crash::{CRASH_AT_ENV, CrashPoint};
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 
-use context::{Context, Stores};
+use context::{Context, Readiness, Stores};
 
 /// The field manager of server-side applies and the reporting controller of Events.
 pub const FIELD_MANAGER: &str = "banlieue-controller";
@@ -63,20 +64,42 @@ pub async fn run(
     let namespace = config.namespace.clone();
     let wc = watcher::Config::default();
 
-    let (providers, provider_reflector) = cache::<Provider>(scoped(&client, &namespace));
-    let (images, image_reflector) = cache::<VMImage>(scoped(&client, &namespace));
-    let (classes, class_reflector) = cache::<VMClass>(scoped(&client, &namespace));
-    let (machines, machine_reflector) = cache::<LibvirtMachine>(scoped(&client, &namespace));
+    let readiness = Readiness::new(8);
+    let (vms, vm_reflector) = cache::<VirtualMachine>(scoped(&client, &namespace), &readiness, 0);
+    let (pools, pool_reflector) =
+        cache::<VirtualMachinePool>(scoped(&client, &namespace), &readiness, 1);
+    let (claims, claim_reflector) =
+        cache::<VirtualMachineClaim>(scoped(&client, &namespace), &readiness, 2);
+    let (providers, provider_reflector) =
+        cache::<Provider>(scoped(&client, &namespace), &readiness, 3);
+    let (images, image_reflector) = cache::<VMImage>(scoped(&client, &namespace), &readiness, 4);
+    let (classes, class_reflector) = cache::<VMClass>(scoped(&client, &namespace), &readiness, 5);
+    let (machines, machine_reflector) =
+        cache::<LibvirtMachine>(scoped(&client, &namespace), &readiness, 6);
     let (provider_classes, provider_class_reflector) =
-        cache::<ProviderClass>(Api::all(client.clone()));
+        cache::<ProviderClass>(Api::all(client.clone()), &readiness, 7);
     let reflectors = [
+        tokio::spawn(vm_reflector),
+        tokio::spawn(pool_reflector),
+        tokio::spawn(claim_reflector),
         tokio::spawn(provider_reflector),
         tokio::spawn(image_reflector),
         tokio::spawn(class_reflector),
         tokio::spawn(machine_reflector),
         tokio::spawn(provider_class_reflector),
     ];
-
+    // The controllers keep their own caches of the objects they reconcile; decisions read these
+    // shared ones, which a single readiness signal covers.
+    let stores = Stores {
+        vms,
+        machines,
+        pools,
+        claims,
+        providers,
+        provider_classes,
+        images,
+        classes,
+    };
     let vm_controller = Controller::new(scoped::<VirtualMachine>(&client, &namespace), wc.clone());
     let pool_controller = Controller::new(
         scoped::<VirtualMachinePool>(&client, &namespace),
@@ -86,21 +109,12 @@ pub async fn run(
         scoped::<VirtualMachineClaim>(&client, &namespace),
         wc.clone(),
     );
-    let stores = Stores {
-        vms: vm_controller.store(),
-        machines,
-        pools: pool_controller.store(),
-        claims: claim_controller.store(),
-        providers,
-        provider_classes,
-        images,
-        classes,
-    };
     let ctx = Arc::new(Context::new(
         client.clone(),
         config,
         metrics,
         stores.clone(),
+        readiness,
     ));
 
     let vms_for_providers = stores.vms.clone();
@@ -235,17 +249,28 @@ where
     }
 }
 
-/// A reflector cache for lookups, and the future that keeps it filled.
-fn cache<K>(api: Api<K>) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
+/// A reflector cache, and the future that keeps it filled and marks it in `readiness` once it
+/// holds its initial list.
+fn cache<K>(
+    api: Api<K>,
+    readiness: &Readiness,
+    index: u32,
+) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
+    let readiness = readiness.clone();
     let stream = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default()).default_backoff(),
     );
-    let task = stream.for_each(|_| futures::future::ready(()));
+    let task = stream.for_each(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            readiness.filled(index);
+        }
+        futures::future::ready(())
+    });
     (reader, task)
 }
 
@@ -286,7 +311,9 @@ where
     Fut: Future<Output = Result<Action>>,
 {
     let key = format!("{controller}/{}", object_key(object.as_ref()));
+    tracing::debug!(controller, object = %key, "reconcile");
     let result = reconcile(object, ctx.clone()).await;
+    tracing::debug!(controller, object = %key, ok = result.is_ok(), "reconciled");
     if result.is_ok() {
         ctx.backoff.succeeded(&key);
     }

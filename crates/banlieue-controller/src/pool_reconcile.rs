@@ -24,7 +24,7 @@ use crate::revision::pool_revision;
 use crate::scheduling::{controller_owner_reference, image_revision};
 
 pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.stores.wait_until_ready().await?;
+    ctx.readiness.wait().await?;
     let namespace = namespace_of(pool.as_ref(), "VirtualMachinePool")?;
     let name = pool.name_any();
     let labels = PoolLabels {

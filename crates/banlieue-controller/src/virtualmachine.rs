@@ -25,7 +25,7 @@ use crate::scheduling::{self, ScheduleInput};
 const TEARDOWN_POLL: Duration = Duration::from_secs(2);
 
 pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action> {
-    ctx.stores.wait_until_ready().await?;
+    ctx.readiness.wait().await?;
     let namespace = namespace_of(vm.as_ref(), "VirtualMachine")?;
     let name = vm.name_any();
     let vms = ctx.api::<VirtualMachine>(&namespace);

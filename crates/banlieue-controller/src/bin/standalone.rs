@@ -2,7 +2,7 @@
 //! experiments:
 //!
 //! ```text
-//! cargo run -p banlieue-controller --example controller -- KUBECONFIG [NAMESPACE]
+//! cargo run -p banlieue-controller --bin banlieue-controller-standalone -- KUBECONFIG [NAMESPACE]
 //! ```
 //!
 //! `BANLIEUE_CRASH_AT=<point>` aborts it at that step of a bind or release (see

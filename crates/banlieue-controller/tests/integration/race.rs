@@ -1,1 +1,101 @@
+//! 40 claims against 20 ready members: exactly 20 bind, to distinct members, the rest wait with
+//! the pool's reason; the pool refills and they bind; no member ever carries two claims.
 
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use banlieue_api::conditions::reasons;
+use banlieue_api::{ClaimPhase, VirtualMachineClaim};
+use banlieue_testenv::control_plane::wait_for;
+use serde_json::json;
+
+use crate::support::fake_provider::FakeProvider;
+use crate::support::history::History;
+use crate::support::*;
+
+const MEMBERS: usize = 20;
+const CLAIMS: usize = 40;
+
+#[tokio::test]
+async fn forty_claims_race_for_twenty_members() -> TestResult {
+    let h = Harness::new().await?;
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let controller = h.start_controller().await?;
+    h.create_pool(
+        "race-pool",
+        MEMBERS as i32,
+        "InfrastructureReady",
+        json!({}),
+    )
+    .await?;
+    h.wait_available("race-pool", MEMBERS as i32).await?;
+    let history = History::record(h.admin.clone(), &h.namespace);
+
+    // Refills stay unready until the first round is checked.
+    provider.controls.ready_gate.store(false, Ordering::SeqCst);
+    let creates = (0..CLAIMS).map(|i| {
+        let h = &h;
+        async move {
+            h.create_claim(&format!("claim-{i:02}"), "race-pool", 3600)
+                .await
+        }
+    });
+    for created in futures::future::join_all(creates).await {
+        created?;
+    }
+
+    let claims = h.api::<VirtualMachineClaim>();
+    let first_round = wait_for("20 Bound and 20 Pending with the pool's reason", DEADLINE, || {
+        let claims = claims.clone();
+        async move {
+            let list = claims.list(&Default::default()).await?.items;
+            let bound = list.iter().filter(|c| is_bound(c)).count();
+            let waiting = list
+                .iter()
+                .filter(|c| {
+                    phase(c) == Some(ClaimPhase::Pending)
+                        && bound_condition(c).is_some_and(|b| {
+                            b.reason == reasons::NO_MEMBER_AVAILABLE
+                                && b.message.starts_with("no Ready, unclaimed member in pool race-pool (pool: Filling: ")
+                        })
+                })
+                .count();
+            Ok((bound == MEMBERS && waiting == CLAIMS - MEMBERS).then_some(list))
+        }
+    })
+    .await?;
+    let members: BTreeSet<String> = first_round.iter().filter_map(member_name).collect();
+    assert_eq!(
+        members.len(),
+        MEMBERS,
+        "each Bound claim holds a distinct member"
+    );
+
+    provider.controls.ready_gate.store(true, Ordering::SeqCst);
+    let all = wait_for("all 40 Bound", DEADLINE, || {
+        let claims = claims.clone();
+        async move {
+            let list = claims.list(&Default::default()).await?.items;
+            Ok((list.iter().filter(|c| is_bound(c)).count() == CLAIMS).then_some(list))
+        }
+    })
+    .await?;
+    let members: BTreeSet<String> = all.iter().filter_map(member_name).collect();
+    assert_eq!(members.len(), CLAIMS, "40 distinct members");
+    // Claims bound in the first round kept their member.
+    for claim in first_round.iter().filter(|c| is_bound(c)) {
+        let now = all
+            .iter()
+            .find(|c| c.metadata.name == claim.metadata.name)
+            .ok_or("claim vanished")?;
+        assert_eq!(member_name(now), member_name(claim));
+    }
+    history.assert_bound_at_most_once();
+    let conflicts = controller.metrics.bind_conflicts.get();
+    eprintln!(
+        "race: {CLAIMS} claims, {MEMBERS} warm members: {conflicts} bind conflicts (409); {} watch events checked",
+        history.seen.lock().map(|s| s.events).unwrap_or_default()
+    );
+    controller.stop().await?;
+    Ok(())
+}

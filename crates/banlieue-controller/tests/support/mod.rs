@@ -2,7 +2,9 @@
 //! LibvirtMachine contract, and the controller run in process or as a child process.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod fake_provider;
+pub mod history;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
