@@ -131,13 +131,17 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
     let Some(uuid) = machine.status.as_ref().and_then(|s| s.domain_uuid.clone()) else {
         let uuid = uuid::Uuid::new_v4().to_string();
         let names = plan::MachineNames::of(&machine);
-        patch_status(
+        let recorded = patch_status(
             &api,
-            &machine.name_any(),
+            &machine,
             json!({ "domainUuid": uuid, "domainName": names.domain }),
         )
         .await?;
-        return Ok(Action::await_change());
+        return Ok(if recorded {
+            Action::await_change()
+        } else {
+            Action::requeue(AFTER_CONFLICT)
+        });
     };
 
     let outcome = realise::run(&machine, &uuid, &ctx).await;
@@ -153,13 +157,15 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
         &outcome,
         now(),
     );
-    if Some(&status) != machine.status.as_ref() {
-        patch_status(
+    if Some(&status) != machine.status.as_ref()
+        && !patch_status(
             &api,
-            &machine.name_any(),
+            &machine,
             serde_json::to_value(&status).unwrap_or_default(),
         )
-        .await?;
+        .await?
+    {
+        return Ok(Action::requeue(AFTER_CONFLICT));
     }
     Ok(match &outcome {
         Ok(o) if o.running => Action::requeue(ctx.cfg.resync),
@@ -168,20 +174,38 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
     })
 }
 
+/// Patches the status, guarded by the resourceVersion the reconcile read. The reconcile sees
+/// the controller's cache, which can lag behind its own last write; an unguarded write from a
+/// stale copy would, for example, replace a recorded domain UUID with a new one after the
+/// domain was defined with the first. Returns false when the object changed meanwhile (409):
+/// the caller looks again at the fresh object.
 async fn patch_status(
     api: &Api<LibvirtMachine>,
-    name: &str,
+    machine: &LibvirtMachine,
     status: serde_json::Value,
-) -> Result<()> {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
-    )
-    .await
-    .map_err(Error::kube(format!("patch LibvirtMachine {name} status")))?;
-    Ok(())
+) -> Result<bool> {
+    let name = machine.name_any();
+    match api
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": { "resourceVersion": machine.resource_version() },
+                "status": status,
+            })),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(Error::kube(format!("patch LibvirtMachine {name} status"))(
+            e,
+        )),
+    }
 }
+
+/// Retry soon after a write lost to a concurrent change.
+const AFTER_CONFLICT: Duration = Duration::from_millis(500);
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())

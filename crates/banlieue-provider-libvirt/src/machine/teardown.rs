@@ -62,7 +62,7 @@ pub(super) async fn run(
             if Some(&status) != machine.status.as_ref() {
                 super::patch_status(
                     api,
-                    &machine.name_any(),
+                    machine,
                     serde_json::to_value(&status).unwrap_or_default(),
                 )
                 .await?;
