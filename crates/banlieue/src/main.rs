@@ -128,19 +128,20 @@ async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
         observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
     readiness.set(true);
     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            dev::wait_for_stop().await;
-            shutdown.cancel();
-        });
+    let stop = roles::stop_requested();
+    tokio::select! {
+        _ = stop.cancelled() => shutdown.cancel(),
+        _ = shutdown.cancelled() => {}
     }
-    shutdown.cancelled().await;
     readiness.set(false);
     for task in tasks {
         let _ = task.await;
     }
-    Ok(())
+    if stop.is_cancelled() {
+        Ok(())
+    } else {
+        Err("a role failed; see the log above".into())
+    }
 }
 
 fn crds(out: Option<PathBuf>) -> Result<(), BoxError> {

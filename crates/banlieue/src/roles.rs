@@ -107,3 +107,25 @@ fn supervise(
         }
     })
 }
+
+/// A token cancelled on Ctrl-C or SIGTERM; the handlers are installed when this returns.
+pub fn stop_requested() -> CancellationToken {
+    let token = CancellationToken::new();
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        match term {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        cancel.cancel();
+    });
+    token
+}

@@ -57,7 +57,11 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&down.stdout);
-    assert!(down.status.success(), "dev down: {said} {}", String::from_utf8_lossy(&down.stderr));
+    assert!(
+        down.status.success(),
+        "dev down: {said} {}",
+        String::from_utf8_lossy(&down.stderr)
+    );
     assert!(said.contains("stopped; nothing is left running"), "{said}");
 
     let status = up.wait().unwrap();
@@ -66,14 +70,29 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     assert!(status.success(), "dev up exited {status}:\n{view}");
     let header = view.lines().next().unwrap_or_default();
     let columns: Vec<&str> = header.split_whitespace().collect();
-    assert_eq!(columns, ["NAME", "POOL", "VM", "PHASE", "EXPIRES", "AGE"], "{view}");
-    let row: Vec<&str> = view.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        columns,
+        ["NAME", "POOL", "VM", "PHASE", "EXPIRES", "AGE"],
+        "{view}"
+    );
+    let row: Vec<&str> = view
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(row[0], "sandbox-for-alice", "{view}");
     assert_eq!(row[1], "sandbox-pool");
     assert!(row[2].starts_with("sandbox-pool-"), "{view}");
     assert_eq!(row[3], "Bound");
-    assert!(row[4].ends_with('Z'), "EXPIRES is an absolute deadline: {view}");
-    assert!(!cache.path().join("banlieue/dev/dev-up.pid").exists(), "the PID file outlived dev up");
+    assert!(
+        row[4].ends_with('Z'),
+        "EXPIRES is an absolute deadline: {view}"
+    );
+    assert!(
+        !cache.path().join("banlieue/dev/dev-up.pid").exists(),
+        "the PID file outlived dev up"
+    );
 
     // A second `dev down` finds nothing to stop.
     let again = Command::new(BIN)

@@ -134,7 +134,14 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     };
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
-    let outcome = drive(&args, &peers, &shutdown, &mut workers, &mut progress).await;
+    // Installed before anything is announced, so a stop request is never missed.
+    let stop = crate::roles::stop_requested();
+    let outcome = tokio::select! {
+        outcome = drive(&args, &peers, &shutdown, &stop, &mut workers, &mut progress) => outcome,
+        _ = stop.cancelled() => {
+            if args.non_interactive { Err("interrupted".into()) } else { Ok(()) }
+        }
+    };
 
     eprintln!("tearing down");
     shutdown.cancel();
@@ -190,6 +197,7 @@ async fn drive(
     args: &UpArgs,
     peers: &Peers,
     shutdown: &CancellationToken,
+    stop: &CancellationToken,
     workers: &mut Vec<tokio::task::JoinHandle<()>>,
     progress: &mut Progress,
 ) -> Result<(), BoxError> {
@@ -272,7 +280,7 @@ async fn drive(
     if !args.non_interactive {
         eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
         tokio::select! {
-            _ = wait_for_stop() => {}
+            _ = stop.cancelled() => {}
             _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
         }
     }
@@ -352,22 +360,6 @@ async fn wait_bound(
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM (which `dev down` sends).
-pub async fn wait_for_stop() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 async fn down() -> Result<(), BoxError> {
     let path = pid_file();
     let text = match std::fs::read_to_string(&path) {
@@ -395,7 +387,7 @@ async fn down() -> Result<(), BoxError> {
     rustix::process::kill_process(process, rustix::process::Signal::TERM)?;
     println!("stopping banlieue dev up (PID {pid})");
     let deadline = Instant::now() + Duration::from_secs(120);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+    while is_running(pid as u32) {
         if Instant::now() > deadline {
             return Err(format!("PID {pid} did not exit within 120 s").into());
         }
