@@ -7,8 +7,9 @@
 //!   is configured with `max_client_requests = 32` so that it, not the server, bounds
 //!   concurrency.
 //! - Volumes: 1 GiB of incompressible data up into a raw volume of a dir pool and back down,
-//!   ours (this bench re-run as a worker process) against `virsh vol-upload` / `vol-download`,
-//!   each under `/usr/bin/time` for wall time and peak RSS. Median of three runs each.
+//!   ours (this bench re-run as a worker process: `StorageVol::upload` from a file,
+//!   `StorageVol::download_to_file`) against `virsh vol-upload` / `vol-download`,
+//!   each under `/usr/bin/time` for wall time and peak RSS. Median of five interleaved runs each.
 //!
 //! ```text
 //! cargo bench -p banlieue-libvirt --bench peer             # both parts
@@ -29,7 +30,7 @@ const SEQUENTIAL: usize = 5_000;
 const CONCURRENT: usize = 32_000;
 const IN_FLIGHT: usize = 32;
 const VOLUME: u64 = 1 << 30;
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 const PYTHON: &str = r#"
 import sys, threading, time, libvirt
@@ -100,8 +101,9 @@ async fn worker(args: &[String]) {
         }
         "download" => {
             let f = tokio::fs::File::create(file).await.expect("create");
-            let mut w = tokio::io::BufWriter::with_capacity(1 << 20, f);
-            vol.download(&mut w, 0, 0, false).await.expect("download");
+            vol.download_to_file(f, 0, 0, false)
+                .await
+                .expect("download");
         }
         other => panic!("unknown worker operation {other}"),
     }

@@ -616,24 +616,20 @@ impl StorageVol {
         .await
     }
 
-    /// [`StorageVol::download`] into a file, which it truncates first: with `sparse`, holes
-    /// become holes in the file rather than written zeros.
+    /// [`StorageVol::download`] into a file, which it truncates first. A thread of its own
+    /// writes the file while the next packets arrive; with `sparse`, holes become holes in the
+    /// file rather than written zeros.
     pub async fn download_to_file(
         &self,
-        mut file: tokio::fs::File,
+        file: tokio::fs::File,
         offset: u64,
         length: u64,
         sparse: bool,
     ) -> Result<Transfer> {
-        file.set_len(0).await.map_err(crate::Error::StreamIo)?;
-        tokio::io::AsyncSeekExt::rewind(&mut file)
-            .await
-            .map_err(crate::Error::StreamIo)?;
-        let mut sink = tokio::io::BufWriter::with_capacity(1 << 20, file);
-        stream::download_range_seeking(
+        stream::download_range_to_file(
             &self.client,
             &self.raw,
-            &mut sink,
+            file.into_std().await,
             offset,
             length,
             sparse,

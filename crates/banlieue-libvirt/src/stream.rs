@@ -363,9 +363,103 @@ pub async fn download_range_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
     download_into(client, vol, &mut sink, offset, length, sparse, progress).await
 }
 
+/// [`download_range`] into a file, written by a blocking thread of its own so that disk
+/// writes overlap with receiving: data chunks move to it without a copy, holes become seeks
+/// (with `sparse`, the file is sparse where the volume is). The file is truncated first.
+pub async fn download_range_to_file(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    file: std::fs::File,
+    offset: u64,
+    length: u64,
+    sparse: bool,
+    progress: impl FnMut(Transfer),
+) -> Result<Transfer> {
+    let (tx, rx) = mpsc::channel::<FileOp>(FILE_QUEUE);
+    let writer = tokio::task::spawn_blocking(move || write_file(file, rx));
+    let mut sink = FileSink { ops: tx };
+    let received = download_into(client, vol, &mut sink, offset, length, sparse, progress).await;
+    drop(sink);
+    let written = writer
+        .await
+        .map_err(|e| Error::StreamIo(std::io::Error::other(e)))?;
+    // A write error ends the writer, which makes the download fail to hand it a chunk: report
+    // the write error, the cause.
+    match (received, written) {
+        (_, Err(e)) => Err(Error::StreamIo(e)),
+        (r, Ok(())) => r,
+    }
+}
+
+/// Chunks queued for the file writer (at most 16 packets, 4 MiB).
+const FILE_QUEUE: usize = 16;
+
+enum FileOp {
+    Data(Bytes),
+    Hole(u64),
+    End,
+}
+
+fn write_file(mut file: std::fs::File, mut ops: mpsc::Receiver<FileOp>) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    file.set_len(0)?;
+    file.seek(SeekFrom::Start(0))?;
+    let mut ends_in_hole = false;
+    while let Some(op) = ops.blocking_recv() {
+        match op {
+            FileOp::Data(d) => {
+                file.write_all(&d)?;
+                ends_in_hole = false;
+            }
+            FileOp::Hole(0) => {}
+            FileOp::Hole(n) => {
+                let n = i64::try_from(n).map_err(|_| std::io::Error::other("hole too long"))?;
+                file.seek(SeekFrom::Current(n))?;
+                ends_in_hole = true;
+            }
+            FileOp::End => {
+                if ends_in_hole {
+                    file.seek(SeekFrom::Current(-1))?;
+                    file.write_all(&[0])?;
+                }
+                return file.flush();
+            }
+        }
+    }
+    // The download failed before its end: what was written stays, the caller has the error.
+    Ok(())
+}
+
+struct FileSink {
+    ops: mpsc::Sender<FileOp>,
+}
+
+impl FileSink {
+    async fn send(&self, op: FileOp) -> std::io::Result<()> {
+        self.ops
+            .send(op)
+            .await
+            .map_err(|_| std::io::Error::other("the file writer stopped"))
+    }
+}
+
+impl DownloadSink for FileSink {
+    async fn data(&mut self, data: Bytes) -> std::io::Result<()> {
+        self.send(FileOp::Data(data)).await
+    }
+
+    async fn hole(&mut self, len: u64) -> std::io::Result<()> {
+        self.send(FileOp::Hole(len)).await
+    }
+
+    async fn end(&mut self) -> std::io::Result<()> {
+        self.send(FileOp::End).await
+    }
+}
+
 /// Where downloaded data and holes go.
 trait DownloadSink {
-    async fn data(&mut self, data: &[u8]) -> std::io::Result<()>;
+    async fn data(&mut self, data: Bytes) -> std::io::Result<()>;
     async fn hole(&mut self, len: u64) -> std::io::Result<()>;
     async fn end(&mut self) -> std::io::Result<()>;
 }
@@ -374,8 +468,8 @@ trait DownloadSink {
 struct ZeroFill<'a, W>(&'a mut W);
 
 impl<W: AsyncWrite + Unpin> DownloadSink for ZeroFill<'_, W> {
-    async fn data(&mut self, data: &[u8]) -> std::io::Result<()> {
-        self.0.write_all(data).await
+    async fn data(&mut self, data: Bytes) -> std::io::Result<()> {
+        self.0.write_all(&data).await
     }
 
     async fn hole(&mut self, mut len: u64) -> std::io::Result<()> {
@@ -400,9 +494,9 @@ struct Seeking<'a, W> {
 }
 
 impl<W: AsyncWrite + AsyncSeek + Unpin> DownloadSink for Seeking<'_, W> {
-    async fn data(&mut self, data: &[u8]) -> std::io::Result<()> {
+    async fn data(&mut self, data: Bytes) -> std::io::Result<()> {
         self.ends_in_hole = false;
-        self.inner.write_all(data).await
+        self.inner.write_all(&data).await
     }
 
     async fn hole(&mut self, len: u64) -> std::io::Result<()> {
@@ -450,8 +544,8 @@ async fn download_into(
     loop {
         match stream.recv().await? {
             StreamEvent::Data(d) => {
-                sink.data(&d).await.map_err(Error::StreamIo)?;
                 total.data += d.len() as u64;
+                sink.data(d).await.map_err(Error::StreamIo)?;
             }
             StreamEvent::Hole(len) => {
                 sink.hole(len).await.map_err(Error::StreamIo)?;
