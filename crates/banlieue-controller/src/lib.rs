@@ -28,11 +28,11 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use banlieue_api::names;
 use banlieue_api::{
     LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
 };
+use banlieue_api::{conditions, names};
 use futures::{FutureExt, StreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -198,11 +198,17 @@ pub async fn run(
                 if let Some(claim) = vm.labels().get(names::LABEL_CLAIM) {
                     return vec![ObjectRef::new(claim).within(&ns)];
                 }
+                // Only a member a claim could take wakes the pool's pending claims; the many
+                // updates of a member on its way up would otherwise wake them all each time.
+                let usable = vm.metadata.deletion_timestamp.is_none()
+                    && vm.status.as_ref().is_some_and(|s| {
+                        conditions::is_true(&s.conditions, conditions::types::INFRASTRUCTURE_READY)
+                    });
                 match vm.labels().get(names::LABEL_POOL) {
-                    Some(pool) => {
+                    Some(pool) if usable => {
                         claim_reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
                     }
-                    None => Vec::new(),
+                    _ => Vec::new(),
                 }
             },
         )

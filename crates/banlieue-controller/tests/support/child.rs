@@ -73,3 +73,10 @@ impl Drop for ChildController {
         let _ = self.child.wait();
     }
 }
+
+impl ChildController {
+    /// The process id, for reading its usage from /proc.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}

@@ -1,0 +1,273 @@
+//! Benchmarks on the real control plane, ignored by default. Run them with
+//!
+//! ```text
+//! cargo test -p banlieue-controller --release --test perf -- --ignored --nocapture --test-threads 1
+//! ```
+//!
+//! They print figures and assert nothing about time.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use banlieue_api::VirtualMachineClaim;
+use banlieue_testenv::control_plane::wait_for;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+use serde_json::json;
+
+use support::child::ChildController;
+use support::fake_provider::FakeProvider;
+use support::*;
+
+const POOL: i32 = 200;
+
+/// Times at which each claim was first seen Bound by a watching client.
+fn watch_bound(
+    h: &Harness,
+) -> (
+    Arc<Mutex<HashMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let claims = h.api::<VirtualMachineClaim>();
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(claims, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim)) = event
+                && is_bound(&claim)
+            {
+                let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+                seen.entry(claim.name_any()).or_insert_with(Instant::now);
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn wait_all_bound(
+    seen: &Arc<Mutex<HashMap<String, Instant>>>,
+    names: &[String],
+) -> TestResult {
+    let deadline = Duration::from_secs(300);
+    wait_for("all claims Bound", deadline, || {
+        let seen = seen.clone();
+        let names = names.to_vec();
+        async move {
+            let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(names.iter().all(|n| seen.contains_key(n)).then_some(()))
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --release"]
+async fn claim_bind_latency_and_burst() -> TestResult {
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let controller = h.start_controller().await?;
+    h.create_pool("bench", POOL, "InfrastructureReady", json!({}))
+        .await?;
+    let filled = Instant::now();
+    h.wait_pool("bench", "warm", |s| s.available_replicas == POOL)
+        .await?;
+    eprintln!(
+        "pool of {POOL}: warm after {:.1} s",
+        filled.elapsed().as_secs_f64()
+    );
+    let (seen, watch) = watch_bound(&h);
+
+    for (rate, count) in [(10u32, 60usize), (50, 150), (100, 200)] {
+        h.wait_pool("bench", "warm", |s| s.available_replicas == POOL)
+            .await?;
+        let conflicts_before = controller.metrics.bind_conflicts.get();
+        let started = Instant::now();
+        let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+        let mut created: Vec<(String, tokio::task::JoinHandle<TestResult<Instant>>)> = Vec::new();
+        for i in 0..count {
+            tokio::time::sleep_until((started + interval * i as u32).into()).await;
+            let name = format!("r{rate}-{i:03}");
+            let claims = h.api::<VirtualMachineClaim>();
+            let claim = claim_object(&name);
+            created.push((
+                name,
+                tokio::spawn(async move {
+                    let at = Instant::now();
+                    claims.create(&Default::default(), &claim).await?;
+                    Ok(at)
+                }),
+            ));
+        }
+        let mut sent = HashMap::new();
+        for (name, handle) in created {
+            sent.insert(name, handle.await??);
+        }
+        let names: Vec<String> = sent.keys().cloned().collect();
+        wait_all_bound(&seen, &names).await?;
+        let seen_now = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut latencies: Vec<Duration> = sent
+            .iter()
+            .filter_map(|(name, at)| {
+                seen_now
+                    .get(name)
+                    .map(|bound| bound.saturating_duration_since(*at))
+            })
+            .collect();
+        latencies.sort();
+        eprintln!(
+            "{rate:>3} claims/s, {count} claims: created->Bound p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms; conflicts {}",
+            ms(percentile(&latencies, 0.5)),
+            ms(percentile(&latencies, 0.9)),
+            ms(percentile(&latencies, 0.99)),
+            ms(latencies.last().copied().unwrap_or_default()),
+            controller.metrics.bind_conflicts.get() - conflicts_before,
+        );
+    }
+
+    // Burst: 200 claims at once against 200 warm members.
+    h.wait_pool("bench", "warm", |s| s.available_replicas == POOL)
+        .await?;
+    let conflicts_before = controller.metrics.bind_conflicts.get();
+    let started = Instant::now();
+    let creates = (0..POOL).map(|i| {
+        let claims = h.api::<VirtualMachineClaim>();
+        async move {
+            claims
+                .create(&Default::default(), &claim_object(&format!("burst-{i:03}")))
+                .await
+        }
+    });
+    for result in futures::future::join_all(creates).await {
+        result?;
+    }
+    let created_after = started.elapsed();
+    let names: Vec<String> = (0..POOL).map(|i| format!("burst-{i:03}")).collect();
+    wait_all_bound(&seen, &names).await?;
+    let all_bound = seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(n, _)| n.starts_with("burst-"))
+        .map(|(_, at)| at.saturating_duration_since(started))
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "burst of {POOL} claims vs {POOL} warm members: all created after {:.0} ms, all Bound after {:.0} ms; conflicts {}",
+        ms(created_after),
+        ms(all_bound),
+        controller.metrics.bind_conflicts.get() - conflicts_before
+    );
+    watch.abort();
+    controller.stop().await?;
+    Ok(())
+}
+
+fn claim_object(name: &str) -> VirtualMachineClaim {
+    VirtualMachineClaim::new(
+        name,
+        banlieue_api::VirtualMachineClaimSpec {
+            pool_ref: banlieue_api::LocalObjectReference::new("bench"),
+            subject: banlieue_api::ClaimSubject {
+                issuer: "https://issuer.example.com".into(),
+                id: format!("subject-{name}"),
+            },
+            ttl_seconds: 3600,
+        },
+    )
+}
+
+/// Resident memory (KiB) and CPU time (clock ticks) of a process, from /proc.
+fn usage(pid: u32) -> TestResult<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or("no VmRSS")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = fields
+        .get(11)
+        .and_then(|u| u.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+    Ok((rss, ticks))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --release"]
+async fn controller_rss_and_cpu_with_1000_members() -> TestResult {
+    const MEMBERS: i32 = 1000;
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let kubeconfig = h.controller_kubeconfig(&std::env::temp_dir()).await?;
+    let child = ChildController::spawn(&kubeconfig, &h.namespace, None, 1)?;
+    let pid = child.pid();
+    let (rss_start, _) = usage(pid)?;
+    let started = Instant::now();
+    h.create_pool("big", MEMBERS, "InfrastructureReady", json!({}))
+        .await?;
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss_start));
+    wait_for("1000 warm members", Duration::from_secs(900), || {
+        let h = &h;
+        let peak = peak.clone();
+        async move {
+            if let Ok((rss, _)) = usage(pid) {
+                peak.fetch_max(rss, std::sync::atomic::Ordering::SeqCst);
+            }
+            let pool = h
+                .api::<banlieue_api::VirtualMachinePool>()
+                .get("big")
+                .await?;
+            Ok(pool
+                .status
+                .is_some_and(|s| s.available_replicas == MEMBERS)
+                .then_some(()))
+        }
+    })
+    .await?;
+    let (_, ticks_filled) = usage(pid)?;
+    let fill = started.elapsed();
+    let idle = Duration::from_secs(30);
+    tokio::time::sleep(idle).await; // steady state: measure what an idle warm pool costs
+    let (rss_idle, ticks_idle) = usage(pid)?;
+    let hz = 100.0;
+    eprintln!(
+        "1,000 members: filled in {:.0} s using {:.1} s CPU; RSS at start {:.1} MiB, peak while filling {:.1} MiB, idle {:.1} MiB; idle CPU {:.2}% over {} s",
+        fill.as_secs_f64(),
+        ticks_filled as f64 / hz,
+        rss_start as f64 / 1024.0,
+        peak.load(std::sync::atomic::Ordering::SeqCst).max(rss_idle) as f64 / 1024.0,
+        rss_idle as f64 / 1024.0,
+        (ticks_idle - ticks_filled) as f64 / hz / idle.as_secs_f64() * 100.0,
+        idle.as_secs()
+    );
+    Ok(())
+}
