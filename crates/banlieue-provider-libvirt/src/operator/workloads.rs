@@ -76,6 +76,8 @@ pub fn base_rules() -> Vec<PolicyRule> {
         ),
         rule(&[""], &["secrets", "configmaps"], &["get", "list", "watch"]),
         rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        rule(&[names::GROUP], &["vmimages"], &["get", "list", "watch"]),
+        rule(&[names::GROUP], &["vmimages/status"], &["patch"]),
     ]
 }
 
@@ -282,6 +284,17 @@ mod tests {
         );
         c.metadata.uid = Some("uid-c".into());
         c
+    }
+
+    #[test]
+    fn base_rules_are_the_reviewed_role() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/rbac/provider-base-role.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let role: Role = serde_saphyr::from_str(&text).unwrap();
+        assert_eq!(role.rules.unwrap(), base_rules());
     }
 
     #[test]
