@@ -95,6 +95,21 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     assert_eq!(fd.network_classes, host.capabilities().network_classes);
     assert_eq!(fd.features, vec!["vtpm".to_owned()]);
 
+    // The transition was recorded as an Event on the Provider.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(kube.clone(), &ns);
+    eventually("a Connected event on the Provider", 30, || async {
+        let list = events.list(&Default::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("Connected")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("edge-7")
+            })
+            .then_some(()))
+    })
+    .await?;
+
     // ADR-0012: the workload, owned by the Provider.
     let uid = p.uid().unwrap();
     let wl = workloads::workload_name("edge-7");
