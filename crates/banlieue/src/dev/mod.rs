@@ -318,7 +318,12 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
         .net;
     host.call::<rp::NetworkCreate>(&remote::RemoteNetworkCreateArgs { net: network })
         .await?;
-    let volume = StorageVol::create_xml(&pool, &objects::image_volume_xml(IMAGE_BYTES), 0).await?;
+    let volume = StorageVol::create_xml(
+        &pool,
+        &banlieue_provider_libvirt::volume_xml::raw(objects::IMAGE_VOLUME, IMAGE_BYTES),
+        0,
+    )
+    .await?;
     let mut zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), IMAGE_BYTES);
     volume.upload(&mut zeros, 0, IMAGE_BYTES, true).await?;
     Ok(())

@@ -252,7 +252,7 @@ pub fn claim() -> VirtualMachineClaim {
 
 /// The dir storage pool at `path`.
 pub fn storage_pool_xml(path: &str) -> String {
-    let path = xml_escape(path);
+    let path = quick_xml::escape::escape(path);
     format!(
         "<pool type='dir'><name>{STORAGE_POOL}</name><target><path>{path}</path></target></pool>"
     )
@@ -261,25 +261,10 @@ pub fn storage_pool_xml(path: &str) -> String {
 /// An isolated network: a bridge with no address, no DHCP and no DNS, so nothing listens
 /// anywhere but loopback.
 pub fn network_xml(bridge: &str) -> String {
-    let bridge = xml_escape(bridge);
+    let bridge = quick_xml::escape::escape(bridge);
     format!(
         "<network><name>{NETWORK}</name><bridge name='{bridge}' stp='off'/><dns enable='no'/></network>"
     )
-}
-
-/// The raw image volume (a few MiB of zeros: QEMU only has to run it).
-pub fn image_volume_xml(bytes: u64) -> String {
-    format!(
-        "<volume><name>{IMAGE_VOLUME}</name><capacity unit='bytes'>{bytes}</capacity><target><format type='raw'/></target></volume>"
-    )
-}
-
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&apos;")
-        .replace('"', "&quot;")
 }
 
 #[cfg(test)]
