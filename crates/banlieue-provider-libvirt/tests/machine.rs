@@ -25,6 +25,13 @@ const PROVIDER: &str = "edge";
 /// A namespace with the credentials and a Provider for `host`, and the provider workload
 /// running for it until the returned sender is dropped.
 async fn provider_namespace(host: &Host) -> Result<(kube::Client, String, oneshot::Sender<()>)> {
+    provider_namespace_with_resync(host, Duration::from_secs(3)).await
+}
+
+async fn provider_namespace_with_resync(
+    host: &Host,
+    resync: Duration,
+) -> Result<(kube::Client, String, oneshot::Sender<()>)> {
     let cp = control_plane().await;
     let kube = cp.client()?;
     let ns = cp.fresh_namespace().await?;
@@ -44,7 +51,7 @@ async fn provider_namespace(host: &Host) -> Result<(kube::Client, String, onesho
     let mut cfg = ProviderConfig::new(PROVIDER, &ns);
     // /dev/kvm exists on these machines but cannot run guests.
     cfg.domain_type = Some(DomainType::Qemu);
-    cfg.resync = Duration::from_secs(3);
+    cfg.resync = resync;
     cfg.call_timeout = Duration::from_secs(30);
     let client = kube.clone();
     tokio::spawn(async move {
@@ -478,6 +485,44 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     .await?;
     assert!(m.status.unwrap().ready);
     assert_eq!(domain_names(&host).await?, vec![format!("{ns}-web")]);
+    api.delete("web", &DeleteParams::default()).await?;
+    eventually("deleted", 120, || async {
+        Ok(api.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    // A resync far beyond the test's deadlines: only the lifecycle event can wake the provider.
+    let (kube, ns, _provider) =
+        provider_namespace_with_resync(&host, Duration::from_secs(3600)).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    wait_machine(&api, "web", "running", 180, |c| c.status == "True").await?;
+    let domain = format!("{ns}-web");
+    let client = host.client().await?;
+    let d = Domain::lookup_by_name(&client, &domain)
+        .await?
+        .context("domain")?;
+    let first_id = d.id();
+    d.destroy().await?;
+    let restarted = eventually("the domain started again", 60, || async {
+        let d = Domain::lookup_by_name(&client, &domain)
+            .await?
+            .context("domain")?;
+        Ok((d.get_state().await?.0 == DomainState::RUNNING).then_some(d))
+    })
+    .await?;
+    assert_ne!(restarted.id(), first_id, "a new QEMU process");
+    let _ = client.close().await;
     api.delete("web", &DeleteParams::default()).await?;
     eventually("deleted", 120, || async {
         Ok(api.get_opt("web").await?.is_none().then_some(()))
