@@ -3,7 +3,9 @@
 //! - Calls: `CONNECT_GET_LIB_VERSION` sequentially, then with 32 calls in flight on one
 //!   connection (32 tasks; Python: 32 threads, which libvirt-python lets run concurrently),
 //!   against `/usr/bin/python3` with Debian's python3-libvirt over the same TLS URI; five
-//!   rounds, interleaved, medians compared. The daemon
+//!   rounds, interleaved, medians compared. Besides wall time, each client's own CPU time per
+//!   call (all threads: `/proc/self/task/*/schedstat`; Python: `time.process_time`), which
+//!   load from other work on the machine disturbs far less. The daemon
 //!   is configured with `max_client_requests = 32` so that it, not the server, bounds
 //!   concurrency.
 //! - Volumes: 1 GiB of incompressible data up into a raw volume of a dir pool and back down,
@@ -37,16 +39,16 @@ import sys, threading, time, libvirt
 uri, n, m, t = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 c = libvirt.open(uri)
 for _ in range(200): c.getLibVersion()
-s = time.perf_counter()
+s, cpu = time.perf_counter(), time.process_time()
 for _ in range(n): c.getLibVersion()
-seq = time.perf_counter() - s
+seq, seq_cpu = time.perf_counter() - s, time.process_time() - cpu
 def work(k):
     for _ in range(k): c.getLibVersion()
 threads = [threading.Thread(target=work, args=(m // t,)) for _ in range(t)]
-s = time.perf_counter()
+s, cpu = time.perf_counter(), time.process_time()
 for th in threads: th.start()
 for th in threads: th.join()
-print(seq, time.perf_counter() - s)
+print(seq, time.perf_counter() - s, seq_cpu, time.process_time() - cpu)
 "#;
 
 fn main() {
@@ -109,16 +111,43 @@ async fn worker(args: &[String]) {
     }
 }
 
-async fn calls_per_second(c: &Client) -> (Duration, Duration) {
+/// Wall time and the client's CPU time (all its threads) of the two call workloads.
+#[derive(Debug, Clone, Copy)]
+struct CallRound {
+    sequential: Duration,
+    in_flight: Duration,
+    sequential_cpu: Duration,
+    in_flight_cpu: Duration,
+}
+
+/// CPU time of every thread of this process so far, from `/proc/self/task/*/schedstat`.
+fn own_cpu() -> Duration {
+    let mut ns: u64 = 0;
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("proc")
+        .flatten()
+    {
+        if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+            ns += stat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+async fn our_calls(c: &Client) -> CallRound {
     for _ in 0..200 {
         c.call::<rp::ConnectGetLibVersion>(&()).await.expect("warm");
     }
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), own_cpu());
     for _ in 0..SEQUENTIAL {
         c.call::<rp::ConnectGetLibVersion>(&()).await.expect("call");
     }
-    let sequential = start.elapsed();
-    let start = Instant::now();
+    let (sequential, sequential_cpu) = (start.elapsed(), own_cpu() - cpu);
+    let (start, cpu) = (Instant::now(), own_cpu());
     let tasks: Vec<_> = (0..IN_FLIGHT)
         .map(|_| {
             let c = c.clone();
@@ -132,10 +161,15 @@ async fn calls_per_second(c: &Client) -> (Duration, Duration) {
     for t in tasks {
         t.await.expect("task");
     }
-    (sequential, start.elapsed())
+    CallRound {
+        sequential,
+        in_flight: start.elapsed(),
+        sequential_cpu,
+        in_flight_cpu: own_cpu() - cpu,
+    }
 }
 
-fn python_calls(uri: &str) -> (Duration, Duration) {
+fn python_calls(uri: &str) -> CallRound {
     let out = Command::new("/usr/bin/python3")
         .args(["-c", PYTHON, uri])
         .args([SEQUENTIAL, CONCURRENT, IN_FLIGHT].map(|n| n.to_string()))
@@ -147,14 +181,16 @@ fn python_calls(uri: &str) -> (Duration, Duration) {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    let secs: Vec<f64> = text
+    let secs: Vec<Duration> = text
         .split_whitespace()
-        .map(|s| s.parse().expect("seconds"))
+        .map(|s| Duration::from_secs_f64(s.parse().expect("seconds")))
         .collect();
-    (
-        Duration::from_secs_f64(secs[0]),
-        Duration::from_secs_f64(secs[1]),
-    )
+    CallRound {
+        sequential: secs[0],
+        in_flight: secs[1],
+        sequential_cpu: secs[2],
+        in_flight_cpu: secs[3],
+    }
 }
 
 /// Wall time and peak RSS (KiB) of a command, from `/usr/bin/time`.
@@ -238,40 +274,52 @@ fn median_of(mut v: Vec<Duration>) -> Duration {
 async fn compare_calls(c: &Client, uri: &str) {
     let (mut ours, mut python) = (Vec::new(), Vec::new());
     for _ in 0..CALL_ROUNDS {
-        ours.push(calls_per_second(c).await);
+        ours.push(our_calls(c).await);
         python.push(python_calls(uri));
     }
-    let ours_seq = median_of(ours.iter().map(|r| r.0).collect());
-    let ours_conc = median_of(ours.iter().map(|r| r.1).collect());
-    let py_seq = median_of(python.iter().map(|r| r.0).collect());
-    let py_conc = median_of(python.iter().map(|r| r.1).collect());
-    let spread =
-        |v: &[(Duration, Duration)], pick: fn(&(Duration, Duration)) -> Duration, n: usize| {
-            let rates: Vec<f64> = v.iter().map(|r| n as f64 / pick(r).as_secs_f64()).collect();
-            let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = rates.iter().copied().fold(0.0, f64::max);
-            format!("{lo:.0}–{hi:.0}")
-        };
+    let med =
+        |v: &[CallRound], pick: fn(&CallRound) -> Duration| median_of(v.iter().map(pick).collect());
+    let spread = |v: &[CallRound], pick: fn(&CallRound) -> Duration, n: usize| {
+        let rates: Vec<f64> = v.iter().map(|r| n as f64 / pick(r).as_secs_f64()).collect();
+        let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = rates.iter().copied().fold(0.0, f64::max);
+        format!("{lo:.0}–{hi:.0}")
+    };
     eprintln!(
         "calls/s over {CALL_ROUNDS} rounds: sequential ours {} python {}; in flight ours {} python {}",
-        spread(&ours, |r| r.0, SEQUENTIAL),
-        spread(&python, |r| r.0, SEQUENTIAL),
-        spread(&ours, |r| r.1, CONCURRENT),
-        spread(&python, |r| r.1, CONCURRENT),
+        spread(&ours, |r| r.sequential, SEQUENTIAL),
+        spread(&python, |r| r.sequential, SEQUENTIAL),
+        spread(&ours, |r| r.in_flight, CONCURRENT),
+        spread(&python, |r| r.in_flight, CONCURRENT),
     );
     let rate = |n: usize, t: Duration| n as f64 / t.as_secs_f64();
-    println!(
-        "| {SEQUENTIAL} sequential GET_LIB_VERSION | {:.0} calls/s | {:.0} calls/s (python3-libvirt) | {:.2} |",
-        rate(SEQUENTIAL, ours_seq),
-        rate(SEQUENTIAL, py_seq),
-        py_seq.as_secs_f64() / ours_seq.as_secs_f64()
-    );
-    println!(
-        "| {CONCURRENT} GET_LIB_VERSION, {IN_FLIGHT} in flight | {:.0} calls/s | {:.0} calls/s (python3-libvirt, {IN_FLIGHT} threads) | {:.2} |",
-        rate(CONCURRENT, ours_conc),
-        rate(CONCURRENT, py_conc),
-        py_conc.as_secs_f64() / ours_conc.as_secs_f64()
-    );
+    let per_call = |n: usize, t: Duration| t.as_secs_f64() * 1e6 / n as f64;
+    for (name, n, wall, cpu) in [
+        (
+            format!("{SEQUENTIAL} sequential GET_LIB_VERSION"),
+            SEQUENTIAL,
+            (|r: &CallRound| r.sequential) as fn(&CallRound) -> Duration,
+            (|r: &CallRound| r.sequential_cpu) as fn(&CallRound) -> Duration,
+        ),
+        (
+            format!("{CONCURRENT} GET_LIB_VERSION, {IN_FLIGHT} in flight"),
+            CONCURRENT,
+            |r: &CallRound| r.in_flight,
+            |r: &CallRound| r.in_flight_cpu,
+        ),
+    ] {
+        let (ow, pw) = (med(&ours, wall), med(&python, wall));
+        let (oc, pc) = (med(&ours, cpu), med(&python, cpu));
+        println!(
+            "| {name} | {:.0} calls/s, {:.1} µs CPU/call | {:.0} calls/s, {:.1} µs CPU/call (python3-libvirt) | {:.2} (CPU {:.2}) |",
+            rate(n, ow),
+            per_call(n, oc),
+            rate(n, pw),
+            per_call(n, pc),
+            pw.as_secs_f64() / ow.as_secs_f64(),
+            pc.as_secs_f64() / oc.as_secs_f64(),
+        );
+    }
 }
 
 async fn compare_volumes(d: &Libvirtd, c: &Client, uri: &str) {
