@@ -280,3 +280,195 @@ where
     reference.block_owner_deletion = Some(true);
     Some(reference)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vm() -> VirtualMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": "web-01", "namespace": "ns", "uid": "vm-uid"},
+            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
+                     "storageClassName": "gold", "networkClassName": "prod"}
+        }))
+        .expect("valid VirtualMachine")
+    }
+
+    fn class(tpm: bool, disk: Option<&str>) -> VMClass {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VMClass",
+            "metadata": {"name": "small"},
+            "spec": {"cpu": 2, "memory": "2Gi", "tpmEnabled": tpm, "diskSize": disk}
+        }))
+        .expect("valid VMClass")
+    }
+
+    fn image(mode: &str, zones: serde_json::Value) -> VMImage {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+            "metadata": {"name": "img"},
+            "spec": {"installMode": mode, "diskSize": "8Gi",
+                     "sources": [{"providerClass": "libvirt", "kind": "BackingFile", "volume": "v"}]},
+            "status": {"revision": "r7", "perProvider": zones}
+        }))
+        .expect("valid VMImage")
+    }
+
+    fn provider(name: &str, class: &str, features: &[&str], ready: bool) -> Provider {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "Provider",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"providerClassRef": {"name": class},
+                     "connection": {"endpoint": "qemu+tls://h/system", "credentialsRef": {"name": "c"},
+                                    "caBundle": {"inline": "x"}}},
+            "status": {
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}, "reason": "Connected",
+                                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "failureDomains": [{"name": name,
+                    "storageClasses": [{"name": "gold", "target": {"pool": "nvme"}}],
+                    "networkClasses": [{"name": "prod", "target": {"network": "br-prod"}}],
+                    "features": features}]
+            }
+        }))
+        .expect("valid Provider")
+    }
+
+    fn libvirt_class() -> ProviderClass {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+            "metadata": {"name": "libvirt"},
+            "spec": {"image": "banlieue", "machineKind": "LibvirtMachine"}
+        }))
+        .expect("valid ProviderClass")
+    }
+
+    fn ready_zone(provider: &str) -> serde_json::Value {
+        json!([{"provider": provider, "zones": [{"pool": "nvme", "phase": "Ready", "volume": "img.qcow2"}]}])
+    }
+
+    fn run(
+        class: &VMClass,
+        image: &VMImage,
+        providers: &[&Provider],
+    ) -> Result<Placement, Unschedulable> {
+        let pc = libvirt_class();
+        let classes: BTreeMap<String, &ProviderClass> = [("libvirt".to_owned(), &pc)].into();
+        schedule(ScheduleInput {
+            vm: &vm(),
+            class: Some(class),
+            image: Some(image),
+            providers,
+            provider_classes: &classes,
+        })
+    }
+
+    #[test]
+    fn immediate_images_get_an_overlay_and_deferred_ones_install_media() {
+        let p = provider("host-1", "libvirt", &[], true);
+        let placed = run(
+            &class(false, Some("20Gi")),
+            &image("Immediate", ready_zone("host-1")),
+            &[&p],
+        )
+        .expect("schedulable");
+        assert_eq!(placed.disk.backing_volume.as_deref(), Some("img.qcow2"));
+        assert_eq!(placed.disk.size.0, "20Gi");
+        assert_eq!(
+            (placed.pool.as_str(), placed.network.as_str()),
+            ("nvme", "br-prod")
+        );
+        assert_eq!(placed.image_revision.as_deref(), Some("r7"));
+        let placed = run(
+            &class(false, None),
+            &image("Deferred", ready_zone("host-1")),
+            &[&p],
+        )
+        .expect("schedulable");
+        assert_eq!(placed.disk.install_media.as_deref(), Some("img.qcow2"));
+        assert_eq!(placed.disk.backing_volume, None);
+        assert_eq!(
+            placed.disk.size.0, "8Gi",
+            "the image's size when the class sets none"
+        );
+    }
+
+    #[test]
+    fn tpm_needs_vtpm_which_is_never_assumed() {
+        let plain = provider("a", "libvirt", &[], true);
+        let failure = run(
+            &class(true, None),
+            &image("Immediate", ready_zone("a")),
+            &[&plain],
+        )
+        .expect_err("no vtpm");
+        assert_eq!(failure.reason, "NoProviderWithFeature");
+        let with_tpm = provider("b", "libvirt", &["vtpm"], true);
+        let placed = run(
+            &class(true, None),
+            &image("Immediate", ready_zone("b")),
+            &[&plain, &with_tpm],
+        )
+        .expect("b advertises vtpm");
+        assert_eq!(placed.provider, "b");
+    }
+
+    #[test]
+    fn no_builder_names_the_class_and_image_not_ready_names_the_pool() {
+        let vsphere = provider("a", "vsphere", &[], true);
+        let failure = run(
+            &class(false, None),
+            &image("Immediate", ready_zone("a")),
+            &[&vsphere],
+        )
+        .expect_err("no builder");
+        assert_eq!(failure.reason, "NoBuilderForClass");
+        assert!(
+            failure.message.contains("\"vsphere\""),
+            "{}",
+            failure.message
+        );
+        let p = provider("a", "libvirt", &[], true);
+        let failure = run(&class(false, None), &image("Immediate", json!([])), &[&p])
+            .expect_err("not imported");
+        assert_eq!(failure.reason, "ImageNotReady");
+        assert!(failure.message.contains("nvme"), "{}", failure.message);
+    }
+
+    #[test]
+    fn unready_providers_are_never_chosen() {
+        let down = provider("a", "libvirt", &[], false);
+        let failure = run(
+            &class(false, None),
+            &image("Immediate", ready_zone("a")),
+            &[&down],
+        )
+        .expect_err("down");
+        assert_eq!(failure.reason, "NoMatchingFailureDomain");
+    }
+
+    #[test]
+    fn the_machine_is_owned_by_its_virtual_machine() {
+        let p = provider("host-1", "libvirt", &[], true);
+        let c = class(true, None);
+        let mut with_tpm = p.clone();
+        if let Some(s) = with_tpm.status.as_mut() {
+            s.failure_domains[0].features = vec!["vtpm".into()];
+        }
+        let placed =
+            run(&c, &image("Immediate", ready_zone("host-1")), &[&with_tpm]).expect("schedulable");
+        let machine = libvirt_machine(&vm(), &c, &placed).expect("buildable");
+        let owner = &machine.metadata.owner_references.as_ref().expect("owned")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("VirtualMachine", "vm-uid")
+        );
+        assert_eq!(
+            (owner.controller, owner.block_owner_deletion),
+            (Some(true), Some(true))
+        );
+        assert!(machine.spec.tpm_enabled);
+        assert_eq!(machine.metadata.namespace.as_deref(), Some("ns"));
+    }
+}
