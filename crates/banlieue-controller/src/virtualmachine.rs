@@ -65,7 +65,14 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
                 None => machine_status::machine_deleted(&current, &reference.name, generation, now),
             }
         }
-        (None, _) => match schedule(&vm, &ctx, &namespace) {
+        // The machine was created but the status saying so was lost (a crash between the
+        // two writes): adopt it as it is rather than scheduling again, which could choose
+        // another provider and rewrite a machine that is already being realised.
+        (None, Some(machine)) => {
+            let placement = adopted_placement(&ctx, &namespace, &vm, &machine);
+            machine_status::scheduled(&current, &name, &placement, generation, now)
+        }
+        (None, None) => match schedule(&vm, &ctx, &namespace) {
             Err(failure) => {
                 if !current
                     .conditions
@@ -181,4 +188,44 @@ fn schedule(
         }
     })?;
     Ok((placement, machine))
+}
+
+/// The placement an existing machine records, for a VirtualMachine whose status lost it.
+fn adopted_placement(
+    ctx: &Context,
+    namespace: &str,
+    vm: &VirtualMachine,
+    machine: &LibvirtMachine,
+) -> scheduling::Placement {
+    let provider = cached(
+        &ctx.stores.providers,
+        namespace,
+        &machine.spec.provider_ref.name,
+    );
+    let failure_domain = provider
+        .as_ref()
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| {
+            s.failure_domains.iter().find(|d| {
+                d.storage_classes
+                    .iter()
+                    .any(|c| c.target.pool == machine.spec.pool)
+            })
+        })
+        .map(|d| d.name.clone())
+        .unwrap_or_else(|| machine.spec.provider_ref.name.clone());
+    let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
+    scheduling::Placement {
+        provider: machine.spec.provider_ref.name.clone(),
+        provider_class: provider
+            .as_ref()
+            .map(|p| p.spec.provider_class_ref.name.clone())
+            .unwrap_or_default(),
+        machine_kind: banlieue_api::MachineKind::LibvirtMachine,
+        failure_domain,
+        pool: machine.spec.pool.clone(),
+        network: machine.spec.network.clone(),
+        disk: machine.spec.disk.clone(),
+        image_revision: image.as_deref().and_then(scheduling::image_revision),
+    }
 }

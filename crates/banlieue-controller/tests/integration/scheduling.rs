@@ -125,3 +125,45 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
     controller.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_machine_created_before_a_lost_status_write_is_adopted_not_rewritten() -> TestResult {
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    // The state a crash between "apply the machine" and "write Scheduled" leaves behind.
+    let vm = h.create_vm("web-01", CLASS).await?;
+    let uid = kube::ResourceExt::uid(&vm).ok_or("no uid")?;
+    let machine: LibvirtMachine = serde_json::from_value(serde_json::json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "LibvirtMachine",
+        "metadata": {"name": "web-01", "ownerReferences": [{
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine", "name": "web-01",
+            "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"providerRef": {"name": PROVIDER}, "pool": HOST_POOL, "network": HOST_NETWORK,
+                 "disk": {"backingVolume": IMAGE_VOLUME, "size": "20Gi"}, "cpu": 7, "memory": "2Gi"}
+    }))?;
+    h.api::<LibvirtMachine>()
+        .create(&Default::default(), &machine)
+        .await?;
+
+    let controller = h.start_controller().await?;
+    let vm = h
+        .wait_vm("web-01", "Scheduled and Ready", |vm| {
+            vm.status.as_ref().is_some_and(|s| {
+                s.machine_ref.is_some() && conditions::is_true(&s.conditions, types::READY)
+            })
+        })
+        .await?;
+    let status = vm.status.ok_or("no status")?;
+    assert_eq!(
+        status.provider_ref.map(|p| p.name),
+        Some(PROVIDER.to_owned())
+    );
+    assert_eq!(status.failure_domain.as_deref(), Some(PROVIDER));
+    let machine = h.api::<LibvirtMachine>().get("web-01").await?;
+    assert_eq!(
+        machine.spec.cpu, 7,
+        "the existing machine was not rewritten"
+    );
+    controller.stop().await?;
+    Ok(())
+}
