@@ -119,6 +119,8 @@ where
 
 /// Runs `roles` until SIGTERM or Ctrl-C, serving metrics and health meanwhile.
 async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
+    // Before anything can announce the process, so an early SIGTERM is a stop, not a miss.
+    let stop = roles::stop_requested();
     let kube = kube::Client::try_default().await?;
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
@@ -128,7 +130,6 @@ async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
         observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
     readiness.set(true);
     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-    let stop = roles::stop_requested();
     tokio::select! {
         _ = stop.cancelled() => shutdown.cancel(),
         _ = shutdown.cancelled() => {}

@@ -1,0 +1,172 @@
+//! `banlieue controller` as a process against a real API server: JSON logs on request, the
+//! /metrics, /healthz and /readyz endpoint, and a clean exit on SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use banlieue_testenv::control_plane::ControlPlane;
+
+const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
+
+fn get(address: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_serves_metrics_and_health_and_stops_on_sigterm() {
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let kubeconfig = control_plane
+        .kubeconfig("admin")
+        .expect("a local control plane")
+        .to_owned();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_path = log_dir.path().join("controller.log");
+    let mut child = Command::new(BIN)
+        .args([
+            "--log-format",
+            "json",
+            "controller",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+
+    // Every log line is one JSON object; one of them names the endpoint's address.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let address = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let mut found = None;
+        for line in log.lines() {
+            let record: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+            assert!(record.get("level").is_some(), "{line}");
+            if let Some(address) = record.pointer("/fields/address").and_then(|a| a.as_str()) {
+                found = Some(address.to_owned());
+            }
+        }
+        if let Some(address) = found {
+            break address;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller never said where it serves:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    assert!(get(&address, "/healthz").starts_with("HTTP/1.1 200"));
+    assert!(get(&address, "/readyz").starts_with("HTTP/1.1 200"));
+    let metrics = get(&address, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    for family in [
+        "banlieue_controller_claim_bind_latency_seconds",
+        "banlieue_controller_bind_conflicts",
+    ] {
+        assert!(
+            metrics.contains(family),
+            "{family} missing from:\n{metrics}"
+        );
+    }
+    assert!(get(&address, "/nope").starts_with("HTTP/1.1 404"));
+
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the controller exited {status} on SIGTERM"
+    );
+}
+
+#[test]
+fn errors_are_one_line_with_a_non_zero_exit() {
+    let output = Command::new(BIN)
+        .args(["bootstrap"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+
+    let usage = Command::new(BIN)
+        .args(["provider", "libvirt", "import", "--vmimage", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        usage.status.code(),
+        Some(2),
+        "a usage error is clap's exit code 2"
+    );
+    assert!(String::from_utf8_lossy(&usage.stderr).contains("--provider"));
+}
+
+#[test]
+fn help_names_every_subcommand() {
+    let output = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    for command in [
+        "controller",
+        "provider",
+        "crds",
+        "bootstrap",
+        "dev",
+        "libvirt",
+    ] {
+        assert!(help.contains(command), "--help lacks {command}:\n{help}");
+    }
+    for path in [
+        vec!["provider", "libvirt", "run", "--help"],
+        vec!["provider", "libvirt", "import", "--help"],
+        vec!["dev", "up", "--help"],
+        vec!["dev", "down", "--help"],
+        vec!["libvirt", "version", "--help"],
+    ] {
+        let output = Command::new(BIN).args(&path).output().unwrap();
+        assert!(output.status.success(), "{path:?}");
+    }
+}
+
+#[test]
+fn crds_prints_what_deploy_holds() {
+    let output = Command::new(BIN).arg("crds").output().unwrap();
+    assert!(output.status.success());
+    let printed = String::from_utf8(output.stdout).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(BIN)
+        .args(["crds", "--out"])
+        .arg(out.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    for crd in banlieue_api::crds() {
+        let name = format!("{}.yaml", crd.metadata.name.unwrap());
+        let written = std::fs::read_to_string(out.path().join(&name)).unwrap();
+        let shipped = std::fs::read_to_string(deploy.join(&name)).unwrap();
+        assert_eq!(written, shipped, "{name} differs from deploy/crds");
+        assert!(
+            printed.contains(written.trim()),
+            "{name} missing from `banlieue crds`"
+        );
+    }
+}
