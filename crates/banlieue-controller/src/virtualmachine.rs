@@ -116,10 +116,15 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     Ok(if next.machine_ref.is_some() {
         Action::requeue(ctx.config.resync)
     } else {
-        // Unschedulable: Provider and VMImage changes wake it, this is the fallback.
-        Action::requeue(ctx.config.resync.min(Duration::from_secs(30)))
+        // Unschedulable: Provider and VMImage changes wake it. This is the fallback for the
+        // change that lands in its cache before this VirtualMachine lands in the one the
+        // mapper reads (the two watches are not ordered); it reads caches only, so it is cheap.
+        Action::requeue(ctx.config.resync.min(UNSCHEDULABLE_RECHECK))
     })
 }
+
+/// How soon an unschedulable VirtualMachine looks at its caches again without an event.
+const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Deletes the machine and waits for it to be gone from the API server before letting the
 /// VirtualMachine go: the machine's own finalizer holds until the domain is destroyed.
