@@ -23,7 +23,7 @@ use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
-pub use apply::apply_yaml_with;
+pub use apply::{apply_yaml_with, wait_established};
 
 use pki::{CertFiles, Pki};
 use process::Processes;

@@ -3,9 +3,8 @@
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use banlieue_testenv::control_plane::{ControlPlane, wait_for};
+use banlieue_testenv::control_plane::ControlPlane;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, ValidationDirective,
@@ -41,26 +40,9 @@ async fn install_crds(client: &Client) {
         crds.patch(&name, &params, &Patch::Apply(&crd))
             .await
             .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-        wait_for(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let crd = crds.get(&name).await?;
-                    let established = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok(established.then_some(()))
-                }
-            },
-        )
-        .await
-        .expect("CRD established");
+        banlieue_testenv::control_plane::wait_established(client, &name)
+            .await
+            .expect("CRD established");
     }
 }
 

@@ -481,23 +481,7 @@ async fn install_crds_once(admin: &Client) -> TestResult {
             crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
         }
         for crd in banlieue_api::crds() {
-            let name = crd.name_any();
-            let crds = crds.clone();
-            wait_for(&format!("CRD {name} Established"), DEADLINE, || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let crd = crds.get(&name).await?;
-                    let established = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok(established.then_some(()))
-                }
-            })
-            .await?;
+            banlieue_testenv::control_plane::wait_established(admin, &crd.name_any()).await?;
         }
         let classes: Api<banlieue_api::ProviderClass> = Api::all(admin.clone());
         let class = json!({

@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 use super::decide::{self, ArtifactState, ImportSettings, Presence};
 use super::error::{Error, Result, api_status};
 use super::volume;
+use crate::error::chain;
 
 /// Which Provider this reconcile serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,17 +295,6 @@ async fn ensure_job(jobs: &Api<Job>, desired: &Job) -> Result<JobState> {
             .map_err(|e| Error::kube(format!("job {name}"), e)),
         Err(e) => Err(Error::kube(format!("create job {name}"), e)),
     }
-}
-
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Runs the image reconcile of one Provider until `shutdown` resolves. Watches the Provider's

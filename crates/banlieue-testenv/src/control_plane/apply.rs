@@ -74,7 +74,7 @@ pub async fn apply_yaml_with(
 }
 
 /// Waits until the CRD `name` is Established, i.e. served.
-pub(super) async fn wait_established(client: &Client, name: &str) -> Result<()> {
+pub async fn wait_established(client: &Client, name: &str) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     wait_for(
         &format!("CRD {name} to be Established"),
