@@ -237,12 +237,30 @@ pub async fn run(
         )
         .for_each(|_| futures::future::ready(()));
 
-    futures::join!(vm_run, pool_run, claim_run);
+    // A controller whose store never became ready holds its runner even after shutdown
+    // (kube-runtime waits for the store first), so shutdown gets a bounded grace.
+    let runs = async {
+        futures::join!(vm_run, pool_run, claim_run);
+    };
+    let grace = async {
+        shutdown.clone().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        _ = runs => {}
+        _ = grace => tracing::warn!(
+            grace = ?SHUTDOWN_GRACE,
+            "reconcilers did not stop within the shutdown grace; stopping anyway"
+        ),
+    }
     for reflector in reflectors {
         reflector.abort();
     }
     Ok(())
 }
+
+/// How long reconciles in flight may take to finish once shutdown is requested.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// An API for `K` in the served namespace, or in all namespaces.
 fn scoped<K>(client: &Client, namespace: &Option<String>) -> Api<K>

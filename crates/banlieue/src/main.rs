@@ -135,9 +135,7 @@ async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
         _ = shutdown.cancelled() => {}
     }
     readiness.set(false);
-    for task in tasks {
-        let _ = task.await;
-    }
+    roles::join_all(tasks).await;
     if stop.is_cancelled() {
         Ok(())
     } else {

@@ -91,6 +91,19 @@ pub fn spawn_all(
     Ok(tasks)
 }
 
+/// How long a stopping role may take before the process leaves without it.
+const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits for stopping roles, each at most [`STOP_DEADLINE`]: a role that never returns must not
+/// keep the process from exiting on SIGTERM.
+pub async fn join_all(tasks: Vec<JoinHandle<()>>) {
+    for task in tasks {
+        if tokio::time::timeout(STOP_DEADLINE, task).await.is_err() {
+            tracing::warn!(deadline = ?STOP_DEADLINE, "a role did not stop in time; leaving it");
+        }
+    }
+}
+
 fn supervise(
     role: &'static str,
     shutdown: &CancellationToken,
@@ -125,6 +138,7 @@ pub fn stop_requested() -> CancellationToken {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
+        tracing::info!("stop requested; shutting down");
         cancel.cancel();
     });
     token

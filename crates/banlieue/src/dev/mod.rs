@@ -145,9 +145,7 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
 
     eprintln!("tearing down");
     shutdown.cancel();
-    for worker in workers {
-        let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
-    }
+    crate::roles::join_all(workers).await;
     if let Err(error) = release_host(&peers.libvirtd).await {
         eprintln!("      could not remove the dev network: {error}");
     }
