@@ -358,7 +358,7 @@ fn uuid_string(u: &[u8; 16]) -> String {
 
 #[tokio::test]
 async fn concurrent_calls_and_cancellation() {
-    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+    let Some(mut d) = daemon(LibvirtdOptions::default()).await else {
         return;
     };
     let c = connect(&d).await;
@@ -374,10 +374,13 @@ async fn concurrent_calls_and_cancellation() {
         let fut = c.call::<rp::ConnectGetCapabilities>(&());
         let _ = tokio::time::timeout(Duration::from_micros(50), fut).await;
     }
+    // A frozen daemon cannot answer, so the deadline is what ends the call (a tiny deadline
+    // alone is not enough: the timer fires on a millisecond tick, and a reply can beat it).
+    d.suspend().expect("freeze libvirtd");
     let err = c
-        .call_timeout::<rp::ConnectGetCapabilities>(&(), Some(Duration::from_nanos(1)))
+        .call_timeout::<rp::ConnectGetCapabilities>(&(), Some(Duration::from_millis(200)))
         .await;
-    // No reply can cross the socket before a 1 ns deadline.
+    d.resume().expect("thaw libvirtd");
     assert!(
         matches!(
             err,
