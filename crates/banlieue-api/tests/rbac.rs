@@ -25,6 +25,24 @@ async fn install_controller(client: &Client) {
         None,
     )
     .await;
+    // The authorizer learns of a new binding through its informer; wait until it has.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !allowed(
+        client,
+        CONTROLLER,
+        "get",
+        "banlieue.io",
+        "virtualmachineclaims",
+        "default",
+    )
+    .await
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller's ClusterRoleBinding never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Whether `user` may `verb` on `group`/`resource`(/`subresource`) in `namespace`, as RBAC
@@ -345,6 +363,16 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
         .expect("RoleBinding");
     let user = format!("system:serviceaccount:{ns}:banlieue-provider-edge");
     let b = "banlieue.io";
+    // The authorizer learns of a new RoleBinding through its informer: wait until the first
+    // grant is visible, so the matrix below checks the Role, not the cache's lag.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !allowed(&admin, &user, "get", b, "providers", &ns).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the provider's RoleBinding never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let expect = [
         ("get", b, "providers", true),
         ("patch", b, "providers/status", true),
