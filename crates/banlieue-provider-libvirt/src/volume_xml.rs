@@ -73,7 +73,8 @@ pub fn qcow2(name: &str, capacity: u64, backing: Option<&Backing>) -> String {
     String::from_utf8(w.into_inner()).unwrap_or_default()
 }
 
-/// A raw volume of `capacity` bytes (the seed ISO, filled by an upload).
+/// A sparse raw volume of `capacity` bytes (a seed ISO or an image, filled by an upload).
+/// Nothing is allocated up front: the upload writes what it has and a hole stays a hole.
 pub fn raw(name: &str, capacity: u64) -> String {
     let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
     let written: std::io::Result<()> = (|| {
@@ -83,6 +84,9 @@ pub fn raw(name: &str, capacity: u64) -> String {
             w.create_element("capacity")
                 .with_attribute(("unit", "bytes"))
                 .write_text_content(BytesText::new(&capacity.to_string()))?;
+            w.create_element("allocation")
+                .with_attribute(("unit", "bytes"))
+                .write_text_content(BytesText::new("0"))?;
             w.create_element("target").write_inner_content(|w| {
                 w.create_element("format")
                     .with_attribute(("type", "raw"))
@@ -130,9 +134,18 @@ mod tests {
     }
 
     #[test]
-    fn seed_volume_is_raw() {
-        let xml = raw("ns-web-cidata.iso", 374_784);
-        assert!(xml.contains(r#"<format type="raw"/>"#), "{xml}");
-        assert!(xml.contains("374784"), "{xml}");
+    fn seed_volume_is_raw_and_sparse() {
+        insta::assert_snapshot!(raw("ns-web-cidata.iso", 374_784));
+    }
+
+    #[test]
+    fn hostile_volume_names_are_escaped() {
+        let name = "a<b>&'\"c";
+        let xml = raw(name, 1);
+        let start = xml.find("<name>").expect("a name element") + "<name>".len();
+        let end = xml.find("</name>").expect("a closed name element");
+        let escaped = &xml[start..end];
+        assert!(!escaped.contains(['<', '>', '"', '\'']), "{xml}");
+        assert_eq!(quick_xml::escape::unescape(escaped).unwrap(), name);
     }
 }

@@ -56,11 +56,7 @@ pub async fn create_raw(
     name: &str,
     capacity: u64,
 ) -> Result<RemoteNonnullStorageVol> {
-    let xml = format!(
-        "<volume><name>{}</name><capacity unit='bytes'>{capacity}</capacity>\
-         <allocation unit='bytes'>0</allocation><target><format type='raw'/></target></volume>",
-        xml_escape(name)
-    );
+    let xml = crate::volume_xml::raw(name, capacity);
     let args = remote::RemoteStorageVolCreateXmlArgs {
         pool: pool.clone(),
         xml,
@@ -116,12 +112,4 @@ pub async fn write_small(
         .await
         .map_err(|e| Error::libvirt(format!("upload volume {name}"), e))?;
     Ok(())
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('\'', "&apos;")
-        .replace('"', "&quot;")
 }
