@@ -133,10 +133,10 @@ async fn pending(
         let candidates = claim_decide::candidates(&views, &revision, |member| {
             ctx.reservations.is_held(&this.namespace, member)
         });
-        let Some(chosen) = candidates
-            .into_iter()
-            .find(|m| ctx.reservations.try_bind(&this.namespace, &m.name))
-        else {
+        let Some((chosen, held)) = candidates.into_iter().find_map(|m| {
+            let held = ctx.reservations.try_bind(&this.namespace, &m.name)?;
+            Some((m, held))
+        }) else {
             let (pool_reason, pool_message) = pool
                 .status
                 .as_ref()
@@ -161,7 +161,7 @@ async fn pending(
         let member_name = chosen.name.clone();
         match bind_patch(this, &vms, &member_name, chosen.resource_version.as_deref()).await {
             Ok(member) => {
-                ctx.reservations.bound(&this.namespace, &member_name);
+                held.bound();
                 ctx.assign(&this.uid, &member_name);
                 crash_at(CrashPoint::AfterMemberPatch);
                 return complete_bind(this, ctx, status, &member).await;
@@ -170,7 +170,7 @@ async fn pending(
                 if is_conflict(&error) {
                     ctx.metrics.bind_conflicts.inc();
                 }
-                ctx.reservations.release(&this.namespace, &member_name);
+                drop(held);
                 tracing::debug!(claim = %this.name, member = %member_name, "bind lost a race; re-reading the pool");
                 // The cache is what was stale: ask the API server, which cannot disagree with
                 // itself.
@@ -187,7 +187,7 @@ async fn pending(
                     .collect();
             }
             Err(error) => {
-                ctx.reservations.release(&this.namespace, &member_name);
+                drop(held);
                 return Err(error.into());
             }
         }

@@ -18,6 +18,10 @@ pub struct ControllerConfig {
     pub min_error_backoff: Duration,
     /// The longest wait between retries of an object whose reconcile keeps failing.
     pub max_error_backoff: Duration,
+    /// The longest one reconcile may take. A reconcile still running then is cancelled and
+    /// retried like a failed one: a request the API server never answers must not hold an
+    /// object, or a bind, forever. Cancelling is as safe as a crash at the same point.
+    pub reconcile_timeout: Duration,
     /// Name given to the field manager and to Events' reporting controller.
     pub manager_name: String,
 }
@@ -30,6 +34,7 @@ impl Default for ControllerConfig {
             resync: Duration::from_secs(300),
             min_error_backoff: Duration::from_millis(200),
             max_error_backoff: Duration::from_secs(60),
+            reconcile_timeout: Duration::from_secs(30),
             manager_name: crate::FIELD_MANAGER.to_owned(),
         }
     }

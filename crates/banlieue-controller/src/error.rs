@@ -15,6 +15,8 @@ pub enum Error {
     NoUid { kind: &'static str, name: String },
     #[error("fill the caches")]
     CachesNotReady,
+    #[error("the reconcile did not finish within {after:?} and was cancelled")]
+    TimedOut { after: std::time::Duration },
 }
 
 /// `Result` with the controller's error.
@@ -34,6 +36,7 @@ impl Error {
                 "InvalidObject"
             }
             Error::CachesNotReady => "CachesNotReady",
+            Error::TimedOut { .. } => "Timeout",
         }
     }
 }

@@ -322,7 +322,8 @@ fn object_key<K: Resource>(object: &K) -> String {
     )
 }
 
-/// Runs a reconcile and forgets the object's error backoff when it succeeds.
+/// Runs a reconcile within the configured deadline and forgets the object's error backoff
+/// when it succeeds.
 async fn guarded<K, F, Fut>(
     controller: &'static str,
     object: Arc<K>,
@@ -336,7 +337,10 @@ where
 {
     let key = format!("{controller}/{}", object_key(object.as_ref()));
     tracing::debug!(controller, object = %key, "reconcile");
-    let result = reconcile(object, ctx.clone()).await;
+    let deadline = ctx.config.reconcile_timeout;
+    let result = tokio::time::timeout(deadline, reconcile(object, ctx.clone()))
+        .await
+        .unwrap_or(Err(Error::TimedOut { after: deadline }));
     tracing::debug!(controller, object = %key, ok = result.is_ok(), "reconciled");
     if result.is_ok() {
         ctx.backoff.succeeded(&key);
@@ -375,4 +379,102 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    /// A context whose client points at a port nothing listens on: these tests never reach it.
+    fn offline_context(reconcile_timeout: Duration) -> Arc<Context> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let (vms, _) = reflector::store();
+        let (machines, _) = reflector::store();
+        let (pools, _) = reflector::store();
+        let (claims, _) = reflector::store();
+        let (providers, _) = reflector::store();
+        let (provider_classes, _) = reflector::store();
+        let (images, _) = reflector::store();
+        let (classes, _) = reflector::store();
+        let stores = Stores {
+            vms,
+            machines,
+            pools,
+            claims,
+            providers,
+            provider_classes,
+            images,
+            classes,
+        };
+        let config = ControllerConfig {
+            reconcile_timeout,
+            ..ControllerConfig::default()
+        };
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        Arc::new(Context::new(
+            client,
+            config,
+            metrics,
+            stores,
+            Readiness::new(1),
+        ))
+    }
+
+    fn object() -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("stuck".into()),
+                namespace: Some("ns".into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_never_finishes_is_cancelled_at_its_deadline() {
+        let ctx = offline_context(Duration::from_secs(30));
+        let started = tokio::time::Instant::now();
+        let result = guarded("test", object(), ctx, |_, _| {
+            std::future::pending::<Result<Action>>()
+        })
+        .await;
+        assert!(
+            matches!(result, Err(Error::TimedOut { after }) if after == Duration::from_secs(30)),
+            "{result:?}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        assert_eq!(
+            Error::TimedOut {
+                after: Duration::ZERO
+            }
+            .metric_reason(),
+            "Timeout"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_reconcile_is_retried_with_backoff_and_success_forgets_it() {
+        let ctx = offline_context(Duration::from_secs(1));
+        let error = Error::TimedOut {
+            after: Duration::from_secs(1),
+        };
+        let first = error_policy("test", object(), &error, ctx.clone());
+        let second = error_policy("test", object(), &error, ctx.clone());
+        assert_eq!(first, Action::requeue(ctx.config.min_error_backoff));
+        assert_eq!(second, Action::requeue(ctx.config.min_error_backoff * 2));
+        let done = guarded("test", object(), ctx.clone(), |_, _| async {
+            Ok(Action::await_change())
+        })
+        .await;
+        assert!(done.is_ok());
+        let after_success = error_policy("test", object(), &error, ctx.clone());
+        assert_eq!(after_success, Action::requeue(ctx.config.min_error_backoff));
+    }
 }

@@ -207,9 +207,9 @@ async fn reap(
     let Some(member) = members.iter().find(|m| m.name_any() == member_name) else {
         return Ok(());
     };
-    if !ctx.reservations.try_reap(namespace, member_name) {
+    let Some(held) = ctx.reservations.try_reap(namespace, member_name) else {
         return Ok(());
-    }
+    };
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             resource_version: member.metadata.resource_version.clone(),
@@ -221,7 +221,7 @@ async fn reap(
         .api::<VirtualMachine>(namespace)
         .delete(member_name, &params)
         .await;
-    ctx.reservations.release(namespace, member_name);
+    drop(held);
     match result {
         Ok(_) => {
             ctx.event(

@@ -41,43 +41,34 @@ impl Reservations {
         self.with(|held| held.contains_key(&key(namespace, member)))
     }
 
-    /// Holds the member for a bind; false when something else holds it.
-    pub fn try_bind(&self, namespace: &str, member: &str) -> bool {
+    /// Holds `member` for a bind, unless something already holds it. The hold is released when
+    /// the returned guard is dropped (a lost race, an error, or a reconcile cancelled at its
+    /// deadline) unless [`Held::bound`] records the bind.
+    pub fn try_bind(&self, namespace: &str, member: &str) -> Option<Held> {
         self.try_hold(namespace, member, Hold::Binding)
     }
 
-    /// Holds the member for deletion by its pool; false when something else holds it.
-    pub fn try_reap(&self, namespace: &str, member: &str) -> bool {
+    /// Holds `member` for a delete, unless a claim is binding it; released when dropped.
+    pub fn try_reap(&self, namespace: &str, member: &str) -> Option<Held> {
         self.try_hold(namespace, member, Hold::Reaping)
     }
 
-    fn try_hold(&self, namespace: &str, member: &str, hold: Hold) -> bool {
-        self.with(|held| {
-            let k = key(namespace, member);
+    fn try_hold(&self, namespace: &str, member: &str, hold: Hold) -> Option<Held> {
+        let k = key(namespace, member);
+        let taken = self.with(|held| {
             if held.contains_key(&k) {
                 return false;
             }
-            held.insert(k, hold);
+            held.insert(k.clone(), hold);
             true
+        });
+        taken.then(|| Held {
+            reservations: self.clone(),
+            key: k,
         })
     }
 
-    /// The bind succeeded: keep skipping the member until the cache has surely caught up.
-    pub fn bound(&self, namespace: &str, member: &str) {
-        self.with(|held| held.insert(key(namespace, member), Hold::Bound(Instant::now())));
-    }
-
-    /// Releases a bind or reap hold that did not complete.
-    pub fn release(&self, namespace: &str, member: &str) {
-        self.with(|held| {
-            let k = key(namespace, member);
-            if matches!(held.get(&k), Some(Hold::Binding | Hold::Reaping)) {
-                held.remove(&k);
-            }
-        });
-    }
-
-    /// Names of held members in `namespace`.
+    /// The members of `namespace` held for any reason.
     pub fn held_in(&self, namespace: &str) -> Vec<String> {
         let prefix = format!("{namespace}/");
         self.with(|held| {
@@ -85,5 +76,78 @@ impl Reservations {
                 .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
                 .collect()
         })
+    }
+}
+
+/// A member held for a bind or a delete; dropping it releases the hold.
+#[derive(Debug)]
+pub struct Held {
+    reservations: Reservations,
+    key: String,
+}
+
+impl Held {
+    /// Records that the bind was committed: the member stays skipped for a while, so a cache
+    /// that has not seen the bind yet cannot offer it again.
+    pub fn bound(self) {
+        let key = self.key.clone();
+        self.reservations.with(|held| {
+            held.insert(key, Hold::Bound(Instant::now()));
+        });
+        // Dropping `self` now leaves the Bound hold in place.
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.reservations.with(|held| {
+            if matches!(held.get(&self.key), Some(Hold::Binding | Hold::Reaping)) {
+                held.remove(&self.key);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_hold_is_released() {
+        let r = Reservations::default();
+        let held = r.try_bind("ns", "m").expect("free");
+        assert!(r.try_bind("ns", "m").is_none());
+        assert!(
+            r.try_reap("ns", "m").is_none(),
+            "a member being bound is never reaped"
+        );
+        drop(held);
+        assert!(!r.is_held("ns", "m"));
+        assert!(r.try_reap("ns", "m").is_some());
+    }
+
+    #[test]
+    fn a_bound_member_stays_held_after_its_guard_is_gone() {
+        let r = Reservations::default();
+        r.try_bind("ns", "m").expect("free").bound();
+        assert!(r.is_held("ns", "m"));
+        assert!(r.try_bind("ns", "m").is_none());
+        assert_eq!(r.held_in("ns"), vec!["m".to_owned()]);
+        assert!(r.held_in("other").is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_bind_releases_its_member() {
+        let r = Reservations::default();
+        let mut bind = Box::pin(async {
+            let _held = r.try_bind("ns", "m").expect("free");
+            std::future::pending::<()>().await;
+        });
+        // Polled once, then dropped: what a reconcile deadline does to a stuck bind.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(bind.as_mut().poll(&mut cx).is_pending());
+        assert!(r.is_held("ns", "m"));
+        drop(bind);
+        assert!(!r.is_held("ns", "m"));
     }
 }
