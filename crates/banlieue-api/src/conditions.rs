@@ -127,6 +127,23 @@ pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition, now: Time)
     }
 }
 
+/// An error and its sources on one line, for condition messages and logs: the underlying cause
+/// is what an operator acts on. A source whose text the line already holds (an error that
+/// prints its cause itself) is not repeated, and line breaks become spaces.
+pub fn error_message(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text.replace(['\r', '\n'], " ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +181,28 @@ mod tests {
         assert_eq!(list.len(), 1);
         assert!(is_true(&list, "Ready"));
         assert!(!is_true(&list, "Scheduled"));
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum Layer {
+        #[error("connect to qemu+tls://h/system")]
+        Connect(#[source] Box<Layer>),
+        #[error("TLS handshake: {0}")]
+        SaysItsCause(#[source] Box<Layer>),
+        #[error("certificate expired\non line two")]
+        Leaf,
+    }
+
+    #[test]
+    fn error_message_joins_sources_once_on_one_line() {
+        let error = Layer::Connect(Box::new(Layer::SaysItsCause(Box::new(Layer::Leaf))));
+        assert_eq!(
+            error_message(&error),
+            "connect to qemu+tls://h/system: TLS handshake: certificate expired on line two"
+        );
+        assert_eq!(
+            error_message(&Layer::Leaf),
+            "certificate expired on line two"
+        );
     }
 }

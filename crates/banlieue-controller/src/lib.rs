@@ -366,19 +366,8 @@ where
         ctx.config.min_error_backoff,
         ctx.config.max_error_backoff,
     );
-    tracing::warn!(controller, object = %key, error = %error_chain(error), ?delay, "reconcile failed");
+    tracing::warn!(controller, object = %key, error = %conditions::error_message(error), ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<Credential
     let identity = Identity::from_pem(&cert, &key).map_err(|e| {
         Error::CredentialsUnavailable(format!(
             "Secret {creds_name:?} keys {TLS_CRT}/{TLS_KEY}: {}",
-            crate::error::chain(&e)
+            banlieue_api::conditions::error_message(&e)
         ))
     })?;
 
@@ -85,7 +85,10 @@ pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<Credential
         }
     };
     let ca = CaBundle::from_pem(&ca_pem).map_err(|e| {
-        Error::CredentialsUnavailable(format!("caBundle: {}", crate::error::chain(&e)))
+        Error::CredentialsUnavailable(format!(
+            "caBundle: {}",
+            banlieue_api::conditions::error_message(&e)
+        ))
     })?;
     Ok(Credentials { identity, ca })
 }
@@ -141,7 +144,7 @@ where
         ))),
         Err(e) => Err(Error::CredentialsUnavailable(format!(
             "read {kind} {ns}/{name}: {}",
-            crate::error::chain(&e)
+            banlieue_api::conditions::error_message(&e)
         ))),
     }
 }

@@ -90,16 +90,3 @@ fn connection_lost(e: &banlieue_libvirt::Error) -> bool {
             | banlieue_libvirt::Error::Timeout { .. }
     )
 }
-
-/// The error and its sources on one line, for condition messages: the underlying cause is
-/// what an operator needs to act on.
-pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}

@@ -161,21 +161,7 @@ pub fn run(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
     // One line whatever the depth: the library's errors keep their causes in the chain.
     runtime
         .block_on(remote_command(cmd))
-        .map_err(|e| chain(&*e).into())
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !line.contains(&next) {
-            line.push_str(": ");
-            line.push_str(&next);
-        }
-        source = s.source();
-    }
-    line
+        .map_err(|e| banlieue_api::conditions::error_message(&*e).into())
 }
 
 async fn remote_command(cmd: Command) -> Result<(), BoxError> {

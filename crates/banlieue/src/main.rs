@@ -218,23 +218,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(e.as_ref()));
+            eprintln!(
+                "error: {}",
+                banlieue_api::conditions::error_message(e.as_ref())
+            );
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes on one line.
-fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text.replace('\n', " ")
 }

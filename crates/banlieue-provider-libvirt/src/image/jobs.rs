@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use super::decide::{self, ArtifactState, ImportSettings, Presence};
 use super::error::{Error, Result, api_status};
 use super::volume;
-use crate::error::chain;
+use banlieue_api::conditions::error_message;
 
 /// Which Provider this reconcile serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,17 +203,19 @@ impl ImageReconciler {
     async fn backing_file_presence(&self, provider: &Provider, pool: &str, name: &str) -> Presence {
         let client = match self.libvirt_client(provider).await {
             Ok(client) => client,
-            Err(e) => return Presence::Unknown(format!("cannot reach the host: {}", chain(&e))),
+            Err(e) => {
+                return Presence::Unknown(format!("cannot reach the host: {}", error_message(&e)));
+            }
         };
         let pool_handle = match volume::lookup_pool(&client, pool).await {
             Ok(Some(p)) => p,
             Ok(None) => return Presence::Unknown(format!("storage pool {pool} does not exist")),
-            Err(e) => return Presence::Unknown(chain(&e)),
+            Err(e) => return Presence::Unknown(error_message(&e)),
         };
         match volume::lookup_volume(&client, &pool_handle, name).await {
             Ok(Some(_)) => Presence::Present,
             Ok(None) => Presence::Absent,
-            Err(e) => Presence::Unknown(chain(&e)),
+            Err(e) => Presence::Unknown(error_message(&e)),
         }
     }
 
@@ -358,6 +360,6 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<ImageReconciler>) -> Result<Act
 }
 
 fn error_policy(image: Arc<VMImage>, error: &Error, _ctx: Arc<ImageReconciler>) -> Action {
-    warn!(vmimage = %image.name_any(), error = %chain(error), "image reconcile failed");
+    warn!(vmimage = %image.name_any(), error = %error_message(error), "image reconcile failed");
     Action::requeue(Duration::from_secs(15))
 }

@@ -134,7 +134,7 @@ pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
                 }
             }
             Err(e) => {
-                tracing::debug!(error = %crate::error::chain(&e), "domain events unavailable");
+                tracing::debug!(error = %banlieue_api::conditions::error_message(&e), "domain events unavailable");
             }
         }
         if ticks.is_closed() {

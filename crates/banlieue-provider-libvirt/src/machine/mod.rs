@@ -23,7 +23,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::domain_xml::DomainType;
-use crate::error::{Error, Result, chain};
+use crate::error::{Error, Result};
+use banlieue_api::conditions::error_message;
 use host::Host;
 
 /// Settings of one provider workload.
@@ -92,7 +93,7 @@ pub async fn run_provider(
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
-                tracing::debug!(error = %chain(&e), "machine reconcile");
+                tracing::debug!(error = %error_message(&e), "machine reconcile");
             }
         })
         .await;
@@ -101,7 +102,7 @@ pub async fn run_provider(
 }
 
 fn error_policy(_machine: Arc<LibvirtMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %chain(error), "machine reconcile failed");
+    tracing::warn!(error = %error_message(error), "machine reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -243,7 +243,7 @@ pub fn condition_for(e: &Error, generation: Option<i64>) -> Condition {
         types::READY,
         status::FALSE,
         e.reason(),
-        crate::error::chain(e),
+        banlieue_api::conditions::error_message(e),
         generation,
     )
 }

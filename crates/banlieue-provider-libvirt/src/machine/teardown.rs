@@ -14,7 +14,8 @@ use kube::runtime::controller::Action;
 
 use super::Context;
 use super::plan::{self, Existing, MachineNames};
-use crate::error::{Error, Result, chain};
+use crate::error::{Error, Result};
+use banlieue_api::conditions::error_message;
 
 /// libvirt fails an undefine of a UEFI domain without NVRAM, and without TPM the swtpm state
 /// (the per-VM secret the vTPM exists to isolate) stays behind.
@@ -50,7 +51,7 @@ pub(super) async fn run(
             }
             let failed = Error::Invalid {
                 reason: reasons::TEARDOWN_FAILED,
-                message: chain(&e),
+                message: error_message(&e),
             };
             let mut status = machine.status.clone().unwrap_or_default();
             status.ready = false;

@@ -27,7 +27,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::connection;
-use crate::error::{Error, Result, chain};
+use crate::error::{Error, Result};
+use banlieue_api::conditions::error_message;
 use probe::HostInventory;
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
@@ -141,7 +142,7 @@ pub async fn run_operator(
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
-                tracing::debug!(error = %chain(&e), "provider reconcile");
+                tracing::debug!(error = %error_message(&e), "provider reconcile");
             }
         })
         .await;
@@ -149,7 +150,7 @@ pub async fn run_operator(
 }
 
 fn error_policy(_provider: Arc<Provider>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %chain(error), "provider reconcile failed");
+    tracing::warn!(error = %error_message(error), "provider reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
 
@@ -195,7 +196,7 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
                 types::READY,
                 status::FALSE,
                 e.reason(),
-                chain(e),
+                error_message(e),
                 generation,
             ),
             Vec::new(),
@@ -298,7 +299,7 @@ async fn publish_status(
             .publish(&event, &provider.object_ref(&()))
             .await
         {
-            tracing::debug!(error = %chain(&e), "record provider event");
+            tracing::debug!(error = %error_message(&e), "record provider event");
         }
     }
     Ok(())
