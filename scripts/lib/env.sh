@@ -7,3 +7,8 @@ export GOCACHE="${GOCACHE:-$HOME/.cache/banlieue/go-build}"
 export GOMODCACHE="${GOMODCACHE:-$HOME/.cache/banlieue/go-mod}"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
 mkdir -p "$BANLIEUE_CACHE"
+# Incremental compilation state only helps an edit-compile loop; in CI it grows the shared
+# target directory by gigabytes per run and is never read again.
+if [[ ${CI:-} == true ]]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi

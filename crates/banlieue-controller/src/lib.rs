@@ -6,6 +6,7 @@
 //! (`scheduling`, `pool_decide`, `claim_decide`, `machine_status`) and acts with a thin layer of
 //! patches. Entry point: [`run`].
 
+mod caches;
 pub mod claim_decide;
 mod claim_reconcile;
 pub mod config;
@@ -23,7 +24,6 @@ pub mod revision;
 pub mod scheduling;
 mod virtualmachine;
 
-use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -36,10 +36,8 @@ use banlieue_api::{conditions, names};
 use futures::{FutureExt, StreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 
 pub use claim_reconcile::bind_member;
 pub use config::ControllerConfig;
@@ -47,6 +45,7 @@ pub use crash::{CRASH_AT_ENV, CrashPoint};
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 
+use caches::cache;
 use context::{Context, Readiness, Stores};
 
 /// The field manager of server-side applies and the reporting controller of Events.
@@ -62,22 +61,28 @@ pub async fn run(
 ) -> Result<()> {
     let shutdown = shutdown.boxed().shared();
     let namespace = config.namespace.clone();
-    let wc = watcher::Config::default();
 
     let readiness = Readiness::new(8);
-    let (vms, vm_reflector) = cache::<VirtualMachine>(scoped(&client, &namespace), &readiness, 0);
-    let (pools, pool_reflector) =
-        cache::<VirtualMachinePool>(scoped(&client, &namespace), &readiness, 1);
-    let (claims, claim_reflector) =
-        cache::<VirtualMachineClaim>(scoped(&client, &namespace), &readiness, 2);
-    let (providers, provider_reflector) =
-        cache::<Provider>(scoped(&client, &namespace), &readiness, 3);
-    let (images, image_reflector) = cache::<VMImage>(scoped(&client, &namespace), &readiness, 4);
-    let (classes, class_reflector) = cache::<VMClass>(scoped(&client, &namespace), &readiness, 5);
-    let (machines, machine_reflector) =
-        cache::<LibvirtMachine>(scoped(&client, &namespace), &readiness, 6);
-    let (provider_classes, provider_class_reflector) =
-        cache::<ProviderClass>(Api::all(client.clone()), &readiness, 7);
+    // Every trigger comes from the shared caches, sent after the cache holds the change that
+    // caused it: a reconcile then never reads a cache older than its trigger. (With a watch of
+    // its own per controller, a member's update could wake the pool before the cache the pool
+    // decides from had it, and the pool, seeing nothing new, would wait for its next resync.)
+    let (vms, [vm_triggers, vms_for_pools, vms_for_claims], vm_reflector) =
+        cache::<VirtualMachine, 3>(scoped(&client, &namespace), &readiness, 0);
+    let (pools, [pool_triggers, pools_for_claims], pool_reflector) =
+        cache::<VirtualMachinePool, 2>(scoped(&client, &namespace), &readiness, 1);
+    let (claims, [claim_triggers, claims_for_pools], claim_reflector) =
+        cache::<VirtualMachineClaim, 2>(scoped(&client, &namespace), &readiness, 2);
+    let (providers, [providers_for_vms], provider_reflector) =
+        cache::<Provider, 1>(scoped(&client, &namespace), &readiness, 3);
+    let (images, [images_for_vms, images_for_pools], image_reflector) =
+        cache::<VMImage, 2>(scoped(&client, &namespace), &readiness, 4);
+    let (classes, [], class_reflector) =
+        cache::<VMClass, 0>(scoped(&client, &namespace), &readiness, 5);
+    let (machines, [machines_for_vms], machine_reflector) =
+        cache::<LibvirtMachine, 1>(scoped(&client, &namespace), &readiness, 6);
+    let (provider_classes, [], provider_class_reflector) =
+        cache::<ProviderClass, 0>(Api::all(client.clone()), &readiness, 7);
     let reflectors = [
         tokio::spawn(vm_reflector),
         tokio::spawn(pool_reflector),
@@ -88,8 +93,6 @@ pub async fn run(
         tokio::spawn(machine_reflector),
         tokio::spawn(provider_class_reflector),
     ];
-    // The controllers keep their own caches of the objects they reconcile; decisions read these
-    // shared ones, which a single readiness signal covers.
     let stores = Stores {
         vms,
         machines,
@@ -100,15 +103,6 @@ pub async fn run(
         images,
         classes,
     };
-    let vm_controller = Controller::new(scoped::<VirtualMachine>(&client, &namespace), wc.clone());
-    let pool_controller = Controller::new(
-        scoped::<VirtualMachinePool>(&client, &namespace),
-        wc.clone(),
-    );
-    let claim_controller = Controller::new(
-        scoped::<VirtualMachineClaim>(&client, &namespace),
-        wc.clone(),
-    );
     let ctx = Arc::new(Context::new(
         client.clone(),
         config,
@@ -119,27 +113,19 @@ pub async fn run(
 
     let vms_for_providers = stores.vms.clone();
     let vms_for_images = stores.vms.clone();
-    let vm_run = vm_controller
-        .owns(scoped::<LibvirtMachine>(&client, &namespace), wc.clone())
-        .watches(
-            scoped::<Provider>(&client, &namespace),
-            wc.clone(),
-            move |provider| {
-                unscheduled_vms(&vms_for_providers, provider.namespace().as_deref(), |_| {
-                    true
-                })
-            },
-        )
-        .watches(
-            scoped::<VMImage>(&client, &namespace),
-            wc.clone(),
-            move |image| {
-                let image_name = image.name_any();
-                unscheduled_vms(&vms_for_images, image.namespace().as_deref(), |vm| {
-                    vm.spec.image_ref.name == image_name
-                })
-            },
-        )
+    let vm_run = Controller::for_stream(vm_triggers, stores.vms.clone())
+        .owns_stream(machines_for_vms)
+        .watches_stream(providers_for_vms, move |provider| {
+            unscheduled_vms(&vms_for_providers, provider.namespace().as_deref(), |_| {
+                true
+            })
+        })
+        .watches_stream(images_for_vms, move |image| {
+            let image_name = image.name_any();
+            unscheduled_vms(&vms_for_images, image.namespace().as_deref(), |vm| {
+                vm.spec.image_ref.name == image_name
+            })
+        })
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |vm, ctx| guarded("virtualmachine", vm, ctx, virtualmachine::reconcile),
@@ -149,34 +135,26 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()));
 
     let pools_for_images = stores.pools.clone();
-    let pool_run = pool_controller
-        .owns(scoped::<VirtualMachine>(&client, &namespace), wc.clone())
-        .watches(
-            scoped::<VirtualMachineClaim>(&client, &namespace),
-            wc.clone(),
-            |claim| {
-                claim
-                    .namespace()
-                    .map(|ns| ObjectRef::new(&claim.spec.pool_ref.name).within(&ns))
-            },
-        )
-        .watches(
-            scoped::<VMImage>(&client, &namespace),
-            wc.clone(),
-            move |image| {
-                let image_name = image.name_any();
-                let image_namespace = image.namespace();
-                pools_for_images
-                    .state()
-                    .iter()
-                    .filter(|p| {
-                        p.namespace() == image_namespace
-                            && p.spec.template.spec.image_ref.name == image_name
-                    })
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+    let pool_run = Controller::for_stream(pool_triggers, stores.pools.clone())
+        .owns_stream(vms_for_pools)
+        .watches_stream(claims_for_pools, |claim| {
+            claim
+                .namespace()
+                .map(|ns| ObjectRef::new(&claim.spec.pool_ref.name).within(&ns))
+        })
+        .watches_stream(images_for_pools, move |image| {
+            let image_name = image.name_any();
+            let image_namespace = image.namespace();
+            pools_for_images
+                .state()
+                .iter()
+                .filter(|p| {
+                    p.namespace() == image_namespace
+                        && p.spec.template.spec.image_ref.name == image_name
+                })
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool_reconcile::reconcile),
@@ -186,42 +164,34 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()));
 
     let claims_for_members = stores.claims.clone();
-    let claims_for_pools = stores.claims.clone();
-    let claim_run = claim_controller
-        .watches(
-            scoped::<VirtualMachine>(&client, &namespace),
-            wc.clone(),
-            move |vm| {
-                let Some(ns) = vm.namespace() else {
-                    return Vec::new();
-                };
-                if let Some(claim) = vm.labels().get(names::LABEL_CLAIM) {
-                    return vec![ObjectRef::new(claim).within(&ns)];
+    let claims_of_pools = stores.claims.clone();
+    let claim_run = Controller::for_stream(claim_triggers, stores.claims.clone())
+        .watches_stream(vms_for_claims, move |vm| {
+            let Some(ns) = vm.namespace() else {
+                return Vec::new();
+            };
+            if let Some(claim) = vm.labels().get(names::LABEL_CLAIM) {
+                return vec![ObjectRef::new(claim).within(&ns)];
+            }
+            // Only a member a claim could take wakes the pool's pending claims; the many
+            // updates of a member on its way up would otherwise wake them all each time.
+            let usable = vm.metadata.deletion_timestamp.is_none()
+                && vm.status.as_ref().is_some_and(|s| {
+                    conditions::is_true(&s.conditions, conditions::types::INFRASTRUCTURE_READY)
+                });
+            match vm.labels().get(names::LABEL_POOL) {
+                Some(pool) if usable => {
+                    claim_reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
                 }
-                // Only a member a claim could take wakes the pool's pending claims; the many
-                // updates of a member on its way up would otherwise wake them all each time.
-                let usable = vm.metadata.deletion_timestamp.is_none()
-                    && vm.status.as_ref().is_some_and(|s| {
-                        conditions::is_true(&s.conditions, conditions::types::INFRASTRUCTURE_READY)
-                    });
-                match vm.labels().get(names::LABEL_POOL) {
-                    Some(pool) if usable => {
-                        claim_reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
-                    }
-                    _ => Vec::new(),
-                }
-            },
-        )
-        .watches(
-            scoped::<VirtualMachinePool>(&client, &namespace),
-            wc,
-            move |pool| match pool.namespace() {
-                Some(ns) => {
-                    claim_reconcile::claims_of_pool(&claims_for_pools, &ns, &pool.name_any(), false)
-                }
-                None => Vec::new(),
-            },
-        )
+                _ => Vec::new(),
+            }
+        })
+        .watches_stream(pools_for_claims, move |pool| match pool.namespace() {
+            Some(ns) => {
+                claim_reconcile::claims_of_pool(&claims_of_pools, &ns, &pool.name_any(), false)
+            }
+            None => Vec::new(),
+        })
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |claim, ctx| {
@@ -271,31 +241,6 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
-}
-
-/// A reflector cache, and the future that keeps it filled and marks it in `readiness` once it
-/// holds its initial list.
-fn cache<K>(
-    api: Api<K>,
-    readiness: &Readiness,
-    index: u32,
-) -> (Store<K>, impl Future<Output = ()> + Send + 'static)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let readiness = readiness.clone();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    );
-    let task = stream.for_each(move |event| {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            readiness.filled(index);
-        }
-        futures::future::ready(())
-    });
-    (reader, task)
 }
 
 fn unscheduled_vms(
@@ -376,6 +321,7 @@ mod tests {
 
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
+    use kube::runtime::reflector;
 
     use super::*;
 

@@ -116,9 +116,9 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     Ok(if next.machine_ref.is_some() {
         Action::requeue(ctx.config.resync)
     } else {
-        // Unschedulable: Provider and VMImage changes wake it. This is the fallback for the
-        // change that lands in its cache before this VirtualMachine lands in the one the
-        // mapper reads (the two watches are not ordered); it reads caches only, so it is cheap.
+        // Unschedulable: Provider and VMImage changes wake it (each trigger follows its cache
+        // update, so whichever of the VM and the image arrives second sees the other). The
+        // recheck is a backstop that reads caches only, so it is cheap.
         Action::requeue(ctx.config.resync.min(UNSCHEDULABLE_RECHECK))
     })
 }

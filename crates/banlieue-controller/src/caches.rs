@@ -1,0 +1,192 @@
+//! The shared reflector caches every decision reads, and the trigger streams the controllers
+//! are driven by, fed from those same caches.
+//!
+//! A trigger is sent only after its cache holds the change that caused it, so a reconcile never
+//! reads a cache older than its trigger. With a watch of its own per controller, a member's
+//! update could wake the pool before the cache the pool decides from had it; the pool, seeing
+//! nothing new, would then wait for its next resync.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use futures::channel::mpsc;
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+
+use crate::context::Readiness;
+
+/// What a cache sends each subscriber: every object it applied (added, changed, deleted or
+/// listed again), once the cache holds the change.
+pub(crate) type Triggers<K> = mpsc::UnboundedReceiver<Result<K, watcher::Error>>;
+
+/// A cache of `api`'s objects, `N` trigger streams fed from it, and the future that keeps it
+/// filled and marks cache number `index` in `readiness` once it holds its initial list.
+pub(crate) fn cache<K, const N: usize>(
+    api: Api<K>,
+    readiness: &Readiness,
+    index: u32,
+) -> (
+    Store<K>,
+    [Triggers<K>; N],
+    impl Future<Output = ()> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    shared_cache(events, readiness, index)
+}
+
+/// [`cache`] over any stream of watch events. The trigger streams are unbounded so a busy
+/// controller never holds back the cache the others read; each holds at most the objects that
+/// changed since that controller last looked.
+fn shared_cache<K, S, const N: usize>(
+    events: S,
+    readiness: &Readiness,
+    index: u32,
+) -> (
+    Store<K>,
+    [Triggers<K>; N],
+    impl Future<Output = ()> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let readiness = readiness.clone();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..N).map(|_| mpsc::unbounded()).unzip();
+    let Ok(receivers) = <[Triggers<K>; N]>::try_from(receivers) else {
+        unreachable!("exactly N receivers were made")
+    };
+    let kind = K::kind(&());
+    let send = move |object: &K| {
+        for sender in &senders {
+            // A controller that has stopped no longer listens.
+            let _ = sender.unbounded_send(Ok(object.clone()));
+        }
+    };
+    // The reflector applies each event to the store before yielding it, except a (re)list:
+    // its objects replace the store's only at InitDone, so they are held until then. Sending
+    // from here is what orders every trigger after its cache update.
+    let mut listed = Vec::new();
+    let task = reflector::reflector(writer, events).for_each(move |event| {
+        match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => send(&object),
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(object)) => listed.push(object),
+            Ok(watcher::Event::InitDone) => {
+                readiness.filled(index);
+                listed.drain(..).for_each(|object| send(&object));
+            }
+            Err(error) => tracing::debug!(%kind, %error, "watch failed; retrying with backoff"),
+        }
+        futures::future::ready(())
+    });
+    (reader, receivers, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector::ObjectRef;
+
+    use super::*;
+
+    fn config_map(name: &str, version: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn cached_version(store: &Store<ConfigMap>, name: &str) -> Option<String> {
+        store
+            .get(&ObjectRef::new(name).within("ns"))
+            .and_then(|o| o.resource_version())
+    }
+
+    /// Each event is sent only once the previous trigger was looked at, so what the store
+    /// holds when a trigger arrives is exactly what the cache had applied by then.
+    #[tokio::test]
+    async fn every_subscriber_sees_each_change_only_after_the_cache_holds_it() {
+        let (events_tx, events_rx) = mpsc::unbounded();
+        let readiness = Readiness::new(1);
+        let (store, [mut first, mut second], task) =
+            shared_cache::<ConfigMap, _, 2>(events_rx, &readiness, 0);
+        let task = tokio::spawn(task);
+        let steps = [
+            (watcher::Event::Init, None),
+            // Listed objects reach the store, and the subscribers, at InitDone.
+            (watcher::Event::InitApply(config_map("a", "1")), None),
+            (watcher::Event::InitDone, Some(("a", Some("1")))),
+            (
+                watcher::Event::Apply(config_map("a", "2")),
+                Some(("a", Some("2"))),
+            ),
+            (
+                watcher::Event::Apply(config_map("b", "3")),
+                Some(("b", Some("3"))),
+            ),
+            (
+                watcher::Event::Delete(config_map("a", "4")),
+                Some(("a", None)),
+            ),
+            // A relist after the watch fell behind: the old store serves until InitDone.
+            (watcher::Event::Init, None),
+            (watcher::Event::InitApply(config_map("b", "5")), None),
+            (watcher::Event::InitDone, Some(("b", Some("5")))),
+        ];
+        for (event, expected) in steps {
+            events_tx.unbounded_send(Ok(event)).unwrap();
+            let Some((name, version)) = expected else {
+                continue;
+            };
+            for subscriber in [&mut first, &mut second] {
+                let object = subscriber.next().await.unwrap().unwrap();
+                assert_eq!(object.name_any(), name);
+                assert_eq!(
+                    cached_version(&store, name).as_deref(),
+                    version,
+                    "the trigger for {name} came before its cache update"
+                );
+            }
+        }
+        readiness.wait().await.unwrap();
+        drop(events_tx);
+        task.await.unwrap();
+        assert!(first.next().await.is_none(), "nothing sent twice");
+        assert!(second.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_the_initial_list() {
+        let (events_tx, events_rx) = mpsc::unbounded();
+        let readiness = Readiness::new(1);
+        let (_store, [], task) = shared_cache::<ConfigMap, _, 0>(events_rx, &readiness, 0);
+        let task = tokio::spawn(task);
+        events_tx.unbounded_send(Ok(watcher::Event::Init)).unwrap();
+        events_tx
+            .unbounded_send(Ok(watcher::Event::InitApply(config_map("a", "1"))))
+            .unwrap();
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), readiness.wait());
+        assert!(waiting.await.is_err(), "ready before InitDone");
+        events_tx
+            .unbounded_send(Ok(watcher::Event::InitDone))
+            .unwrap();
+        readiness.wait().await.unwrap();
+        drop(events_tx);
+        task.await.unwrap();
+    }
+}
