@@ -48,24 +48,31 @@ pub(crate) async fn reconcile(
 ) -> Result<Action> {
     ctx.readiness.wait().await?;
     let namespace = namespace_of(claim.as_ref(), "VirtualMachineClaim")?;
+    let api: Api<VirtualMachineClaim> = ctx.api(&namespace);
+    let claim = if claim.metadata.deletion_timestamp.is_none()
+        && !claim
+            .finalizers()
+            .iter()
+            .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
+    {
+        // Go on with the object the patch returned: waiting for the watch to bring it back
+        // would add a round trip to every bind.
+        Arc::new(
+            ctx.add_finalizer(&api, claim.as_ref(), names::FINALIZER_CLAIM_PROTECTION)
+                .await?,
+        )
+    } else {
+        claim
+    };
     let this = ClaimRef {
         claim: claim.as_ref(),
         name: claim.name_any(),
         uid: uid_of(claim.as_ref(), "VirtualMachineClaim")?,
-        api: ctx.api(&namespace),
+        api,
         namespace,
     };
     if claim.metadata.deletion_timestamp.is_some() {
         return release(&this, &ctx, true).await;
-    }
-    if !claim
-        .finalizers()
-        .iter()
-        .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
-    {
-        ctx.add_finalizer(&this.api, this.claim, names::FINALIZER_CLAIM_PROTECTION)
-            .await?;
-        return Ok(Action::await_change());
     }
     let status = claim.status.clone().unwrap_or_default();
     match status.phase {
