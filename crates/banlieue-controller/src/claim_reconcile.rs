@@ -339,20 +339,21 @@ async fn complete_bind(
             .observe(latency.as_secs_f64().max(0.0));
     }
     crash_at(CrashPoint::AfterClaimStatus);
-    ctx.event(
-        this.claim,
-        EventType::Normal,
-        reasons::BOUND,
-        format!("bound to member {member_name}"),
-    )
-    .await;
-    ctx.event(
-        member,
-        EventType::Normal,
-        reasons::BOUND,
-        format!("bound to claim {}", this.name),
-    )
-    .await;
+    // The two Events are independent writes: publish them together.
+    futures::join!(
+        ctx.event(
+            this.claim,
+            EventType::Normal,
+            reasons::BOUND,
+            format!("bound to member {member_name}"),
+        ),
+        ctx.event(
+            member,
+            EventType::Normal,
+            reasons::BOUND,
+            format!("bound to claim {}", this.name),
+        ),
+    );
     Ok(Action::requeue(until(expires_at).min(ctx.config.resync)))
 }
 
