@@ -12,3 +12,23 @@ mkdir -p "$BANLIEUE_CACHE"
 if [[ ${CI:-} == true ]]; then
     export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 fi
+
+# Cargo shares this workspace's own artifacts between clones at different paths (its hashes are
+# relative to the workspace root), but a test binary keeps the absolute CARGO_MANIFEST_DIR it
+# was built with and reads its fixtures and snapshots from there. When the target directory was
+# last used by a clone elsewhere, this workspace's crates are rebuilt (the registry's are not).
+banlieue_workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+banlieue_marker="$CARGO_TARGET_DIR/.banlieue-workspace"
+if [[ -f $banlieue_marker && $(<"$banlieue_marker") != "$banlieue_workspace" ]]; then
+    echo "the build cache was last used by a clone at $(<"$banlieue_marker"); rebuilding this workspace's crates" >&2
+    banlieue_packages=()
+    while read -r package; do banlieue_packages+=(-p "$package"); done < <(
+        cd "$banlieue_workspace" &&
+            cargo metadata --no-deps --format-version 1 --offline |
+            python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))'
+    )
+    (cd "$banlieue_workspace" && cargo clean --quiet "${banlieue_packages[@]}")
+fi
+mkdir -p "$CARGO_TARGET_DIR"
+printf '%s\n' "$banlieue_workspace" >"$banlieue_marker"
+unset banlieue_marker banlieue_packages
