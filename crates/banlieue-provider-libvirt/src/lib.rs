@@ -11,6 +11,7 @@ pub mod finalizers;
 pub mod host;
 pub mod image;
 pub mod machine;
+pub mod metrics;
 pub mod operator;
 pub mod quantity;
 pub mod volume_xml;

@@ -82,7 +82,8 @@ async fn machines_to_running_and_back() -> Result<()> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let mut cfg = ProviderConfig::new("bench", &ns);
         cfg.domain_type = Some(DomainType::Qemu);
-        let task = tokio::spawn(run_provider(kube.clone(), cfg, async move {
+        let metrics = banlieue_provider_libvirt::metrics::Metrics::unregistered();
+        let task = tokio::spawn(run_provider(kube.clone(), cfg, metrics, async move {
             let _ = stopped.await;
         }));
         let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);

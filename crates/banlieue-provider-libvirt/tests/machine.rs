@@ -15,23 +15,34 @@ use banlieue_api::{
 use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
+use banlieue_provider_libvirt::metrics::Metrics;
 use common::{Host, control_plane, credentials, eventually, provider};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, PostParams};
+use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
 const PROVIDER: &str = "edge";
 
+/// What [`provider_namespace`] returns: a client, the namespace, the sender whose drop stops
+/// the provider workload, and the registry its metrics are in.
+type Running = (kube::Client, String, oneshot::Sender<()>, Registry);
+
 /// A namespace with the credentials and a Provider for `host`, and the provider workload
 /// running for it until the returned sender is dropped.
-async fn provider_namespace(host: &Host) -> Result<(kube::Client, String, oneshot::Sender<()>)> {
+async fn provider_namespace(host: &Host) -> Result<Running> {
     provider_namespace_with_resync(host, Duration::from_secs(3)).await
 }
 
-async fn provider_namespace_with_resync(
-    host: &Host,
-    resync: Duration,
-) -> Result<(kube::Client, String, oneshot::Sender<()>)> {
+/// The value of the sample `name` (with its labels, as exposed) in `registry`'s text format.
+fn sample(registry: &Registry, name: &str) -> Option<f64> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn provider_namespace_with_resync(host: &Host, resync: Duration) -> Result<Running> {
     let cp = control_plane().await;
     let kube = cp.client()?;
     let ns = cp.fresh_namespace().await?;
@@ -53,14 +64,16 @@ async fn provider_namespace_with_resync(
     cfg.domain_type = Some(DomainType::Qemu);
     cfg.resync = resync;
     cfg.call_timeout = Duration::from_secs(30);
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
     let client = kube.clone();
     tokio::spawn(async move {
-        let _ = run_provider(client, cfg, async move {
+        let _ = run_provider(client, cfg, metrics, async move {
             let _ = rx.await;
         })
         .await;
     });
-    Ok((kube, ns, tx))
+    Ok((kube, ns, tx, registry))
 }
 
 fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
@@ -179,7 +192,7 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
     let host = Host::start().await?;
     host.create_raw_volume("base.raw", 1 << 20).await?;
     host.create_raw_volume("installer.iso", 1 << 20).await?;
-    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let (kube, ns, _provider, metrics) = provider_namespace(&host).await?;
     let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
 
     api.create(
@@ -318,6 +331,22 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
     );
     assert!(!vars.exists(), "{} left behind", vars.display());
     assert!(!swtpm.exists(), "{} left behind", swtpm.display());
+
+    // What the provider's /metrics says about it.
+    let value = |name: &str| sample(&metrics, name);
+    assert_eq!(
+        value("banlieue_provider_libvirt_domains_defined_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("banlieue_provider_libvirt_domains_undefined_total"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("banlieue_provider_libvirt_machine_ready_seconds_count"),
+        Some(2.0)
+    );
+    assert_eq!(value("banlieue_provider_libvirt_host_connected"), Some(1.0));
     Ok(())
 }
 
@@ -325,8 +354,8 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
 async fn same_name_in_two_namespaces_makes_two_domains() -> Result<()> {
     let host = Host::start().await?;
     host.create_raw_volume("base.raw", 1 << 20).await?;
-    let (kube_a, ns_a, _a) = provider_namespace(&host).await?;
-    let (kube_b, ns_b, _b) = provider_namespace(&host).await?;
+    let (kube_a, ns_a, _a, _) = provider_namespace(&host).await?;
+    let (kube_b, ns_b, _b, _) = provider_namespace(&host).await?;
     let a: Api<LibvirtMachine> = Api::namespaced(kube_a, &ns_a);
     let b: Api<LibvirtMachine> = Api::namespaced(kube_b, &ns_b);
     a.create(
@@ -361,7 +390,7 @@ async fn same_name_in_two_namespaces_makes_two_domains() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_paths_report_the_guides_messages() -> Result<()> {
     let host = Host::start().await?;
-    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let (kube, ns, _provider, metrics) = provider_namespace(&host).await?;
     let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
 
     // The backing volume is absent.
@@ -443,6 +472,21 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
         !volumes.iter().any(|v| v.starts_with(&foreign)),
         "{volumes:?}"
     );
+
+    // Each failure is counted under the reason it was reported with; nothing was defined.
+    for reason in ["VolumeNotInPool", "StoragePoolNotFound", "DomainNameTaken"] {
+        let failures = sample(
+            &metrics,
+            &format!(
+                "banlieue_provider_libvirt_machine_reconcile_errors_total{{reason=\"{reason}\"}}"
+            ),
+        );
+        assert!(failures.is_some_and(|n| n >= 1.0), "{reason}: {failures:?}");
+    }
+    assert_eq!(
+        sample(&metrics, "banlieue_provider_libvirt_domains_defined_total"),
+        Some(0.0)
+    );
     Ok(())
 }
 
@@ -450,7 +494,7 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
 async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     let mut host = Host::start().await?;
     host.create_raw_volume("base.raw", 1 << 20).await?;
-    let (kube, ns, _provider) = provider_namespace(&host).await?;
+    let (kube, ns, _provider, metrics) = provider_namespace(&host).await?;
     let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -472,8 +516,17 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
         |c| c.reason == "ConnectFailed",
     )
     .await;
+    let connected_while_stopped = sample(&metrics, "banlieue_provider_libvirt_host_connected");
     host.libvirtd.resume()?;
     let m = outcome?;
+    assert_eq!(connected_while_stopped, Some(0.0));
+    assert!(
+        sample(
+            &metrics,
+            "banlieue_provider_libvirt_machine_reconcile_errors_total{reason=\"ConnectFailed\"}"
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
     let message = ready(&m).unwrap().message;
     assert!(
         message.contains("connection lost") || message.contains("timed out"),
@@ -484,6 +537,10 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     })
     .await?;
     assert!(m.status.unwrap().ready);
+    assert_eq!(
+        sample(&metrics, "banlieue_provider_libvirt_host_connected"),
+        Some(1.0)
+    );
     assert_eq!(domain_names(&host).await?, vec![format!("{ns}-web")]);
     api.delete("web", &DeleteParams::default()).await?;
     eventually("deleted", 120, || async {
@@ -498,7 +555,7 @@ async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() ->
     let host = Host::start().await?;
     host.create_raw_volume("base.raw", 1 << 20).await?;
     // A resync far beyond the test's deadlines: only the lifecycle event can wake the provider.
-    let (kube, ns, _provider) =
+    let (kube, ns, _provider, _) =
         provider_namespace_with_resync(&host, Duration::from_secs(3600)).await?;
     let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
     api.create(

@@ -67,10 +67,16 @@ pub fn spawn_all(
         if roles.domain_type.is_some() {
             cfg.domain_type = roles.domain_type;
         }
+        let metrics = banlieue_provider_libvirt::metrics::Metrics::register(registry);
         tasks.push(supervise("libvirt provider", shutdown, async move {
-            banlieue_provider_libvirt::machine::run_provider(client, cfg, stop.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
+            banlieue_provider_libvirt::machine::run_provider(
+                client,
+                cfg,
+                metrics,
+                stop.cancelled_owned(),
+            )
+            .await
+            .map_err(BoxError::from)
         }));
         let (client, stop) = (kube.clone(), shutdown.clone());
         let cfg = ImageReconcilerConfig::new(name, namespace);

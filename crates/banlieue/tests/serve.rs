@@ -6,7 +6,11 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use banlieue::dev::objects;
+use banlieue_api::{Provider, ProviderClass};
 use banlieue_testenv::control_plane::ControlPlane;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
 
@@ -19,6 +23,38 @@ fn get(address: &str, path: &str) -> String {
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     reply
+}
+
+/// The endpoint's address, from the JSON log at `log_path` (every line must be a JSON object).
+fn served_address(log_path: &std::path::Path, who: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = std::fs::read_to_string(log_path).unwrap_or_default();
+        let mut found = None;
+        for line in log.lines() {
+            let record: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+            assert!(record.get("level").is_some(), "{line}");
+            if let Some(address) = record.pointer("/fields/address").and_then(|a| a.as_str()) {
+                found = Some(address.to_owned());
+            }
+        }
+        if let Some(address) = found {
+            return address;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{who} never said where it serves:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn stop(child: &mut std::process::Child, who: &str) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{who} exited {status} on SIGTERM");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -45,29 +81,7 @@ async fn controller_serves_metrics_and_health_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
 
-    // Every log line is one JSON object; one of them names the endpoint's address.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let address = loop {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let mut found = None;
-        for line in log.lines() {
-            let record: serde_json::Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
-            assert!(record.get("level").is_some(), "{line}");
-            if let Some(address) = record.pointer("/fields/address").and_then(|a| a.as_str()) {
-                found = Some(address.to_owned());
-            }
-        }
-        if let Some(address) = found {
-            break address;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the controller never said where it serves:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-
+    let address = served_address(&log_path, "the controller");
     assert!(get(&address, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(get(&address, "/readyz").starts_with("HTTP/1.1 200"));
     let metrics = get(&address, "/metrics");
@@ -83,13 +97,63 @@ async fn controller_serves_metrics_and_health_and_stops_on_sigterm() {
     }
     assert!(get(&address, "/nope").starts_with("HTTP/1.1 404"));
 
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = child.wait().unwrap();
+    stop(&mut child, "the controller");
+}
+
+/// The provider workload serves its own families, before it has reached its host.
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_serves_its_metrics() {
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let kubeconfig = control_plane
+        .kubeconfig("admin")
+        .expect("a local control plane")
+        .to_owned();
+    let client = control_plane.client().unwrap();
+    let namespace = control_plane.fresh_namespace().await.unwrap();
+    let apply = PatchParams::apply("banlieue-serve-test").force();
+    let class = objects::provider_class("banlieue:test");
+    Api::<ProviderClass>::all(client.clone())
+        .patch(&class.name_any(), &apply, &Patch::Apply(&class))
+        .await
+        .unwrap();
+    // Nothing listens there: the provider never reaches a host in this test.
+    let mut provider = objects::provider("qemu+tls://127.0.0.1:9/system");
+    provider.metadata.namespace = Some(namespace.clone());
+    Api::<Provider>::namespaced(client, &namespace)
+        .create(&PostParams::default(), &provider)
+        .await
+        .unwrap();
+
+    let log_dir = tempfile::tempdir().unwrap();
+    let log_path = log_dir.path().join("provider.log");
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "provider", "libvirt", "run"])
+        .args(["--provider", objects::PROVIDER, "--namespace", &namespace])
+        .args(["--metrics-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let address = served_address(&log_path, "the provider");
+    let metrics = get(&address, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    for sample in [
+        "banlieue_provider_libvirt_host_connected 0",
+        "banlieue_provider_libvirt_domains_defined_total 0",
+        "banlieue_provider_libvirt_machine_ready_seconds_count 0",
+    ] {
+        assert!(
+            metrics.lines().any(|line| line == sample),
+            "{sample} missing from:\n{metrics}"
+        );
+    }
     assert!(
-        status.success(),
-        "the controller exited {status} on SIGTERM"
+        !metrics.contains("banlieue_controller_"),
+        "the provider workload runs no controller:\n{metrics}"
     );
+    stop(&mut child, "the provider");
 }
 
 #[test]

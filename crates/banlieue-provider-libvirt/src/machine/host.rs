@@ -9,6 +9,7 @@ use banlieue_api::conditions::reasons;
 use banlieue_libvirt::Client;
 use banlieue_libvirt::events::DomainEvents;
 use kube::Api;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Mutex, mpsc};
 
 use crate::connection;
@@ -30,6 +31,8 @@ pub struct Host {
     domain_type_override: Option<DomainType>,
     call_timeout: Duration,
     session: Mutex<Option<Session>>,
+    /// Set to 1 while a live session is held, 0 otherwise.
+    connected: Gauge,
 }
 
 impl std::fmt::Debug for Host {
@@ -48,6 +51,7 @@ impl Host {
         provider: &str,
         domain_type_override: Option<DomainType>,
         call_timeout: Duration,
+        connected: Gauge,
     ) -> Host {
         Host {
             kube,
@@ -56,6 +60,7 @@ impl Host {
             domain_type_override,
             call_timeout,
             session: Mutex::new(None),
+            connected,
         }
     }
 
@@ -67,6 +72,7 @@ impl Host {
             return Ok(s.clone());
         }
         *slot = None;
+        self.connected.set(0);
         let providers: Api<Provider> = Api::namespaced(self.kube.clone(), &self.namespace);
         let provider = providers
             .get_opt(&self.provider)
@@ -98,6 +104,7 @@ impl Host {
             domain_type,
         };
         *slot = Some(session.clone());
+        self.connected.set(1);
         tracing::info!(endpoint, domain_type = domain_type.as_str(), "connected");
         Ok(session)
     }
@@ -105,6 +112,7 @@ impl Host {
     /// Forgets the session after an error that says it is dead, so the next call reconnects.
     pub async fn forget(&self) {
         *self.session.lock().await = None;
+        self.connected.set(0);
     }
 }
 

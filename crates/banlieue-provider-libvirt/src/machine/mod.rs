@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::domain_xml::DomainType;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use banlieue_api::conditions::error_message;
 use host::Host;
 
@@ -62,12 +63,15 @@ struct Context {
     kube: kube::Client,
     cfg: ProviderConfig,
     host: Arc<Host>,
+    metrics: Metrics,
 }
 
-/// Reconciles this Provider's LibvirtMachines until `shutdown` completes.
+/// Reconciles this Provider's LibvirtMachines until `shutdown` completes, recording into
+/// `metrics`.
 pub async fn run_provider(
     client: kube::Client,
     cfg: ProviderConfig,
+    metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let host = Arc::new(Host::new(
@@ -76,6 +80,7 @@ pub async fn run_provider(
         &cfg.provider,
         cfg.domain_type,
         cfg.call_timeout,
+        metrics.host_connected.clone(),
     ));
     let (ticks, tick_rx) = mpsc::channel(1);
     let events = tokio::spawn(host::forward_events(host.clone(), ticks));
@@ -84,6 +89,7 @@ pub async fn run_provider(
         kube: client,
         cfg,
         host,
+        metrics,
     });
     Controller::new(machines, watcher::Config::default())
         .reconcile_all_on(futures::stream::unfold(tick_rx, |mut rx| async move {
@@ -101,7 +107,8 @@ pub async fn run_provider(
     Ok(())
 }
 
-fn error_policy(_machine: Arc<LibvirtMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(_machine: Arc<LibvirtMachine>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_error(error.reason());
     tracing::warn!(error = %error_message(error), "machine reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
@@ -146,10 +153,11 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
     };
 
     let outcome = realise::run(&machine, &uuid, &ctx).await;
-    if let Err(e) = &outcome
-        && e.is_connection_lost()
-    {
-        ctx.host.forget().await;
+    if let Err(e) = &outcome {
+        ctx.metrics.reconcile_error(e.reason());
+        if e.is_connection_lost() {
+            ctx.host.forget().await;
+        }
     }
     let status = plan::status_after(
         &machine,
@@ -167,6 +175,16 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
         .await?
     {
         return Ok(Action::requeue(AFTER_CONFLICT));
+    }
+    let was_ready = machine.status.as_ref().is_some_and(|s| s.ready);
+    if status.ready
+        && !was_ready
+        && let Some(created) = &machine.metadata.creation_timestamp
+    {
+        let waited = now().0.duration_since(created.0);
+        ctx.metrics
+            .machine_ready_latency
+            .observe(waited.as_secs_f64().max(0.0));
     }
     Ok(match &outcome {
         Ok(o) if o.running => Action::requeue(ctx.cfg.resync),

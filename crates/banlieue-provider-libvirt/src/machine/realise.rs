@@ -171,9 +171,11 @@ async fn provision(
         return Err(plan::name_taken(&names.domain, &d.uuid_string()));
     }
     let xml = crate::domain_xml::render(&definition);
-    Domain::define_xml(client, &xml)
+    let domain = Domain::define_xml(client, &xml)
         .await
-        .map_err(Error::libvirt(format!("define domain {}", names.domain)))
+        .map_err(Error::libvirt(format!("define domain {}", names.domain)))?;
+    ctx.metrics.domains_defined.inc();
+    Ok(domain)
 }
 
 async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageVol>> {

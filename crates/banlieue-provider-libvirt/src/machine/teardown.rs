@@ -101,7 +101,9 @@ async fn teardown(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
                     .await
                     .map_err(Error::libvirt(format!("destroy domain {}", names.domain)))?;
                 match domain.undefine_flags(UNDEFINE_FLAGS).await {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        ctx.metrics.domains_undefined.inc();
+                    }
                     Err(e) if e.is_not_found() => {}
                     Err(e) => {
                         return Err(Error::Libvirt {
