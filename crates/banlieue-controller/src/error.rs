@@ -17,6 +17,8 @@ pub enum Error {
     CachesNotReady,
     #[error("the reconcile did not finish within {after:?} and was cancelled")]
     TimedOut { after: std::time::Duration },
+    #[error("the cache of {kind} objects stopped")]
+    CacheStopped { kind: &'static str },
 }
 
 /// `Result` with the controller's error.
@@ -37,6 +39,7 @@ impl Error {
             }
             Error::CachesNotReady => "CachesNotReady",
             Error::TimedOut { .. } => "Timeout",
+            Error::CacheStopped { .. } => "CacheStopped",
         }
     }
 }

@@ -83,15 +83,15 @@ pub async fn run(
         cache::<LibvirtMachine, 1>(scoped(&client, &namespace), &readiness, 6);
     let (provider_classes, [], provider_class_reflector) =
         cache::<ProviderClass, 0>(Api::all(client.clone()), &readiness, 7);
-    let reflectors = [
-        tokio::spawn(vm_reflector),
-        tokio::spawn(pool_reflector),
-        tokio::spawn(claim_reflector),
-        tokio::spawn(provider_reflector),
-        tokio::spawn(image_reflector),
-        tokio::spawn(class_reflector),
-        tokio::spawn(machine_reflector),
-        tokio::spawn(provider_class_reflector),
+    let reflectors = vec![
+        ("VirtualMachine", tokio::spawn(vm_reflector)),
+        ("VirtualMachinePool", tokio::spawn(pool_reflector)),
+        ("VirtualMachineClaim", tokio::spawn(claim_reflector)),
+        ("Provider", tokio::spawn(provider_reflector)),
+        ("VMImage", tokio::spawn(image_reflector)),
+        ("VMClass", tokio::spawn(class_reflector)),
+        ("LibvirtMachine", tokio::spawn(machine_reflector)),
+        ("ProviderClass", tokio::spawn(provider_class_reflector)),
     ];
     let stores = Stores {
         vms,
@@ -207,26 +207,42 @@ pub async fn run(
         )
         .for_each(|_| futures::future::ready(()));
 
-    // A controller whose store never became ready holds its runner even after shutdown
-    // (kube-runtime waits for the store first), so shutdown gets a bounded grace.
     let runs = async {
         futures::join!(vm_run, pool_run, claim_run);
     };
-    let grace = async {
-        shutdown.clone().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    supervise(runs, reflectors, shutdown, SHUTDOWN_GRACE).await
+}
+
+/// Runs the reconcilers until they stop after `shutdown`, and fails if a cache stops first:
+/// every trigger and every decision comes from the caches, so reconcilers without one would
+/// run on, deaf, instead of letting the process be restarted. A controller whose store never
+/// became ready holds its runner even after shutdown (kube-runtime waits for the store first),
+/// so shutdown gets a bounded `grace`. The caches stop last.
+async fn supervise(
+    runs: impl Future<Output = ()>,
+    caches: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+    shutdown: impl Future<Output = ()>,
+    grace: std::time::Duration,
+) -> Result<()> {
+    let abort: Vec<_> = caches.iter().map(|(_, c)| c.abort_handle()).collect();
+    let mut ended: futures::stream::FuturesUnordered<_> = caches
+        .into_iter()
+        .map(|(kind, cache)| cache.map(move |_| kind))
+        .collect();
+    let stopping = async {
+        shutdown.await;
+        tokio::time::sleep(grace).await;
     };
-    tokio::select! {
-        _ = runs => {}
-        _ = grace => tracing::warn!(
-            grace = ?SHUTDOWN_GRACE,
-            "reconcilers did not stop within the shutdown grace; stopping anyway"
-        ),
-    }
-    for reflector in reflectors {
-        reflector.abort();
-    }
-    Ok(())
+    let outcome = tokio::select! {
+        _ = runs => Ok(()),
+        _ = stopping => {
+            tracing::warn!(?grace, "reconcilers did not stop within the shutdown grace; stopping anyway");
+            Ok(())
+        }
+        Some(kind) = ended.next() => Err(Error::CacheStopped { kind }),
+    };
+    abort.iter().for_each(tokio::task::AbortHandle::abort);
+    outcome
 }
 
 /// How long reconciles in flight may take to finish once shutdown is requested.
@@ -411,5 +427,56 @@ mod tests {
         assert!(done.is_ok());
         let after_success = error_policy("test", object(), &error, ctx.clone());
         assert_eq!(after_success, Action::requeue(ctx.config.min_error_backoff));
+    }
+
+    #[tokio::test]
+    async fn a_cache_that_stops_fails_the_run_and_the_other_caches_stop() {
+        let stopped = tokio::spawn(async {});
+        let other = tokio::spawn(std::future::pending::<()>());
+        let other_abort = other.abort_handle();
+        let result = supervise(
+            std::future::pending::<()>(),
+            vec![("VMImage", stopped), ("VirtualMachine", other)],
+            std::future::pending::<()>(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            matches!(result, Err(Error::CacheStopped { kind: "VMImage" })),
+            "{result:?}"
+        );
+        tokio::task::yield_now().await;
+        assert!(other_abort.is_finished(), "the other caches are stopped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconcilers_that_outlive_the_shutdown_grace_are_left() {
+        let started = tokio::time::Instant::now();
+        let cache = tokio::spawn(std::future::pending::<()>());
+        let result = supervise(
+            std::future::pending::<()>(),
+            vec![("VirtualMachine", cache)],
+            std::future::ready(()),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn reconcilers_that_stop_end_the_run() {
+        let cache = tokio::spawn(std::future::pending::<()>());
+        let cache_abort = cache.abort_handle();
+        let result = supervise(
+            std::future::ready(()),
+            vec![("VirtualMachine", cache)],
+            std::future::pending::<()>(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(result.is_ok(), "{result:?}");
+        tokio::task::yield_now().await;
+        assert!(cache_abort.is_finished());
     }
 }
