@@ -78,6 +78,65 @@ async fn wait_all_bound(
     Ok(())
 }
 
+/// Write requests the API server has answered, by resource (and subresource), from its own
+/// `apiserver_request_total`.
+async fn api_writes(admin: &kube::Client) -> TestResult<HashMap<String, f64>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = admin.request_text(request).await?;
+    let mut writes = HashMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        if !matches!(
+            label("verb").as_str(),
+            "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY"
+        ) {
+            continue;
+        }
+        let mut resource = label("resource");
+        let subresource = label("subresource");
+        if !subresource.is_empty() {
+            resource = format!("{resource}/{subresource}");
+        }
+        *writes.entry(resource).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(writes)
+}
+
+/// The writes between two readings of [`api_writes`], per bound claim, largest first.
+fn writes_per_claim(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    claims: usize,
+) -> String {
+    let mut rows: Vec<(String, f64)> = after
+        .iter()
+        .map(|(resource, n)| {
+            let delta = n - before.get(resource).copied().unwrap_or(0.0);
+            (resource.clone(), delta / claims as f64)
+        })
+        .filter(|(_, per_claim)| *per_claim >= 0.05)
+        .collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = rows.iter().map(|(_, n)| n).sum();
+    let detail: Vec<String> = rows
+        .iter()
+        .map(|(resource, n)| format!("{resource} {n:.1}"))
+        .collect();
+    format!("{total:.1} writes per claim ({})", detail.join(", "))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --ignored --release"]
 async fn claim_bind_latency_and_burst() -> TestResult {
@@ -99,6 +158,7 @@ async fn claim_bind_latency_and_burst() -> TestResult {
         h.wait_pool("bench", "warm", |s| s.available_replicas == POOL)
             .await?;
         let conflicts_before = controller.metrics.bind_conflicts.get();
+        let writes_before = api_writes(&h.admin).await?;
         let started = Instant::now();
         let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
         let mut created: Vec<(String, tokio::task::JoinHandle<TestResult<Instant>>)> = Vec::new();
@@ -139,6 +199,13 @@ async fn claim_bind_latency_and_burst() -> TestResult {
             ms(percentile(&latencies, 0.99)),
             ms(latencies.last().copied().unwrap_or_default()),
             controller.metrics.bind_conflicts.get() - conflicts_before,
+        );
+        // The pool refilled behind the claims: count the writes of the whole round.
+        h.wait_pool("bench", "warm", |s| s.available_replicas == POOL)
+            .await?;
+        eprintln!(
+            "{rate:>3} claims/s: {}",
+            writes_per_claim(&writes_before, &api_writes(&h.admin).await?, count)
         );
     }
 
