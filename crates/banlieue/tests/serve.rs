@@ -25,6 +25,31 @@ fn get(address: &str, path: &str) -> String {
     reply
 }
 
+/// `banlieue --log-format json ARGS --metrics-address 127.0.0.1:0` as the control plane's
+/// admin, logging into `log_dir`; and the address it serves on, once it has said so.
+fn serve(
+    control_plane: &ControlPlane,
+    args: &[&str],
+    log_dir: &std::path::Path,
+) -> (std::process::Child, String) {
+    let kubeconfig = control_plane
+        .kubeconfig("admin")
+        .expect("a local control plane");
+    let log_path = log_dir.join("serve.log");
+    let child = Command::new(BIN)
+        .args(["--log-format", "json"])
+        .args(args)
+        .args(["--metrics-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let address = served_address(&log_path, args[0]);
+    (child, address)
+}
+
 /// The endpoint's address, from the JSON log at `log_path` (every line must be a JSON object).
 fn served_address(log_path: &std::path::Path, who: &str) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -60,28 +85,8 @@ fn stop(child: &mut std::process::Child, who: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn controller_serves_metrics_and_health_and_stops_on_sigterm() {
     let control_plane = ControlPlane::shared().await.expect("control plane");
-    let kubeconfig = control_plane
-        .kubeconfig("admin")
-        .expect("a local control plane")
-        .to_owned();
     let log_dir = tempfile::tempdir().unwrap();
-    let log_path = log_dir.path().join("controller.log");
-    let mut child = Command::new(BIN)
-        .args([
-            "--log-format",
-            "json",
-            "controller",
-            "--metrics-address",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
-
-    let address = served_address(&log_path, "the controller");
+    let (mut child, address) = serve(control_plane, &["controller"], log_dir.path());
     assert!(get(&address, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(get(&address, "/readyz").starts_with("HTTP/1.1 200"));
     let metrics = get(&address, "/metrics");
@@ -104,10 +109,6 @@ async fn controller_serves_metrics_and_health_and_stops_on_sigterm() {
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_serves_its_metrics() {
     let control_plane = ControlPlane::shared().await.expect("control plane");
-    let kubeconfig = control_plane
-        .kubeconfig("admin")
-        .expect("a local control plane")
-        .to_owned();
     let client = control_plane.client().unwrap();
     let namespace = control_plane.fresh_namespace().await.unwrap();
     let apply = PatchParams::apply("banlieue-serve-test").force();
@@ -125,18 +126,16 @@ async fn provider_serves_its_metrics() {
         .unwrap();
 
     let log_dir = tempfile::tempdir().unwrap();
-    let log_path = log_dir.path().join("provider.log");
-    let mut child = Command::new(BIN)
-        .args(["--log-format", "json", "provider", "libvirt", "run"])
-        .args(["--provider", objects::PROVIDER, "--namespace", &namespace])
-        .args(["--metrics-address", "127.0.0.1:0"])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
-    let address = served_address(&log_path, "the provider");
+    let args = [
+        "provider",
+        "libvirt",
+        "run",
+        "--provider",
+        objects::PROVIDER,
+        "--namespace",
+        &namespace,
+    ];
+    let (mut child, address) = serve(control_plane, &args, log_dir.path());
     let metrics = get(&address, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     for sample in [
