@@ -20,7 +20,7 @@ use banlieue_api::{
 };
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
-use common::{Host, control_plane, credentials, eventually, provider};
+use common::{Host, control_plane, credentials, eventually, none_left, provider};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, PostParams};
 
@@ -129,15 +129,7 @@ async fn machines_to_running_and_back() -> Result<()> {
         let deleting = Instant::now();
         api.delete_collection(&DeleteParams::default(), &Default::default())
             .await?;
-        eventually("all deleted", 900, || async {
-            Ok(api
-                .list(&Default::default())
-                .await?
-                .items
-                .is_empty()
-                .then_some(()))
-        })
-        .await?;
+        none_left(&api, "all deleted", 900).await?;
         let down = deleting.elapsed();
         let (cpu1, rss, hwm) = usage();
         println!(

@@ -16,7 +16,7 @@ use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
 use banlieue_provider_libvirt::metrics::Metrics;
-use common::{Host, control_plane, credentials, eventually, provider};
+use common::{Host, control_plane, credentials, eventually, none_left, provider};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, PostParams};
 use prometheus_client::registry::Registry;
@@ -305,15 +305,7 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
     // Deletion: blocks until the domain and the machine's volumes are gone.
     api.delete("imm", &DeleteParams::default()).await?;
     api.delete("def", &DeleteParams::default()).await?;
-    eventually("machines gone from the API", 120, || async {
-        Ok(api
-            .list(&Default::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    none_left(&api, "machines gone from the API", 120).await?;
     let domains = domain_names(&host).await?;
     assert!(domains.is_empty(), "domains left: {domains:?}");
     let volumes = volume_names(&host).await?;
@@ -456,15 +448,7 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
     for name in ["nobase", "nopool", "taken"] {
         api.delete(name, &DeleteParams::default()).await?;
     }
-    eventually("machines deleted", 60, || async {
-        Ok(api
-            .list(&Default::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    none_left(&api, "machines deleted", 60).await?;
     // The foreign domain survives the machine's deletion, untouched.
     assert_eq!(host.libvirtd.virsh(["dumpxml", &foreign]).await?, before);
     let volumes = volume_names(&host).await?;

@@ -114,12 +114,7 @@ async fn crash_during_release(point: CrashPoint) -> TestResult {
     let dir = std::env::temp_dir();
     let kubeconfig = h.controller_kubeconfig(&dir).await?;
     let mut first = ChildController::spawn(&kubeconfig, &h.namespace, Some(point.name()), 1)?;
-    h.create_pool("p", 1, "InfrastructureReady", json!({}))
-        .await?;
-    h.wait_available("p", 1).await?;
-    h.create_claim("c", "p", 3600).await?;
-    let claim = h.wait_claim("c", "Bound", is_bound).await?;
-    let member = member_name(&claim).ok_or("no member")?;
+    let member = h.bound_claim("p", 1, "c").await?;
     h.api::<VirtualMachineClaim>()
         .delete("c", &DeleteParams::default())
         .await?;
@@ -134,11 +129,7 @@ async fn crash_during_release(point: CrashPoint) -> TestResult {
 
     let _second = ChildController::spawn(&kubeconfig, &h.namespace, None, 2)?;
     let claims = h.api::<VirtualMachineClaim>();
-    wait_for("the claim to be released", DEADLINE, || {
-        let claims = claims.clone();
-        async move { Ok(claims.get_opt("c").await?.is_none().then_some(())) }
-    })
-    .await?;
+    gone(&claims, "c", "the claim to be released").await?;
     assert!(
         h.api::<VirtualMachine>().get_opt(&member).await?.is_none(),
         "no leaked member"

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use banlieue_api::conditions::{reasons, types};
 use banlieue_api::names;
 use banlieue_api::{ClaimPhase, VirtualMachine, VirtualMachineClaim, VirtualMachinePool};
-use banlieue_testenv::control_plane::wait_for;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -16,28 +15,12 @@ use serde_json::json;
 use crate::support::fake_provider::FakeProvider;
 use crate::support::*;
 
-async fn gone<K>(api: &Api<K>, name: &str, what: &str) -> TestResult
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    Ok(wait_for(what, DEADLINE, || {
-        let api = api.clone();
-        async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
-    })
-    .await?)
-}
-
 #[tokio::test]
 async fn claim_deletion_blocks_on_the_member_then_the_pool_refills() -> TestResult {
     let h = Harness::new().await?;
     let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
-    h.create_pool("p", 1, "InfrastructureReady", json!({}))
-        .await?;
-    h.wait_available("p", 1).await?;
-    h.create_claim("c", "p", 3600).await?;
-    let claim = h.wait_claim("c", "Bound", is_bound).await?;
-    let member = member_name(&claim).ok_or("no member")?;
+    let member = h.bound_claim("p", 1, "c").await?;
 
     provider
         .controls
@@ -84,12 +67,7 @@ async fn deleting_the_pool_keeps_bound_members() -> TestResult {
     let h = Harness::new().await?;
     let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
-    h.create_pool("p", 2, "InfrastructureReady", json!({}))
-        .await?;
-    h.wait_available("p", 2).await?;
-    h.create_claim("c", "p", 3600).await?;
-    let claim = h.wait_claim("c", "Bound", is_bound).await?;
-    let bound = member_name(&claim).ok_or("no member")?;
+    let bound = h.bound_claim("p", 2, "c").await?;
     h.wait_available("p", 2).await?;
     let unclaimed: Vec<String> = h.members("p").await?.iter().map(|m| m.name_any()).collect();
     assert_eq!(unclaimed.len(), 2);
@@ -163,12 +141,7 @@ async fn member_deleted_by_hand_fails_the_claim_for_good() -> TestResult {
     let h = Harness::new().await?;
     let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
-    h.create_pool("p", 1, "InfrastructureReady", json!({}))
-        .await?;
-    h.wait_available("p", 1).await?;
-    h.create_claim("c", "p", 3600).await?;
-    let claim = h.wait_claim("c", "Bound", is_bound).await?;
-    let member = member_name(&claim).ok_or("no member")?;
+    let member = h.bound_claim("p", 1, "c").await?;
 
     h.api::<VirtualMachine>()
         .delete(&member, &DeleteParams::default())

@@ -113,11 +113,7 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         .controls
         .hold_teardown
         .store(false, Ordering::SeqCst);
-    wait_for("the VM to be gone", DEADLINE, || {
-        let vms = vms.clone();
-        async move { Ok(vms.get_opt("web-01").await?.is_none().then_some(())) }
-    })
-    .await?;
+    gone(&vms, "web-01", "the VM to be gone").await?;
     assert!(
         machines.get_opt("web-01").await?.is_none(),
         "the machine went first"

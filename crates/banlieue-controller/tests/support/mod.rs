@@ -245,6 +245,17 @@ impl Harness {
             .await?)
     }
 
+    /// A warm InfrastructureReady pool `pool` of `replicas`, and claim `claim` (TTL one hour)
+    /// bound from it; returns the name of the claim's member.
+    pub async fn bound_claim(&self, pool: &str, replicas: i32, claim: &str) -> TestResult<String> {
+        self.create_pool(pool, replicas, "InfrastructureReady", json!({}))
+            .await?;
+        self.wait_available(pool, replicas).await?;
+        self.create_claim(claim, pool, 3600).await?;
+        let bound = self.wait_claim(claim, "Bound", is_bound).await?;
+        Ok(member_name(&bound).ok_or("the Bound claim names no member")?)
+    }
+
     /// Waits until the claim satisfies `ok`.
     pub async fn wait_claim(
         &self,
@@ -461,6 +472,18 @@ pub fn bound_condition(claim: &VirtualMachineClaim) -> Option<conditions::Condit
 pub fn is_bound(claim: &VirtualMachineClaim) -> bool {
     phase(claim) == Some(banlieue_api::ClaimPhase::Bound)
         && bound_condition(claim).is_some_and(|c| c.status == status::TRUE)
+}
+
+/// Waits until the API server no longer has `name`.
+pub async fn gone<K>(api: &Api<K>, name: &str, what: &str) -> TestResult
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(wait_for(what, DEADLINE, || {
+        let api = api.clone();
+        async move { Ok(api.get_opt(name).await?.is_none().then_some(())) }
+    })
+    .await?)
 }
 
 pub fn member_name(claim: &VirtualMachineClaim) -> Option<String> {

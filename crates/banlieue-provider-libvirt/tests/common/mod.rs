@@ -84,6 +84,22 @@ where
     }
 }
 
+/// Waits up to `secs` until `api` lists no object.
+pub async fn none_left<K>(api: &kube::Api<K>, what: &str, secs: u64) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, secs, || async {
+        Ok(api
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await
+}
+
 fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     format!(
