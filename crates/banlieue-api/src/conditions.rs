@@ -29,6 +29,13 @@ pub mod reasons {
     pub const UNSUPPORTED_SCHEME: &str = "UnsupportedScheme";
     pub const CAPABILITIES_INCOMPLETE: &str = "CapabilitiesIncomplete";
     pub const PROVIDER_CLASS_NOT_FOUND: &str = "ProviderClassNotFound";
+    /// The ClusterRole an administrator grants a ProviderClass's providers is missing or does
+    /// not cover the class's `additionalRules`.
+    pub const PROVIDER_CLASS_ROLE_MISSING: &str = "ProviderClassRoleMissing";
+    /// The operator applied the workload; its first probe of the host has not reported yet.
+    pub const WORKLOAD_STARTING: &str = "WorkloadStarting";
+    /// A Provider being deleted still has LibvirtMachines; deletion waits for them.
+    pub const MACHINES_REMAIN: &str = "MachinesRemain";
 
     // VirtualMachine scheduling
     pub const SCHEDULED: &str = "Scheduled";

@@ -32,8 +32,8 @@ pub use pool::{
     VirtualMachinePoolSpec, VirtualMachinePoolStatus, VirtualMachineTemplate,
 };
 pub use provider::{
-    FailureDomain, ImportJobSettings, MachineKind, NetworkClassMapping, NetworkTarget, Provider,
-    ProviderAttestation, ProviderCapabilities, ProviderClass, ProviderClassSpec,
+    FailureDomain, ImportJobSettings, MachineKind, NetworkClassMapping, NetworkTarget, PodSettings,
+    Provider, ProviderAttestation, ProviderCapabilities, ProviderClass, ProviderClassSpec,
     ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping, StorageTarget,
 };
 

@@ -1,5 +1,8 @@
 //! Provider (a registered host) and ProviderClass (what runs a provider's workload).
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -192,13 +195,53 @@ pub struct ProviderClassSpec {
     /// The machine kind this class realises.
     #[serde(default)]
     pub machine_kind: MachineKind,
-    /// Rules added to each provider's Role on top of the base rules, for example `jobs` in
-    /// `batch` so the provider can run import Jobs.
+    /// Rules the class's providers need in the build namespace on top of the base rules, for
+    /// example `jobs` in `batch` so they can run import Jobs. Declared here, granted by the
+    /// administrator: the ClusterRole `banlieue-provider-class-<class>` must hold them, and the
+    /// operator binds it in the build namespace only (ADR-0063). A Provider whose class role is
+    /// missing or does not cover these rules reports `ProviderClassRoleMissing`.
     #[serde(default)]
     pub additional_rules: Vec<PolicyRule>,
     /// How this class's import Jobs run.
     #[serde(default)]
     pub import: ImportJobSettings,
+    /// Scheduling and resources of the provider workload's pods and its import Jobs' pods.
+    #[serde(default, skip_serializing_if = "PodSettings::is_empty")]
+    pub pod: PodSettings,
+}
+
+/// Pod settings an administrator sets once per ProviderClass: where the workload may run,
+/// what it may use, and how its image is pulled.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSettings {
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Requests and limits of the provider container; defaults are used when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Secrets holding credentials for the image's registry, in the pod's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
+    /// Environment of the provider container, e.g. `BANLIEUE_LIBVIRT_DOMAIN_TYPE=qemu` for
+    /// hosts whose capabilities list `kvm` but cannot run it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Run in the node's network namespace, for hosts reached over a management network that
+    /// only the node has.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+}
+
+impl PodSettings {
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self == &PodSettings::default()
+    }
 }
 
 /// Settings of the image-import Jobs a ProviderClass's providers create.

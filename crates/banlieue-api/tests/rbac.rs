@@ -25,6 +25,16 @@ async fn install_controller(client: &Client) {
         None,
     )
     .await;
+    for file in [
+        "deploy/rbac/controller-workloads-clusterrole.yaml",
+        "deploy/rbac/controller-workloads-rolebindings.yaml",
+        "deploy/rbac/provider-base-clusterrole.yaml",
+        "deploy/rbac/provider-cluster-clusterrole.yaml",
+        "deploy/rbac/provider-class-libvirt-clusterrole.yaml",
+        "deploy/rbac/import-clusterrole.yaml",
+    ] {
+        apply_file(client, file, None).await;
+    }
     // The authorizer learns of a new binding through its informer; wait until it has.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !allowed(
@@ -177,8 +187,10 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     install_controller(&admin).await;
+    // A namespace no administrator enabled for Providers.
     let ns = "some-namespace";
     let b = "banlieue.io";
+    let rbac = "rbac.authorization.k8s.io";
     let expect = [
         // Claims: read, patch, status, finalizers, delete; never create or update.
         ("get", b, "virtualmachineclaims", true),
@@ -206,43 +218,80 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
         ("get", b, "libvirtmachines/status", true),
         ("patch", b, "libvirtmachines/status", false),
         ("update", b, "libvirtmachines", false),
-        // Scheduling inputs are read-only, except the Provider status the operator publishes.
+        // Scheduling inputs are read-only; Providers take the operator's finalizer and, while
+        // the workload cannot, its Ready condition.
         ("watch", b, "providers", true),
         ("watch", b, "vmimages", true),
         ("watch", b, "vmclasses", true),
         ("get", b, "providerclasses", true),
         ("patch", b, "providers/status", true),
-        ("patch", b, "providers", false),
+        ("patch", b, "providers", true),
+        ("update", b, "providers", false),
         ("patch", b, "vmimages/status", false),
         ("create", b, "providerclasses", false),
         // Events.
         ("create", "", "events", true),
         ("patch", "events.k8s.io", "events", true),
-        // Per-Provider workloads (ADR-0012).
-        ("create", "apps", "deployments", true),
-        ("create", "", "serviceaccounts", true),
-        ("create", "rbac.authorization.k8s.io", "roles", true),
-        (
-            "create",
-            "rbac.authorization.k8s.io",
-            "clusterrolebindings",
-            true,
-        ),
-        ("escalate", "rbac.authorization.k8s.io", "roles", true),
-        ("bind", "rbac.authorization.k8s.io", "clusterroles", true),
+        // Workloads: watched everywhere, written only where enabled (not here).
+        ("watch", "apps", "deployments", true),
+        ("create", "apps", "deployments", false),
+        ("create", "", "serviceaccounts", false),
+        ("create", rbac, "roles", false),
+        ("create", rbac, "rolebindings", false),
+        ("create", rbac, "clusterrolebindings", true),
+        // Never unrestricted RBAC power.
+        ("escalate", rbac, "roles", false),
+        ("escalate", rbac, "clusterroles", false),
+        ("bind", rbac, "clusterroles", false),
+        ("bind", rbac, "roles", false),
+        ("create", rbac, "clusterroles", false),
         // Nothing it does not need.
         ("get", "", "secrets", false),
+        ("list", "", "secrets", false),
         ("get", "", "configmaps", false),
         ("create", "", "pods", false),
         ("create", "batch", "jobs", false),
         ("create", b, "vmimages", false),
         ("impersonate", "", "users", false),
+        ("create", "", "serviceaccounts/token", false),
     ];
     let mut wrong = Vec::new();
     for (verb, group, resource, want) in expect {
         if allowed(&admin, CONTROLLER, verb, group, resource, ns).await != want {
             wrong.push(format!(
                 "{verb} {group}/{resource}: expected {}",
+                if want { "allowed" } else { "denied" }
+            ));
+        }
+    }
+    // `bind` only on the fixed roles of ADR-0063, and only in enabled namespaces.
+    for (role, namespace, want) in [
+        ("banlieue-provider-base", "banlieue-system", true),
+        (
+            "banlieue-provider-class-libvirt",
+            "banlieue-imagebuild",
+            true,
+        ),
+        ("banlieue-import", "banlieue-system", true),
+        ("banlieue-provider-base", ns, false),
+        ("cluster-admin", "banlieue-system", false),
+        ("admin", "banlieue-system", false),
+        ("banlieue-controller", "banlieue-system", false),
+    ] {
+        if allowed_named(
+            &admin,
+            CONTROLLER,
+            "bind",
+            rbac,
+            "clusterroles",
+            role,
+            namespace,
+        )
+        .await
+            != want
+        {
+            wrong.push(format!(
+                "bind clusterroles/{role} in {namespace}: expected {}",
                 if want { "allowed" } else { "denied" }
             ));
         }
@@ -254,8 +303,45 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
     );
 }
 
+/// Like [`allowed`], for one named object.
+async fn allowed_named(
+    client: &Client,
+    user: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    name: &str,
+    namespace: &str,
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                name: Some(name.to_owned()),
+                verb: Some(verb.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
 #[tokio::test]
-async fn the_controller_can_grant_a_provider_its_role() {
+async fn the_controller_grants_providers_only_the_fixed_roles_and_only_where_enabled() {
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     install_controller(&admin).await;
@@ -264,55 +350,99 @@ async fn the_controller_can_grant_a_provider_its_role() {
         .client_as_service_account("banlieue-system", "banlieue-controller")
         .await
         .expect("the controller's token");
-
-    // The base rules, plus a ProviderClass's additionalRules, as the operator renders them:
-    // rules the controller does not itself hold (Secrets, Jobs).
-    let mut role: Role = serde_json::from_value(
-        common::documents(&common::repo_path("deploy/rbac/provider-base-role.yaml")).remove(0),
-    )
-    .expect("the base Role");
-    role.metadata = ObjectMeta {
-        name: Some("banlieue-provider-edge".into()),
-        namespace: Some(ns.clone()),
-        ..ObjectMeta::default()
+    let account = || ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("banlieue-provider-edge".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
     };
-    let class: banlieue_api::ProviderClass = serde_json::from_value(
-        common::documents(&common::repo_path("examples/09-providerclass-libvirt.yaml")).remove(0),
-    )
-    .expect("the example ProviderClass");
-    role.rules
-        .get_or_insert_with(Vec::new)
-        .extend(class.spec.additional_rules);
+
+    // Not enabled: nothing can be written there.
+    let (code, message) = refusal(
+        Api::<ServiceAccount>::namespaced(controller.clone(), &ns)
+            .create(&PostParams::default(), &account())
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+
+    // The administrator enables the namespace (docs/security.md).
+    let enable: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "banlieue-controller-workloads", "namespace": ns },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "banlieue-controller-workloads" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "banlieue-controller",
+                       "namespace": "banlieue-system" }]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &enable)
+        .await
+        .expect("enable the namespace");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !allowed(&admin, CONTROLLER, "create", "", "serviceaccounts", &ns).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "enabling never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     Api::<ServiceAccount>::namespaced(controller.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &ServiceAccount {
-                metadata: ObjectMeta {
-                    name: Some("banlieue-provider-edge".into()),
-                    ..ObjectMeta::default()
-                },
-                ..ServiceAccount::default()
-            },
-        )
+        .create(&PostParams::default(), &account())
         .await
         .expect("the controller creates the provider's ServiceAccount");
-    Api::<Role>::namespaced(controller.clone(), &ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("the controller creates a Role with rules it does not hold (escalate)");
-    Api::<RoleBinding>::namespaced(controller.clone(), &ns)
-        .create(&PostParams::default(), &provider_binding(&ns))
-        .await
-        .expect("the controller binds it (bind)");
 
+    // A Role with rules it does not hold (Secrets): refused, there is no `escalate`.
+    let secrets_role: Role = serde_json::from_value(json!({
+        "metadata": { "name": "banlieue-provider-edge", "namespace": ns },
+        "rules": [{ "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"] }]
+    }))
+    .unwrap();
+    let (code, message) = refusal(
+        Api::<Role>::namespaced(controller.clone(), &ns)
+            .create(&PostParams::default(), &secrets_role)
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("not currently held"), "{message}");
+
+    // Binding cluster-admin: refused.
+    let mut to_admin = provider_binding(&ns);
+    to_admin.metadata.name = Some("to-admin".into());
+    to_admin.role_ref.kind = "ClusterRole".into();
+    to_admin.role_ref.name = "cluster-admin".into();
+    let (code, message) = refusal(
+        Api::<RoleBinding>::namespaced(controller.clone(), &ns)
+            .create(&PostParams::default(), &to_admin)
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+
+    // Binding the fixed base role: what the operator does.
+    let mut base = provider_binding(&ns);
+    base.role_ref.kind = "ClusterRole".into();
+    base.role_ref.name = "banlieue-provider-base".into();
+    Api::<RoleBinding>::namespaced(controller.clone(), &ns)
+        .create(&PostParams::default(), &base)
+        .await
+        .expect("the controller binds banlieue-provider-base (bind by name)");
+    let user = format!("system:serviceaccount:{ns}:banlieue-provider-edge");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !allowed(&admin, &user, "get", "", "secrets", &ns).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the binding never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let provider = cp
         .client_as_service_account(&ns, "banlieue-provider-edge")
         .await
         .expect("the provider's token");
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(provider, &ns);
-    jobs.list(&Default::default())
+    Api::<banlieue_api::LibvirtMachine>::namespaced(provider, &ns)
+        .list(&Default::default())
         .await
-        .expect("additionalRules reach the provider: it may list Jobs");
+        .expect("the base role reaches the provider: it may list LibvirtMachines");
 }
 
 fn provider_binding(ns: &str) -> RoleBinding {
@@ -337,11 +467,11 @@ fn provider_binding(ns: &str) -> RoleBinding {
 }
 
 #[tokio::test]
-async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() {
+async fn the_provider_base_role_realises_machines_and_reads_secrets_by_name_only() {
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     let ns = cp.fresh_namespace().await.expect("namespace");
-    apply_file(&admin, "deploy/rbac/provider-base-role.yaml", Some(&ns)).await;
+    apply_file(&admin, "deploy/rbac/provider-base-clusterrole.yaml", None).await;
     Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
         .create(
             &PostParams::default(),
@@ -356,6 +486,7 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
         .await
         .expect("ServiceAccount");
     let mut binding = provider_binding(&ns);
+    binding.role_ref.kind = "ClusterRole".into();
     binding.role_ref.name = "banlieue-provider-base".into();
     Api::<RoleBinding>::namespaced(admin.clone(), &ns)
         .create(&PostParams::default(), &binding)
@@ -364,9 +495,9 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
     let user = format!("system:serviceaccount:{ns}:banlieue-provider-edge");
     let b = "banlieue.io";
     // The authorizer learns of a new RoleBinding through its informer: wait until the first
-    // grant is visible, so the matrix below checks the Role, not the cache's lag.
+    // grant is visible, so the matrix below checks the role, not the cache's lag.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !allowed(&admin, &user, "get", b, "providers", &ns).await {
+    while !allowed(&admin, &user, "watch", b, "libvirtmachines", &ns).await {
         assert!(
             std::time::Instant::now() < deadline,
             "the provider's RoleBinding never took effect"
@@ -374,17 +505,21 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let expect = [
-        ("get", b, "providers", true),
-        ("patch", b, "providers/status", true),
-        ("patch", b, "providers", false),
+        // Its own Provider comes from a per-Provider Role naming it, not from here.
+        ("get", b, "providers", false),
+        ("patch", b, "providers/status", false),
         ("watch", b, "libvirtmachines", true),
         ("patch", b, "libvirtmachines", true),
         ("patch", b, "libvirtmachines/status", true),
         ("update", b, "libvirtmachines/finalizers", true),
         ("create", b, "libvirtmachines", false),
         ("delete", b, "libvirtmachines", false),
+        // Secrets and ConfigMaps by name; never listed or watched.
         ("get", "", "secrets", true),
-        ("watch", "", "configmaps", true),
+        ("list", "", "secrets", false),
+        ("watch", "", "secrets", false),
+        ("get", "", "configmaps", true),
+        ("watch", "", "configmaps", false),
         ("create", "", "secrets", false),
         ("create", "", "events", true),
         ("list", b, "vmimages", true),
@@ -393,7 +528,7 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
         // It never reads what users ask for: the LibvirtMachine is the whole contract.
         ("get", b, "virtualmachines", false),
         ("get", b, "virtualmachineclaims", false),
-        // Import Jobs come only from the ProviderClass's additionalRules.
+        // Import Jobs come only from the class's role, in the build namespace.
         ("create", "batch", "jobs", false),
     ];
     let mut wrong = Vec::new();
@@ -411,7 +546,7 @@ async fn the_provider_base_role_reads_its_provider_and_realises_machines_only() 
     }
     assert!(
         wrong.is_empty(),
-        "the provider's base Role is off:\n{}",
+        "the provider's base role is off:\n{}",
         wrong.join("\n")
     );
 

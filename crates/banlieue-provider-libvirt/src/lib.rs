@@ -1,5 +1,7 @@
-//! banlieue's libvirt provider: the Provider reconcile with its per-Provider workloads
-//! ([`operator`]), and the realisation of LibvirtMachines as libvirt domains ([`machine`]).
+//! banlieue's libvirt provider: the operator that creates each Provider's workload
+//! ([`operator`]), and that workload: the Provider's readiness ([`provider_status`]), the
+//! realisation of LibvirtMachines as libvirt domains ([`machine`]) and image imports
+//! ([`image`]).
 //!
 //! It speaks to libvirt only through `banlieue-libvirt` and to the controller only through
 //! the LibvirtMachine object.
@@ -13,6 +15,7 @@ pub mod image;
 pub mod machine;
 pub mod metrics;
 pub mod operator;
+pub mod provider_status;
 pub mod quantity;
 pub mod volume_xml;
 

@@ -64,6 +64,7 @@ async fn cluster() -> Cluster {
                 service_account_name: Some("importer".into()),
                 artifacts_claim_name: None,
             },
+            pod: Default::default(),
         },
     );
     classes

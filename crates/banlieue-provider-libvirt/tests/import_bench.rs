@@ -176,6 +176,7 @@ async fn setup_objects(client: &kube::Client, ns: &str, class: &str, d: &Libvirt
                     machine_kind: Default::default(),
                     additional_rules: vec![],
                     import: ImportJobSettings::default(),
+                    pod: Default::default(),
                 },
             ),
         )

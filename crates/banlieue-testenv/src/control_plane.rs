@@ -319,7 +319,8 @@ impl ControlPlane {
             spec: Some(TokenRequestSpec {
                 // None: the apiserver's own audience, which it accepts back.
                 audiences: None,
-                expiration_seconds: Some(3600),
+                // A day: `dev up` runs its roles with these tokens for as long as it stays up.
+                expiration_seconds: Some(86_400),
                 ..Default::default()
             }),
             ..Default::default()

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controller: VirtualMachine scheduling, pools and claims, and the Provider
-    /// reconcile with its per-Provider workloads.
+    /// operator that creates each Provider's workload. It never talks to libvirt.
     Controller(ServeArgs),
     /// Provider roles.
     #[command(subcommand)]
@@ -63,7 +63,8 @@ enum ProviderCommand {
 
 #[derive(Debug, Subcommand)]
 enum LibvirtProviderCommand {
-    /// Realise the LibvirtMachines and image imports of one Provider.
+    /// Run one Provider's workload: probe its host and publish its readiness, realise its
+    /// LibvirtMachines and import its images.
     Run {
         /// The Provider's name.
         #[arg(long)]

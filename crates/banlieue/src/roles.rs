@@ -6,6 +6,7 @@ use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
 use banlieue_provider_libvirt::machine::ProviderConfig;
 use banlieue_provider_libvirt::operator::OperatorConfig;
+use banlieue_provider_libvirt::provider_status::StatusConfig;
 use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
@@ -18,9 +19,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct Roles {
     /// VirtualMachine scheduling, pools and claims.
     pub controller: bool,
-    /// The Provider reconcile and the per-Provider workloads.
+    /// The Provider operator: each Provider's workload (never its host).
     pub operator: bool,
-    /// LibvirtMachines and image imports of one Provider: (name, namespace).
+    /// One Provider's workload: its readiness, LibvirtMachines and image imports:
+    /// (name, namespace).
     pub provider: Option<(String, String)>,
     /// Forces the provider's domain type instead of deriving it from the host's capabilities.
     pub domain_type: Option<DomainType>,
@@ -73,6 +75,17 @@ pub fn spawn_all(
                 client,
                 cfg,
                 metrics,
+                stop.cancelled_owned(),
+            )
+            .await
+            .map_err(BoxError::from)
+        }));
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = StatusConfig::new(name.clone(), namespace.clone());
+        tasks.push(supervise("libvirt provider status", shutdown, async move {
+            banlieue_provider_libvirt::provider_status::run_status(
+                client,
+                cfg,
                 stop.cancelled_owned(),
             )
             .await

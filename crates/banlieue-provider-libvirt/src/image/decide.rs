@@ -92,7 +92,7 @@ pub fn storage_pools(provider: &Provider) -> Vec<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportSettings {
     pub namespace: String,
-    /// `None`: the build namespace's `default` ServiceAccount.
+    /// `None`: [`names::DEFAULT_IMPORT_SERVICE_ACCOUNT`], which the operator creates.
     pub service_account: Option<String>,
     pub artifacts_claim: String,
 }
@@ -120,7 +120,9 @@ impl ImportSettings {
 
     /// The ServiceAccount the Job's pods run as.
     pub fn effective_service_account(&self) -> &str {
-        self.service_account.as_deref().unwrap_or("default")
+        self.service_account
+            .as_deref()
+            .unwrap_or(names::DEFAULT_IMPORT_SERVICE_ACCOUNT)
     }
 }
 
@@ -503,6 +505,7 @@ mod tests {
                 machine_kind: Default::default(),
                 additional_rules: vec![],
                 import,
+                pod: Default::default(),
             },
         )
     }
@@ -554,7 +557,7 @@ mod tests {
         let s = ImportSettings::of(&class(Default::default()));
         assert_eq!(s.namespace, "banlieue-imagebuild");
         assert_eq!(s.artifacts_claim, "banlieue-artifacts");
-        assert_eq!(s.effective_service_account(), "default");
+        assert_eq!(s.effective_service_account(), "banlieue-import");
         let s = ImportSettings::of(&class(ImportJobSettings {
             namespace: Some("build".into()),
             service_account_name: Some("importer".into()),

@@ -1,48 +1,57 @@
-//! The Provider reconcile, run inside `banlieue controller`: connect to the host, narrow the
-//! declared capabilities, publish one failure domain, and keep the Provider's workload
-//! (ADR-0012) applied.
+//! The Provider operator, run inside `banlieue controller`: it creates and repairs each
+//! Provider's workload (ADR-0012) and nothing else. It never reads a Secret and never talks to
+//! libvirt; the workload probes the host and publishes the Provider's readiness
+//! ([`crate::provider_status`], ADR-0063).
+//!
+//! The operator writes the Provider's Ready condition only while the workload cannot:
+//! the class is missing (`ProviderClassNotFound`), the administrator's class role is missing
+//! (`ProviderClassRoleMissing`), the workload has not reported yet (`WorkloadStarting`), or the
+//! Provider is being deleted while machines remain (`MachinesRemain`).
 
-pub mod probe;
 pub mod workloads;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::{self, Condition, reasons, status, types};
-use banlieue_api::{Provider, ProviderClass, ProviderStatus};
-use banlieue_libvirt::{Client, Network, StoragePool};
+use banlieue_api::conditions::{self, Condition, error_message, reasons, status, types};
+use banlieue_api::{LibvirtMachine, Provider, ProviderClass};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
-use serde_json::json;
 
-use crate::connection;
 use crate::error::{Error, Result};
-use banlieue_api::conditions::error_message;
-use probe::HostInventory;
+use crate::provider_status::{publish_ready, record};
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
-/// Finalizer through which the operator removes a Provider's cluster-scoped objects, which
-/// the garbage collector cannot tie to a namespaced owner.
+/// Finalizer through which the operator keeps a Provider until its machines are gone and then
+/// removes the Provider's objects outside its namespace, which the garbage collector cannot tie
+/// to a namespaced owner.
 pub const FINALIZER_PROVIDER_WORKLOADS: &str = "banlieue.io/provider-workloads";
+
+/// Reasons of the Ready condition the operator owns; any other reason is the workload's.
+const OPERATOR_REASONS: [&str; 4] = [
+    reasons::PROVIDER_CLASS_NOT_FOUND,
+    reasons::PROVIDER_CLASS_ROLE_MISSING,
+    reasons::WORKLOAD_STARTING,
+    reasons::MACHINES_REMAIN,
+];
 
 /// Settings of the operator.
 #[derive(Clone, Debug)]
 pub struct OperatorConfig {
-    /// How often a Provider's host is probed again when nothing changed.
-    pub probe_interval: Duration,
-    /// Deadline of each libvirt call of a probe.
-    pub call_timeout: Duration,
+    /// How often a Provider's workload is looked at again when nothing changed.
+    pub resync: Duration,
+    /// How often a Provider being deleted is looked at while machines remain.
+    pub deletion_poll: Duration,
     /// Watch only this namespace; `None` for every namespace.
     pub namespace: Option<String>,
 }
@@ -50,8 +59,8 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         OperatorConfig {
-            probe_interval: Duration::from_secs(60),
-            call_timeout: Duration::from_secs(30),
+            resync: Duration::from_secs(300),
+            deletion_poll: Duration::from_secs(5),
             namespace: None,
         }
     }
@@ -63,38 +72,22 @@ struct Context {
     recorder: Recorder,
 }
 
-/// Runs the Provider reconcile until `shutdown` completes.
+/// Runs the Provider operator until `shutdown` completes.
 pub async fn run_operator(
     client: kube::Client,
     cfg: OperatorConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let providers: Api<Provider> = match &cfg.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let owned = |c: &kube::Client| -> (
-        Api<Deployment>,
-        Api<ServiceAccount>,
-        Api<Role>,
-        Api<RoleBinding>,
-    ) {
-        match &cfg.namespace {
-            Some(ns) => (
-                Api::namespaced(c.clone(), ns),
-                Api::namespaced(c.clone(), ns),
-                Api::namespaced(c.clone(), ns),
-                Api::namespaced(c.clone(), ns),
-            ),
-            None => (
-                Api::all(c.clone()),
-                Api::all(c.clone()),
-                Api::all(c.clone()),
-                Api::all(c.clone()),
-            ),
+    fn scoped<K>(c: &kube::Client, ns: &Option<String>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(c.clone(), ns),
+            None => Api::all(c.clone()),
         }
-    };
-    let (deployments, accounts, roles, bindings) = owned(&client);
+    }
+    let ns = cfg.namespace.clone();
     let managed = watcher::Config::default().labels(&format!(
         "{}={MANAGED_BY}",
         banlieue_api::names::LABEL_MANAGED_BY
@@ -111,22 +104,23 @@ pub async fn run_operator(
         cfg,
     });
     let classes: Api<ProviderClass> = Api::all(client.clone());
-    let provider_store_holder = Controller::new(providers, watcher::Config::default());
-    let store = provider_store_holder.store();
-    provider_store_holder
-        .owns(deployments, managed.clone())
-        .owns(accounts, managed.clone())
-        .owns(roles, managed.clone())
-        .owns(bindings, managed.clone())
+    let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
+    let store = controller.store();
+    // Objects outside the Provider's namespace name it by label.
+    let by_labels = |labels: &std::collections::BTreeMap<String, String>| {
+        let name = labels.get(banlieue_api::names::LABEL_PROVIDER)?;
+        let ns = labels.get(LABEL_PROVIDER_NAMESPACE)?;
+        Some(ObjectRef::<Provider>::new(name).within(ns))
+    };
+    controller
+        .owns(scoped::<Deployment>(&client, &ns), managed.clone())
+        .owns(scoped::<ServiceAccount>(&client, &ns), managed.clone())
+        .owns(scoped::<Role>(&client, &ns), managed.clone())
+        .owns(scoped::<RoleBinding>(&client, &ns), managed.clone())
         .watches(
             Api::<ClusterRoleBinding>::all(client.clone()),
             managed,
-            |crb| {
-                let labels = crb.labels();
-                let name = labels.get(banlieue_api::names::LABEL_PROVIDER)?;
-                let ns = labels.get(LABEL_PROVIDER_NAMESPACE)?;
-                Some(ObjectRef::<Provider>::new(name).within(ns))
-            },
+            move |crb| by_labels(crb.labels()),
         )
         .watches(classes, watcher::Config::default(), move |class| {
             // A changed class changes every one of its Providers' workloads.
@@ -157,7 +151,6 @@ fn error_policy(_provider: Arc<Provider>, error: &Error, _ctx: Arc<Context>) -> 
 #[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]
 async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action> {
     let ns = provider.namespace().unwrap_or_default();
-    let name = provider.name_any();
     let api: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ns);
 
     if provider.metadata.deletion_timestamp.is_some() {
@@ -172,166 +165,194 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
         .await
         .map_err(Error::kube(format!("read ProviderClass {class_name}")))?;
     let outcome = match &class {
-        Some(class) => {
-            if let Some(w) = workloads::build(&provider, class) {
-                apply_workloads(&ctx.kube, &ns, &w).await?;
-            }
-            probe(&provider, &ctx).await
-        }
         None => Err(Error::Invalid {
             reason: reasons::PROVIDER_CLASS_NOT_FOUND,
             message: format!("ProviderClass {class_name:?} does not exist"),
         }),
+        Some(class) => match workloads::build(&provider, class) {
+            Some(w) => apply_workloads(&ctx.kube, class, &w).await,
+            None => Ok(()),
+        },
     };
-
+    // The API server failing is transient: retry with backoff, publish nothing.
+    if matches!(outcome, Err(Error::Kube { .. })) {
+        return outcome.map(|()| Action::await_change());
+    }
     let generation = provider.metadata.generation;
-    let (ready, failure_domains) = match &outcome {
-        Ok(narrowed) => (
-            probe::ready_condition(narrowed, generation),
-            vec![narrowed.failure_domain.clone()],
-        ),
-        // Not reached: publish nothing, a Provider never advertises a host it cannot reach.
-        Err(e) => (
-            conditions::new(
-                types::READY,
-                status::FALSE,
-                e.reason(),
-                error_message(e),
-                generation,
+    let ready = match &outcome {
+        Ok(()) => conditions::new(
+            types::READY,
+            status::FALSE,
+            reasons::WORKLOAD_STARTING,
+            format!(
+                "waiting for the provider workload {} to probe the host",
+                workloads::workload_name(&provider.name_any())
             ),
-            Vec::new(),
+            generation,
+        ),
+        Err(e) => conditions::new(
+            types::READY,
+            status::FALSE,
+            e.reason(),
+            error_message(e),
+            generation,
         ),
     };
-    publish_status(&provider, &api, &ctx, ready, failure_domains).await?;
-    tracing::debug!(%name, "provider reconciled");
-
-    Ok(match outcome {
-        // A scheme error is the spec's fault: nothing changes until the spec does.
-        Err(Error::UnsupportedScheme(_)) => Action::await_change(),
-        _ => Action::requeue(ctx.cfg.probe_interval),
-    })
+    // Once the workload has reported, Ready is the workload's until the operator has something
+    // to say that the workload cannot.
+    let workload_reported =
+        current_ready(&provider).is_some_and(|c| !OPERATOR_REASONS.contains(&c.reason.as_str()));
+    if outcome.is_err() || !workload_reported {
+        publish(&provider, &api, &ctx, ready).await?;
+    }
+    Ok(Action::requeue(ctx.cfg.resync))
 }
 
-/// Connects with the Provider's credentials and narrows its declaration.
-async fn probe(provider: &Provider, ctx: &Context) -> Result<probe::Narrowed> {
-    let endpoint = &provider.spec.connection.endpoint;
-    connection::check_endpoint(endpoint)?;
-    let creds = connection::load(&ctx.kube, provider).await?;
-    let client = connection::connect(
-        endpoint,
-        &creds,
-        connection::client_options(ctx.cfg.call_timeout),
-    )
-    .await?;
-    let inventory = inventory(&client).await;
-    let _ = client.close().await;
-    Ok(probe::narrow(&provider.spec.capabilities, &inventory?))
+fn current_ready(provider: &Provider) -> Option<&Condition> {
+    provider
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::READY))
 }
 
-async fn inventory(client: &Client) -> Result<HostInventory> {
-    let hostname = client
-        .hostname()
-        .await
-        .map_err(Error::libvirt("read the host name"))?;
-    let pools = StoragePool::list_all(client, 0)
-        .await
-        .map_err(Error::libvirt("list storage pools"))?
-        .iter()
-        .map(|p| p.name().to_owned())
-        .collect();
-    let networks = Network::list_all(client, 0)
-        .await
-        .map_err(Error::libvirt("list networks"))?
-        .iter()
-        .map(|n| n.name().to_owned())
-        .collect();
-    Ok(HostInventory {
-        hostname,
-        pools,
-        networks,
-    })
-}
-
-async fn publish_status(
+async fn publish(
     provider: &Provider,
     api: &Api<Provider>,
     ctx: &Context,
     ready: Condition,
-    failure_domains: Vec<banlieue_api::FailureDomain>,
 ) -> Result<()> {
-    let old = provider.status.clone().unwrap_or_default();
-    let previous = conditions::find(&old.conditions, types::READY).cloned();
-    let mut new = ProviderStatus {
-        conditions: old.conditions.clone(),
-        failure_domains,
-        observed_generation: provider.metadata.generation,
+    // Failure domains are only ever published by a probe that reached the host.
+    let domains = if ready.reason == reasons::WORKLOAD_STARTING {
+        provider
+            .status
+            .as_ref()
+            .map(|s| s.failure_domains.clone())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
     };
-    conditions::set(&mut new.conditions, ready.clone(), now());
-    if new == old {
-        return Ok(());
-    }
-    api.patch_status(
-        &provider.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
-    )
-    .await
-    .map_err(Error::kube("patch Provider status"))?;
-
-    let transitioned = previous
-        .as_ref()
-        .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
-    if transitioned {
-        let event = Event {
-            type_: if ready.status == status::TRUE {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            },
-            reason: ready.reason.clone(),
-            note: Some(truncate(&ready.message, 1000)),
-            action: "Probe".into(),
-            secondary: None,
-        };
-        // An event is a courtesy to the reader; failing to record one changes nothing.
-        if let Err(e) = ctx
-            .recorder
-            .publish(&event, &provider.object_ref(&()))
-            .await
-        {
-            tracing::debug!(error = %error_message(&e), "record provider event");
+    if let Some(previous) = publish_ready(api, provider, ready.clone(), domains).await? {
+        let transitioned = previous
+            .as_ref()
+            .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
+        if transitioned {
+            record(&ctx.recorder, provider, &ready).await;
         }
     }
     Ok(())
 }
 
-async fn apply_workloads(kube: &kube::Client, ns: &str, w: &Workloads) -> Result<()> {
+/// Applies the workload in dependency order: accounts and grants before the Deployment that
+/// runs with them. A class role the administrator has not created (or not allowed the operator
+/// to bind) stops here with `ProviderClassRoleMissing`, before anything runs.
+async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloads) -> Result<()> {
+    if !class.spec.additional_rules.is_empty() {
+        check_class_role(kube, class, &w.class_binding.role_ref.name).await?;
+    }
+    let in_ns = |meta: &kube::api::ObjectMeta| meta.namespace.clone().unwrap_or_default();
     apply(
-        Api::<ServiceAccount>::namespaced(kube.clone(), ns),
+        Api::<ServiceAccount>::namespaced(kube.clone(), &in_ns(&w.service_account.metadata)),
         &w.service_account,
     )
     .await?;
-    apply(Api::<Role>::namespaced(kube.clone(), ns), &w.role).await?;
     apply(
-        Api::<RoleBinding>::namespaced(kube.clone(), ns),
-        &w.role_binding,
+        Api::<Role>::namespaced(kube.clone(), &in_ns(&w.own_provider_role.metadata)),
+        &w.own_provider_role,
     )
     .await?;
-    apply(Api::<ClusterRole>::all(kube.clone()), &w.cluster_role).await?;
+    for binding in [&w.own_provider_binding, &w.base_binding, &w.import_binding] {
+        apply(
+            Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&binding.metadata)),
+            binding,
+        )
+        .await?;
+    }
+    // Applied under a field manager per class, so each class keeps its own owner reference.
+    apply_as(
+        &format!("{FIELD_MANAGER}/{}", class.name_any()),
+        Api::<ServiceAccount>::namespaced(kube.clone(), &in_ns(&w.import_service_account.metadata)),
+        &w.import_service_account,
+    )
+    .await?;
     apply(
         Api::<ClusterRoleBinding>::all(kube.clone()),
         &w.cluster_role_binding,
     )
     .await?;
+    if !class.spec.additional_rules.is_empty() {
+        apply(
+            Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&w.class_binding.metadata)),
+            &w.class_binding,
+        )
+        .await
+        .map_err(|e| match e {
+            Error::Kube { .. } if is_forbidden(&e) => Error::Invalid {
+                reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
+                message: format!(
+                    "the operator may not bind ClusterRole {} in namespace {}: grant it `bind` on that role there (docs/security.md)",
+                    w.class_binding.role_ref.name,
+                    in_ns(&w.class_binding.metadata)
+                ),
+            },
+            e => e,
+        })?;
+    }
     apply(
-        Api::<Deployment>::namespaced(kube.clone(), ns),
+        Api::<Deployment>::namespaced(kube.clone(), &in_ns(&w.deployment.metadata)),
         &w.deployment,
     )
     .await?;
     Ok(())
 }
 
+fn is_forbidden(e: &Error) -> bool {
+    matches!(e, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 403)
+}
+
+/// Fails with `ProviderClassRoleMissing` unless the ClusterRole the administrator grants the
+/// class holds every rule of its `additionalRules`.
+async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str) -> Result<()> {
+    let held = Api::<ClusterRole>::all(kube.clone())
+        .get_opt(role)
+        .await
+        .map_err(Error::kube(format!("read ClusterRole {role}")))?;
+    let missing = |message: String| Error::Invalid {
+        reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
+        message,
+    };
+    let Some(held) = held else {
+        return Err(missing(format!(
+            "ClusterRole {role} does not exist: create it with the additionalRules of ProviderClass {:?} (docs/security.md)",
+            class.name_any()
+        )));
+    };
+    let uncovered = workloads::uncovered(
+        &class.spec.additional_rules,
+        held.rules.as_deref().unwrap_or_default(),
+    );
+    if uncovered.is_empty() {
+        Ok(())
+    } else {
+        Err(missing(format!(
+            "ClusterRole {role} does not grant the additionalRules of ProviderClass {:?}: {}",
+            class.name_any(),
+            uncovered.join(", ")
+        )))
+    }
+}
+
 async fn apply<K>(api: Api<K>, object: &K) -> Result<()>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    apply_as(FIELD_MANAGER, api, object).await
+}
+
+async fn apply_as<K>(manager: &str, api: Api<K>, object: &K) -> Result<()>
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -348,7 +369,7 @@ where
     value["kind"] = K::kind(&()).into();
     api.patch(
         &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
+        &PatchParams::apply(manager).force(),
         &Patch::Apply(value),
     )
     .await
@@ -369,6 +390,35 @@ async fn ensure_finalizer(provider: &Provider, api: &Api<Provider>) -> Result<()
     crate::finalizers::patch(api, provider, finalizers).await
 }
 
+/// The names of the LibvirtMachines that still name `provider`, sorted.
+pub fn remaining_machines(machines: &[LibvirtMachine], provider: &str) -> Vec<String> {
+    let mut names: Vec<String> = machines
+        .iter()
+        .filter(|m| m.spec.provider_ref.name == provider)
+        .map(|m| m.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The MachinesRemain message: how many, and the first few by name.
+pub fn machines_remain_message(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut shown = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        shown.push_str(&format!(", and {} more", names.len() - SHOWN));
+    }
+    format!(
+        "deletion waits for {} LibvirtMachine(s) to be torn down: {shown}",
+        names.len()
+    )
+}
+
 async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Result<Action> {
     if !provider
         .finalizers()
@@ -378,14 +428,44 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         return Ok(Action::await_change());
     }
     let ns = provider.namespace().unwrap_or_default();
-    let crb = workloads::cluster_role_binding_name(&ns, &provider.name_any());
-    match Api::<ClusterRoleBinding>::all(ctx.kube.clone())
-        .delete(&crb, &DeleteParams::default())
+    let name = provider.name_any();
+    // The workload must outlive its machines: it is the only thing that can destroy their
+    // domains, and a machine whose finalizer nobody removes blocks its owners forever.
+    let machines = Api::<LibvirtMachine>::namespaced(ctx.kube.clone(), &ns)
+        .list(&Default::default())
         .await
+        .map_err(Error::kube("list LibvirtMachines"))?;
+    let remaining = remaining_machines(&machines.items, &name);
+    if !remaining.is_empty() {
+        let ready = conditions::new(
+            types::READY,
+            status::FALSE,
+            reasons::MACHINES_REMAIN,
+            machines_remain_message(&remaining),
+            provider.metadata.generation,
+        );
+        publish(provider, api, ctx, ready).await?;
+        return Ok(Action::requeue(ctx.cfg.deletion_poll));
+    }
+    let outside = workloads::cluster_role_binding_name(&ns, &name);
+    delete_if_present(
+        Api::<ClusterRoleBinding>::all(ctx.kube.clone()),
+        &outside,
+        "ClusterRoleBinding",
+    )
+    .await?;
+    if let Some(class) = Api::<ProviderClass>::all(ctx.kube.clone())
+        .get_opt(&provider.spec.provider_class_ref.name)
+        .await
+        .map_err(Error::kube("read ProviderClass"))?
     {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(Error::kube(format!("delete ClusterRoleBinding {crb}"))(e)),
+        let build = crate::image::decide::ImportSettings::of(&class).namespace;
+        delete_if_present(
+            Api::<RoleBinding>::namespaced(ctx.kube.clone(), &build),
+            &outside,
+            "RoleBinding",
+        )
+        .await?;
     }
     let finalizers = provider
         .finalizers()
@@ -397,17 +477,31 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
     Ok(Action::await_change())
 }
 
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
+async fn delete_if_present<K>(api: Api<K>, name: &str, kind: &str) -> Result<()>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("delete {kind} {name}"))(e)),
+    }
 }
 
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_counts_and_names_a_few() {
+        let names: Vec<String> = (1..=7).map(|i| format!("m{i}")).collect();
+        assert_eq!(
+            machines_remain_message(&names),
+            "deletion waits for 7 LibvirtMachine(s) to be torn down: m1, m2, m3, m4, m5, and 2 more"
+        );
+        assert_eq!(
+            machines_remain_message(&names[..1]),
+            "deletion waits for 1 LibvirtMachine(s) to be torn down: m1"
+        );
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }

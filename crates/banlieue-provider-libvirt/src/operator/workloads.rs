@@ -1,38 +1,76 @@
 //! The per-Provider workload (ADR-0012) as desired objects: pure builders, applied by the
 //! operator with server-side apply.
+//!
+//! Every grant is a binding to a fixed ClusterRole shipped in `deploy/rbac/` (ADR-0063), or a
+//! Role holding only rules the operator itself holds, so creating them needs neither
+//! `escalate` nor `bind` on arbitrary roles:
+//!
+//! | object | namespace | grants |
+//! |---|---|---|
+//! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object (resourceNames) |
+//! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
+//! | ClusterRoleBinding `banlieue-provider-<ns>-<p>` | — | ClusterRole `banlieue-provider-cluster` |
+//! | RoleBinding `banlieue-provider-<ns>-<p>` | build | ClusterRole `banlieue-provider-class-<class>` |
+//! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to the import ServiceAccount |
 
 use std::collections::BTreeMap;
 
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER};
 use banlieue_api::{Provider, ProviderClass};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
 };
+use k8s_openapi::api::rbac::v1::{
+    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
+
+use crate::image::decide::ImportSettings;
 
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "banlieue-operator";
 /// Value of `app.kubernetes.io/managed-by` on the workloads.
 pub const MANAGED_BY: &str = "banlieue-operator";
-/// Label naming the Provider's namespace on its cluster-scoped ClusterRoleBinding, which has
-/// no namespace of its own to say it.
+/// Label naming the Provider's namespace on the objects outside it (its ClusterRoleBinding, its
+/// RoleBinding in the build namespace), which cannot say it any other way.
 pub const LABEL_PROVIDER_NAMESPACE: &str = "banlieue.io/provider-namespace";
+
+/// The shipped ClusterRole every provider workload holds in its Provider's namespace.
+pub const PROVIDER_BASE_ROLE: &str = "banlieue-provider-base";
+/// The shipped ClusterRole every provider workload holds cluster-wide (reading ProviderClasses).
+pub const PROVIDER_CLUSTER_ROLE: &str = "banlieue-provider-cluster";
+/// The shipped ClusterRole of an import Job's pod, held in the Provider's namespace.
+pub const IMPORT_ROLE: &str = "banlieue-import";
+
+/// The port of the provider's /metrics, /healthz and /readyz inside its pod.
+pub const METRICS_PORT: i32 = 8080;
 
 /// Everything applied for one Provider.
 #[derive(Clone, Debug)]
 pub struct Workloads {
     pub service_account: ServiceAccount,
-    pub role: Role,
-    pub role_binding: RoleBinding,
+    /// Its own Provider object, by name.
+    pub own_provider_role: Role,
+    pub own_provider_binding: RoleBinding,
+    /// `banlieue-provider-base` in the Provider's namespace.
+    pub base_binding: RoleBinding,
+    /// `banlieue-import` in the Provider's namespace, for the import ServiceAccount.
+    pub import_binding: RoleBinding,
     pub deployment: Deployment,
-    /// Owned by the ProviderClass: shared by every Provider of the class.
-    pub cluster_role: ClusterRole,
+    /// The import Jobs' ServiceAccount in the build namespace, shared by the class's Providers
+    /// and owned by the ProviderClass.
+    pub import_service_account: ServiceAccount,
     /// Cluster-scoped, so it cannot be owned by the namespaced Provider; removed through the
     /// Provider's finalizer instead.
     pub cluster_role_binding: ClusterRoleBinding,
+    /// The class's role in the build namespace: another namespace than the Provider's, so
+    /// removed through the finalizer too.
+    pub class_binding: RoleBinding,
 }
 
 /// The name of the Provider's namespaced objects: `banlieue-provider-<name>`.
@@ -40,52 +78,49 @@ pub fn workload_name(provider: &str) -> String {
     names::shorten(&format!("banlieue-provider-{provider}"))
 }
 
-/// The ClusterRole of a ProviderClass.
-pub fn cluster_role_name(class: &str) -> String {
-    names::shorten(&format!("banlieue-provider-{class}"))
+/// The ClusterRole an administrator grants the Providers of `class` in the build namespace.
+pub fn class_role_name(class: &str) -> String {
+    names::shorten(&format!("banlieue-provider-class-{class}"))
 }
 
-/// The ClusterRoleBinding of a Provider: namespace and name, since it is cluster-wide.
+/// The name of a Provider's objects outside its namespace (its ClusterRoleBinding and its
+/// RoleBinding in the build namespace): namespace and name, since several namespaces meet there.
 pub fn cluster_role_binding_name(namespace: &str, provider: &str) -> String {
     names::shorten(&format!("banlieue-provider-{namespace}-{provider}"))
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+/// The RoleBinding granting the import ServiceAccount its reads in the Provider's namespace.
+pub fn import_binding_name(provider: &str) -> String {
+    names::shorten(&format!("banlieue-import-{provider}"))
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
+    let strings = |xs: &[&str]| xs.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     PolicyRule {
-        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
-        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
-        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        resource_names: (!names.is_empty()).then(|| strings(names)),
         ..PolicyRule::default()
     }
 }
 
-/// What every provider workload may do in its own namespace.
-pub fn base_rules() -> Vec<PolicyRule> {
+/// The per-Provider Role: its own Provider, read and status, by name. Watching by name works
+/// because the workload's watches select `metadata.name`.
+pub fn own_provider_rules(provider: &str) -> Vec<PolicyRule> {
     vec![
-        rule(&[names::GROUP], &["providers"], &["get", "list", "watch"]),
-        rule(&[names::GROUP], &["providers/status"], &["patch"]),
         rule(
             &[names::GROUP],
-            &["libvirtmachines"],
-            &["get", "list", "watch", "patch"],
+            &["providers"],
+            &["get", "list", "watch"],
+            &[provider],
         ),
         rule(
             &[names::GROUP],
-            &["libvirtmachines/status", "libvirtmachines/finalizers"],
-            &["patch", "update"],
+            &["providers/status"],
+            &["patch"],
+            &[provider],
         ),
-        rule(&[""], &["secrets", "configmaps"], &["get", "list", "watch"]),
-        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
-        rule(&[names::GROUP], &["vmimages"], &["get", "list", "watch"]),
-        rule(&[names::GROUP], &["vmimages/status"], &["patch"]),
-    ]
-}
-
-/// What every provider of a class may do cluster-wide: read images and report imports.
-pub fn cluster_base_rules() -> Vec<PolicyRule> {
-    vec![
-        rule(&[names::GROUP], &["vmimages"], &["get", "list", "watch"]),
-        rule(&[names::GROUP], &["vmimages/status"], &["patch"]),
     ]
 }
 
@@ -101,6 +136,81 @@ fn labels(provider: &str) -> BTreeMap<String, String> {
     .into()
 }
 
+fn binding(meta: ObjectMeta, kind: &str, role: &str, subject: Subject) -> RoleBinding {
+    RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: kind.into(),
+            name: role.into(),
+        },
+        subjects: Some(vec![subject]),
+    }
+}
+
+fn service_account_subject(name: &str, namespace: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: name.to_owned(),
+        namespace: Some(namespace.to_owned()),
+        api_group: None,
+    }
+}
+
+/// The container's securityContext, the same as the controller's (deploy/controller.yaml).
+pub fn hardened_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The pod's securityContext: the image's non-root user, the runtime's default seccomp profile.
+pub fn hardened_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_owned(), Quantity("50m".into())),
+                ("memory".to_owned(), Quantity("64Mi".into())),
+            ]
+            .into(),
+        ),
+        limits: Some([("memory".to_owned(), Quantity("256Mi".into()))].into()),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn http_probe(path: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(METRICS_PORT),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    }
+}
+
 /// Builds the workload of `provider`, run by `class`. `None` when the Provider has no name,
 /// namespace or uid yet (it was not read from the API server).
 pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
@@ -109,40 +219,64 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
     provider.metadata.uid.as_ref()?;
     let class_name = class.metadata.name.clone()?;
     let owner = controller_ref(provider)?;
-    let class_owner = controller_ref(class)?;
+    // Several classes may share one import account: each is an owner, none the controller,
+    // so the account goes only with the last of them.
+    let class_owner = OwnerReference {
+        controller: None,
+        block_owner_deletion: None,
+        ..controller_ref(class)?
+    };
+    let import = ImportSettings::of(class);
     let wl = workload_name(&name);
-    let meta = |name: String| ObjectMeta {
-        name: Some(name),
+    let meta = |object: String| ObjectMeta {
+        name: Some(object),
         namespace: Some(ns.clone()),
-        labels: Some(labels(&provider_name(provider))),
+        labels: Some(labels(&name)),
         owner_references: Some(vec![owner.clone()]),
         ..ObjectMeta::default()
     };
-    let subject = Subject {
-        kind: "ServiceAccount".into(),
-        name: wl.clone(),
-        namespace: Some(ns.clone()),
-        api_group: None,
-    };
+    let mut outside_labels = labels(&name);
+    outside_labels.insert(LABEL_PROVIDER_NAMESPACE.to_owned(), ns.clone());
+    let workload_subject = service_account_subject(&wl, &ns);
 
     let service_account = ServiceAccount {
         metadata: meta(wl.clone()),
+        // The workload's token is mounted by the pod spec below; nothing else needs it.
+        automount_service_account_token: Some(false),
         ..ServiceAccount::default()
     };
-    let mut rules = base_rules();
-    rules.extend(class.spec.additional_rules.iter().cloned());
-    let role = Role {
+    let own_provider_role = Role {
         metadata: meta(wl.clone()),
-        rules: Some(rules),
+        rules: Some(own_provider_rules(&name)),
     };
-    let role_binding = RoleBinding {
-        metadata: meta(wl.clone()),
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Role".into(),
-            name: wl.clone(),
+    let own_provider_binding = binding(meta(wl.clone()), "Role", &wl, workload_subject.clone());
+    let base_binding = binding(
+        meta(names::shorten(&format!("{wl}-base"))),
+        "ClusterRole",
+        PROVIDER_BASE_ROLE,
+        workload_subject.clone(),
+    );
+    let import_binding = binding(
+        meta(import_binding_name(&name)),
+        "ClusterRole",
+        IMPORT_ROLE,
+        service_account_subject(import.effective_service_account(), &import.namespace),
+    );
+    let import_service_account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(import.effective_service_account().to_owned()),
+            namespace: Some(import.namespace.clone()),
+            labels: Some(
+                [
+                    ("banlieue.io/provider-class".to_owned(), class_name.clone()),
+                    (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+                ]
+                .into(),
+            ),
+            owner_references: Some(vec![class_owner]),
+            ..ObjectMeta::default()
         },
-        subjects: Some(vec![subject.clone()]),
+        ..ServiceAccount::default()
     };
 
     let mut args = class.spec.args.clone();
@@ -159,13 +293,13 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         .iter()
         .map(|s| (*s).to_owned()),
     );
-    let pod_labels = labels(&name);
+    let pod_settings = &class.spec.pod;
     let deployment = Deployment {
         metadata: meta(wl.clone()),
         spec: DeploymentSpec {
             replicas: Some(1),
             // One writer per host: a rolling update must not run two providers at once.
-            strategy: Some(k8s_openapi::api::apps::v1::DeploymentStrategy {
+            strategy: Some(DeploymentStrategy {
                 type_: Some("Recreate".into()),
                 rolling_update: None,
             }),
@@ -175,17 +309,44 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
+                    labels: Some(labels(&name)),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(wl.clone()),
+                    automount_service_account_token: Some(true),
+                    security_context: Some(hardened_pod()),
+                    node_selector: (!pod_settings.node_selector.is_empty())
+                        .then(|| pod_settings.node_selector.clone()),
+                    tolerations: (!pod_settings.tolerations.is_empty())
+                        .then(|| pod_settings.tolerations.clone()),
+                    image_pull_secrets: (!pod_settings.image_pull_secrets.is_empty())
+                        .then(|| pod_settings.image_pull_secrets.clone()),
+                    host_network: pod_settings.host_network.then_some(true),
                     containers: vec![Container {
                         name: "provider".into(),
                         image: Some(class.spec.image.clone()),
                         command: (!class.spec.command.is_empty())
                             .then(|| class.spec.command.clone()),
                         args: Some(args),
+                        env: Some(
+                            std::iter::once(EnvVar {
+                                name: "BANLIEUE_METRICS_ADDRESS".into(),
+                                value: Some(format!("0.0.0.0:{METRICS_PORT}")),
+                                value_from: None,
+                            })
+                            .chain(pod_settings.env.iter().cloned())
+                            .collect(),
+                        ),
+                        resources: Some(
+                            pod_settings
+                                .resources
+                                .clone()
+                                .unwrap_or_else(default_resources),
+                        ),
+                        security_context: Some(hardened_container()),
+                        liveness_probe: Some(http_probe("/healthz")),
+                        readiness_probe: Some(http_probe("/readyz")),
                         ..Container::default()
                     }],
                     ..PodSpec::default()
@@ -196,52 +357,77 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         status: None,
     };
 
-    let cr_name = cluster_role_name(&class_name);
-    let mut cluster_rules = cluster_base_rules();
-    cluster_rules.extend(class.spec.additional_rules.iter().cloned());
-    let cluster_role = ClusterRole {
-        metadata: ObjectMeta {
-            name: Some(cr_name.clone()),
-            labels: Some(
-                [
-                    ("banlieue.io/provider-class".to_owned(), class_name.clone()),
-                    (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
-                ]
-                .into(),
-            ),
-            owner_references: Some(vec![class_owner]),
-            ..ObjectMeta::default()
-        },
-        rules: Some(cluster_rules),
-        aggregation_rule: None,
-    };
-    let mut crb_labels = labels(&name);
-    crb_labels.insert(LABEL_PROVIDER_NAMESPACE.to_owned(), ns.clone());
     let cluster_role_binding = ClusterRoleBinding {
         metadata: ObjectMeta {
             name: Some(cluster_role_binding_name(&ns, &name)),
-            labels: Some(crb_labels),
+            labels: Some(outside_labels.clone()),
             ..ObjectMeta::default()
         },
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "ClusterRole".into(),
-            name: cr_name,
+            name: PROVIDER_CLUSTER_ROLE.into(),
         },
-        subjects: Some(vec![subject]),
+        subjects: Some(vec![workload_subject.clone()]),
     };
+    let class_binding = binding(
+        ObjectMeta {
+            name: Some(cluster_role_binding_name(&ns, &name)),
+            namespace: Some(import.namespace.clone()),
+            labels: Some(outside_labels),
+            ..ObjectMeta::default()
+        },
+        "ClusterRole",
+        &class_role_name(&class_name),
+        workload_subject,
+    );
     Some(Workloads {
         service_account,
-        role,
-        role_binding,
+        own_provider_role,
+        own_provider_binding,
+        base_binding,
+        import_binding,
         deployment,
-        cluster_role,
+        import_service_account,
         cluster_role_binding,
+        class_binding,
     })
 }
 
-fn provider_name(p: &Provider) -> String {
-    p.metadata.name.clone().unwrap_or_default()
+/// The `(group, resource, verb)` triples of `wanted` that no rule of `held` grants, as
+/// `verb group/resource` strings. Rules restricted by resourceNames or naming non-resource URLs
+/// grant nothing here: the class's rules are meant for whole resources.
+pub fn uncovered(wanted: &[PolicyRule], held: &[PolicyRule]) -> Vec<String> {
+    let grants = |group: &str, resource: &str, verb: &str| {
+        held.iter().any(|r| {
+            let any = |xs: &Option<Vec<String>>, x: &str| {
+                xs.as_ref()
+                    .is_some_and(|xs| xs.iter().any(|v| v == x || v == "*"))
+            };
+            r.resource_names.as_ref().is_none_or(|n| n.is_empty())
+                && any(&r.api_groups, group)
+                && any(&r.resources, resource)
+                && r.verbs.iter().any(|v| v == verb || v == "*")
+        })
+    };
+    let mut missing = Vec::new();
+    for r in wanted {
+        for group in r.api_groups.iter().flatten() {
+            for resource in r.resources.iter().flatten() {
+                for verb in &r.verbs {
+                    if !grants(group, resource, verb) {
+                        let shown = if group.is_empty() {
+                            resource.clone()
+                        } else {
+                            format!("{group}/{resource}")
+                        };
+                        missing.push(format!("{verb} {shown}"));
+                    }
+                }
+            }
+        }
+    }
+    missing
 }
 
 #[cfg(test)]
@@ -250,6 +436,7 @@ mod tests {
     use banlieue_api::{
         LocalObjectReference, ProviderClassSpec, ProviderConnection, ProviderSpec, ValueOrSource,
     };
+    use k8s_openapi::api::rbac::v1::ClusterRole;
 
     fn provider() -> Provider {
         let mut p = Provider::new(
@@ -278,32 +465,35 @@ mod tests {
                 command: vec!["/banlieue".into()],
                 args: vec!["--log=json".into()],
                 machine_kind: Default::default(),
-                additional_rules: vec![rule(&["batch"], &["jobs"], &["create", "get"])],
+                additional_rules: vec![rule(&["batch"], &["jobs"], &["create", "get"], &[])],
                 import: Default::default(),
+                pod: Default::default(),
             },
         );
         c.metadata.uid = Some("uid-c".into());
         c
     }
 
-    #[test]
-    fn base_rules_are_the_reviewed_role() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../deploy/rbac/provider-base-role.yaml"
-        );
+    fn shipped_cluster_role(file: &str) -> ClusterRole {
+        let path = format!("{}/../../deploy/rbac/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(path).unwrap();
-        let role: Role = serde_saphyr::from_str(&text).unwrap();
-        assert_eq!(role.rules.unwrap(), base_rules());
+        serde_saphyr::from_str(&text).unwrap()
     }
 
     #[test]
-    fn deployment_runs_this_provider() {
+    fn deployment_runs_this_provider_hardened() {
         let w = build(&provider(), &class()).unwrap();
         let spec = w.deployment.spec.template.spec.unwrap();
         assert_eq!(
             spec.service_account_name.as_deref(),
             Some("banlieue-provider-edge-7")
+        );
+        let pod_security = spec.security_context.unwrap();
+        assert_eq!(pod_security.run_as_user, Some(65532));
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_security.seccomp_profile.unwrap().type_,
+            "RuntimeDefault"
         );
         let c = &spec.containers[0];
         assert_eq!(c.image.as_deref(), Some("banlieue:dev"));
@@ -321,45 +511,128 @@ mod tests {
                 "banlieue-system"
             ]
         );
+        let security = c.security_context.clone().unwrap();
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        assert_eq!(
+            security.capabilities.unwrap().drop,
+            Some(vec!["ALL".to_owned()])
+        );
+        assert!(c.resources.as_ref().unwrap().limits.is_some());
+        assert!(c.readiness_probe.is_some() && c.liveness_probe.is_some());
+        assert!(spec.host_network.is_none());
     }
 
     #[test]
-    fn role_is_base_plus_additional_rules_and_owned_by_the_provider() {
+    fn class_pod_settings_reach_the_deployment() {
+        let mut class = class();
+        class.spec.pod.node_selector = [("kvm".to_owned(), "true".to_owned())].into();
+        class.spec.pod.host_network = true;
+        class.spec.pod.env = vec![EnvVar {
+            name: "BANLIEUE_LIBVIRT_DOMAIN_TYPE".into(),
+            value: Some("qemu".into()),
+            value_from: None,
+        }];
+        class.spec.pod.image_pull_secrets =
+            vec![k8s_openapi::api::core::v1::LocalObjectReference {
+                name: "registry".into(),
+            }];
+        let w = build(&provider(), &class).unwrap();
+        let spec = w.deployment.spec.template.spec.unwrap();
+        assert_eq!(spec.host_network, Some(true));
+        assert_eq!(spec.node_selector.unwrap()["kvm"], "true");
+        assert_eq!(spec.image_pull_secrets.unwrap()[0].name, "registry");
+        let env = spec.containers[0].env.clone().unwrap();
+        assert!(env.iter().any(|e| e.name == "BANLIEUE_LIBVIRT_DOMAIN_TYPE"));
+    }
+
+    #[test]
+    fn every_grant_is_a_binding_to_a_shipped_role_or_its_own_provider() {
         let w = build(&provider(), &class()).unwrap();
-        let rules = w.role.rules.unwrap();
-        assert_eq!(rules.len(), base_rules().len() + 1);
         assert_eq!(
-            rules.last().unwrap().resources.as_deref(),
-            Some(&["jobs".to_owned()][..])
+            w.own_provider_role.rules.unwrap(),
+            own_provider_rules("edge-7")
         );
-        let owner = &w.role.metadata.owner_references.unwrap()[0];
+        assert_eq!(w.base_binding.role_ref.name, PROVIDER_BASE_ROLE);
+        assert_eq!(w.import_binding.role_ref.name, IMPORT_ROLE);
+        assert_eq!(w.cluster_role_binding.role_ref.name, PROVIDER_CLUSTER_ROLE);
+        assert_eq!(
+            w.class_binding.role_ref.name,
+            "banlieue-provider-class-libvirt"
+        );
+        // The class's role is granted in the build namespace, never cluster-wide.
+        assert_eq!(
+            w.class_binding.metadata.namespace.as_deref(),
+            Some("banlieue-imagebuild")
+        );
+        // The import Jobs' account is the class's, in the build namespace; never `default`.
+        assert_eq!(
+            w.import_service_account.metadata.name.as_deref(),
+            Some("banlieue-import")
+        );
+        let subject = &w.import_binding.subjects.unwrap()[0];
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            ("banlieue-import", Some("banlieue-imagebuild"))
+        );
+        for shipped in [
+            "provider-base-clusterrole.yaml",
+            "provider-cluster-clusterrole.yaml",
+            "import-clusterrole.yaml",
+            "provider-class-libvirt-clusterrole.yaml",
+        ] {
+            let role = shipped_cluster_role(shipped);
+            assert!(role.metadata.name.is_some(), "{shipped}");
+        }
+    }
+
+    #[test]
+    fn objects_outside_the_providers_namespace_never_point_at_it() {
+        let w = build(&provider(), &class()).unwrap();
+        assert!(w.cluster_role_binding.metadata.owner_references.is_none());
+        assert!(w.class_binding.metadata.owner_references.is_none());
+        let owner = &w.import_service_account.metadata.owner_references.unwrap()[0];
+        assert_eq!(owner.kind, "ProviderClass");
+        let owner = &w.base_binding.metadata.owner_references.unwrap()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),
             ("Provider", "uid-1")
         );
-        assert_eq!(owner.controller, Some(true));
     }
 
     #[test]
-    fn cluster_objects_never_point_at_the_namespaced_provider() {
-        let w = build(&provider(), &class()).unwrap();
-        assert!(w.cluster_role_binding.metadata.owner_references.is_none());
+    fn the_shipped_libvirt_class_role_covers_the_example_class() {
+        let text = std::fs::read_to_string(format!(
+            "{}/../../examples/09-providerclass-libvirt.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let class: ProviderClass = serde_saphyr::from_str(&text).unwrap();
+        let role = shipped_cluster_role("provider-class-libvirt-clusterrole.yaml");
         assert_eq!(
-            w.cluster_role_binding.role_ref.name,
-            "banlieue-provider-libvirt"
+            role.metadata.name.as_deref(),
+            Some(class_role_name(&class.metadata.name.clone().unwrap()).as_str())
         );
-        let owner = &w.cluster_role.metadata.owner_references.unwrap()[0];
-        assert_eq!(owner.kind, "ProviderClass");
-        let rules = w.cluster_role.rules.unwrap();
-        assert!(
-            rules
-                .iter()
-                .any(|r| r.resources.as_deref() == Some(&["vmimages".to_owned()][..]))
+        assert_eq!(
+            uncovered(&class.spec.additional_rules, &role.rules.unwrap()),
+            Vec::<String>::new()
         );
-        assert!(
-            rules
-                .iter()
-                .any(|r| r.resources.as_deref() == Some(&["jobs".to_owned()][..]))
+    }
+
+    #[test]
+    fn uncovered_names_each_missing_verb() {
+        let wanted = vec![rule(&["batch"], &["jobs"], &["create", "delete"], &[])];
+        let held = vec![
+            rule(&["batch"], &["jobs"], &["create"], &[]),
+            // A grant restricted to one name does not cover the resource.
+            rule(&["batch"], &["jobs"], &["delete"], &["one"]),
+        ];
+        assert_eq!(uncovered(&wanted, &held), vec!["delete batch/jobs"]);
+        let star = vec![rule(&["batch"], &["*"], &["*"], &[])];
+        assert!(uncovered(&wanted, &star).is_empty());
+        assert_eq!(
+            uncovered(&[rule(&[""], &["pods"], &["get"], &[])], &[]),
+            vec!["get pods"]
         );
     }
 }

@@ -236,6 +236,7 @@ pub async fn provider_class(kube: &kube::Client) -> Result<ProviderClass> {
                 ..Default::default()
             }],
             import: Default::default(),
+            pod: Default::default(),
         },
     );
     Ok(Api::<ProviderClass>::all(kube.clone())

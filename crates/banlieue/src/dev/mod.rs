@@ -235,17 +235,37 @@ async fn drive(
     apply(&kube, &objects::provider_class("banlieue:dev")).await?;
     apply(&kube, &objects::provider(&libvirtd.tls_uri())).await?;
 
-    progress.step("running the controller and the libvirt provider in this process");
+    // Each role runs as the ServiceAccount it runs as in a cluster, under the shipped RBAC:
+    // admin only set up what an administrator sets up.
+    progress.step("running the controller in this process, as its ServiceAccount");
     let mut registry = Registry::default();
+    let controller = control_plane
+        .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
+        .await?;
     workers.extend(crate::roles::spawn_all(
-        &kube,
+        &controller,
         &mut registry,
         shutdown,
         crate::roles::Roles {
             controller: true,
             operator: true,
+            ..crate::roles::Roles::default()
+        },
+    )?);
+    progress
+        .step("running the Provider's workload in this process, as the account the operator made");
+    let workload = workload_account(&kube, Duration::from_secs(args.timeout_seconds)).await?;
+    let provider = control_plane
+        .client_as_service_account(SYSTEM_NAMESPACE, &workload)
+        .await?;
+    workers.extend(crate::roles::spawn_all(
+        &provider,
+        &mut registry,
+        shutdown,
+        crate::roles::Roles {
             provider: Some((objects::PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
             domain_type: DomainType::parse(&args.domain_type),
+            ..crate::roles::Roles::default()
         },
     )?);
     let readiness = observe::Readiness::default();
@@ -283,6 +303,29 @@ async fn drive(
         }
     }
     Ok(())
+}
+
+/// The controller's ServiceAccount, from deploy/controller.yaml.
+const CONTROLLER_SERVICE_ACCOUNT: &str = "banlieue-controller";
+
+/// Waits for the operator to create the Provider's workload ServiceAccount and returns its name.
+async fn workload_account(kube: &kube::Client, deadline: Duration) -> Result<String, BoxError> {
+    let name = banlieue_provider_libvirt::operator::workloads::workload_name(objects::PROVIDER);
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        if accounts.get_opt(&name).await?.is_some() {
+            return Ok(name);
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(format!(
+                "the operator did not create ServiceAccount {name} within {deadline:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn connect(libvirtd: &Libvirtd) -> Result<LibvirtClient, BoxError> {

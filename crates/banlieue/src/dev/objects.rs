@@ -125,6 +125,7 @@ pub fn provider_class(image: &str) -> ProviderClass {
             machine_kind: Default::default(),
             additional_rules: Vec::new(),
             import: Default::default(),
+            pod: Default::default(),
         },
     )
 }

@@ -1,0 +1,290 @@
+//! The effective permissions of every banlieue identity, as the real API server's authorizer
+//! answers them after `banlieue bootstrap` and the operator's grants for the guide's Provider,
+//! compared with the committed table in docs/security.md: any widening is a reviewed diff.
+//!
+//! The administrator (admin) applies bootstrap, the ProviderClass and the Provider, as the guide
+//! does; the operator runs as the controller's ServiceAccount and makes the grants itself.
+
+use std::time::Duration;
+
+use banlieue::bootstrap;
+use banlieue_provider_libvirt::operator::{OperatorConfig, run_operator};
+use banlieue_testenv::control_plane::ControlPlane;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+const PROVIDER: &str = "libvirt-edge-host-7";
+const SYSTEM: &str = "banlieue-system";
+const BUILD: &str = "banlieue-imagebuild";
+/// Any namespace an administrator did not enable.
+const OTHER: &str = "default";
+
+const IDENTITIES: [(&str, &str); 3] = [
+    (
+        "controller",
+        "system:serviceaccount:banlieue-system:banlieue-controller",
+    ),
+    (
+        "provider",
+        "system:serviceaccount:banlieue-system:banlieue-provider-libvirt-edge-host-7",
+    ),
+    (
+        "import",
+        "system:serviceaccount:banlieue-imagebuild:banlieue-import",
+    ),
+];
+
+/// One question to the authorizer: verb, group, resource (with `/subresource`), object name,
+/// and whether the resource is cluster-scoped.
+struct Ask(
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    bool,
+);
+
+const B: &str = "banlieue.io";
+const RBAC: &str = "rbac.authorization.k8s.io";
+
+const ASKS: &[Ask] = &[
+    Ask("get", "", "secrets", None, false),
+    Ask("list", "", "secrets", None, false),
+    Ask("watch", "", "secrets", None, false),
+    Ask("get", "", "configmaps", None, false),
+    Ask("list", "", "configmaps", None, false),
+    Ask("create", "", "pods", None, false),
+    Ask("create", "", "pods/exec", None, false),
+    Ask("create", "", "serviceaccounts", None, false),
+    Ask("create", "", "serviceaccounts/token", None, false),
+    Ask("create", "apps", "deployments", None, false),
+    Ask("create", "batch", "jobs", None, false),
+    Ask("delete", "batch", "jobs", None, false),
+    Ask("create", RBAC, "roles", None, false),
+    Ask("escalate", RBAC, "roles", None, false),
+    Ask("create", RBAC, "rolebindings", None, false),
+    Ask(
+        "bind",
+        RBAC,
+        "clusterroles",
+        Some("banlieue-provider-base"),
+        false,
+    ),
+    Ask("bind", RBAC, "clusterroles", Some("cluster-admin"), false),
+    Ask("bind", RBAC, "clusterroles", Some("cluster-admin"), true),
+    Ask(
+        "bind",
+        RBAC,
+        "clusterroles",
+        Some("banlieue-provider-cluster"),
+        true,
+    ),
+    Ask("escalate", RBAC, "clusterroles", None, true),
+    Ask("create", RBAC, "clusterroles", None, true),
+    Ask("create", RBAC, "clusterrolebindings", None, true),
+    Ask("create", B, "virtualmachineclaims", None, false),
+    Ask("update", B, "virtualmachineclaims", None, false),
+    Ask("patch", B, "virtualmachineclaims", None, false),
+    Ask("patch", B, "virtualmachineclaims/status", None, false),
+    Ask("patch", B, "virtualmachinepools", None, false),
+    Ask("create", B, "virtualmachines", None, false),
+    Ask("create", B, "libvirtmachines", None, false),
+    Ask("patch", B, "libvirtmachines", None, false),
+    Ask("patch", B, "libvirtmachines/status", None, false),
+    Ask("get", B, "providers", Some(PROVIDER), false),
+    Ask("get", B, "providers", Some("another-host"), false),
+    Ask("list", B, "providers", None, false),
+    Ask("patch", B, "providers", None, false),
+    Ask("patch", B, "providers/status", Some(PROVIDER), false),
+    Ask("patch", B, "providers/status", Some("another-host"), false),
+    Ask("get", B, "vmimages", None, false),
+    Ask("patch", B, "vmimages/status", None, false),
+    Ask("list", B, "providerclasses", None, true),
+    Ask("create", B, "providerclasses", None, true),
+    Ask("get", "", "nodes", None, true),
+    Ask("impersonate", "", "users", None, true),
+];
+
+async fn allowed(client: &Client, user: &str, ask: &Ask, namespace: Option<&str>) -> bool {
+    let Ask(verb, group, resource, name, _) = ask;
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r, Some(s.to_owned())),
+        None => (*resource, None),
+    };
+    let user_namespace = user.split(':').nth(2).unwrap_or_default();
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{user_namespace}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some((*group).to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource,
+                name: name.map(str::to_owned),
+                verb: Some((*verb).to_owned()),
+                namespace: namespace.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// Where `user` may do `ask`: `all`, a list of `system` (the Providers' namespace), `build`,
+/// `other`, or `yes`/`—` for cluster-scoped resources.
+async fn cell(client: &Client, user: &str, ask: &Ask) -> String {
+    if ask.4 {
+        return if allowed(client, user, ask, None).await {
+            "yes".into()
+        } else {
+            "—".into()
+        };
+    }
+    let mut places = Vec::new();
+    for (label, ns) in [("system", SYSTEM), ("build", BUILD), ("other", OTHER)] {
+        if allowed(client, user, ask, Some(ns)).await {
+            places.push(label);
+        }
+    }
+    match places.len() {
+        0 => "—".into(),
+        3 => "all".into(),
+        _ => places.join(", "),
+    }
+}
+
+async fn table(client: &Client) -> String {
+    let mut out = String::from("| verb | resource | controller | provider | import |\n");
+    out.push_str("|---|---|---|---|---|\n");
+    for ask in ASKS {
+        let Ask(verb, group, resource, name, _) = ask;
+        let mut shown = if group.is_empty() {
+            (*resource).to_owned()
+        } else {
+            format!("{resource}.{group}")
+        };
+        if let Some(name) = name {
+            shown.push_str(&format!(" `{name}`"));
+        }
+        if ask.4 {
+            shown.push_str(" (cluster)");
+        }
+        let mut row = format!("| {verb} | {shown} |");
+        for (_, user) in IDENTITIES {
+            row.push_str(&format!(" {} |", cell(client, user, ask).await));
+        }
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out
+}
+
+/// The committed table, between the markers in docs/security.md.
+fn committed() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md");
+    let text = std::fs::read_to_string(path).expect("docs/security.md");
+    let begin = "<!-- permissions:begin -->\n";
+    let start = text.find(begin).expect("the begin marker") + begin.len();
+    let end = text
+        .find("<!-- permissions:end -->")
+        .expect("the end marker");
+    text[start..end].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_identity_holds_exactly_the_documented_permissions() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let admin = cp.client().expect("admin");
+    let objects = bootstrap::bootstrap_objects().expect("bootstrap objects");
+    bootstrap::apply_all(&admin, &objects, |_| {})
+        .await
+        .expect("bootstrap");
+    for example in [
+        "examples/09-providerclass-libvirt.yaml",
+        "examples/02-provider-libvirt-edge.yaml",
+    ] {
+        let (_, text) = bootstrap::EXAMPLES
+            .iter()
+            .find(|(name, _)| *name == example)
+            .expect("an embedded example");
+        let objects = bootstrap::objects_of(&[(example, text)]).expect("example objects");
+        bootstrap::apply_all(&admin, &objects, |_| {})
+            .await
+            .expect("apply the example");
+    }
+
+    let controller = cp
+        .client_as_service_account(SYSTEM, "banlieue-controller")
+        .await
+        .expect("the controller's token");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(run_operator(
+        controller,
+        OperatorConfig {
+            namespace: Some(SYSTEM.into()),
+            ..OperatorConfig::default()
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // The operator's grants are in place once the authorizer lets each identity do the one
+    // thing only they give it.
+    let (_, provider) = IDENTITIES[1];
+    let (_, import) = IDENTITIES[2];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (user, ask, ns) in [
+        (provider, Ask("create", "batch", "jobs", None, false), BUILD),
+        (
+            provider,
+            Ask("get", B, "providers", Some(PROVIDER), false),
+            SYSTEM,
+        ),
+        (
+            provider,
+            Ask("watch", B, "libvirtmachines", None, false),
+            SYSTEM,
+        ),
+        (
+            provider,
+            Ask("list", B, "providerclasses", None, true),
+            SYSTEM,
+        ),
+        (import, Ask("get", "", "secrets", None, false), SYSTEM),
+    ] {
+        let ns = (!ask.4).then_some(ns);
+        while !allowed(&admin, user, &ask, ns).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the operator's grants never took effect ({} {})",
+                ask.0,
+                ask.2
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    let actual = table(&admin).await;
+    let _ = stop.send(());
+    let _ = operator.await;
+    assert!(
+        actual == committed(),
+        "the permissions differ from docs/security.md; if the change is intended, replace the \
+         table there with:\n\n{actual}"
+    );
+}
