@@ -130,10 +130,12 @@ impl Shared {
     fn ignore(&self, packet: &Packet, what: &'static str) {
         let h = &packet.header;
         let before = self.ignored.fetch_add(1, Ordering::Relaxed);
+        let (kind, program, procedure, serial) = (h.r#type, h.prog, h.r#proc, h.serial);
         if before == 0 {
-            warn!(kind = ?h.r#type, program = h.prog, procedure = h.r#proc, serial = h.serial, "ignored {what}");
+            warn!(?kind, program, procedure, serial, "ignored {what}");
         } else {
-            debug!(kind = ?h.r#type, program = h.prog, procedure = h.r#proc, serial = h.serial, ignored = before + 1, "ignored {what}");
+            let ignored = before + 1;
+            debug!(?kind, program, procedure, serial, ignored, "ignored {what}");
         }
     }
 
@@ -386,11 +388,11 @@ impl Client {
     /// How many packets from the server this connection has dropped because they made no
     /// sense to a client: a reply whose serial (and program) matches no call in flight, a CALL
     /// (the server calling the client), a keepalive other than PING/PONG, or a packet of an
-    /// unknown type. Each is logged (the first at warn level, the rest at debug) and otherwise ignored: the connection and the
-    /// calls in flight carry on, so a confused or hostile server cannot end a connection, nor
-    /// complete someone else's call, by sending them. A count that grows means the peer is not
-    /// a well-behaved libvirtd. Replies to calls the client gave up on (timed out, cancelled)
-    /// and stream packets of an already closed stream are expected and not counted.
+    /// unknown type. Each is logged (the first at warn level, the rest at debug) and otherwise
+    /// ignored: the connection and the calls in flight carry on, so a confused or hostile
+    /// server cannot end a connection others use by sending them. A count that grows means the
+    /// peer is not a well-behaved libvirtd. Replies to calls the client gave up on (timed out,
+    /// cancelled) and stream packets of an already closed stream are expected and not counted.
     pub fn ignored_packets(&self) -> u64 {
         self.shared.ignored.load(Ordering::Relaxed)
     }
