@@ -361,10 +361,23 @@ impl<'a> Reader<'a> {
         &mut self,
         max: u32,
         what: &'static str,
-        mut get: impl FnMut(&mut Self) -> Result<T>,
+        get: impl FnMut(&mut Self) -> Result<T>,
     ) -> Result<Vec<T>> {
         // Every XDR item takes at least 4 bytes.
-        let len = self.get_len(max, 4, what)?;
+        self.get_array_sized(max, what, 4, get)
+    }
+
+    /// [`Reader::get_array`] of elements that each take at least `min_size` bytes on the
+    /// wire (the generator works it out per type), so a count is refused at once unless the
+    /// input can hold that many elements.
+    pub fn get_array_sized<T>(
+        &mut self,
+        max: u32,
+        what: &'static str,
+        min_size: usize,
+        mut get: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let len = self.get_len(max, min_size.max(4), what)?;
         let mut v = Vec::with_capacity(initial_capacity::<T>(len, self.remaining()));
         for _ in 0..len {
             v.push(get(self)?);

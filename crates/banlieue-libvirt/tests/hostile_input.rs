@@ -272,8 +272,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(io: S) {
         } else if is::<rp::ConnectListAllDomains>(&call) {
             non_utf8_domain_listing()
         } else if is::<rp::ConnectListAllStoragePools>(&call) {
-            // 16384 pools claimed (the declared bound), four bytes each present: passes the
-            // per-element check, runs out after a fifth of them.
+            // 16384 pools claimed (the declared bound), four bytes each present: enough for
+            // the runtime's four-bytes-per-element floor, a fifth of what pools need.
             let claimed = remote::REMOTE_STORAGE_POOL_LIST_MAX;
             let mut body = claimed.to_be_bytes().to_vec();
             body.resize(4 + 4 * claimed as usize, 0);
@@ -528,10 +528,15 @@ async fn array_counts_beyond_the_bytes_present_are_typed_errors() {
         .await
         .expect("connects");
     let e = client.list_all_storage_pools(0).await.expect_err("short");
+    // Refused at the count, before any element: a pool takes at least 20 bytes on the wire
+    // (an empty name and its UUID), so 16384 of them need 327680.
     assert!(
         matches!(
             e,
-            Error::Packet(PacketError::Body(xdr::Error::ShortInput { .. }))
+            Error::Packet(PacketError::Body(xdr::Error::ShortInput {
+                needed: 327_680,
+                available: 65_536
+            }))
         ),
         "{e:?}"
     );
