@@ -131,14 +131,64 @@ impl Emitter<'_> {
             Ty::FixedArray(inner, n) => {
                 format!("r.get_fixed_array::<_, {n}>(|r| {})", self.dec(inner, what))
             }
-            Ty::VarArray(inner, max) => {
-                format!(
+            // Elements that take more than the runtime's default four bytes carry their
+            // minimum, so a count is checked against what its elements need at the least.
+            Ty::VarArray(inner, max) => match self.min_wire_size(inner, 0) {
+                size if size > 4 => format!(
+                    "r.get_array_sized({}, {what:?}, {size}, |r| {})",
+                    lit_u32(*max),
+                    self.dec(inner, what)
+                ),
+                _ => format!(
                     "r.get_array({}, {what:?}, |r| {})",
                     lit_u32(*max),
                     self.dec(inner, what)
-                )
-            }
+                ),
+            },
             Ty::Optional(inner) => format!("r.get_option(|r| {})", self.dec(inner, what)),
+        }
+    }
+
+    /// The fewest bytes a value of `ty` encodes to: what a hostile count must be backed by.
+    /// Variable-length items count their length word only, unions their discriminant plus the
+    /// smallest arm; an optional is its flag word. XDR cannot nest a type in itself except
+    /// behind an optional, so this terminates; the depth cap only guards a malformed model.
+    fn min_wire_size(&self, ty: &Ty, depth: u32) -> u64 {
+        if depth > 64 {
+            return 4;
+        }
+        match ty {
+            Ty::Prim(Prim::I64 | Prim::U64 | Prim::F64) => 8,
+            Ty::Prim(_) => 4,
+            Ty::Alias(_, inner) => self.min_wire_size(inner, depth + 1),
+            Ty::String(_) | Ty::OpaqueVar(_) | Ty::VarArray(..) | Ty::Optional(_) => 4,
+            Ty::OpaqueFixed(n) => u64::from(*n).div_ceil(4) * 4,
+            Ty::FixedArray(inner, n) => {
+                u64::from(*n).saturating_mul(self.min_wire_size(inner, depth + 1))
+            }
+            Ty::Named(name) => match self.model.types.get(name).map(|d| &d.kind) {
+                Some(TypeKind::Enum(_)) | None => 4,
+                Some(TypeKind::Typedef(inner)) => self.min_wire_size(inner, depth + 1),
+                Some(TypeKind::Struct(fields)) => fields
+                    .iter()
+                    .map(|f| self.min_wire_size(&f.ty, depth + 1))
+                    .fold(0, u64::saturating_add),
+                Some(TypeKind::Union(u)) => {
+                    let arm = |f: &Option<Field>| {
+                        f.as_ref()
+                            .map_or(0, |f| self.min_wire_size(&f.ty, depth + 1))
+                    };
+                    let smallest = u
+                        .arms
+                        .iter()
+                        .map(|a| arm(&a.body))
+                        .chain(u.default.iter().map(arm))
+                        .min()
+                        .unwrap_or(0);
+                    self.min_wire_size(&u.discriminant.ty, depth + 1)
+                        .saturating_add(smallest)
+                }
+            },
         }
     }
 

@@ -3,6 +3,7 @@
 //! silent peer and declares it dead after `interval × count`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,6 +74,9 @@ struct State {
 
 pub(crate) struct Shared {
     outgoing: mpsc::Sender<Packet>,
+    /// Packets dropped as answering nothing or not meant for a client; see
+    /// [`Client::ignored_packets`].
+    ignored: AtomicU64,
     state: Mutex<State>,
     opts: ClientOptions,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -118,6 +122,20 @@ impl Shared {
             .drain(..)
         {
             t.abort();
+        }
+    }
+
+    /// Counts a packet dropped by the reader. Only the first is a warning: a peer sending
+    /// them in a loop must not flood the log.
+    fn ignore(&self, packet: &Packet, what: &'static str) {
+        let h = &packet.header;
+        let before = self.ignored.fetch_add(1, Ordering::Relaxed);
+        let (kind, program, procedure, serial) = (h.r#type, h.prog, h.r#proc, h.serial);
+        if before == 0 {
+            warn!(?kind, program, procedure, serial, "ignored {what}");
+        } else {
+            let ignored = before + 1;
+            debug!(?kind, program, procedure, serial, ignored, "ignored {what}");
         }
     }
 
@@ -240,10 +258,7 @@ impl Client {
         let mut tls = tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .map_err(|source| Error::Tls {
-                host: uri.host.clone(),
-                source,
-            })?;
+            .map_err(|source| crate::tls::handshake_error(&uri.host, source))?;
         // libvirtd sends one byte once it has accepted the client certificate and closes the
         // connection if it has not (with TLS 1.3 the client only learns that here).
         let mut confirmation = [0u8; 1];
@@ -308,6 +323,7 @@ impl Client {
         let (tx, rx) = mpsc::channel(opts.send_queue.max(1));
         let shared = Arc::new(Shared {
             outgoing: tx,
+            ignored: AtomicU64::new(0),
             state: Mutex::new(State::default()),
             opts,
             tasks: Mutex::new(Vec::new()),
@@ -367,6 +383,18 @@ impl Client {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(task);
+    }
+
+    /// How many packets from the server this connection has dropped because they made no
+    /// sense to a client: a reply whose serial (and program) matches no call in flight, a CALL
+    /// (the server calling the client), a keepalive other than PING/PONG, or a packet of an
+    /// unknown type. Each is logged (the first at warn level, the rest at debug) and otherwise
+    /// ignored: the connection and the calls in flight carry on, so a confused or hostile
+    /// server cannot end a connection others use by sending them. A count that grows means the
+    /// peer is not a well-behaved libvirtd. Replies to calls the client gave up on (timed out,
+    /// cancelled) and stream packets of an already closed stream are expected and not counted.
+    pub fn ignored_packets(&self) -> u64 {
+        self.shared.ignored.load(Ordering::Relaxed)
     }
 
     /// Whether the connection is still up.
@@ -554,10 +582,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         "discarded the reply of an abandoned call"
                     ),
                     Completion::Unknown => {
-                        break format!(
-                            "reply to unknown serial {} of program {:#x}",
-                            packet.header.serial, packet.header.prog
-                        );
+                        shared.ignore(&packet, "a reply that answers no call in flight");
                     }
                 }
             }
@@ -592,7 +617,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
             }
             Incoming::Unexpected => {
-                break format!("unexpected packet type {:?}", packet.header.r#type);
+                shared.ignore(&packet, "a packet a client never receives");
             }
         }
     };

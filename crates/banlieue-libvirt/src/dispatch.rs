@@ -22,7 +22,7 @@ pub enum Incoming {
     KeepalivePing,
     /// The peer answers our ping.
     KeepalivePong,
-    /// Anything a client never receives (a CALL, an unknown type).
+    /// Anything a client never receives (a CALL, an unknown type): dropped and counted.
     Unexpected,
 }
 
@@ -60,7 +60,7 @@ pub enum Completion<T> {
     Matched(T),
     /// It answers a call whose caller gave up.
     Late,
-    /// No call has this serial (or the program differs): a protocol violation.
+    /// No call has this serial (or the program differs): the client drops and counts it.
     Unknown,
 }
 

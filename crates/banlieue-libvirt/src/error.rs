@@ -193,6 +193,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The server's certificate is valid and trusted but carries no subject alternative name
+    /// for the host the URI names (`kind` is "IP address" or "DNS name"). rustls, like
+    /// libvirt, matches an IP host only against IP-address SANs, never against DNS names or
+    /// the common name.
+    #[error(
+        "the server certificate has no subject alternative name for {kind} {host} (it names: {presented}); reissue it with that SAN, or connect by a name it carries"
+    )]
+    ServerNameNotInCertificate {
+        host: String,
+        kind: &'static str,
+        presented: String,
+    },
     #[error(
         "the server refused the client certificate (it ended the connection after the TLS handshake: {detail})"
     )]

@@ -241,6 +241,26 @@ pub struct Transfer {
     pub holes: u64,
 }
 
+impl Transfer {
+    /// Counts `data` bytes and `holes` bytes more from the server (sans-io). Fails, rather than
+    /// wrapping or panicking, when a total overflows, and when data and holes together pass
+    /// `limit` (0: no limit), so a server cannot push more into a sink than was asked for.
+    pub fn receive(self, data: u64, holes: u64, limit: u64) -> Result<Transfer> {
+        let overflow = || Error::Protocol("the stream's data and hole lengths overflow".into());
+        let next = Transfer {
+            data: self.data.checked_add(data).ok_or_else(overflow)?,
+            holes: self.holes.checked_add(holes).ok_or_else(overflow)?,
+        };
+        let sum = next.data.checked_add(next.holes).ok_or_else(overflow)?;
+        if limit != 0 && sum > limit {
+            return Err(Error::Protocol(format!(
+                "the server sent {sum} bytes, more than the {limit} asked for"
+            )));
+        }
+        Ok(next)
+    }
+}
+
 /// Uploads everything `source` yields into `vol` (STORAGE_VOL_UPLOAD). With `sparse`, runs of
 /// zeros of at least 64 KiB travel as holes; the volume must then be opened with
 /// `VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM`, which this sets. `progress` is called after
@@ -331,6 +351,8 @@ pub async fn download<W: AsyncWrite + Unpin>(
 }
 
 /// [`download`] of `length` bytes from byte `offset` (`length` 0: to the end of the volume).
+/// With a non-zero `length`, data and holes past it fail the download before they reach
+/// `sink`: a read of a small volume into memory stays small whatever the server sends.
 pub async fn download_range<W: AsyncWrite + Unpin>(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
@@ -544,12 +566,12 @@ async fn download_into(
     loop {
         match stream.recv().await? {
             StreamEvent::Data(d) => {
-                total.data += d.len() as u64;
+                total = total.receive(d.len() as u64, 0, length)?;
                 sink.data(d).await.map_err(Error::StreamIo)?;
             }
             StreamEvent::Hole(len) => {
+                total = total.receive(0, len, length)?;
                 sink.hole(len).await.map_err(Error::StreamIo)?;
-                total.holes += len;
             }
             StreamEvent::Eof => {
                 stream.acknowledge_eof().await?;
@@ -626,6 +648,28 @@ mod tests {
         );
         assert_eq!(split_holes(&[], MIN_HOLE), vec![]);
         assert_eq!(split_holes(&[0; 100], MIN_HOLE), vec![(false, 0..100)]);
+    }
+
+    #[test]
+    fn received_lengths_are_checked_not_wrapped() {
+        let huge = i64::MAX as u64;
+        let t = Transfer::default().receive(0, huge, 0).expect("one hole");
+        let t = t.receive(0, huge, 0).expect("two holes still fit in u64");
+        let e = t.receive(0, huge, 0).expect_err("three overflow");
+        assert!(e.to_string().contains("overflow"), "{e}");
+        let e = Transfer::default()
+            .receive(1, 0, 0)
+            .and_then(|t| t.receive(0, u64::MAX, 0))
+            .expect_err("data plus holes overflow");
+        assert!(e.to_string().contains("overflow"), "{e}");
+        let t = Transfer::default()
+            .receive(4000, 96, 4096)
+            .expect("exactly the limit");
+        let e = t.receive(1, 0, 4096).expect_err("one byte more");
+        assert!(
+            e.to_string().contains("more than the 4096 asked for"),
+            "{e}"
+        );
     }
 
     fn packet(kind: VirNetMessageType, status: VirNetMessageStatus, body: Bytes) -> Packet {

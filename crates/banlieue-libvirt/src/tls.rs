@@ -98,3 +98,67 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(host.to_string())
         .map_err(|_| Error::TlsMaterial(format!("{host:?} is not a valid server name")))
 }
+
+/// The error of a failed TLS handshake with `host`: a certificate that does not name the host
+/// becomes [`Error::ServerNameNotInCertificate`], naming what it does carry; anything else
+/// stays [`Error::Tls`].
+pub(crate) fn handshake_error(host: &str, source: std::io::Error) -> Error {
+    use rustls::{CertificateError, Error as TlsError};
+    let cause = source.get_ref().and_then(|e| e.downcast_ref::<TlsError>());
+    if let Some(TlsError::InvalidCertificate(CertificateError::NotValidForNameContext {
+        expected,
+        presented,
+    })) = cause
+    {
+        let kind = match expected {
+            ServerName::IpAddress(_) => "IP address",
+            _ => "DNS name",
+        };
+        let presented = if presented.is_empty() {
+            "none".to_string()
+        } else {
+            presented
+                .iter()
+                .map(|n| san_label(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Error::ServerNameNotInCertificate {
+            host: host.to_string(),
+            kind,
+            presented,
+        };
+    }
+    Error::Tls {
+        host: host.to_string(),
+        source,
+    }
+}
+
+/// `DNS:name` / `IP:address` for a SAN as rustls-webpki prints it (`DnsName("name")`,
+/// `IpAddress(address)`); anything else as is.
+fn san_label(presented: &str) -> String {
+    if let Some(name) = presented
+        .strip_prefix("DnsName(\"")
+        .and_then(|s| s.strip_suffix("\")"))
+    {
+        return format!("DNS:{name}");
+    }
+    if let Some(ip) = presented
+        .strip_prefix("IpAddress(")
+        .and_then(|s| s.strip_suffix(')'))
+    {
+        return format!("IP:{ip}");
+    }
+    presented.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sans_print_like_openssl() {
+        assert_eq!(super::san_label("DnsName(\"localhost\")"), "DNS:localhost");
+        assert_eq!(super::san_label("IpAddress(10.0.0.1)"), "IP:10.0.0.1");
+        assert_eq!(super::san_label("other"), "other");
+    }
+}

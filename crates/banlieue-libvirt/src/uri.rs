@@ -21,17 +21,25 @@ pub struct ConnectUri {
 impl ConnectUri {
     /// Parses a client URI. Only TLS transports are accepted: any other scheme fails here,
     /// before any I/O, with `scheme "<scheme>" is not supported`.
+    ///
+    /// The scheme is matched case-insensitively and normalised to lower case
+    /// (`QEMU+TLS://h/system` is `qemu+tls://h/system`): RFC 3986 §3.1 makes schemes
+    /// case-insensitive and libvirt itself compares transports without case, so refusing the
+    /// upper-case spelling would only confuse. User information (`user:password@host`) is
+    /// refused: the client certificate is the only credential, and a password written into an
+    /// endpoint would end up in objects, logs and process arguments.
     pub fn parse(uri: &str) -> Result<ConnectUri> {
         let invalid = |reason| Error::InvalidUri {
-            uri: uri.to_string(),
+            uri: redacted(uri),
             reason,
         };
         let (scheme, rest) = uri
             .split_once("://")
             .ok_or_else(|| invalid("expected scheme://host/path"))?;
-        let supported = matches!(scheme, "qemu+tls" | "test+tls");
+        let scheme = scheme.to_ascii_lowercase();
+        let supported = matches!(scheme.as_str(), "qemu+tls" | "test+tls");
         if !supported {
-            return Err(Error::UnsupportedScheme(scheme.to_string()));
+            return Err(Error::UnsupportedScheme(scheme));
         }
         let driver = scheme.trim_end_matches("+tls").to_string();
         let (authority, path_query) = match rest.find('/') {
@@ -42,6 +50,11 @@ impl ConnectUri {
             Some((p, q)) => (p, Some(q)),
             None => (path_query, None),
         };
+        if authority.contains('@') {
+            return Err(invalid(
+                "user information (user:password@) is not allowed; the client certificate is the credential",
+            ));
+        }
         let (host, port) = split_host_port(authority).ok_or_else(|| invalid("bad host or port"))?;
         if host.is_empty() {
             return Err(invalid("a host is required"));
@@ -81,6 +94,19 @@ impl ConnectUri {
         } else {
             format!("{}:{}", self.host, self.port)
         }
+    }
+}
+
+/// `uri` with any user information (`user:password@`) replaced by `***@`, for error messages
+/// and conditions: a refused URI must not carry its password into logs.
+pub fn redacted(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => uri.to_string(),
     }
 }
 
@@ -137,6 +163,34 @@ mod tests {
                 e.to_string(),
                 format!("scheme \"{scheme}\" is not supported")
             );
+        }
+    }
+
+    #[test]
+    fn schemes_are_case_insensitive_and_normalised() {
+        let u = ConnectUri::parse("QEMU+TLS://h/system").expect("parses");
+        assert_eq!(
+            (u.driver.as_str(), u.server_uri()),
+            ("qemu", "qemu:///system".into())
+        );
+        let e = ConnectUri::parse("QEMU+SSH://h/system").expect_err("ssh");
+        assert_eq!(e.to_string(), "scheme \"qemu+ssh\" is not supported");
+    }
+
+    #[test]
+    fn user_information_is_refused() {
+        for uri in ["qemu+tls://u:pw@h/system", "qemu+tls://u@h:16514/system"] {
+            match ConnectUri::parse(uri) {
+                Err(e @ Error::InvalidUri { reason, .. }) => {
+                    assert!(reason.starts_with("user information"), "{uri}: {reason}");
+                    assert!(
+                        !e.to_string().contains("pw"),
+                        "the password is redacted: {e}"
+                    );
+                    assert!(e.to_string().contains("***@h"), "{e}");
+                }
+                other => panic!("{uri}: {other:?}"),
+            }
         }
     }
 

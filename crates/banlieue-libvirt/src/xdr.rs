@@ -3,7 +3,12 @@
 //! Encoding appends to a [`BytesMut`]; decoding reads through a [`Reader`] that refuses short
 //! input and, via [`Reader::finish`], trailing data. Every length read off the wire is checked
 //! against the declared bound *and* against the bytes actually present before anything is
-//! allocated, so a hostile length prefix costs nothing.
+//! allocated, so a hostile length prefix costs nothing: an array never reserves more memory up
+//! front than the input has bytes left (see [`initial_capacity`]).
+//!
+//! Strings decode lossily: bytes that are not UTF-8 become U+FFFD. libvirt's strings are C
+//! strings (names, XML, messages) that the daemon does not check for UTF-8, so one object with
+//! an odd name must not fail a whole listing.
 
 use bytes::BufMut;
 pub use bytes::BytesMut;
@@ -27,6 +32,8 @@ pub enum Error {
         len: u32,
         max: u32,
     },
+    /// Not produced by the generated decoders, which decode strings lossily; kept for callers
+    /// that check strings themselves.
     #[error("decode {what}: string is not UTF-8")]
     InvalidUtf8 { what: &'static str },
     #[error("decode union {union}: unknown discriminant {value}")]
@@ -208,6 +215,18 @@ pub fn put_option<T>(
     }
 }
 
+/// How many elements of `T` to reserve for an array that claims `claimed` elements when
+/// `remaining` bytes of input are left: never more memory than those bytes. A claim that passes
+/// the four-bytes-per-element check can still be far larger in memory than on the wire (a
+/// 72-byte record may encode in 4 bytes), so the reservation is capped and the vector grows
+/// only as elements actually decode.
+pub fn initial_capacity<T>(claimed: usize, remaining: usize) -> usize {
+    match std::mem::size_of::<T>() {
+        0 => claimed,
+        size => claimed.min(remaining / size),
+    }
+}
+
 /// A cursor over XDR input.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
@@ -326,7 +345,8 @@ impl<'a> Reader<'a> {
     pub fn get_string(&mut self, max: u32, what: &'static str) -> Result<String> {
         let len = self.get_len(max, 1, what)?;
         let bytes = self.padded(len)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| Error::InvalidUtf8 { what })
+        // Lossy rather than an error: see the module comment. Valid UTF-8 is copied as is.
+        Ok(String::from_utf8_lossy(bytes).into_owned())
     }
     pub fn get_opaque_var(&mut self, max: u32, what: &'static str) -> Result<Vec<u8>> {
         let len = self.get_len(max, 1, what)?;
@@ -341,11 +361,24 @@ impl<'a> Reader<'a> {
         &mut self,
         max: u32,
         what: &'static str,
-        mut get: impl FnMut(&mut Self) -> Result<T>,
+        get: impl FnMut(&mut Self) -> Result<T>,
     ) -> Result<Vec<T>> {
         // Every XDR item takes at least 4 bytes.
-        let len = self.get_len(max, 4, what)?;
-        let mut v = Vec::with_capacity(len);
+        self.get_array_sized(max, what, 4, get)
+    }
+
+    /// [`Reader::get_array`] of elements that each take at least `min_size` bytes on the
+    /// wire (the generator works it out per type), so a count is refused at once unless the
+    /// input can hold that many elements.
+    pub fn get_array_sized<T>(
+        &mut self,
+        max: u32,
+        what: &'static str,
+        min_size: usize,
+        mut get: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let len = self.get_len(max, min_size.max(4), what)?;
+        let mut v = Vec::with_capacity(initial_capacity::<T>(len, self.remaining()));
         for _ in 0..len {
             v.push(get(self)?);
         }
@@ -377,5 +410,45 @@ impl<'a> Reader<'a> {
         } else {
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrays_reserve_no_more_memory_than_the_input_has_bytes() {
+        // 16384 records of 72 bytes claimed in 65540 bytes: passes the four-bytes-per-element
+        // check, yet reserving the claim would take 1.1 MiB.
+        type Record = [u64; 9];
+        let reserved = initial_capacity::<Record>(16384, 65540) * std::mem::size_of::<Record>();
+        assert!(reserved <= 65540, "reserved {reserved} bytes");
+        assert_eq!(initial_capacity::<u32>(10, 1000), 10, "small claims as is");
+        assert_eq!(
+            initial_capacity::<()>(7, 0),
+            7,
+            "zero-sized elements cost nothing"
+        );
+    }
+
+    #[test]
+    fn a_huge_count_in_a_small_input_is_a_typed_error() {
+        // 2^31 elements claimed, 96 bytes present.
+        let mut bytes = (1u32 << 31).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 96]);
+        let mut r = Reader::new(&bytes);
+        let err = r
+            .get_array(u32::MAX, "claim", Reader::get_u64)
+            .expect_err("short");
+        assert!(matches!(err, Error::ShortInput { .. }), "{err}");
+    }
+
+    #[test]
+    fn strings_that_are_not_utf8_decode_lossily() {
+        let bytes = [0, 0, 0, 5, b'v', b'm', 0xff, b'-', b'1', 0, 0, 0];
+        let mut r = Reader::new(&bytes);
+        assert_eq!(r.get_string(64, "name").expect("lossy"), "vm\u{fffd}-1");
+        r.finish().expect("padding consumed");
     }
 }

@@ -24,16 +24,31 @@ pub struct Credentials {
 }
 
 /// Rejects every scheme but `qemu+tls` before anything is read: the provider has no ssh client
-/// and never talks in clear (ADR-0011).
+/// and never talks in clear (ADR-0011). The scheme is matched without case, as RFC 3986 and
+/// libvirt do (`QEMU+TLS://…` is accepted).
+///
+/// A Provider endpoint also carries no user information (the client certificate is the
+/// credential; [`ConnectUri::parse`] refuses it) and no query parameters: libvirt's URI
+/// parameters (`no_verify`, `pkipath`, `tls_priority`, …) change TLS trust or name files on the
+/// host running the provider, and a Provider's trust comes only from its Secret and CA. The
+/// CLI (`banlieue libvirt … ?pkipath=`) does not go through here, so it keeps `pkipath`.
+/// Errors name the endpoint with any password replaced by `***`.
 pub fn check_endpoint(endpoint: &str) -> Result<()> {
     let scheme = endpoint.split_once("://").map_or(endpoint, |(s, _)| s);
-    if scheme != "qemu+tls" {
-        return Err(Error::UnsupportedScheme(scheme.to_owned()));
+    if !scheme.eq_ignore_ascii_case("qemu+tls") {
+        return Err(Error::UnsupportedScheme(scheme.to_ascii_lowercase()));
     }
-    ConnectUri::parse(endpoint).map_err(|source| Error::ConnectFailed {
-        endpoint: endpoint.to_owned(),
+    let failed = |source| Error::ConnectFailed {
+        endpoint: banlieue_libvirt::uri::redacted(endpoint),
         source,
-    })?;
+    };
+    ConnectUri::parse(endpoint).map_err(failed)?;
+    if endpoint.contains(['?', '#']) {
+        return Err(failed(banlieue_libvirt::Error::InvalidUri {
+            uri: banlieue_libvirt::uri::redacted(endpoint),
+            reason: "a Provider endpoint takes no query parameters (no_verify, pkipath, …): its TLS trust comes only from its Secret and CA",
+        }));
+    }
     Ok(())
 }
 
@@ -178,5 +193,38 @@ mod tests {
         let e = check_endpoint("test+tls://kvm-7/default").unwrap_err();
         assert_eq!(e.to_string(), "scheme \"test+tls\" is not supported");
         assert!(check_endpoint("qemu+tls://kvm-7.example/system").is_ok());
+        assert!(check_endpoint("QEMU+TLS://kvm-7.example/system").is_ok());
+        let e = check_endpoint("QEMU+SSH://kvm-7/system").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"qemu+ssh\" is not supported");
+    }
+
+    #[test]
+    fn parameters_that_change_trust_or_name_files_are_refused() {
+        for endpoint in [
+            "qemu+tls://h/system?no_verify=1&pkipath=/etc",
+            "qemu+tls://h/system?pkipath=/etc/pki",
+            "qemu+tls://h/system?no_verify=1",
+            "qemu+tls://h:16514/system?",
+        ] {
+            let e = check_endpoint(endpoint).unwrap_err();
+            assert_eq!(
+                e.reason(),
+                banlieue_api::conditions::reasons::CONNECT_FAILED
+            );
+            let chain = banlieue_api::conditions::error_message(&e);
+            assert!(chain.contains("takes no query parameters"), "{chain}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_refused_and_never_echoed() {
+        let e = check_endpoint("qemu+tls://u:pw@h/system").unwrap_err();
+        assert_eq!(
+            e.reason(),
+            banlieue_api::conditions::reasons::CONNECT_FAILED
+        );
+        let chain = banlieue_api::conditions::error_message(&e);
+        assert!(chain.contains("user information"), "{chain}");
+        assert!(!chain.contains("pw"), "{chain}");
     }
 }

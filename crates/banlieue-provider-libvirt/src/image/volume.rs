@@ -89,11 +89,13 @@ pub async fn read_small(
     max: u64,
 ) -> Result<Vec<u8>> {
     let size = capacity(client, vol).await?;
-    if size > max {
+    if size > max || size == 0 {
         return Ok(Vec::new());
     }
     let mut bytes = Vec::with_capacity(size as usize);
-    stream::download(client, vol, &mut bytes, false, |_| {})
+    // Asking for exactly `size` bytes makes the download refuse anything past them, so a
+    // server that lies about the capacity cannot grow this buffer beyond `max`.
+    stream::download_range(client, vol, &mut bytes, 0, size, false, |_| {})
         .await
         .map_err(|e| Error::libvirt(format!("download volume {}", vol.name), e))?;
     Ok(bytes)
