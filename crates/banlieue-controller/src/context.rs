@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use banlieue_api::conditions;
 use banlieue_api::{
     LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
@@ -149,7 +150,7 @@ impl Context {
     }
 
     /// Publishes an Event on `object`. Events are diagnostics: failing to write one never fails
-    /// a reconcile.
+    /// a reconcile. The note is bounded so that the API server accepts it whatever it quotes.
     pub async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
@@ -157,7 +158,10 @@ impl Context {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(note),
+            note: Some(conditions::bounded_message(
+                note,
+                conditions::MAX_EVENT_NOTE_BYTES,
+            )),
             action: reason.to_owned(),
             secondary: None,
         };
