@@ -3,10 +3,11 @@
 # to libvirtd over mutual TLS only and authenticates with an x509 client certificate
 # (auth_tls = "none": the certificate is the credential).
 #
-# It makes a private CA (kept across runs), a server certificate and a client certificate,
-# puts the server's files where libvirtd looks for them, writes libvirtd.conf, brings the
-# listener up, and leaves the client's files in ~/.config/banlieue/libvirt/. Run it as root
-# on the libvirt host; see --help.
+# It makes a private CA of its own (kept across runs, in a directory no other tool uses), a
+# server certificate and a client certificate, puts the server's files where libvirtd looks for
+# them, writes libvirtd.conf (allowing that one client's DN), brings the listener up, and leaves
+# the client's files in ~/.config/banlieue/libvirt/. Run it as root on the libvirt host; see
+# --help.
 set -euo pipefail
 shopt -s extglob
 
@@ -15,8 +16,12 @@ readonly BLOCK_BEGIN="# BEGIN banlieue TLS listener (written by bootstrap-libvir
 readonly BLOCK_END="# END banlieue TLS listener"
 # The libvirtd.conf keys the managed block owns; a setting of one of them elsewhere in the
 # file is commented out, since libvirtd would otherwise take whichever comes last.
-readonly MANAGED_KEYS=(listen_tls tls_port listen_addr auth_tls ca_file cert_file key_file)
+readonly MANAGED_KEYS=(listen_tls tls_port listen_addr auth_tls ca_file cert_file key_file tls_allowed_dn_list)
 readonly DEFAULT_TLS_PORT=16514
+# The CA's own directory. Not /etc/pki/CA: that is the system-wide CA directory other tools
+# (and an earlier admin) may hold a CA in, and signing libvirt clients with someone else's CA
+# would let every certificate it ever issued reach libvirtd.
+readonly DEFAULT_CA_DIR=/etc/pki/banlieue-libvirt-ca
 
 usage() {
     cat <<EOF
@@ -25,9 +30,10 @@ Usage: $PROG [OPTION]...
 Enable libvirtd's TLS listener (qemu+tls://HOST/system) for banlieue's libvirt provider.
 
 What it does, in order:
-  1. Makes a certificate authority, unless one exists (it is kept across runs):
-       /etc/pki/CA/cacert.pem            the CA certificate (libvirtd's ca_file)
-       /etc/pki/CA/private/cakey.pem     its private key, mode 600
+  1. Makes a certificate authority of its own, unless it exists (it is kept across runs):
+       $DEFAULT_CA_DIR/cacert.pem            the CA certificate (libvirtd's ca_file)
+       $DEFAULT_CA_DIR/private/cakey.pem     its private key, mode 600
+     It never uses the system-wide /etc/pki/CA unless told to with --ca-dir /etc/pki/CA.
   2. Issues the server certificate libvirtd presents, with the subject alternative names
      (SANs) this host's fully qualified name and short name plus every --san:
        /etc/pki/libvirt/servercert.pem
@@ -39,9 +45,12 @@ What it does, in order:
        cacert.pem  clientcert.pem  clientkey.pem       files mode 600, directory mode 700
      These are the names virsh reads from ?pkipath=DIR, and the files banlieue's credentials
      Secret (tls.crt, tls.key) and CA ConfigMap (ca.crt) are made from. The script refuses to
-     write them inside a git work tree: they include a private key.
+     write them inside a git work tree: they include a private key. Under sudo the directory
+     must lie in the invoking user's home, since it is handed over to that user.
   4. Writes /etc/libvirt/libvirtd.conf: listen_tls = 1, auth_tls = "none", tls_port,
-     listen_addr (with --listen-addr) and the three file paths above, in a marked block.
+     listen_addr (with --listen-addr), the three file paths above, and tls_allowed_dn_list
+     naming the client certificate's distinguished name (so only that client, not every
+     certificate of the CA, is let in), in a marked block.
      Settings elsewhere in the file are kept, except earlier settings of those keys, which
      are commented out. When the file changes, the previous one is kept beside it as
      libvirtd.conf.bak.<UTC time>.
@@ -62,18 +71,24 @@ Options:
                        for several. Use every name and address clients will put in the URI
                        (qemu+tls://NAME/system): libvirt clients refuse a server whose
                        certificate does not name the host they dialled.
-  --hostname NAME      The server certificate's common name and first DNS SAN
-                       (default: hostname -f, falling back to hostname).
+  --hostname NAME      The server certificate's common name and first DNS SAN: a DNS
+                       name or an IP address (default: hostname -f, falling back to
+                       hostname).
   --no-host-names      Leave this host's own names out of the SANs (only --san entries).
   --client-cn NAME     Common name of the client certificate (default: banlieue).
   --client-dir DIR     Where the client's files go (default ~/.config/banlieue/libvirt).
+                       Under sudo it must be inside the invoking user's home.
+  --ca-dir DIR         The CA's directory (cacert.pem, private/cakey.pem); default
+                       $DEFAULT_CA_DIR. An existing CA there is used, so
+                       naming another tool's CA directory here is a deliberate choice.
   --listen-addr ADDR   Address the TLS listener binds (default: libvirtd's, all addresses).
   --tls-port PORT      TCP port of the TLS listener (default: $DEFAULT_TLS_PORT).
   --days N             Validity of new certificates, in days (default: 3650).
   --tool certtool|openssl
                        Which tool makes keys and certificates (default: certtool, from
                        gnutls-bin, when installed, else openssl).
-  --force              Make a new CA and new certificates even when valid ones exist.
+  --force              Make a new CA and new certificates even when valid ones exist (in
+                       the --ca-dir directory).
                        Every client certificate the old CA signed stops working.
   --no-restart         Write files only; print the commands that bring the listener up.
   --root DIR           Test mode: every /etc path is taken under DIR/etc and the home
@@ -105,6 +120,7 @@ host_name=""
 host_names=1
 client_cn="banlieue"
 client_dir=""
+ca_dir=""
 listen_addr=""
 tls_port=""
 days=3650
@@ -129,6 +145,8 @@ while (($#)); do
     --client-cn=*) client_cn=${1#*=}; shift ;;
     --client-dir) need_value "$@"; client_dir=$2; shift 2 ;;
     --client-dir=*) client_dir=${1#*=}; shift ;;
+    --ca-dir) need_value "$@"; ca_dir=$2; shift 2 ;;
+    --ca-dir=*) ca_dir=${1#*=}; shift ;;
     --listen-addr) need_value "$@"; listen_addr=$2; shift 2 ;;
     --listen-addr=*) listen_addr=${1#*=}; shift ;;
     --tls-port) need_value "$@"; tls_port=$2; shift 2 ;;
@@ -176,8 +194,14 @@ fi
 # --- paths -------------------------------------------------------------------------------
 
 etc="$root/etc"
-ca_cert="$etc/pki/CA/cacert.pem"
-ca_key="$etc/pki/CA/private/cakey.pem"
+explicit_ca_dir=0
+[[ -z $ca_dir ]] || explicit_ca_dir=1
+case ${ca_dir:-$DEFAULT_CA_DIR} in
+/*) ca_dir="$root${ca_dir:-$DEFAULT_CA_DIR}" ;;
+*) die "--ca-dir must be an absolute path, got '$ca_dir'" ;;
+esac
+ca_cert="$ca_dir/cacert.pem"
+ca_key="$ca_dir/private/cakey.pem"
 server_cert="$etc/pki/libvirt/servercert.pem"
 server_key="$etc/pki/libvirt/private/serverkey.pem"
 conf="$etc/libvirt/libvirtd.conf"
@@ -186,17 +210,21 @@ socket_dropin="$etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf"
 # Whose home the client files go to: under sudo, the invoking user's, so that they end up
 # with the person who will build the Kubernetes Secret from them.
 client_owner=""
+if [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $EUID -eq 0 ]]; then
+    client_owner=$SUDO_USER
+fi
 if [[ -n $root ]]; then
     home="$root/home"
-elif [[ -n ${SUDO_USER:-} && $SUDO_USER != root && $EUID -eq 0 ]]; then
-    home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
-    [[ -n $home ]] || die "cannot find the home directory of $SUDO_USER"
-    client_owner=$SUDO_USER
+elif [[ -n $client_owner ]]; then
+    home=$(getent passwd "$client_owner" | cut -d: -f6)
+    [[ -n $home ]] || die "cannot find the home directory of $client_owner"
 else
     home=${HOME:?HOME is not set}
 fi
 client_dir=${client_dir:-$home/.config/banlieue/libvirt}
 case $client_dir in /*) ;; *) client_dir="$PWD/$client_dir" ;; esac
+# Symbolic links and .. resolved, so the checks below judge where the files really go.
+client_dir=$(realpath -m -- "$client_dir")
 
 # --- checks before anything is written ---------------------------------------------------
 
@@ -218,6 +246,15 @@ inside_git_work_tree() {
     done
 }
 
+# Handing a directory over to the invoking user is only safe inside that user's own home:
+# elsewhere (/etc, another user's home) it would give them files they must not own.
+if [[ -n $client_owner ]]; then
+    real_home=$(realpath -m -- "$home")
+    if [[ $client_dir != "$real_home"/* ]]; then
+        die "refusing --client-dir $client_dir: under sudo the client's files are handed to $client_owner, so they must go inside $real_home"
+    fi
+fi
+
 if inside_git_work_tree "$client_dir"; then
     die "refusing to write the client's private key into a git work tree ($client_dir); pass --client-dir with a directory outside any repository"
 fi
@@ -237,6 +274,22 @@ explicit_host_name=0
 if [[ -z $host_name ]]; then
     host_name=$(hostname -f 2>/dev/null || true)
     [[ -n $host_name ]] || host_name=$(hostname)
+fi
+# The name goes into certificate templates and libvirtd.conf between quotes: anything but a
+# DNS name or an IP address could add directives of its own (a quote and "ca" would make the
+# server certificate a CA).
+is_dns_name() {
+    local label='[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?'
+    ((${#1} <= 253)) && [[ $1 =~ ^$label(\.$label)*$ ]]
+}
+is_ip_address() {
+    [[ $1 =~ ^([0-9]{1,3}\.){3}[0-9]{1,3}$ || $1 =~ ^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$ ]]
+}
+if ! is_dns_name "$host_name" && ! is_ip_address "$host_name"; then
+    if ((explicit_host_name)); then
+        die "--hostname must be a DNS name or an IP address, got '$host_name'"
+    fi
+    die "this host's name '$host_name' is neither a DNS name nor an IP address; pass --hostname"
 fi
 san_list=()
 add_san() {
@@ -403,6 +456,20 @@ cert_sans() {
     fi | canonical_sans
 }
 
+# The subject DN of CERT as libvirtd compares it with tls_allowed_dn_list (what
+# virt-pki-query-dn prints: RDNs in certificate order, comma-separated).
+cert_dn() {
+    if command -v virt-pki-query-dn >/dev/null; then
+        virt-pki-query-dn "$1" 2>/dev/null
+    elif command -v openssl >/dev/null; then
+        openssl x509 -in "$1" -noout -subject -nameopt RFC2253,-dn_rev 2>/dev/null | sed 's/^subject=//'
+    else
+        # certtool prints RFC 4514 order, the reverse of the certificate's.
+        certtool -i --infile "$1" 2>/dev/null | sed -n 's/^[[:space:]]*Subject: //p' |
+            tr ',' '\n' | tac | paste -sd, -
+    fi
+}
+
 # install_file SRC DEST MODE: atomically, creating DEST's directory.
 install_file() {
     local dir
@@ -415,6 +482,9 @@ install_file() {
 # --- 1. the CA ---------------------------------------------------------------------------
 
 new_ca=0
+if ((!explicit_ca_dir)) && [[ ! -e $ca_cert && -e $root/etc/pki/CA/cacert.pem ]]; then
+    note "not using the CA in $root/etc/pki/CA: this script keeps its own in $ca_dir (pass --ca-dir $root/etc/pki/CA to sign with that one instead)"
+fi
 if ((force)) || [[ ! -e $ca_cert && ! -e $ca_key ]]; then
     mkdir -p "$(dirname "$ca_cert")" "$(dirname "$ca_key")"
     chmod 700 "$(dirname "$ca_key")"
@@ -469,6 +539,9 @@ reissue_client=$((force || new_ca))
 if ((!reissue_client)); then
     if [[ ! -e $client_cert || ! -e $client_key ]] || ! signed_by_ca "$client_cert"; then
         reissue_client=1
+    elif [[ $(cert_dn "$client_cert") != "O=banlieue,CN=$client_cn" ]]; then
+        note "the client certificate names another client: reissuing it"
+        reissue_client=1
     fi
 fi
 if ((reissue_client)); then
@@ -482,12 +555,17 @@ else
 fi
 install_file "$ca_cert" "$client_dir/cacert.pem" 600
 chmod 600 "$client_key" "$client_cert"
+client_dn=$(cert_dn "$client_cert")
+[[ -n $client_dn ]] || die "cannot read the distinguished name of $client_cert"
 if [[ -n $client_owner ]]; then
-    chown -R "$client_owner:" "$client_dir"
+    # Only what this script wrote, never through a link: not chown -R, which would also hand
+    # over whatever else the directory holds (a hard link to a root-owned file, say).
+    chown -h "$client_owner:" "$client_dir" "$client_dir/cacert.pem" "$client_cert" "$client_key"
     # The parents made here belong to the user too, not to root.
+    real_home=$(realpath -m -- "$home")
     p=$(dirname "$client_dir")
-    while [[ $p == "$home"/* ]]; do
-        [[ $(stat -c %U "$p") == root ]] && chown "$client_owner:" "$p"
+    while [[ $p == "$real_home"/* ]]; do
+        [[ $(stat -c %U "$p") == root ]] && chown -h "$client_owner:" "$p"
         p=$(dirname "$p")
     done
 fi
@@ -509,6 +587,8 @@ quote() {
     echo "ca_file = $(quote "$ca_cert")"
     echo "cert_file = $(quote "$server_cert")"
     echo "key_file = $(quote "$server_key")"
+    # Only the client issued here: a certificate the CA signed for anything else is refused.
+    echo "tls_allowed_dn_list = [ $(quote "$client_dn") ]"
     echo "$BLOCK_END"
 } >"$work/block"
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # scripts/bootstrap-libvirt-tls.sh against a real libvirtd: the script writes its PKI and
 # libvirtd.conf under a temp root (--root), a daemon is started on exactly that libvirtd.conf,
-# and virsh must reach it over TLS with the client files the script left behind. Done once with
-# certtool and once with openssl making the certificates.
+# and virsh must reach it over TLS with the client files the script left behind, while a client
+# the same CA signed for another name is refused (tls_allowed_dn_list). Done once with certtool
+# and once with openssl making the certificates. Before that, without a daemon: the refusals
+# (a git work tree, a --hostname that is not a name, a --client-dir outside the sudo user's
+# home) and the CA directory of its own.
 #
 # The daemon is the system's /usr/sbin/libvirtd in a private mount namespace whose
 # /etc/libvirt, /var/lib/libvirt, /run and /var/log are directories of the temp root, as
@@ -177,7 +180,7 @@ fingerprint() {
 
 # --- --help names every option ------------------------------------------------------------
 help=$("$script" --help)
-for option in --san --hostname --no-host-names --client-cn --client-dir --listen-addr \
+for option in --san --hostname --no-host-names --client-cn --client-dir --ca-dir --listen-addr \
     --tls-port --days --tool --force --no-restart --root --help; do
     grep -q -- "$option" <<<"$help" || fail "--help does not mention $option"
 done
@@ -192,6 +195,76 @@ fi
 grep -q "git work tree" "$repo_root/refusal.out" || fail "refusal does not say why: $(cat "$repo_root/refusal.out")"
 [[ ! -e $repo_root/etc ]] || fail "the script wrote files before refusing"
 pass "refuses to write client credentials into a git work tree"
+
+# --- --hostname is a DNS name or an IP address, nothing a template could read as more ------
+# Each of these would otherwise reach a certtool template or libvirtd.conf between quotes.
+for bad in 'kvm"' $'kvm"\nca' 'kvm;id' '$(id)' 'kvm 1' '-kvm' 'kvm..example' "$(printf 'a%.0s' {1..64})"; do
+    new_temp bad_root
+    if "$script" --root "$bad_root" --hostname "$bad" >"$bad_root/refusal.out" 2>&1; then
+        fail "--hostname '$bad' was accepted"
+    fi
+    grep -q -- "--hostname must be a DNS name or an IP address" "$bad_root/refusal.out" ||
+        fail "refusal of --hostname '$bad' does not say why: $(cat "$bad_root/refusal.out")"
+    [[ ! -e $bad_root/etc ]] || fail "the script wrote files before refusing --hostname '$bad'"
+done
+for good in kvm-1.example.com kvm-1 192.0.2.7 2001:db8::7; do
+    new_temp good_root
+    "$script" --root "$good_root" --hostname "$good" --no-restart >/dev/null ||
+        fail "--hostname '$good' was refused"
+done
+pass "--hostname takes DNS names and IP addresses, and refuses quotes, shell syntax and bad labels"
+
+# --- under sudo, the client directory must be inside the invoking user's home ---------------
+# The script hands that directory to $SUDO_USER; nobody is a user every system has.
+new_temp sudo_root
+new_temp elsewhere
+if SUDO_USER=nobody "$script" --root "$sudo_root" --client-dir "$elsewhere/creds" \
+    >"$sudo_root/refusal.out" 2>&1; then
+    fail "the script handed a directory outside the sudo user's home to that user"
+fi
+grep -q "must go inside" "$sudo_root/refusal.out" || fail "refusal does not say why: $(cat "$sudo_root/refusal.out")"
+[[ ! -e $sudo_root/etc && ! -e $elsewhere/creds ]] || fail "the script wrote files before refusing the client directory"
+# A path that only looks inside the home (.. and a symbolic link out of it) is judged by where
+# it really leads.
+mkdir -p "$sudo_root/home"
+ln -s "$elsewhere" "$sudo_root/home/link-out"
+for sneaky in "$sudo_root/home/../outside" "$sudo_root/home/link-out/creds"; do
+    if SUDO_USER=nobody "$script" --root "$sudo_root" --client-dir "$sneaky" >/dev/null 2>&1; then
+        fail "--client-dir $sneaky escaped the sudo user's home"
+    fi
+done
+[[ ! -e $sudo_root/etc ]] || fail "the script wrote files before refusing an escaping client directory"
+# Inside the home: the files the script wrote go to the user, and nothing else in it does.
+client="$sudo_root/home/.config/banlieue/libvirt"
+mkdir -p "$client"
+touch "$client/not-ours"
+SUDO_USER=nobody "$script" --root "$sudo_root" --san 127.0.0.1 >/dev/null
+for f in "$client" "$client/cacert.pem" "$client/clientcert.pem" "$client/clientkey.pem"; do
+    [[ $(stat -c %U "$f") == nobody ]] || fail "$f is owned by $(stat -c %U "$f"), want nobody"
+done
+[[ $(stat -c %U "$client/not-ours") == root ]] || fail "a file the script did not write was handed to the sudo user"
+pass "under sudo, --client-dir must be inside the user's home; only the script's own files are handed over"
+
+# --- a CA directory of its own: an existing /etc/pki/CA is never used silently --------------
+new_temp ca_root
+mkdir -p "$ca_root/etc/pki/CA/private"
+openssl req -x509 -newkey rsa:2048 -nodes -subj "/CN=someone else's CA" -days 1 \
+    -keyout "$ca_root/etc/pki/CA/private/cakey.pem" -out "$ca_root/etc/pki/CA/cacert.pem" 2>/dev/null
+foreign=$(fingerprint "$ca_root/etc/pki/CA/cacert.pem")
+"$script" --root "$ca_root" --san 127.0.0.1 >"$ca_root/bootstrap.out"
+grep -q "not using the CA in $ca_root/etc/pki/CA" "$ca_root/bootstrap.out" ||
+    fail "the script did not say it leaves /etc/pki/CA alone: $(cat "$ca_root/bootstrap.out")"
+[[ $(fingerprint "$ca_root/etc/pki/CA/cacert.pem") == "$foreign" ]] || fail "the script replaced /etc/pki/CA"
+grep -qx "ca_file = \"$ca_root/etc/pki/banlieue-libvirt-ca/cacert.pem\"" "$ca_root/etc/libvirt/libvirtd.conf" ||
+    fail "libvirtd.conf does not trust the script's own CA: $(grep ca_file "$ca_root/etc/libvirt/libvirtd.conf")"
+if openssl verify -CAfile "$ca_root/etc/pki/CA/cacert.pem" "$ca_root/etc/pki/libvirt/servercert.pem" >/dev/null 2>&1; then
+    fail "the server certificate was signed by the existing /etc/pki/CA"
+fi
+# Only when asked by name.
+"$script" --root "$ca_root" --san 127.0.0.1 --ca-dir /etc/pki/CA >/dev/null
+openssl verify -CAfile "$ca_root/etc/pki/CA/cacert.pem" "$ca_root/etc/pki/libvirt/servercert.pem" >/dev/null ||
+    fail "--ca-dir /etc/pki/CA did not sign with that CA"
+pass "keeps its own CA directory; uses /etc/pki/CA only with --ca-dir"
 
 # --- against a real daemon, with each certificate tool ------------------------------------
 for tool in certtool openssl; do
@@ -221,6 +294,8 @@ for tool in certtool openssl; do
     grep -qx 'listen_addr = "127.0.0.1"' "$conf" || fail "$conf does not set listen_addr"
     grep -qx 'mdns_adv = 0' "$conf" || fail "$conf lost a setting it did not manage"
     grep -qx '#(banlieue) listen_tls = 0' "$conf" || fail "$conf still has the old listen_tls"
+    grep -qx 'tls_allowed_dn_list = \[ "O=banlieue,CN=banlieue" \]' "$conf" ||
+        fail "$conf does not allow exactly the issued client's DN: $(grep tls_allowed_dn_list "$conf")"
     backups=("$conf".bak.*)
     if ((${#backups[@]} != 1)) || [[ ! -e ${backups[0]} ]]; then
         fail "expected one backup of libvirtd.conf"
@@ -231,8 +306,8 @@ for tool in certtool openssl; do
     expect_mode 700 "$client"
     for f in cacert.pem clientcert.pem clientkey.pem; do expect_mode 600 "$client/$f"; done
     expect_mode 600 "$root/etc/pki/libvirt/private/serverkey.pem"
-    expect_mode 600 "$root/etc/pki/CA/private/cakey.pem"
-    expect_mode 644 "$root/etc/pki/CA/cacert.pem"
+    expect_mode 600 "$root/etc/pki/banlieue-libvirt-ca/private/cakey.pem"
+    expect_mode 644 "$root/etc/pki/banlieue-libvirt-ca/cacert.pem"
     expect_mode 644 "$root/etc/pki/libvirt/servercert.pem"
     pass "$tool: client files 600 in a 700 directory, private keys 600"
 
@@ -265,13 +340,30 @@ for tool in certtool openssl; do
     kill -0 "$daemon_pid" 2>/dev/null || fail "$tool: libvirtd died refusing a client"
     pass "$tool: a client certificate from another CA is refused ($(grep -m1 -o 'error: .*' <<<"$refused" | tail -1))"
 
+    # Nor is one the same CA signed for another name: the CA's word alone is not enough.
+    ca_dir="$root/etc/pki/banlieue-libvirt-ca"
+    intruder="$root/intruder-client"
+    mkdir -m 700 "$intruder"
+    cp "$client/cacert.pem" "$intruder/"
+    printf 'basicConstraints = critical,CA:FALSE\nkeyUsage = critical,digitalSignature,keyEncipherment\nextendedKeyUsage = clientAuth\n' >"$root/intruder.ext"
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$intruder/clientkey.pem" \
+        -subj "/O=banlieue/CN=intruder" -out "$root/intruder.csr" 2>/dev/null
+    openssl x509 -req -in "$root/intruder.csr" -CA "$ca_dir/cacert.pem" -CAkey "$ca_dir/private/cakey.pem" \
+        -set_serial 7 -days 1 -extfile "$root/intruder.ext" -out "$intruder/clientcert.pem" 2>/dev/null
+    if refused=$(timeout 60 virsh -c "qemu+tls://127.0.0.1:$port/system?pkipath=$intruder" version 2>&1); then
+        fail "$tool: the daemon accepted a client the CA signed for another name"
+    fi
+    kill -0 "$daemon_pid" 2>/dev/null || fail "$tool: libvirtd died refusing a client"
+    virsh -c "$uri" version >/dev/null 2>&1 || fail "$tool: the issued client no longer gets in"
+    pass "$tool: a client the same CA signed for another DN is refused ($(grep -m1 -o 'error: .*' <<<"$refused" | tail -1))"
+
     stop_daemon
     pass "$tool: libvirtd stopped"
 
     # Re-running changes nothing: same CA, same certificates, no rewrite, no new backup.
-    before=$(fingerprint "$root/etc/pki/CA/cacert.pem"; fingerprint "$root/etc/pki/libvirt/servercert.pem"; fingerprint "$client/clientcert.pem")
+    before=$(fingerprint "$root/etc/pki/banlieue-libvirt-ca/cacert.pem"; fingerprint "$root/etc/pki/libvirt/servercert.pem"; fingerprint "$client/clientcert.pem")
     "$script" "${args[@]}" >"$root/bootstrap-again.out"
-    after=$(fingerprint "$root/etc/pki/CA/cacert.pem"; fingerprint "$root/etc/pki/libvirt/servercert.pem"; fingerprint "$client/clientcert.pem")
+    after=$(fingerprint "$root/etc/pki/banlieue-libvirt-ca/cacert.pem"; fingerprint "$root/etc/pki/libvirt/servercert.pem"; fingerprint "$client/clientcert.pem")
     [[ $before == "$after" ]] || fail "$tool: a re-run replaced the CA or a certificate"
     backups=("$conf".bak.*)
     ((${#backups[@]} == 1)) || fail "$tool: a re-run with the same options rewrote libvirtd.conf"
@@ -279,14 +371,22 @@ for tool in certtool openssl; do
 
     # A new name reissues the server certificate under the same CA.
     "$script" "${args[@]}" --san 127.0.0.2 >"$root/bootstrap-san.out"
-    [[ $(fingerprint "$root/etc/pki/CA/cacert.pem") == "$(head -1 <<<"$before")" ]] || fail "$tool: a new SAN replaced the CA"
+    [[ $(fingerprint "$root/etc/pki/banlieue-libvirt-ca/cacert.pem") == "$(head -1 <<<"$before")" ]] || fail "$tool: a new SAN replaced the CA"
     openssl x509 -in "$root/etc/pki/libvirt/servercert.pem" -noout -ext subjectAltName | grep -q "127.0.0.2" ||
         fail "$tool: the server certificate does not name the added SAN"
     pass "$tool: an added --san reissues the server certificate under the same CA"
 
     # --force makes a new CA.
     "$script" "${args[@]}" --force >"$root/bootstrap-force.out"
-    [[ $(fingerprint "$root/etc/pki/CA/cacert.pem") != "$(head -1 <<<"$before")" ]] || fail "$tool: --force kept the CA"
-    cmp -s "$root/etc/pki/CA/cacert.pem" "$client/cacert.pem" || fail "$tool: the client's cacert.pem is not the new CA"
+    [[ $(fingerprint "$root/etc/pki/banlieue-libvirt-ca/cacert.pem") != "$(head -1 <<<"$before")" ]] || fail "$tool: --force kept the CA"
+    cmp -s "$ca_dir/cacert.pem" "$client/cacert.pem" || fail "$tool: the client's cacert.pem is not the new CA"
     pass "$tool: --force makes a new CA and hands it to the client"
+
+    # Another --client-cn reissues the client certificate and allows that DN instead.
+    "$script" "${args[@]}" --client-cn banlieue-2 >"$root/bootstrap-cn.out"
+    [[ $(virt-pki-query-dn "$client/clientcert.pem") == "O=banlieue,CN=banlieue-2" ]] ||
+        fail "$tool: a new --client-cn kept the old client certificate"
+    grep -qx 'tls_allowed_dn_list = \[ "O=banlieue,CN=banlieue-2" \]' "$conf" ||
+        fail "$tool: tls_allowed_dn_list does not follow --client-cn: $(grep tls_allowed_dn_list "$conf")"
+    pass "$tool: a new --client-cn reissues the client certificate and allows its DN"
 done

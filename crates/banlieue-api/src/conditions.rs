@@ -93,7 +93,8 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     find(conditions, type_).is_some_and(|c| c.status == status::TRUE)
 }
 
-/// A condition ready to be set with [`set`]; `last_transition_time` is filled by `set`.
+/// A condition ready to be set with [`set`]; `last_transition_time` is filled by `set`. The
+/// message is bounded by [`bounded_message`] to [`MAX_MESSAGE_BYTES`].
 pub fn new(
     type_: &str,
     status: &str,
@@ -105,7 +106,7 @@ pub fn new(
         type_: type_.to_owned(),
         status: status.to_owned(),
         reason: reason.to_owned(),
-        message: message.into(),
+        message: bounded_message(message, MAX_MESSAGE_BYTES),
         observed_generation,
         last_transition_time: Time(Default::default()),
     }
@@ -132,6 +133,37 @@ pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition, now: Time)
             true
         }
     }
+}
+
+/// The most bytes a condition message keeps. A libvirt error can carry megabytes of text, and a
+/// status write that large is refused (or bloats every watcher's cache), which would leave the
+/// condition stuck at its previous, wrong message; a few KiB hold every useful diagnosis.
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// The most bytes an Event's note keeps: the API server refuses an events.k8s.io/v1 Event whose
+/// note is longer than 1 KiB.
+pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
+
+/// What ends a message that [`bounded_message`] cut, so a reader knows the text goes on.
+pub const TRUNCATION_MARKER: &str = " …[truncated]";
+
+/// `message` cut to at most `max_bytes` bytes, on a character boundary, ending in
+/// [`TRUNCATION_MARKER`] when anything was cut; unchanged when it fits. Every condition message
+/// and Event note goes through this, whatever produced the text.
+pub fn bounded_message(message: impl Into<String>, max_bytes: usize) -> String {
+    let mut message = message.into();
+    if message.len() <= max_bytes {
+        return message;
+    }
+    let mut keep = max_bytes.saturating_sub(TRUNCATION_MARKER.len());
+    while !message.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    message.truncate(keep);
+    if TRUNCATION_MARKER.len() <= max_bytes {
+        message.push_str(TRUNCATION_MARKER);
+    }
+    message
 }
 
 /// An error and its sources on one line, for condition messages and logs: the underlying cause
@@ -188,6 +220,39 @@ mod tests {
         assert_eq!(list.len(), 1);
         assert!(is_true(&list, "Ready"));
         assert!(!is_true(&list, "Scheduled"));
+    }
+
+    #[test]
+    fn a_megabytes_long_libvirt_error_is_cut_to_the_bound() {
+        let huge = "x".repeat(4 << 20);
+        let message = bounded_message(huge, MAX_MESSAGE_BYTES);
+        assert_eq!(message.len(), MAX_MESSAGE_BYTES);
+        assert!(message.ends_with(TRUNCATION_MARKER));
+        let condition = new("Ready", "False", "LibvirtError", "y".repeat(1 << 20), None);
+        assert!(condition.message.len() <= MAX_MESSAGE_BYTES);
+        assert!(condition.message.ends_with(TRUNCATION_MARKER));
+    }
+
+    #[test]
+    fn a_multibyte_character_at_the_bound_is_not_split() {
+        for max in TRUNCATION_MARKER.len()..40 {
+            for lead in 0..4 {
+                let text = format!("{}{}", "a".repeat(lead), "é€😀".repeat(20));
+                let message = bounded_message(text.clone(), max);
+                assert!(message.len() <= max, "{max}: {message}");
+                assert!(message.ends_with(TRUNCATION_MARKER), "{max}: {message}");
+                let kept = message.strip_suffix(TRUNCATION_MARKER).unwrap();
+                assert!(text.starts_with(kept));
+            }
+        }
+        // A bound smaller than the marker still holds, and does not panic.
+        assert!(bounded_message("ééééé", 3).len() <= 3);
+    }
+
+    #[test]
+    fn a_message_that_fits_is_kept_whole() {
+        assert_eq!(bounded_message("short", 5), "short");
+        assert_eq!(bounded_message("", 0), "");
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -45,6 +45,16 @@ pub const FINALIZER_MACHINE_PROTECTION: &str = "banlieue.io/machine-protection";
 /// Finalizer a LibvirtMachine holds until its domain and volumes are gone.
 pub const FINALIZER_DOMAIN_PROTECTION: &str = "banlieue.io/domain-protection";
 
+/// Prefix of the label and annotation keys banlieue writes.
+pub const RESERVED_KEY_PREFIX: &str = "banlieue.io/";
+
+/// Whether a label or annotation key is banlieue's own (under [`RESERVED_KEY_PREFIX`]). Users may
+/// not set these on what banlieue copies onto its objects (a pool template); the CRD refuses them
+/// and the controller drops any that got past it.
+pub fn is_reserved_key(key: &str) -> bool {
+    key.starts_with(RESERVED_KEY_PREFIX)
+}
+
 /// Kubernetes object names (DNS-1123 labels) are at most this long.
 pub const MAX_NAME_LEN: usize = 63;
 
@@ -71,17 +81,51 @@ pub fn import_job_name(image: &str, provider: &str, pool: &str) -> String {
     shorten(&format!("import-{image}-{provider}-{pool}"))
 }
 
-/// `name` if it fits in [`MAX_NAME_LEN`], otherwise a prefix and 10 hex digits of its SHA-256.
-/// The prefix never ends in `-` or `.`, so the result stays a valid DNS-1123 label.
+/// `name` itself if it is already a DNS-1123 subdomain of at most [`MAX_NAME_LEN`] characters;
+/// otherwise a DNS-1123 label: a prefix of `name` with every character outside `[a-z0-9-]`
+/// (after lower-casing ASCII) turned into `-`, then `-` and 10 hex digits of the SHA-256 of the
+/// whole original `name`. The hash covers the original bytes, so two names that differ only in
+/// what was replaced or cut still get distinct results (up to a 40-bit collision). The prefix
+/// never starts or ends in `-`; when nothing of it survives the result is the hash alone.
+///
+/// Inputs reach this from user-chosen names (a libvirt storage pool may be named in any script),
+/// so it works on characters, never on byte offsets that could split one.
 pub fn shorten(name: &str) -> String {
-    if name.len() <= MAX_NAME_LEN {
+    if name.len() <= MAX_NAME_LEN && is_dns_subdomain(name) {
         return name.to_owned();
     }
     let digest = Sha256::digest(name.as_bytes());
     let hash: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
     let keep = MAX_NAME_LEN - hash.len() - 1;
-    let prefix = name[..keep].trim_end_matches(['-', '.']);
-    format!("{prefix}-{hash}")
+    let sanitized: String = name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .take(keep)
+        .collect();
+    let prefix = sanitized.trim_matches('-');
+    if prefix.is_empty() {
+        hash
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
+/// Whether `name` is a DNS-1123 subdomain: dot-separated labels of `[a-z0-9-]` that start and
+/// end alphanumeric.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            !bytes.is_empty()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+                && bytes[0] != b'-'
+                && bytes[bytes.len() - 1] != b'-'
+        })
 }
 
 #[cfg(test)]
@@ -125,6 +169,82 @@ mod tests {
         let short = shorten(&name);
         assert!(!short.contains("--"), "{short}");
         assert!(short.len() <= 63);
+    }
+
+    /// A DNS-1123 label: what every output of `shorten` that it changed must be.
+    fn is_dns_label(name: &str) -> bool {
+        !name.is_empty()
+            && name.len() <= MAX_NAME_LEN
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-')
+    }
+
+    #[test]
+    fn a_multibyte_character_across_the_cut_does_not_panic() {
+        // 'é' is two bytes; at byte 52 (where the old code sliced) it straddles the cut.
+        for lead in 40..60 {
+            let name = format!("{}{}", "a".repeat(lead), "é".repeat(40));
+            let short = shorten(&name);
+            assert!(is_dns_label(&short), "{name} -> {short}");
+        }
+    }
+
+    #[test]
+    fn a_short_non_ascii_name_becomes_a_label() {
+        let pool = "données";
+        let short = import_job_name("ubuntu", "edge-7", pool);
+        assert!(is_dns_label(&short), "{short}");
+        assert!(short.starts_with("import-ubuntu-edge-7-donn"), "{short}");
+        assert_ne!(short, import_job_name("ubuntu", "edge-7", "donnaes"));
+    }
+
+    #[test]
+    fn names_that_differ_only_in_replaced_characters_stay_distinct() {
+        let a = shorten("pool-ü");
+        let b = shorten("pool-ö");
+        assert_ne!(a, b);
+        assert!(is_dns_label(&a) && is_dns_label(&b), "{a} {b}");
+    }
+
+    #[test]
+    fn a_name_of_nothing_but_symbols_is_the_hash_alone() {
+        let short = shorten("日本語のプール");
+        assert_eq!(short.len(), 10, "{short}");
+        assert!(is_dns_label(&short), "{short}");
+    }
+
+    #[test]
+    fn valid_names_keep_their_existing_shortening() {
+        // The shortening of a name that was already valid must not move: import Jobs and
+        // provider workloads are found again by these names after an upgrade.
+        let name = format!("{}-{}", "a".repeat(51), "b".repeat(30));
+        let digest = Sha256::digest(name.as_bytes());
+        let hash: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(shorten(&name), format!("{}-{hash}", "a".repeat(51)));
+        assert_eq!(shorten("web.example-1"), "web.example-1");
+    }
+
+    #[test]
+    fn reserved_keys_are_those_banlieue_writes() {
+        for key in [
+            LABEL_CLAIM,
+            LABEL_POOL,
+            ANNOTATION_SUBJECT_ID,
+            ANNOTATION_BOUND_AT,
+        ] {
+            assert!(is_reserved_key(key), "{key}");
+        }
+        for key in [
+            "app",
+            "example.com/banlieue.io",
+            "notbanlieue.io/a",
+            "banlieue.io",
+        ] {
+            assert!(!is_reserved_key(key), "{key}");
+        }
     }
 
     #[test]

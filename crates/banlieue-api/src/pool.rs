@@ -60,14 +60,28 @@ pub struct VirtualMachineTemplate {
     pub spec: VirtualMachineSpec,
 }
 
-/// The parts of object metadata a template may set.
+/// The parts of object metadata a template may set. Keys under `banlieue.io/` are banlieue's own
+/// and refused: a template carrying `banlieue.io/claim` would make
+/// every member look bound to a claim, so none could be claimed and the pool would create
+/// replacements without end. (The rules test a prefix only: the API server bounds a rule's
+/// estimated cost, and a test over the whole of an unbounded key would exceed it.)
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TemplateMetadata {
-    /// Labels copied onto members.
+    /// Labels copied onto members. None under `banlieue.io/`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.all(k, !k.startsWith('banlieue.io/'))",
+        "message": "labels under banlieue.io/ are reserved: banlieue writes them itself",
+        "messageExpression": "'label ' + self.filter(k, k.startsWith('banlieue.io/'))[0] + ' is reserved: banlieue writes banlieue.io/ labels itself'"
+    }]))]
     pub labels: BTreeMap<String, String>,
-    /// Annotations copied onto members.
+    /// Annotations copied onto members. None under `banlieue.io/`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.all(k, !k.startsWith('banlieue.io/'))",
+        "message": "annotations under banlieue.io/ are reserved: banlieue writes them itself",
+        "messageExpression": "'annotation ' + self.filter(k, k.startsWith('banlieue.io/'))[0] + ' is reserved: banlieue writes banlieue.io/ annotations itself'"
+    }]))]
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -138,6 +152,11 @@ pub struct VirtualMachinePoolStatus {
     pub observed_generation: Option<i64>,
 }
 
+/// The largest `ttlSeconds` a claim may ask for: ten years. No sandbox lives that long, and the
+/// bound keeps `boundAt + ttlSeconds` far from the end of representable time, where an
+/// overflowing sum would otherwise read as "already expired".
+pub const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 60 * 60;
+
 /// The desired state of a VirtualMachineClaim.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -166,8 +185,8 @@ pub struct VirtualMachineClaimSpec {
     /// Who the member is for. An identifier, never a credential.
     pub subject: ClaimSubject,
     /// Deadline in seconds, counted from binding. Required: at expiry the member is deleted,
-    /// then the claim.
-    #[schemars(range(min = 1))]
+    /// then the claim. At most ten years: a larger number is a mistake, not a deadline.
+    #[schemars(range(min = 1, max = MAX_TTL_SECONDS))]
     pub ttl_seconds: i64,
 }
 

@@ -325,3 +325,190 @@ async fn the_table_api_prints_expires_as_a_deadline_and_age_as_an_age() {
         "AGE is an age, got {age:?}"
     );
 }
+
+fn pool(name: &str, template_metadata: Value) -> Value {
+    json!({
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "VirtualMachinePool",
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": 1,
+            "updateStrategy": { "type": "Replace" },
+            "template": {
+                "metadata": template_metadata,
+                "spec": {
+                    "classRef": { "name": "small" },
+                    "imageRef": { "name": "ubuntu-2404" },
+                    "storageClassName": "standard",
+                    "networkClassName": "prod"
+                }
+            }
+        }
+    })
+}
+
+/// A template carrying `banlieue.io/claim` would make every member look bound: none could be
+/// claimed, and the pool would create replacements without end.
+#[tokio::test]
+async fn a_pool_template_cannot_forge_banlieues_own_labels_or_annotations() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VirtualMachinePool>(&());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
+
+    let refused = [
+        (
+            json!({ "labels": { "banlieue.io/claim": "someone", "team": "a" } }),
+            "spec.template.metadata.labels",
+            "label banlieue.io/claim is reserved",
+        ),
+        (
+            json!({ "labels": { "banlieue.io/pool": "other-pool" } }),
+            "spec.template.metadata.labels",
+            "label banlieue.io/pool is reserved",
+        ),
+        (
+            json!({ "annotations": { "banlieue.io/subject-id": "mallory" } }),
+            "spec.template.metadata.annotations",
+            "annotation banlieue.io/subject-id is reserved",
+        ),
+    ];
+    for (index, (metadata, path, words)) in refused.into_iter().enumerate() {
+        let (code, message) =
+            refusal(create(&api, pool(&format!("forged-{index}"), metadata)).await);
+        assert_eq!(code, 422, "{message}");
+        assert!(
+            message.contains(path) && message.contains(words),
+            "{message}"
+        );
+    }
+
+    // Keys that merely mention the domain elsewhere are the user's own.
+    create(
+        &api,
+        pool(
+            "ordinary",
+            json!({
+                "labels": { "team": "a", "example.com/banlieue.io": "x" },
+                "annotations": { "notbanlieue.io/a": "b" }
+            }),
+        ),
+    )
+    .await
+    .expect("a template with ordinary keys is accepted");
+}
+
+#[tokio::test]
+async fn a_ttl_near_i64_max_is_refused_rather_than_overflowing() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    for ttl in [i64::MAX, banlieue_api::pool::MAX_TTL_SECONDS + 1] {
+        let mut huge = claim("huge-ttl", "https://issuer.example.com", "alice");
+        huge["spec"]["ttlSeconds"] = json!(ttl);
+        let (code, message) = refusal(create(&api, huge).await);
+        assert_eq!(code, 422, "{message}");
+        assert!(
+            message.contains("spec.ttlSeconds")
+                && message.contains("should be less than or equal to 315360000"),
+            "{message}"
+        );
+    }
+    let mut longest = claim("ten-years", "https://issuer.example.com", "alice");
+    longest["spec"]["ttlSeconds"] = json!(banlieue_api::pool::MAX_TTL_SECONDS);
+    create(&api, longest)
+        .await
+        .expect("the largest TTL is accepted");
+}
+
+/// A libvirt error can be megabytes long. Quoted whole, it makes the status write fail, so the
+/// condition would keep saying whatever it said before; bounded, it is written.
+#[tokio::test]
+async fn a_four_mebibyte_error_still_reaches_the_condition_bounded() {
+    use banlieue_api::conditions;
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    create(&api, claim("noisy", "https://issuer.example.com", "alice"))
+        .await
+        .expect("create");
+    let error = format!("libvirt: {}", "é".repeat(2 << 20));
+    let status_with = |message: String| {
+        let mut condition = conditions::new("Bound", "False", "NoMemberAvailable", "", None);
+        condition.message = message;
+        condition.last_transition_time =
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
+        json!({ "status": { "phase": "Pending", "conditions": [condition] } })
+    };
+
+    // What a condition built by hand, unbounded, meets.
+    let unbounded = api
+        .patch_status(
+            "noisy",
+            &PatchParams::default(),
+            &Patch::Merge(status_with(error.clone())),
+        )
+        .await;
+    assert!(unbounded.is_err(), "a 4 MiB condition message was stored");
+
+    let bounded = conditions::new("Bound", "False", "NoMemberAvailable", error.clone(), None);
+    let written = api
+        .patch_status(
+            "noisy",
+            &PatchParams::default(),
+            &Patch::Merge(status_with(bounded.message.clone())),
+        )
+        .await
+        .expect("the bounded condition is written");
+    let stored = written.data["status"]["conditions"][0]["message"]
+        .as_str()
+        .expect("message");
+    assert!(stored.len() <= conditions::MAX_MESSAGE_BYTES);
+    assert!(stored.ends_with(conditions::TRUNCATION_MARKER), "{stored}");
+    assert!(error.starts_with(stored.trim_end_matches(conditions::TRUNCATION_MARKER)));
+}
+
+/// The API server refuses an Event whose note is over 1 KiB; a bounded note is published.
+#[tokio::test]
+async fn an_event_quoting_a_huge_error_is_still_published_bounded() {
+    use banlieue_api::conditions;
+    use k8s_openapi::api::events::v1::Event;
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let events: Api<Event> = Api::namespaced(cp.client().expect("client"), &ns);
+    let error = format!("libvirt: {}", "€".repeat(1 << 20));
+    let event = |name: &str, note: String| -> Event {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "banlieue.io/test",
+            "reportingInstance": "test-1",
+            "action": "Reconcile",
+            "reason": "LibvirtError",
+            "type": "Warning",
+            "regarding": { "kind": "ConfigMap", "namespace": ns, "name": "c", "apiVersion": "v1" },
+            "note": note
+        }))
+        .expect("event")
+    };
+    let (code, message) = refusal(
+        events
+            .create(
+                &PostParams::default(),
+                &event("whole", error.chars().take(2000).collect()),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("at most 1024"), "{message}");
+
+    let note = conditions::bounded_message(error.clone(), conditions::MAX_EVENT_NOTE_BYTES);
+    let published = events
+        .create(&PostParams::default(), &event("bounded", note))
+        .await
+        .expect("a bounded note is accepted");
+    let stored = published.note.expect("note");
+    assert!(stored.len() <= conditions::MAX_EVENT_NOTE_BYTES);
+    assert!(stored.ends_with(conditions::TRUNCATION_MARKER), "{stored}");
+}

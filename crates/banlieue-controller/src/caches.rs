@@ -64,12 +64,8 @@ where
         unreachable!("exactly N receivers were made")
     };
     let kind = K::kind(&());
-    let send = move |object: &K| {
-        for sender in &senders {
-            // A controller that has stopped no longer listens.
-            let _ = sender.unbounded_send(Ok(object.clone()));
-        }
-    };
+    let mut fanout = Fanout::new(senders);
+    let mut send = move |object: &K| fanout.send(object);
     // The reflector applies each event to the store before yielding it, except a (re)list:
     // its objects replace the store's only at InitDone, so they are held until then. Sending
     // from here is what orders every trigger after its cache update.
@@ -88,6 +84,30 @@ where
         futures::future::ready(())
     });
     (reader, receivers, task)
+}
+
+/// The senders of one cache's trigger streams. A subscriber whose receiver is gone (its
+/// controller stopped) is dropped at the next send, so the cache neither clones every object
+/// for nobody nor keeps a dead channel for the life of the process.
+struct Fanout<K> {
+    senders: Vec<mpsc::UnboundedSender<Result<K, watcher::Error>>>,
+}
+
+impl<K: Clone> Fanout<K> {
+    fn new(senders: Vec<mpsc::UnboundedSender<Result<K, watcher::Error>>>) -> Self {
+        Self { senders }
+    }
+
+    fn send(&mut self, object: &K) {
+        self.senders
+            .retain(|sender| sender.unbounded_send(Ok(object.clone())).is_ok());
+    }
+
+    /// Subscribers still listening, as of the last send.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.senders.len()
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +188,48 @@ mod tests {
         task.await.unwrap();
         assert!(first.next().await.is_none(), "nothing sent twice");
         assert!(second.next().await.is_none());
+    }
+
+    #[test]
+    fn a_subscriber_whose_receiver_is_gone_is_pruned() {
+        let (kept_tx, mut kept) = mpsc::unbounded();
+        let (gone_tx, gone) = mpsc::unbounded::<Result<ConfigMap, watcher::Error>>();
+        let mut fanout = Fanout::new(vec![gone_tx, kept_tx]);
+        fanout.send(&config_map("a", "1"));
+        assert_eq!(fanout.len(), 2);
+        drop(gone);
+        fanout.send(&config_map("a", "2"));
+        assert_eq!(fanout.len(), 1, "the dead subscriber is still fed");
+        for version in ["1", "2"] {
+            let object = kept.try_recv().unwrap().unwrap();
+            assert_eq!(object.resource_version().as_deref(), Some(version));
+        }
+        drop(kept);
+        fanout.send(&config_map("a", "3"));
+        assert_eq!(fanout.len(), 0);
+    }
+
+    /// A stopped controller's trigger stream does not stop the cache the others read.
+    #[tokio::test]
+    async fn the_cache_goes_on_when_a_subscriber_is_gone() {
+        let (events_tx, events_rx) = mpsc::unbounded();
+        let readiness = Readiness::new(1);
+        let (store, [gone, mut kept], task) =
+            shared_cache::<ConfigMap, _, 2>(events_rx, &readiness, 0);
+        let task = tokio::spawn(task);
+        drop(gone);
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitDone,
+            watcher::Event::Apply(config_map("a", "1")),
+        ] {
+            events_tx.unbounded_send(Ok(event)).unwrap();
+        }
+        let object = kept.next().await.unwrap().unwrap();
+        assert_eq!(object.name_any(), "a");
+        assert_eq!(cached_version(&store, "a").as_deref(), Some("1"));
+        drop(events_tx);
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 use std::cmp::Ordering;
 
 use banlieue_api::ClaimPhase;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::member::MemberView;
 
@@ -56,6 +57,15 @@ pub fn advance(current: Option<ClaimPhase>, proposed: ClaimPhase) -> Option<Clai
         _ if rank(Some(proposed)) >= rank(current) => Some(proposed),
         _ => current,
     }
+}
+
+/// The claim's deadline: `bound_at + ttl_seconds`, saturating at the latest representable time.
+/// The CRD caps ttlSeconds, but a claim stored before the cap (or written past it) must never
+/// have its sum overflow into "expires now", which would destroy a sandbox at bind.
+pub fn expires_at(bound_at: Timestamp, ttl_seconds: i64) -> Timestamp {
+    bound_at
+        .checked_add(SignedDuration::from_secs(ttl_seconds.max(0)))
+        .unwrap_or(Timestamp::MAX)
 }
 
 /// The message of `Bound=False, NoMemberAvailable`: the pool's own diagnosis in parentheses.
@@ -150,6 +160,24 @@ mod tests {
         // A claim that never held a member cannot fail for losing it.
         assert_eq!(advance(Some(Pending), Failed), Some(Pending));
         assert_eq!(advance(Some(Pending), Releasing), Some(Releasing));
+    }
+
+    #[test]
+    fn a_ttl_near_i64_max_does_not_expire_at_bind() {
+        let bound_at = Timestamp::from_second(1_790_000_000).unwrap();
+        for ttl in [i64::MAX, i64::MAX - 1, 1 << 40] {
+            let deadline = expires_at(bound_at, ttl);
+            assert_eq!(deadline, Timestamp::MAX, "{ttl}");
+            assert!(deadline > bound_at);
+        }
+        assert_eq!(
+            expires_at(bound_at, 900),
+            Timestamp::from_second(1_790_000_900).unwrap()
+        );
+        assert_eq!(
+            expires_at(bound_at, banlieue_api::pool::MAX_TTL_SECONDS),
+            Timestamp::from_second(1_790_000_000 + banlieue_api::pool::MAX_TTL_SECONDS).unwrap()
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use banlieue_api::{
     VirtualMachineClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -308,9 +308,7 @@ async fn complete_bind(
         .get(names::ANNOTATION_BOUND_AT)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .unwrap_or_else(Timestamp::now);
-    let expires_at = bound_at
-        .checked_add(SignedDuration::from_secs(this.claim.spec.ttl_seconds))
-        .unwrap_or(bound_at);
+    let expires_at = claim_decide::expires_at(bound_at, this.claim.spec.ttl_seconds);
     let mut next = status.clone();
     next.phase = claim_decide::advance(status.phase, ClaimPhase::Bound);
     if next.phase != Some(ClaimPhase::Bound) {

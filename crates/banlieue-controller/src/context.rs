@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use banlieue_api::conditions;
 use banlieue_api::{
     LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
@@ -149,18 +150,12 @@ impl Context {
     }
 
     /// Publishes an Event on `object`. Events are diagnostics: failing to write one never fails
-    /// a reconcile.
+    /// a reconcile. The note is bounded so that the API server accepts it whatever it quotes.
     pub async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
     {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
-        };
+        let event = event_of(type_, reason, note);
         if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
             tracing::debug!(%error, reason, "could not publish an event");
         }
@@ -285,5 +280,38 @@ impl ErrorBackoff {
     pub fn succeeded(&self, key: &str) {
         let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
         failures.remove(key);
+    }
+}
+
+/// The Event [`Context::event`] publishes: its note bounded to what the API server accepts.
+fn event_of(type_: EventType, reason: &str, note: String) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(conditions::bounded_message(
+            note,
+            conditions::MAX_EVENT_NOTE_BYTES,
+        )),
+        action: reason.to_owned(),
+        secondary: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_quoting_a_four_mebibyte_error_fits_the_api_servers_limit() {
+        let note = format!("delete member: {}", "ü".repeat(2 << 20));
+        let event = event_of(EventType::Warning, "Releasing", note);
+        let note = event.note.expect("note");
+        assert!(
+            note.len() <= conditions::MAX_EVENT_NOTE_BYTES,
+            "{}",
+            note.len()
+        );
+        assert!(note.starts_with("delete member: ü"));
+        assert!(note.ends_with(conditions::TRUNCATION_MARKER));
     }
 }

@@ -120,6 +120,9 @@ pub fn mirror_machine(
     if let Some(guest) = conditions::find(&machine_status.conditions, types::GUEST_READY) {
         let mut mirrored = guest.clone();
         mirrored.observed_generation = generation;
+        // Copied from another writer's object: bound it like every message this writes.
+        mirrored.message =
+            conditions::bounded_message(mirrored.message, conditions::MAX_MESSAGE_BYTES);
         conditions::set(&mut next.conditions, mirrored, now.clone());
     }
     set_ready(

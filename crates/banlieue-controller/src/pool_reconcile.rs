@@ -1,7 +1,7 @@
 //! The VirtualMachinePool reconciler: observe the members in the cache, decide with
 //! `pool_decide`, create and delete members, write the status.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -244,7 +244,10 @@ async fn reap(
 fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachine> {
     let name = pool.name_any();
     let template = &pool.spec.template;
-    let mut labels = template.metadata.labels.clone();
+    // The CRD refuses reserved keys in a template, but a pool stored before that rule may still
+    // carry one; `banlieue.io/claim` copied here would make the member unclaimable.
+    let mut labels = without_reserved_keys(&template.metadata.labels);
+    let annotations = without_reserved_keys(&template.metadata.annotations);
     labels.insert(names::LABEL_POOL.to_owned(), name.clone());
     labels.insert(names::LABEL_POOL_REVISION.to_owned(), revision.to_owned());
     let owner = controller_owner_reference(pool).ok_or_else(|| crate::Error::NoUid {
@@ -256,8 +259,7 @@ fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachin
             generate_name: Some(format!("{name}-")),
             namespace: pool.metadata.namespace.clone(),
             labels: Some(labels),
-            annotations: (!template.metadata.annotations.is_empty())
-                .then(|| template.metadata.annotations.clone()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             owner_references: Some(vec![owner]),
             finalizers: Some(vec![names::FINALIZER_MACHINE_PROTECTION.to_owned()]),
             ..ObjectMeta::default()
@@ -265,4 +267,44 @@ fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachin
         spec: template.spec.clone(),
         status: None,
     })
+}
+
+fn without_reserved_keys(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    map.iter()
+        .filter(|(key, _)| !names::is_reserved_key(key))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_reserved_claim_label_in_a_stored_template_is_not_copied_onto_members() {
+        let pool: VirtualMachinePool = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachinePool",
+            "metadata": { "name": "p", "namespace": "ns", "uid": "u-1" },
+            "spec": {
+                "replicas": 1,
+                "updateStrategy": { "type": "Replace" },
+                "template": {
+                    "metadata": {
+                        "labels": { "banlieue.io/claim": "someone", "team": "a" },
+                        "annotations": { "banlieue.io/subject-id": "mallory" }
+                    },
+                    "spec": { "classRef": { "name": "c" }, "imageRef": { "name": "i" },
+                              "storageClassName": "s", "networkClassName": "n" }
+                }
+            }
+        }))
+        .expect("pool");
+        let member = new_member(&pool, "rev1").expect("member");
+        let labels = member.metadata.labels.expect("labels");
+        assert!(!labels.contains_key(names::LABEL_CLAIM), "{labels:?}");
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(labels.get(names::LABEL_POOL).map(String::as_str), Some("p"));
+        assert_eq!(member.metadata.annotations, None);
+    }
 }

@@ -1,13 +1,16 @@
 //! Logs, metrics and health: tracing to stderr (human or JSON), and a small HTTP endpoint with
 //! `/metrics` (Prometheus text), `/healthz` and `/readyz`.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
 use tracing_subscriber::EnvFilter;
 
 /// Log line format.
@@ -67,19 +70,91 @@ impl Readiness {
 /// in the pod network.
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+/// Bounds on what clients of the endpoint may hold. Anything in the pod network reaches it, and
+/// the kubelet's probes must keep being answered whatever else is connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// How long a connection may take to send its request head and take the answer. A client
+    /// that opens a socket and says nothing is closed after this.
+    pub request_timeout: Duration,
+    /// Connections served at once. A new connection beyond this closes the oldest one: refusing
+    /// the new one instead would let a few hundred idle sockets starve every probe.
+    pub max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(10),
+            max_connections: 256,
+        }
+    }
+}
+
+/// The first wait after a failed accept, and the longest: an accept that fails (out of file
+/// descriptors, say) fails again at once, so retrying without a pause only burns a core.
+const ACCEPT_BACKOFF_FIRST: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The pause after a failed accept, given the previous one (None after a success): doubling,
+/// capped.
+fn accept_backoff(previous: Option<Duration>) -> Duration {
+    previous.map_or(ACCEPT_BACKOFF_FIRST, |d| (d * 2).min(ACCEPT_BACKOFF_MAX))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped, with
+/// the default [`ServerLimits`].
 pub async fn serve(listener: TcpListener, registry: Arc<Registry>, readiness: Readiness) {
+    serve_with(listener, registry, readiness, ServerLimits::default()).await
+}
+
+/// Serves as [`serve`] does, within `limits`.
+pub async fn serve_with(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    readiness: Readiness,
+    limits: ServerLimits,
+) {
+    let max_connections = limits.max_connections.max(1);
+    // Oldest first. Dropping this (the task is dropped) does not stop the connections; each
+    // ends by its own deadline.
+    let mut connections: VecDeque<AbortHandle> = VecDeque::with_capacity(max_connections);
+    let mut backoff = None;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = None;
+                stream
+            }
+            Err(error) => {
+                let pause = accept_backoff(backoff);
+                backoff = Some(pause);
+                tracing::warn!(%error, ?pause, "health endpoint cannot accept connections");
+                // Out of descriptors most likely: the oldest connection is the one to give up.
+                if let Some(oldest) = connections.pop_front() {
+                    oldest.abort();
+                }
+                tokio::time::sleep(pause).await;
+                continue;
+            }
         };
+        connections.retain(|c| !c.is_finished());
+        while connections.len() >= max_connections {
+            if let Some(oldest) = connections.pop_front() {
+                oldest.abort();
+            }
+        }
         let registry = registry.clone();
         let readiness = readiness.clone();
-        tokio::spawn(async move {
-            if let Err(error) = answer(stream, &registry, &readiness).await {
-                tracing::debug!(%error, "health endpoint connection failed");
+        let task = tokio::spawn(async move {
+            let exchange = answer(stream, &registry, &readiness);
+            match tokio::time::timeout(limits.request_timeout, exchange).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::debug!(%error, "health endpoint connection failed"),
+                Err(_) => tracing::debug!("health endpoint connection timed out"),
             }
         });
+        connections.push_back(task.abort_handle());
     }
 }
 
@@ -89,9 +164,19 @@ pub async fn spawn_server(
     registry: Arc<Registry>,
     readiness: Readiness,
 ) -> std::io::Result<SocketAddr> {
+    spawn_server_with(addr, registry, readiness, ServerLimits::default()).await
+}
+
+/// Binds `addr` and serves within `limits` in the background; returns the bound address.
+pub async fn spawn_server_with(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    readiness: Readiness,
+    limits: ServerLimits,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(serve(listener, registry, readiness));
+    tokio::spawn(serve_with(listener, registry, readiness, limits));
     Ok(bound)
 }
 
@@ -223,5 +308,130 @@ mod tests {
         stream.read_to_string(&mut reply).await.unwrap();
         assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
         assert!(reply.ends_with("ok\n"));
+    }
+
+    #[test]
+    fn failed_accepts_back_off_up_to_a_cap() {
+        let mut pause = None;
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            let next = accept_backoff(pause);
+            seen.push(next);
+            pause = Some(next);
+        }
+        assert_eq!(seen[0], ACCEPT_BACKOFF_FIRST);
+        assert!(seen.windows(2).all(|w| w[1] >= w[0]), "{seen:?}");
+        assert_eq!(*seen.last().unwrap(), ACCEPT_BACKOFF_MAX);
+        assert_eq!(
+            accept_backoff(None),
+            ACCEPT_BACKOFF_FIRST,
+            "a success resets it"
+        );
+    }
+
+    async fn healthz(addr: SocketAddr) -> String {
+        let exchange = async {
+            let mut stream = TcpStream::connect(addr).await?;
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await?;
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply).await?;
+            std::io::Result::Ok(reply)
+        };
+        tokio::time::timeout(DEADLINE, exchange)
+            .await
+            .expect("/healthz answered before the deadline")
+            .expect("/healthz exchange")
+    }
+
+    /// Waits until the server closes `stream` (EOF or reset), at most until the deadline.
+    async fn closed_by_server(stream: &mut TcpStream) {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(DEADLINE, stream.read(&mut byte)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(_)) => panic!("the server sent bytes to a client that asked nothing"),
+            Err(_) => panic!("an idle connection stayed open past the deadline"),
+        }
+    }
+
+    const DEADLINE: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn a_client_that_never_sends_its_request_is_closed() {
+        let limits = ServerLimits {
+            request_timeout: Duration::from_millis(200),
+            ..ServerLimits::default()
+        };
+        let addr = spawn_server_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::default(),
+            Readiness::default(),
+            limits,
+        )
+        .await
+        .unwrap();
+        let mut idle = Vec::new();
+        for _ in 0..8 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Half a request head, then silence: the slow-loris shape.
+        idle[0]
+            .write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        for stream in &mut idle {
+            closed_by_server(stream).await;
+        }
+        assert!(healthz(addr).await.starts_with("HTTP/1.1 200 OK"));
+    }
+
+    /// Raises the soft descriptor limit to the hard one; returns the new soft limit.
+    fn raise_nofile_limit() -> u64 {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let mut limit = getrlimit(Resource::Nofile);
+        if limit.current < limit.maximum {
+            limit.current = limit.maximum;
+            // Refused (an unprivileged hard limit below the request, say): keep what we have.
+            let _ = setrlimit(Resource::Nofile, limit);
+        }
+        getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ten_thousand_idle_sockets_neither_starve_healthz_nor_stay_open() {
+        let limits = ServerLimits {
+            request_timeout: Duration::from_secs(2),
+            max_connections: 256,
+        };
+        // Each idle socket costs this process one descriptor (its server side is bounded by
+        // max_connections); leave room for the server's share and the test harness.
+        let budget = raise_nofile_limit().saturating_sub(limits.max_connections as u64 + 1024);
+        let count = budget.min(10_000) as usize;
+        assert!(count >= 2_000, "only {count} descriptors to spare");
+        let addr = spawn_server_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::default(),
+            Readiness::default(),
+            limits,
+        )
+        .await
+        .unwrap();
+
+        let mut idle = Vec::with_capacity(count);
+        for _ in 0..count {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Every one of them connected and silent, far beyond the connection cap: the probe is
+        // still answered.
+        for _ in 0..3 {
+            let reply = healthz(addr).await;
+            assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        }
+        // And every idle socket is closed by the server: evicted by newer ones, or timed out.
+        for stream in &mut idle {
+            closed_by_server(stream).await;
+        }
+        assert!(healthz(addr).await.starts_with("HTTP/1.1 200 OK"));
     }
 }

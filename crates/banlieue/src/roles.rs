@@ -123,21 +123,48 @@ pub async fn join_all(tasks: Vec<JoinHandle<()>>) {
     }
 }
 
+/// Runs one role as its own task and watches it: an error, a panic, or a return before
+/// `shutdown` was asked for all cancel `shutdown`. A role that dies any of these ways must take
+/// the process down with it (and out of `/readyz`), never leave it serving with a dead role.
 fn supervise(
     role: &'static str,
     shutdown: &CancellationToken,
     task: impl Future<Output = Result<(), BoxError>> + Send + 'static,
 ) -> JoinHandle<()> {
     let shutdown = shutdown.clone();
+    // Spawned apart from the watcher, so a panic unwinds only the role's task and reaches the
+    // watcher as a JoinError.
+    let role_task = tokio::spawn(task);
     tokio::spawn(async move {
-        match task.await {
-            Ok(()) => tracing::info!(role, "stopped"),
-            Err(error) => {
+        match role_task.await {
+            Ok(Ok(())) if shutdown.is_cancelled() => tracing::info!(role, "stopped"),
+            Ok(Ok(())) => {
+                tracing::error!(role, "stopped unasked; stopping the process");
+                shutdown.cancel();
+            }
+            Ok(Err(error)) => {
                 tracing::error!(role, %error, "failed; stopping the process");
+                shutdown.cancel();
+            }
+            Err(join_error) => {
+                let panic = match join_error.try_into_panic() {
+                    Ok(payload) => panic_text(payload.as_ref()),
+                    Err(_) => "cancelled".to_owned(),
+                };
+                tracing::error!(role, panic, "panicked; stopping the process");
                 shutdown.cancel();
             }
         }
     })
+}
+
+/// The text a panic was raised with, when it was a string (as `panic!` makes it).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".to_owned())
 }
 
 /// A token cancelled on Ctrl-C or SIGTERM; the handlers are installed when this returns.
@@ -161,4 +188,65 @@ pub fn stop_requested() -> CancellationToken {
         cancel.cancel();
     });
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const DEADLINE: Duration = Duration::from_secs(30);
+
+    async fn cancelled_before_deadline(shutdown: &CancellationToken) -> bool {
+        tokio::time::timeout(DEADLINE, shutdown.cancelled())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_role_stops_the_process() {
+        let shutdown = CancellationToken::new();
+        let watcher = supervise("test role", &shutdown, async {
+            panic!("index out of bounds in a reconcile");
+        });
+        assert!(
+            cancelled_before_deadline(&shutdown).await,
+            "a panicked role left the process running"
+        );
+        // The watcher itself ends cleanly, so join_all does not wait out its deadline.
+        watcher
+            .await
+            .expect("the watcher survives the role's panic");
+    }
+
+    #[tokio::test]
+    async fn a_failing_role_stops_the_process() {
+        let shutdown = CancellationToken::new();
+        let watcher = supervise("test role", &shutdown, async { Err("lost the API".into()) });
+        assert!(cancelled_before_deadline(&shutdown).await);
+        watcher.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_role_that_returns_unasked_stops_the_process() {
+        let shutdown = CancellationToken::new();
+        let watcher = supervise("test role", &shutdown, async { Ok(()) });
+        assert!(cancelled_before_deadline(&shutdown).await);
+        watcher.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_role_stopping_on_request_is_not_a_failure() {
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let watcher = supervise("test role", &shutdown, async move {
+            stop.cancelled().await;
+            let _ = stopped_tx.send(());
+            Ok(())
+        });
+        shutdown.cancel();
+        watcher.await.unwrap();
+        stopped_rx.await.expect("the role saw the stop");
+    }
 }
