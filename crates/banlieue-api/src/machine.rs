@@ -201,6 +201,11 @@ pub struct LibvirtMachineStatus {
     /// The libvirt domain's UUID, chosen before the domain is first defined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_uuid: Option<String>,
+    /// The volumes the provider created for this machine, each recorded right after it was
+    /// made: the only volumes of the machine's name it reuses or deletes. Two machines can
+    /// derive the same volume names (namespace `a-b` with `c`, namespace `a` with `b-c`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
     /// Addresses from the domain's interfaces.
     #[serde(default)]
     pub addresses: Vec<MachineAddress>,

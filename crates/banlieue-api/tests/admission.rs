@@ -289,3 +289,221 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
         denied_for_missing_params(try_claim(api, ISSUER, id).await);
     }
 }
+
+/// Lets alice and bob write VirtualMachines, pools and LibvirtMachines in `namespace`, and
+/// alice alone read the Secret `readable` (and no other).
+async fn grant_machines(client: &Client, namespace: &str, readable: &str) {
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..ObjectMeta::default()
+    };
+    let bind = |name: &str, users: &[&str]| RoleBinding {
+        metadata: meta(name),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(
+            users
+                .iter()
+                .map(|user| Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "User".into(),
+                    name: (*user).into(),
+                    ..Subject::default()
+                })
+                .collect(),
+        ),
+    };
+    let writers = Role {
+        metadata: meta("machine-writers"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["banlieue.io".into()]),
+            resources: Some(
+                ["virtualmachines", "virtualmachinepools", "libvirtmachines"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            verbs: ["create", "get", "list", "patch", "update"]
+                .map(String::from)
+                .to_vec(),
+            ..PolicyRule::default()
+        }]),
+    };
+    let reader = Role {
+        metadata: meta("user-data-reader"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["".into()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(vec![readable.into()]),
+            verbs: vec!["get".into()],
+            ..PolicyRule::default()
+        }]),
+    };
+    let roles = Api::<Role>::namespaced(client.clone(), namespace);
+    let bindings = Api::<RoleBinding>::namespaced(client.clone(), namespace);
+    for (role, users) in [(writers, &["alice", "bob"][..]), (reader, &["alice"][..])] {
+        let name = role.metadata.name.clone().expect("named");
+        roles
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("create the Role");
+        bindings
+            .create(&PostParams::default(), &bind(&name, users))
+            .await
+            .expect("create the RoleBinding");
+    }
+}
+
+fn vm_spec(secret: Option<&str>) -> Value {
+    let mut spec = json!({
+        "classRef": { "name": "small" },
+        "imageRef": { "name": "ubuntu-2404" },
+        "storageClassName": "standard",
+        "networkClassName": "prod"
+    });
+    if let Some(name) = secret {
+        spec["userDataSecretRef"] = json!({ "name": name, "key": "user-data" });
+    }
+    spec
+}
+
+/// A VirtualMachine, VirtualMachinePool or LibvirtMachine naming `secret` as user-data.
+fn machine_object(kind: &str, name: &str, secret: Option<&str>) -> Value {
+    let spec = match kind {
+        "VirtualMachine" => vm_spec(secret),
+        "VirtualMachinePool" => json!({
+            "replicas": 0,
+            "updateStrategy": { "type": "Replace", "maxSurge": 1 },
+            "template": { "spec": vm_spec(secret) }
+        }),
+        _ => {
+            let mut spec = json!({
+                "providerRef": { "name": "edge" },
+                "pool": "default",
+                "network": "default",
+                "disk": { "backingVolume": "base.raw", "size": "1Gi" },
+                "cpu": 1,
+                "memory": "256Mi"
+            });
+            if let Some(name) = secret {
+                spec["userDataSecretRef"] = json!({ "name": name, "key": "user-data" });
+            }
+            spec
+        }
+    };
+    json!({
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": kind,
+        "metadata": { "name": name },
+        "spec": spec
+    })
+}
+
+async fn api_of(client: &Client, kind: &str, namespace: &str) -> Api<DynamicObject> {
+    common::api_for(client, &machine_object(kind, "x", None), Some(namespace)).await
+}
+
+/// A dry-run create of `kind` naming `secret`.
+async fn try_machine(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    secret: Option<&str>,
+) -> Result<DynamicObject, Error> {
+    let object: DynamicObject =
+        serde_json::from_value(machine_object(kind, "probe", secret)).expect("object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        &object,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn only_a_writer_who_may_read_a_secret_names_it_as_user_data() {
+    const KINDS: [&str; 3] = ["VirtualMachine", "VirtualMachinePool", "LibvirtMachine"];
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    grant_machines(&admin, &ns, "cloud-init").await;
+    let alice_client = cp.client_as("alice").await.expect("alice");
+    let bob_client = cp.client_as("bob").await.expect("bob");
+
+    // Before the policy RBAC alone decides, and it does not look at the reference: bob, who
+    // may read no Secret, names the provider's credentials.
+    let bob_vms = api_of(&bob_client, "VirtualMachine", &ns).await;
+    try_machine(&bob_vms, "VirtualMachine", Some("libvirt-creds"))
+        .await
+        .expect("unchecked before deploy/admission is applied");
+
+    apply_file(
+        &admin,
+        "deploy/admission/user-data-secret-authorization.yaml",
+        None,
+    )
+    .await;
+    wait_for("the user-data policy in force", TAKES_EFFECT, || async {
+        let outcome = try_machine(&bob_vms, "VirtualMachine", Some("libvirt-creds")).await;
+        Ok(outcome.is_err().then_some(()))
+    })
+    .await
+    .expect("the policy takes effect");
+
+    for kind in KINDS {
+        let alice = api_of(&alice_client, kind, &ns).await;
+        let bob = api_of(&bob_client, kind, &ns).await;
+        // A Secret the writer may read, and no Secret at all, pass.
+        try_machine(&alice, kind, Some("cloud-init"))
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: alice may name what she may read: {e}"));
+        try_machine(&bob, kind, None)
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: no reference, nothing to check: {e}"));
+        // Any other is refused, naming the Secret and the writer.
+        let message = forbidden(try_machine(&alice, kind, Some("libvirt-creds")).await);
+        assert!(
+            message.contains(&format!(
+                "userDataSecretRef names Secret libvirt-creds in namespace {ns}, which alice may \
+                 not get"
+            )),
+            "{kind}: {message}"
+        );
+        let message = forbidden(try_machine(&bob, kind, Some("cloud-init")).await);
+        assert!(
+            message.contains("which bob may not get"),
+            "{kind}: {message}"
+        );
+    }
+
+    // UPDATE: an unchanged reference is not checked again, a changed one is.
+    let admin_vms = api_of(&admin, "VirtualMachine", &ns).await;
+    create(
+        &admin_vms,
+        machine_object("VirtualMachine", "web", Some("libvirt-creds")),
+    )
+    .await
+    .expect("the admin may name any Secret");
+    bob_vms
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "team": "b" } } })),
+        )
+        .await
+        .expect("a metadata change keeps the reference");
+    let message = forbidden(
+        bob_vms
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "userDataSecretRef": { "name": "other" } } })),
+            )
+            .await,
+    );
+    assert!(message.contains("Secret other"), "{message}");
+}

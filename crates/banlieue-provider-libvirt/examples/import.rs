@@ -44,13 +44,16 @@ async fn main() -> anyhow::Result<()> {
     let config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     let client = kube::Client::try_from(config)?;
-    let args = ImportArgs {
-        vmimage: take("vmimage")?,
-        provider: take("provider")?,
-        provider_namespace: take("provider-namespace")?,
-        pool: take("pool")?,
-        source: PathBuf::from(take("source")?),
-    };
+    let mut args = ImportArgs::new(
+        take("vmimage")?,
+        take("provider")?,
+        take("provider-namespace")?,
+        take("pool")?,
+        PathBuf::from(take("source")?),
+    );
+    if let Ok(root) = take("artifacts-root") {
+        args.artifacts_root = PathBuf::from(root);
+    }
     match run_import(client, args).await? {
         ImportOutcome::AlreadyComplete { volume, .. } => {
             println!("already-complete {volume}");

@@ -3,6 +3,17 @@
 
 use banlieue_api::conditions::reasons;
 
+/// Reasons only this provider reports, beside the shared ones in
+/// `banlieue_api::conditions::reasons`.
+pub mod provider_reasons {
+    /// `userDataSecretRef` names a Secret that may not be read for user-data: it does not opt
+    /// in, or a Provider references it (its credentials or CA source).
+    pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
+    /// A volume of the machine's name exists on the host, but nothing proves this machine
+    /// made it: it is neither adopted nor deleted.
+    pub const VOLUME_NOT_OWNED: &str = "VolumeNotOwned";
+}
+
 /// Everything the provider can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

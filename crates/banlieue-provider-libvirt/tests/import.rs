@@ -309,11 +309,20 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<std::collections::BTreeMap<_, _>>()
     };
+    // The name ends in a hash of the namespaces, which are fresh in each run.
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let (prefix, hash) = name.rsplit_once('-').unwrap_or((name, ""));
+    assert!(
+        hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{name}"
+    );
     let text = serde_json::to_string(&json!({
-        "name": job.metadata.name,
+        "name": format!("{prefix}-[hash]"),
         "namespace": job.metadata.namespace,
         "labels": job.metadata.labels,
         "backoffLimit": spec.backoff_limit,
+        "activeDeadlineSeconds": spec.active_deadline_seconds,
+        "securityContext": pod.security_context,
         "podLabels": ours(spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref())),
         "restartPolicy": pod.restart_policy,
         "serviceAccountName": pod.service_account_name,
@@ -322,13 +331,24 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
             "image": c.image,
             "command": c.command,
             "args": c.args,
+            "resources": c.resources,
+            "securityContext": c.security_context,
             "volumeMounts": c.volume_mounts,
         })).collect::<Vec<_>>(),
         "volumes": pod.volumes,
     }))
-    .expect("json")
-    .replace(&c.build_ns, "[build-namespace]")
-    .replace(&c.ns, "[provider-namespace]");
+    .expect("json");
+    // The revision hashes the source, whose class is named after the fresh namespace.
+    let args = pod.containers[0].args.clone().unwrap_or_default();
+    let revision = args
+        .iter()
+        .skip_while(|a| *a != "--revision")
+        .nth(1)
+        .expect("--revision");
+    let text = text
+        .replace(revision.as_str(), "[revision]")
+        .replace(&c.build_ns, "[build-namespace]")
+        .replace(&c.ns, "[provider-namespace]");
     serde_json::from_str(&text).expect("json")
 }
 
@@ -763,13 +783,8 @@ async fn sparse_import_uploads_identical_bytes_and_a_rerun_is_a_no_op() {
         std::fs::metadata(&source).expect("source").blocks() * 512 < 256 * MIB,
         "the source must be sparse for this test"
     );
-    let args = ImportArgs {
-        vmimage: IMAGE.into(),
-        provider: PROVIDER.into(),
-        provider_namespace: c.ns.clone(),
-        pool: "images".into(),
-        source: source.clone(),
-    };
+    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
+    args.artifacts_root = d.dir().to_owned();
     let outcome = run_import(c.client.clone(), args.clone())
         .await
         .expect("import");
@@ -826,6 +841,8 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
         .arg(&c.ns)
         .args(["--pool", "images", "--source"])
         .arg(&source)
+        .arg("--artifacts-root")
+        .arg(d.dir())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -883,13 +900,8 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     );
 
     // The Job's one retry: the half-written volume is not taken for complete.
-    let args = ImportArgs {
-        vmimage: IMAGE.into(),
-        provider: PROVIDER.into(),
-        provider_namespace: c.ns.clone(),
-        pool: "images".into(),
-        source,
-    };
+    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
+    args.artifacts_root = d.dir().to_owned();
     let outcome = run_import(c.client.clone(), args.clone())
         .await
         .expect("retry");
@@ -928,4 +940,131 @@ fn import_example() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The error of an import that must be refused before it reaches the host.
+async fn refused(c: &Cluster, args: ImportArgs) -> String {
+    let e = run_import(c.client.clone(), args)
+        .await
+        .expect_err("the import must be refused");
+    banlieue_api::conditions::error_message(&e)
+}
+
+#[tokio::test]
+async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revision() {
+    let c = cluster().await;
+    c.provider("qemu+tls://127.0.0.1:1/system", &[("standard", "images")])
+        .await;
+    let image = c.image(IMAGE, c.url_source()).await;
+    let revision = decide::revision(&image);
+    let volume = decide::url_volume_name(IMAGE, &revision);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("artifacts");
+    std::fs::create_dir(&root).expect("root");
+    std::fs::write(root.join("a.raw"), vec![1u8; 4096]).expect("artifact");
+    std::fs::write(dir.path().join("outside.raw"), vec![2u8; 4096]).expect("outside");
+    std::os::unix::fs::symlink(root.join("a.raw"), root.join("link.raw")).expect("symlink");
+    std::os::unix::fs::symlink(dir.path(), root.join("up")).expect("dir symlink");
+    let args = |source: PathBuf| {
+        let mut a = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", source);
+        a.artifacts_root = root.clone();
+        a.volume = Some(volume.clone());
+        a.revision = Some(revision.clone());
+        a
+    };
+
+    // A symbolic link, even to a file inside the root, is not opened.
+    let message = refused(&c, args(root.join("link.raw"))).await;
+    assert!(message.contains("it is a symbolic link"), "{message}");
+    // Paths that lead out of the root, by `..` or through a linked directory.
+    for source in [root.join("../outside.raw"), root.join("up/outside.raw")] {
+        let message = refused(&c, args(source)).await;
+        assert!(
+            message.contains("outside the artifacts directory"),
+            "{message}"
+        );
+    }
+    // Not a regular file.
+    let message = refused(&c, args(root.clone())).await;
+    assert!(
+        message.contains("not a non-empty regular file"),
+        "{message}"
+    );
+
+    // A Job made for another revision or volume writes nothing.
+    let mut stale = args(root.join("a.raw"));
+    stale.revision = Some("r0000000000".into());
+    let message = refused(&c, stale).await;
+    assert!(
+        message.contains(&format!(
+            "the import was made for revision r0000000000 but vmimage {IMAGE} now says {revision}"
+        )),
+        "{message}"
+    );
+    let mut other = args(root.join("a.raw"));
+    other.volume = Some("other.raw".into());
+    let message = refused(&c, other).await;
+    assert!(message.contains("made for volume other.raw"), "{message}");
+
+    // The good path gets past every check, to the Provider's credentials (absent here).
+    let message = refused(&c, args(root.join("a.raw"))).await;
+    assert!(
+        !message.contains("refused") && !message.contains("made for"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_complete_volume_is_never_replaced_by_another_artifact() {
+    let Some((d, _dir)) = libvirtd_with_pool("images").await else {
+        return;
+    };
+    let c = cluster().await;
+    c.credentials(&d).await;
+    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    c.image(IMAGE, c.url_source()).await;
+    let source = d.dir().join("source.raw");
+    let sum = write_source(&source, &[(true, 4)]);
+    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
+    args.artifacts_root = d.dir().to_owned();
+    let ImportOutcome::Imported { volume, .. } = run_import(c.client.clone(), args.clone())
+        .await
+        .expect("import")
+    else {
+        panic!("the first import uploads");
+    };
+    let record = marker::marker_volume_name(&volume);
+
+    // The same revision rebuilt: same size, other bytes. Machines may back onto the volume,
+    // so it stays as it is and the import fails, saying why.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&source)
+        .expect("open source");
+    file.write_all(b"rebuilt").expect("rewrite");
+    drop(file);
+    let e = run_import(c.client.clone(), args.clone())
+        .await
+        .expect_err("another artifact under a complete volume");
+    let message = banlieue_api::conditions::error_message(&e);
+    assert!(
+        message.contains(&format!("volume {volume} is complete with SHA-256 {sum}"))
+            && message.contains("needs a new revision"),
+        "{message}"
+    );
+    // Another size: not taken for a half-written volume either.
+    write_source(&source, &[(true, 5)]);
+    let e = run_import(c.client.clone(), args)
+        .await
+        .expect_err("another size under a complete volume");
+    let message = banlieue_api::conditions::error_message(&e);
+    assert!(
+        message.contains(&format!(
+            "volume {volume} is complete with {} bytes",
+            4 * MIB
+        )),
+        "{message}"
+    );
+    assert!(volume_exists(&d, "images", &record).await);
+    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
 }

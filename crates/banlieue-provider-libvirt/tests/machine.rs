@@ -11,14 +11,17 @@ use anyhow::{Context as _, Result};
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{
     Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference, Provider,
+    SecretKeySelector,
 };
 use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
 use banlieue_provider_libvirt::metrics::Metrics;
 use common::{Host, control_plane, credentials, eventually, none_left, provider};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
@@ -43,6 +46,15 @@ fn sample(registry: &Registry, name: &str) -> Option<f64> {
 }
 
 async fn provider_namespace_with_resync(host: &Host, resync: Duration) -> Result<Running> {
+    let (kube, ns, workload) = provider_workload(host, resync).await?;
+    Ok((kube, ns, workload.stop, workload.registry))
+}
+
+/// Like [`provider_namespace`], with the workload's handle.
+async fn provider_workload(
+    host: &Host,
+    resync: Duration,
+) -> Result<(kube::Client, String, Workload)> {
     let cp = control_plane().await;
     let kube = cp.client()?;
     let ns = cp.fresh_namespace().await?;
@@ -58,8 +70,31 @@ async fn provider_namespace_with_resync(host: &Host, resync: Duration) -> Result
             ),
         )
         .await?;
+    let workload = start_provider(&kube, &ns, resync);
+    Ok((kube, ns, workload))
+}
+
+/// A running provider workload: sending on (or dropping) `stop` ends it, `done` then
+/// completes.
+struct Workload {
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<()>,
+    registry: Registry,
+}
+
+impl Workload {
+    /// Stops the workload and waits until it no longer acts on the host.
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.done.await?;
+        Ok(())
+    }
+}
+
+/// Runs the provider workload for the Provider in `ns`.
+fn start_provider(kube: &kube::Client, ns: &str, resync: Duration) -> Workload {
     let (tx, rx) = oneshot::channel::<()>();
-    let mut cfg = ProviderConfig::new(PROVIDER, &ns);
+    let mut cfg = ProviderConfig::new(PROVIDER, ns);
     // /dev/kvm exists on these machines but cannot run guests.
     cfg.domain_type = Some(DomainType::Qemu);
     cfg.resync = resync;
@@ -67,13 +102,17 @@ async fn provider_namespace_with_resync(host: &Host, resync: Duration) -> Result
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let client = kube.clone();
-    tokio::spawn(async move {
+    let done = tokio::spawn(async move {
         let _ = run_provider(client, cfg, metrics, async move {
             let _ = rx.await;
         })
         .await;
     });
-    Ok((kube, ns, tx, registry))
+    Workload {
+        stop: tx,
+        done,
+        registry,
+    }
 }
 
 fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
@@ -162,6 +201,11 @@ async fn domain_names(host: &Host) -> Result<Vec<String>> {
 /// Reads `/meta-data` of the seed volume through the client (a volume download) and isoinfo's
 /// Joliet reader.
 async fn seed_meta_data(host: &Host, volume: &str) -> Result<String> {
+    seed_file(host, volume, "/meta-data").await
+}
+
+/// Reads `file` of the seed volume.
+async fn seed_file(host: &Host, volume: &str, file: &str) -> Result<String> {
     let client = host.client().await?;
     let pool = StoragePool::lookup_by_name(&client, &host.pool)
         .await?
@@ -176,7 +220,7 @@ async fn seed_meta_data(host: &Host, volume: &str) -> Result<String> {
     let iso = dir.path().join("seed.iso");
     std::fs::write(&iso, &bytes)?;
     let out = std::process::Command::new("isoinfo")
-        .args(["-J", "-x", "/meta-data", "-i"])
+        .args(["-J", "-x", file, "-i"])
         .arg(&iso)
         .output()?;
     anyhow::ensure!(
@@ -569,5 +613,332 @@ async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() ->
         Ok(api.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
+    Ok(())
+}
+
+/// A Secret in `ns` holding `user-data`, with `labels`.
+fn user_data_secret(name: &str, labels: &[(&str, &str)], type_: Option<&str>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        string_data: Some(
+            [(
+                "user-data".to_owned(),
+                format!("#cloud-config\nhostname: {name}\n"),
+            )]
+            .into(),
+        ),
+        type_: type_.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+fn with_secret(mut m: LibvirtMachine, name: &str, key: &str) -> LibvirtMachine {
+    m.spec.user_data_secret_ref = Some(SecretKeySelector {
+        name: name.into(),
+        key: key.into(),
+    });
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider, _) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(kube.clone(), &ns);
+    // Opting the Provider's credentials in changes nothing: a Provider's Secret is never
+    // user-data.
+    secrets
+        .patch(
+            "libvirt-creds",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "labels": { "banlieue.io/user-data": "true" } }
+            })),
+        )
+        .await?;
+    secrets
+        .create(
+            &PostParams::default(),
+            &user_data_secret("plain", &[], None),
+        )
+        .await?;
+    secrets
+        .create(
+            &PostParams::default(),
+            &user_data_secret("labelled", &[("banlieue.io/user-data", "true")], None),
+        )
+        .await?;
+    secrets
+        .create(
+            &PostParams::default(),
+            &user_data_secret("typed", &[], Some("banlieue.io/user-data")),
+        )
+        .await?;
+
+    api.create(
+        &PostParams::default(),
+        &with_secret(
+            machine("key", &host, backing("base.raw")),
+            "libvirt-creds",
+            "tls.key",
+        ),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &with_secret(
+            machine("plain", &host, backing("base.raw")),
+            "plain",
+            "user-data",
+        ),
+    )
+    .await?;
+    let m = wait_machine(&api, "key", "the credentials refused", 60, |c| {
+        c.reason == "UserDataSecretRefused"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains("Secret libvirt-creds is referenced by Provider edge"),
+        "{message}"
+    );
+    let m = wait_machine(&api, "plain", "a Secret without opt-in refused", 60, |c| {
+        c.reason == "UserDataSecretRefused"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains("Secret plain has not opted in")
+            && message.contains("banlieue.io/user-data=\"true\""),
+        "{message}"
+    );
+    // Refused before anything was made on the host.
+    let volumes = volume_names(&host).await?;
+    assert!(
+        !volumes
+            .iter()
+            .any(|v| v.starts_with(&format!("{ns}-key")) || v.starts_with(&format!("{ns}-plain"))),
+        "{volumes:?}"
+    );
+    assert!(domain_names(&host).await?.is_empty());
+
+    // Opted in by label or by type: the guest gets the Secret's user-data.
+    for name in ["labelled", "typed"] {
+        api.create(
+            &PostParams::default(),
+            &with_secret(machine(name, &host, backing("base.raw")), name, "user-data"),
+        )
+        .await?;
+    }
+    for name in ["labelled", "typed"] {
+        wait_machine(&api, name, "running with user-data", 180, |c| {
+            c.status == "True"
+        })
+        .await?;
+        let data = seed_file(&host, &format!("{ns}-{name}-cidata.iso"), "/user-data").await?;
+        assert_eq!(data, format!("#cloud-config\nhostname: {name}\n"));
+    }
+    for name in ["key", "plain", "labelled", "typed"] {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    none_left(&api, "machines deleted", 120).await?;
+    Ok(())
+}
+
+/// Defines a domain of `name` that no machine made.
+async fn define_foreign(host: &Host, name: &str, uuid: &str) -> Result<String> {
+    let xml_path = host.libvirtd.dir().join(format!("{name}.xml"));
+    std::fs::write(
+        &xml_path,
+        format!(
+            "<domain type='qemu'><name>{name}</name><uuid>{uuid}</uuid>\
+             <memory unit='MiB'>64</memory><os><type arch='x86_64'>hvm</type></os></domain>"
+        ),
+    )?;
+    host.libvirtd
+        .virsh(["define", &xml_path.display().to_string()])
+        .await?;
+    host.libvirtd.virsh(["dumpxml", name]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_reused_and_deleted_only_with_proof_of_ownership() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, workload) = provider_workload(&host, Duration::from_secs(3)).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+
+    // Namespace a-b with machine c and namespace a with machine b-c both derive domain a-b-c:
+    // here the other machine's volumes are already in the pool, its domain not defined yet.
+    let squatted = format!("{ns}-squat-os.qcow2");
+    host.libvirtd
+        .virsh([
+            "vol-create-as",
+            &host.pool,
+            &squatted,
+            "2097152",
+            "--format",
+            "qcow2",
+        ])
+        .await?;
+    let seeded = format!("{ns}-seed-cidata.iso");
+    host.create_raw_volume(&seeded, 4096).await?;
+    let before = host
+        .libvirtd
+        .virsh(["vol-dumpxml", "--pool", &host.pool, &seeded])
+        .await?;
+    api.create(
+        &PostParams::default(),
+        &machine("squat", &host, backing("base.raw")),
+    )
+    .await?;
+    api.create(
+        &PostParams::default(),
+        &machine("seed", &host, backing("base.raw")),
+    )
+    .await?;
+    let m = wait_machine(&api, "squat", "VolumeNotOwned", 60, |c| {
+        c.reason == "VolumeNotOwned"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains(&format!(
+            "volume {squatted} already exists in pool {}",
+            host.pool
+        )),
+        "{message}"
+    );
+    let m = wait_machine(&api, "seed", "VolumeNotOwned for the seed", 60, |c| {
+        c.reason == "VolumeNotOwned"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(message.contains(&format!("volume {seeded}")), "{message}");
+    // The seed machine made its own OS disk and recorded it; the other seed is not deleted.
+    assert_eq!(
+        m.status.as_ref().unwrap().volumes,
+        vec![format!("{ns}-seed-os.qcow2")]
+    );
+    assert_eq!(
+        host.libvirtd
+            .virsh(["vol-dumpxml", "--pool", &host.pool, &seeded])
+            .await?,
+        before
+    );
+
+    // A machine that ran, and then lost its name to a foreign domain: deleting it still
+    // deletes the volumes it made, and never the foreign domain.
+    api.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    let web = wait_machine(&api, "web", "web running", 180, |c| c.status == "True").await?;
+    let mut recorded = web.status.clone().unwrap().volumes;
+    recorded.sort();
+    assert_eq!(
+        recorded,
+        vec![format!("{ns}-web-cidata.iso"), format!("{ns}-web-os.qcow2")]
+    );
+    let domain = format!("{ns}-web");
+    // Stopped so that it does not start the machine again while the name changes hands.
+    workload.stop().await?;
+    host.libvirtd
+        .virsh(["undefine", &domain, "--nvram"])
+        .await?;
+    host.libvirtd.virsh(["destroy", &domain]).await?;
+    let foreign = define_foreign(&host, &domain, "0b6f1e0c-0000-4000-8000-0000000000a7").await?;
+    let _workload = start_provider(&kube, &ns, Duration::from_secs(3));
+    wait_machine(&api, "web", "DomainNameTaken", 60, |c| {
+        c.reason == "DomainNameTaken"
+    })
+    .await?;
+
+    for name in ["squat", "seed", "web"] {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    none_left(&api, "machines deleted", 120).await?;
+    assert_eq!(host.libvirtd.virsh(["dumpxml", &domain]).await?, foreign);
+    let volumes = volume_names(&host).await?;
+    for gone in [
+        format!("{ns}-web-os.qcow2"),
+        format!("{ns}-web-cidata.iso"),
+        format!("{ns}-seed-os.qcow2"),
+    ] {
+        assert!(!volumes.contains(&gone), "{gone} left: {volumes:?}");
+    }
+    for kept in [&squatted, &seeded, &"base.raw".to_owned()] {
+        assert!(volumes.contains(kept), "{kept} deleted: {volumes:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_pool_keeps_the_finalizer_and_names_the_pool() -> Result<()> {
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider, _) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    wait_machine(&api, "web", "running", 180, |c| c.status == "True").await?;
+
+    // The pool goes away (its files stay on disk), then the machine is deleted.
+    host.libvirtd.virsh(["pool-destroy", &host.pool]).await?;
+    host.libvirtd.virsh(["pool-undefine", &host.pool]).await?;
+    api.delete("web", &DeleteParams::default()).await?;
+    let m = wait_machine(&api, "web", "TeardownFailed", 120, |c| {
+        c.reason == "TeardownFailed"
+    })
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains(&format!("storage pool {} does not exist", host.pool))
+            && message.contains(&format!("{ns}-web-os.qcow2")),
+        "{message}"
+    );
+    assert!(
+        m.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"banlieue.io/domain-protection".to_owned())
+    );
+    assert!(
+        domain_names(&host).await?.is_empty(),
+        "the domain itself went"
+    );
+
+    // The pool back: the teardown finishes and deletes the volumes.
+    host.libvirtd
+        .virsh([
+            "pool-define-as",
+            &host.pool,
+            "dir",
+            "--target",
+            &host.pool_dir.display().to_string(),
+        ])
+        .await?;
+    host.libvirtd.virsh(["pool-start", &host.pool]).await?;
+    none_left(&api, "machine deleted once the pool is back", 120).await?;
+    let volumes = volume_names(&host).await?;
+    assert!(
+        volumes.iter().all(|v| !v.starts_with(&ns)),
+        "machine volumes left: {volumes:?}"
+    );
     Ok(())
 }

@@ -95,6 +95,15 @@ enum LibvirtProviderCommand {
         /// The raw image file.
         #[arg(long)]
         source: PathBuf,
+        /// The volume the import Job was made for; the import refuses to write another.
+        #[arg(long)]
+        volume: Option<String>,
+        /// The VMImage revision the import Job was made for; the import refuses another.
+        #[arg(long)]
+        revision: Option<String>,
+        /// The directory the source must resolve inside.
+        #[arg(long, default_value = "/artifacts")]
+        artifacts_root: PathBuf,
     },
 }
 
@@ -189,6 +198,9 @@ fn main() -> ExitCode {
             provider_namespace,
             pool,
             source,
+            volume,
+            revision,
+            artifacts_root,
         })) => block_on(async {
             let kube = kube::Client::try_default().await?;
             let args = ImportArgs {
@@ -197,6 +209,9 @@ fn main() -> ExitCode {
                 provider_namespace,
                 pool,
                 source,
+                volume,
+                revision,
+                artifacts_root,
             };
             match banlieue_provider_libvirt::image::run_import(kube, args).await? {
                 ImportOutcome::AlreadyComplete { volume, .. } => {

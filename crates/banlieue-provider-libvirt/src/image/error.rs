@@ -31,6 +31,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The Job was made for another volume or revision than the VMImage now says.
+    #[error("the import was made for {what} {expected} but vmimage {image} now says {found}")]
+    Mismatch {
+        image: String,
+        what: &'static str,
+        expected: String,
+        found: String,
+    },
+    /// The source is not a regular file inside the artifacts directory.
+    #[error("source {path} refused: {why}")]
+    SourceRefused { path: String, why: String },
+    /// A complete volume of this name holds other bytes than the source.
+    #[error("{0}; a new artifact needs a new revision (spec.revision), so it gets a new volume")]
+    CompleteVolumeDiffers(String),
     #[error("uploaded volume {volume} does not match the source: {detail}")]
     Verification { volume: String, detail: String },
     #[error("status of vmimage {0} kept changing under concurrent writers")]

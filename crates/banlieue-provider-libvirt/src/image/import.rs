@@ -6,8 +6,8 @@
 //! volume only counts as complete once its completion record exists (ADR-0060): a killed
 //! import is redone by the Job's one retry.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use super::volume;
 /// How often progress is logged during an upload.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The import command's flags, exactly the guide's.
+/// The import command's flags: the guide's, and what the Job was made for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportArgs {
     pub vmimage: String,
@@ -39,6 +39,34 @@ pub struct ImportArgs {
     pub pool: String,
     /// The raw image, normally `/artifacts/<buildArtifact.path>`.
     pub source: PathBuf,
+    /// The volume the Job was made for (`--volume`): the import refuses to write another.
+    pub volume: Option<String>,
+    /// The revision the Job was made for (`--revision`): the import refuses another.
+    pub revision: Option<String>,
+    /// The directory the source must resolve inside (`--artifacts-root`).
+    pub artifacts_root: PathBuf,
+}
+
+impl ImportArgs {
+    /// The guide's flags, with nothing expected and the Job's artifacts mount as root.
+    pub fn new(
+        vmimage: impl Into<String>,
+        provider: impl Into<String>,
+        provider_namespace: impl Into<String>,
+        pool: impl Into<String>,
+        source: impl Into<PathBuf>,
+    ) -> ImportArgs {
+        ImportArgs {
+            vmimage: vmimage.into(),
+            provider: provider.into(),
+            provider_namespace: provider_namespace.into(),
+            pool: pool.into(),
+            source: source.into(),
+            volume: None,
+            revision: None,
+            artifacts_root: PathBuf::from(decide::ARTIFACTS_MOUNT),
+        }
+    }
 }
 
 /// What an import did.
@@ -80,9 +108,10 @@ pub async fn run_import(client: kube::Client, args: ImportArgs) -> Result<Import
         .await
         .map_err(|e| Error::kube(format!("vmimage {namespace}/{}", args.vmimage), e))?;
     let class = &provider.spec.provider_class_ref.name;
+    let revision = decide::revision(&image);
     let volume_name = match decide::source_for_class(&image, class) {
         Some(source) if source.kind == ImageSourceKind::Url => {
-            decide::url_volume_name(&args.vmimage, &decide::revision(&image))
+            decide::url_volume_name(&args.vmimage, &revision)
         }
         _ => {
             return Err(Error::NoSourceForClass {
@@ -91,41 +120,115 @@ pub async fn run_import(client: kube::Client, args: ImportArgs) -> Result<Import
             });
         }
     };
-
-    let source_path = args.source.display().to_string();
-    let source_error = |source| Error::Source {
-        path: source_path.clone(),
-        source,
-    };
-    let metadata = tokio::fs::metadata(&args.source)
-        .await
-        .map_err(source_error)?;
-    let size = metadata.len();
-    if size == 0 || !metadata.is_file() {
-        return Err(source_error(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a non-empty regular file",
-        )));
+    // A Job outlives the spec it was made from: it only ever writes what it was made for.
+    for (what, expected, found) in [
+        ("revision", &args.revision, &revision),
+        ("volume", &args.volume, &volume_name),
+    ] {
+        if let Some(expected) = expected
+            && expected != found
+        {
+            return Err(Error::Mismatch {
+                image: args.vmimage.clone(),
+                what,
+                expected: expected.clone(),
+                found: found.clone(),
+            });
+        }
     }
+
+    let source = open_source(&args.source, &args.artifacts_root)?;
+    let size = source.metadata.len();
     // Fewer allocated blocks than bytes means holes: send zero runs as holes then.
-    let sparse = metadata.blocks().saturating_mul(512) < size;
+    let sparse = source.metadata.blocks().saturating_mul(512) < size;
 
     let credentials = crate::connection::load(&client, &provider).await?;
     let endpoint = &provider.spec.connection.endpoint;
     let libvirt =
         crate::connection::connect(endpoint, &credentials, ClientOptions::default()).await?;
-    let outcome = import_into_pool(&libvirt, &args, &volume_name, size, sparse).await;
+    let outcome = import_into_pool(&libvirt, &args, &volume_name, source, sparse).await;
     let _ = libvirt.close().await;
     outcome
+}
+
+/// The opened source and what `fstat` said of the handle.
+struct Source {
+    file: std::fs::File,
+    metadata: std::fs::Metadata,
+}
+
+/// Opens the source for reading, refusing a symlink as its last component (`O_NOFOLLOW`), a
+/// path that resolves outside `root`, and anything but a non-empty regular file as judged on
+/// the opened handle, so what is checked is what is read.
+fn open_source(path: &Path, root: &Path) -> Result<Source> {
+    let shown = path.display().to_string();
+    let io = |source| Error::Source {
+        path: shown.clone(),
+        source,
+    };
+    let refused = |why: String| Error::SourceRefused {
+        path: shown.clone(),
+        why,
+    };
+    let root = std::fs::canonicalize(root).map_err(|e| {
+        refused(format!(
+            "the artifacts directory {} is unusable: {e}",
+            root.display()
+        ))
+    })?;
+    let canonical = std::fs::canonicalize(path).map_err(io)?;
+    if !canonical.starts_with(&root) {
+        return Err(refused(format!(
+            "it resolves to {}, outside the artifacts directory {}",
+            canonical.display(),
+            root.display()
+        )));
+    }
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; a regular file ignores it.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                refused("it is a symbolic link".into())
+            } else {
+                io(e)
+            }
+        })?;
+    let metadata = file.metadata().map_err(io)?;
+    if !metadata.is_file() || metadata.len() == 0 {
+        return Err(refused("not a non-empty regular file".into()));
+    }
+    // The handle is the file that was checked to be inside the root, not one swapped in
+    // between (a directory on the way replaced by a link).
+    let checked = std::fs::metadata(&canonical).map_err(io)?;
+    if (checked.dev(), checked.ino()) != (metadata.dev(), metadata.ino()) {
+        return Err(refused("it changed while being opened".into()));
+    }
+    Ok(Source { file, metadata })
+}
+
+/// SHA-256 of everything `file` holds from its current position, hex.
+async fn sha256_of(file: tokio::fs::File) -> std::io::Result<String> {
+    let mut reader = HashingReader::new(file);
+    tokio::io::copy(&mut reader, &mut tokio::io::sink()).await?;
+    Ok(reader.hex_digest())
 }
 
 async fn import_into_pool(
     libvirt: &Client,
     args: &ImportArgs,
     volume_name: &str,
-    size: u64,
+    source: Source,
     sparse: bool,
 ) -> Result<ImportOutcome> {
+    let size = source.metadata.len();
+    let file = tokio::fs::File::from_std(source.file);
+    let source_error = |source| Error::Source {
+        path: args.source.display().to_string(),
+        source,
+    };
     let pool = volume::lookup_pool(libvirt, &args.pool)
         .await?
         .ok_or_else(|| Error::StoragePoolNotFound(args.pool.clone()))?;
@@ -142,6 +245,10 @@ async fn import_into_pool(
     };
     match marker::completeness(volume_name, capacity, marker_bytes.as_deref(), size) {
         Completeness::Complete(marker) => {
+            // Complete by size is not enough: the same revision rebuilt into other bytes must
+            // not pass for the volume machines already back onto.
+            let digest = sha256_of(file).await.map_err(source_error)?;
+            marker::same_content(&marker, &digest).map_err(Error::CompleteVolumeDiffers)?;
             info!(
                 volume = volume_name,
                 pool = %args.pool,
@@ -165,16 +272,11 @@ async fn import_into_pool(
                 volume::delete(libvirt, vol).await?;
             }
         }
+        Completeness::Conflict(why) => return Err(Error::CompleteVolumeDiffers(why)),
         Completeness::Absent => {}
     }
 
     let vol = volume::create_raw(libvirt, &pool, volume_name, size).await?;
-    let file = tokio::fs::File::open(&args.source)
-        .await
-        .map_err(|source| Error::Source {
-            path: args.source.display().to_string(),
-            source,
-        })?;
     let mut reader = HashingReader::new(file);
     info!(
         volume = volume_name,

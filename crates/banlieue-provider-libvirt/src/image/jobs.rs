@@ -115,10 +115,19 @@ impl ImageReconciler {
                         .iter()
                         .map(|pool| decide::zone_build_pending(pool, &why))
                         .collect(),
-                    ArtifactState::Ready { path } => {
+                    ArtifactState::Ready(artifact) => {
                         let volume = decide::url_volume_name(&image_name, &revision);
-                        self.import_zones(&image_name, &provider, &class, &pools, &path, &volume)
-                            .await?
+                        let namespace = image.namespace().unwrap_or_default();
+                        let request = |pool| decide::ImportRequest {
+                            image: &image_name,
+                            image_namespace: &namespace,
+                            revision: &revision,
+                            volume: &volume,
+                            pool,
+                            artifact: &artifact,
+                        };
+                        let requests: Vec<_> = pools.iter().map(|p| request(p.as_str())).collect();
+                        self.import_zones(&provider, &class, &requests).await?
                     }
                 }
             }
@@ -150,19 +159,17 @@ impl ImageReconciler {
     /// Creates or adopts each pool's Job and mirrors it into a zone.
     async fn import_zones(
         &self,
-        image: &str,
         provider: &Provider,
         class: &ProviderClass,
-        pools: &[String],
-        artifact_path: &str,
-        volume: &str,
+        requests: &[decide::ImportRequest<'_>],
     ) -> Result<Vec<ZoneImageStatus>> {
         let settings = ImportSettings::of(class);
         let class_name = class.name_any();
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &settings.namespace);
-        let mut zones = Vec::with_capacity(pools.len());
-        for pool in pools {
-            let desired = decide::import_job(image, provider, class, pool, artifact_path);
+        let mut zones = Vec::with_capacity(requests.len());
+        for request in requests {
+            let (pool, volume) = (request.pool, request.volume);
+            let desired = decide::import_job(request, provider, class);
             let zone = match ensure_job(&jobs, &desired).await? {
                 JobState::Present(job) => decide::zone_from_job(pool, volume, &job),
                 JobState::Forbidden => {

@@ -48,6 +48,9 @@ pub enum Completeness {
     /// Something is there but not vouched for (killed import, stale record, other size):
     /// delete what exists and import again. The text says what was found.
     Incomplete(String),
+    /// A complete volume whose record does not describe the source being imported: never
+    /// deleted, since overlays may back onto it; the import refuses. The text says why.
+    Conflict(String),
 }
 
 /// Judges what an earlier import left. `volume_capacity` is `None` when the volume does not
@@ -77,15 +80,33 @@ pub fn completeness(
                     "the completion record of {volume} names {}",
                     m.volume
                 ))
-            } else if m.size_bytes != capacity || m.size_bytes != source_size {
+            } else if m.size_bytes != capacity {
                 Completeness::Incomplete(format!(
-                    "volume {volume} holds {capacity} bytes, its record {} and the source {source_size}",
+                    "volume {volume} holds {capacity} bytes but its record says {}",
+                    m.size_bytes
+                ))
+            } else if m.size_bytes != source_size {
+                Completeness::Conflict(format!(
+                    "volume {volume} is complete with {} bytes but the source has {source_size}",
                     m.size_bytes
                 ))
             } else {
                 Completeness::Complete(m)
             }
         }
+    }
+}
+
+/// Whether a complete volume holds the source's bytes: its record's SHA-256 against the
+/// source's. `Err` says how they differ.
+pub fn same_content(marker: &Marker, source_sha256: &str) -> Result<(), String> {
+    if marker.sha256.eq_ignore_ascii_case(source_sha256) {
+        Ok(())
+    } else {
+        Err(format!(
+            "volume {} is complete with SHA-256 {} but the source's is {source_sha256}",
+            marker.volume, marker.sha256
+        ))
     }
 }
 
@@ -127,10 +148,18 @@ mod tests {
             completeness("v", Some(10), Some(&record("w", 10)), 10),
             Completeness::Incomplete(_)
         ));
+        // A complete volume of another source is not redone: overlays may back onto it.
         assert!(matches!(
             completeness("v", Some(10), Some(&record("v", 10)), 11),
-            Completeness::Incomplete(_)
+            Completeness::Conflict(_)
         ));
+        let m = Marker {
+            volume: "v".into(),
+            size_bytes: 10,
+            sha256: "AB".into(),
+        };
+        assert!(same_content(&m, "ab").is_ok());
+        assert!(same_content(&m, "cd").unwrap_err().contains("SHA-256 AB"));
         assert!(matches!(
             completeness("v", Some(12), Some(&record("v", 10)), 10),
             Completeness::Incomplete(_)

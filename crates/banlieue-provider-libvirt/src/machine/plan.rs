@@ -83,6 +83,86 @@ pub fn volume_missing(volume: &str, pool: &str) -> Error {
     }
 }
 
+/// The label a Secret carries, with the value `"true"`, to be readable as user-data.
+pub const USER_DATA_LABEL: &str = "banlieue.io/user-data";
+/// The Secret type that makes a Secret readable as user-data, whatever its labels.
+pub const USER_DATA_SECRET_TYPE: &str = "banlieue.io/user-data";
+
+/// What decides whether a Secret may be read for `userDataSecretRef`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserDataSecret<'a> {
+    pub name: &'a str,
+    pub type_: Option<&'a str>,
+    /// The value of [`USER_DATA_LABEL`], if set.
+    pub label: Option<&'a str>,
+    /// A Provider of the namespace that references this Secret (credentials or CA source).
+    pub referenced_by: Option<&'a str>,
+}
+
+/// The provider reads Secrets its machines' writers may not: only a Secret that opted in to be
+/// user-data, and never one a Provider depends on, ends up in a guest's seed. Otherwise
+/// anyone able to write a VirtualMachine could have the host's client key written into a
+/// guest they control.
+pub fn check_user_data_secret(secret: &UserDataSecret<'_>) -> Result<()> {
+    let refused = |why: String| Error::Invalid {
+        reason: crate::error::provider_reasons::USER_DATA_SECRET_REFUSED,
+        message: format!("userDataSecretRef: Secret {} {why}", secret.name),
+    };
+    if let Some(provider) = secret.referenced_by {
+        return Err(refused(format!(
+            "is referenced by Provider {provider} (its credentials or CA) and is never \
+             used as user-data"
+        )));
+    }
+    if secret.type_ == Some(USER_DATA_SECRET_TYPE) || secret.label == Some("true") {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "has not opted in to be user-data: give it the label {USER_DATA_LABEL}=\"true\" or \
+         the type {USER_DATA_SECRET_TYPE}"
+    )))
+}
+
+/// A volume of the machine's name that this machine did not record as its own.
+pub fn volume_not_owned(volume: &str, pool: &str) -> Error {
+    Error::Invalid {
+        reason: crate::error::provider_reasons::VOLUME_NOT_OWNED,
+        message: format!(
+            "volume {volume} already exists in pool {pool}, but this LibvirtMachine did not \
+             create it (it is not in status.volumes); it is neither reused nor deleted \
+             (rename or remove it)"
+        ),
+    }
+}
+
+/// The volumes teardown may delete: those recorded in status, and, when the domain found is
+/// this machine's own, the volumes it was defined with (machines provisioned before volumes
+/// were recorded).
+pub fn owned_volumes(
+    machine: &LibvirtMachine,
+    names: &MachineNames,
+    domain_is_ours: bool,
+) -> Vec<String> {
+    let mut owned: Vec<String> = machine
+        .status
+        .as_ref()
+        .map(|s| s.volumes.clone())
+        .unwrap_or_default()
+        .into_iter()
+        // Only names this machine could have made: status is the provider's to write, but
+        // a deletion never reaches beyond the machine's own names.
+        .filter(|v| *v == names.os_volume || *v == names.cidata_volume)
+        .collect();
+    if domain_is_ours {
+        for v in [&names.os_volume, &names.cidata_volume] {
+            if !owned.contains(v) {
+                owned.push(v.clone());
+            }
+        }
+    }
+    owned
+}
+
 /// The message for an absent network.
 pub fn network_missing(network: &str) -> Error {
     Error::Invalid {
@@ -378,6 +458,69 @@ mod tests {
         ));
         let e = name_taken("ns-web", "abc");
         assert_eq!(e.reason(), "DomainNameTaken");
+    }
+
+    #[test]
+    fn only_opted_in_secrets_no_provider_references_are_user_data() {
+        let base = UserDataSecret {
+            name: "cloud-init",
+            ..Default::default()
+        };
+        let e = check_user_data_secret(&base).unwrap_err();
+        assert_eq!(e.reason(), "UserDataSecretRefused");
+        assert!(
+            e.to_string().contains("banlieue.io/user-data=\"true\""),
+            "{e}"
+        );
+        assert!(
+            check_user_data_secret(&UserDataSecret {
+                label: Some("false"),
+                ..base.clone()
+            })
+            .is_err()
+        );
+        let labelled = UserDataSecret {
+            label: Some("true"),
+            ..base.clone()
+        };
+        assert!(check_user_data_secret(&labelled).is_ok());
+        let typed = UserDataSecret {
+            type_: Some("banlieue.io/user-data"),
+            ..base.clone()
+        };
+        assert!(check_user_data_secret(&typed).is_ok());
+        // Opting in never makes a Provider's Secret readable.
+        let e = check_user_data_secret(&UserDataSecret {
+            referenced_by: Some("edge-7"),
+            ..typed
+        })
+        .unwrap_err();
+        assert_eq!(e.reason(), "UserDataSecretRefused");
+        assert!(e.to_string().contains("Provider edge-7"), "{e}");
+    }
+
+    #[test]
+    fn owned_volumes_are_recorded_or_of_our_domain() {
+        let mut m = machine(immediate(), None);
+        let names = MachineNames::of(&m);
+        assert!(owned_volumes(&m, &names, false).is_empty());
+        assert_eq!(
+            owned_volumes(&m, &names, true),
+            [names.os_volume.clone(), names.cidata_volume.clone()]
+        );
+        m.status = Some(LibvirtMachineStatus {
+            volumes: vec![names.os_volume.clone(), "base.raw".into()],
+            ..Default::default()
+        });
+        // The image never: only the machine's own names.
+        assert_eq!(
+            owned_volumes(&m, &names, false),
+            vec![names.os_volume.clone()]
+        );
+        assert_eq!(
+            volume_not_owned("a-b-c-os.qcow2", "default").reason(),
+            "VolumeNotOwned"
+        );
     }
 
     #[test]

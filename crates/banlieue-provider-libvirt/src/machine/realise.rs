@@ -2,11 +2,12 @@
 //! and what the host then shows. Each step first looks at what exists, so a reconcile
 //! interrupted anywhere resumes where it stopped.
 
-use banlieue_api::LibvirtMachine;
+use banlieue_api::{LibvirtMachine, Provider};
 use banlieue_libvirt::flags;
 use banlieue_libvirt::{Client, Domain, DomainState, Network, StoragePool, StorageVol};
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
+use kube::{Api, ResourceExt};
+use serde_json::json;
 
 use super::Context;
 use super::plan::{self, Existing, MachineNames, Observed};
@@ -88,6 +89,8 @@ async fn provision(
     let spec = &machine.spec;
     let definition = plan::definition(machine, uuid, domain_type)?;
     let capacity = plan::disk_bytes(machine)?;
+    // Read (and judged) before anything is made: a refused Secret leaves nothing behind.
+    let user_data = user_data(machine, ctx).await?;
     let pool = StoragePool::lookup_by_name(client, &spec.pool)
         .await
         .map_err(Error::libvirt(format!(
@@ -116,6 +119,12 @@ async fn provision(
         .await?
         .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))?;
 
+    // What this machine made is what its status records; the cache may lag behind the
+    // record of a volume made by the previous reconcile, so it is read fresh.
+    let api: Api<LibvirtMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let name = machine.name_any();
+    let mut owned = recorded_volumes(&api, &name).await?;
+
     if lookup_volume(&pool, &names.os_volume).await?.is_none() {
         let backing = match spec.disk.backing_volume.as_deref() {
             Some(name) => Some(Backing {
@@ -128,20 +137,26 @@ async fn provision(
             None => None,
         };
         let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
-        StorageVol::create_xml(&pool, &xml, 0)
+        let vol = StorageVol::create_xml(&pool, &xml, 0)
             .await
             .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
+        record_volume(&api, &name, &vol, &names.os_volume, &mut owned).await?;
+    } else if !owned.contains(&names.os_volume) {
+        return Err(plan::volume_not_owned(&names.os_volume, &spec.pool));
     }
 
     // The seed is rebuilt whenever the domain is not defined yet: a previous attempt may have
-    // died mid-upload, and the bytes are a pure function of the UUID and user-data.
+    // died mid-upload, and the bytes are a pure function of the UUID and user-data. Only a
+    // seed this machine made is deleted.
     if let Some(stale) = lookup_volume(&pool, &names.cidata_volume).await? {
+        if !owned.contains(&names.cidata_volume) {
+            return Err(plan::volume_not_owned(&names.cidata_volume, &spec.pool));
+        }
         stale.delete().await.map_err(Error::libvirt(format!(
             "delete stale volume {}",
             names.cidata_volume
         )))?;
     }
-    let user_data = user_data(machine, ctx).await?;
     let seed = plan::seed(&names.domain, uuid, user_data.as_deref())
         .to_bytes()
         .map_err(Error::Seed)?;
@@ -155,6 +170,9 @@ async fn provision(
         "create volume {}",
         names.cidata_volume
     )))?;
+    if !owned.contains(&names.cidata_volume) {
+        record_volume(&api, &name, &cidata, &names.cidata_volume, &mut owned).await?;
+    }
     let mut reader: &[u8] = &seed;
     cidata
         .upload(&mut reader, 0, seed.len() as u64, false)
@@ -178,6 +196,66 @@ async fn provision(
     Ok(domain)
 }
 
+/// `status.volumes` of the machine as the API server has it now.
+async fn recorded_volumes(api: &Api<LibvirtMachine>, name: &str) -> Result<Vec<String>> {
+    let fresh = api
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("read LibvirtMachine {name}")))?;
+    Ok(fresh.status.map(|s| s.volumes).unwrap_or_default())
+}
+
+/// Records `volume`, just created, in `status.volumes`: from then on it is this machine's to
+/// reuse and delete. Retried on conflicts (the controller writes the same object); when the
+/// record cannot be written the volume is deleted again, since nothing would prove it ours.
+async fn record_volume(
+    api: &Api<LibvirtMachine>,
+    name: &str,
+    vol: &StorageVol,
+    volume: &str,
+    owned: &mut Vec<String>,
+) -> Result<()> {
+    let mut last = None;
+    for _ in 0..RECORD_ATTEMPTS {
+        let fresh = match api.get(name).await {
+            Ok(m) => m,
+            Err(e) => {
+                last = Some(Error::kube(format!("read LibvirtMachine {name}"))(e));
+                continue;
+            }
+        };
+        let mut volumes = fresh
+            .status
+            .as_ref()
+            .map(|s| s.volumes.clone())
+            .unwrap_or_default();
+        if !volumes.iter().any(|v| v == volume) {
+            volumes.push(volume.to_owned());
+        }
+        match super::patch_status(api, &fresh, json!({ "volumes": volumes })).await {
+            Ok(true) => {
+                *owned = volumes;
+                return Ok(());
+            }
+            Ok(false) => {}
+            Err(e) => last = Some(e),
+        }
+    }
+    let recorded = last.unwrap_or_else(|| Error::Invalid {
+        reason: banlieue_api::conditions::reasons::PROVISIONING,
+        message: format!("LibvirtMachine {name} kept changing while volume {volume} was recorded"),
+    });
+    if let Err(e) = vol.delete().await
+        && !e.is_not_found()
+    {
+        tracing::warn!(volume, error = %e, "could not delete an unrecorded volume");
+    }
+    Err(recorded)
+}
+
+/// Conflicting writes tolerated while recording one volume.
+const RECORD_ATTEMPTS: usize = 5;
+
 async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageVol>> {
     StorageVol::lookup_by_name(pool, name)
         .await
@@ -187,7 +265,8 @@ async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageV
         )))
 }
 
-/// Inline user-data, or the bytes of the Secret key it names.
+/// Inline user-data, or the bytes of the Secret key it names, when that Secret opted in and
+/// no Provider of the namespace references it.
 async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
     if let Some(inline) = &machine.spec.user_data {
         return Ok(Some(inline.as_bytes().to_vec()));
@@ -195,13 +274,53 @@ async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec
     let Some(sel) = &machine.spec.user_data_secret_ref else {
         return Ok(None);
     };
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let providers = providers
+        .list(&Default::default())
+        .await
+        .map_err(Error::kube("list Providers"))?;
+    let referenced_by = providers.items.iter().find_map(|p| {
+        let conn = &p.spec.connection;
+        let refs = conn.credentials_ref.name == sel.name
+            || conn
+                .ca_bundle
+                .secret_ref
+                .as_ref()
+                .is_some_and(|s| s.name == sel.name);
+        refs.then(|| p.name_any())
+    });
+    if let Some(provider) = &referenced_by {
+        // Refused before the Secret is even read.
+        plan::check_user_data_secret(&plan::UserDataSecret {
+            name: &sel.name,
+            referenced_by: Some(provider),
+            ..Default::default()
+        })?;
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let secret = secrets
+    let Some(secret) = secrets
         .get_opt(&sel.name)
         .await
-        .map_err(Error::kube(format!("read Secret {}", sel.name)))?;
+        .map_err(Error::kube(format!("read Secret {}", sel.name)))?
+    else {
+        return Err(Error::CredentialsUnavailable(format!(
+            "Secret {:?} does not exist (userDataSecretRef)",
+            sel.name
+        )));
+    };
+    plan::check_user_data_secret(&plan::UserDataSecret {
+        name: &sel.name,
+        type_: secret.type_.as_deref(),
+        label: secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(plan::USER_DATA_LABEL))
+            .map(String::as_str),
+        referenced_by: None,
+    })?;
     secret
-        .and_then(|s| s.data)
+        .data
         .and_then(|mut d| d.remove(&sel.key))
         .map(|b| Some(b.0))
         .ok_or_else(|| {

@@ -86,14 +86,14 @@ async fn teardown(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
     let found = Domain::lookup_by_name(client, &names.domain)
         .await
         .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
-    match plan::classify(
+    let existing = plan::classify(
         found.as_ref().map(|d| d.uuid_string()).as_deref(),
         Some(&uuid),
-    ) {
-        // Another domain holds the name: it and the volumes named after it are not ours,
-        // and this machine never made anything (the guard stops before the first volume).
-        Existing::Foreign { .. } => return Ok(()),
-        Existing::Absent => {}
+    );
+    match &existing {
+        // Another domain holds the name: it is not ours and is left alone. The volumes this
+        // machine recorded are still its own (made before the other domain took the name).
+        Existing::Foreign { .. } | Existing::Absent => {}
         Existing::Ours => {
             if let Some(domain) = &found {
                 domain
@@ -116,16 +116,30 @@ async fn teardown(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
         }
     }
 
-    // Only the machine's own volumes; the image (backing file or install media) belongs to
-    // the VMImage and other machines use it.
-    if let Some(pool) = StoragePool::lookup_by_name(client, &machine.spec.pool)
-        .await
-        .map_err(Error::libvirt(format!(
-            "look up storage pool {}",
-            machine.spec.pool
-        )))?
-    {
-        for name in [&names.os_volume, &names.cidata_volume] {
+    // Only the machine's own volumes, proven so; the image (backing file or install media)
+    // belongs to the VMImage and other machines use it, and a volume of the same name made by
+    // a namesake machine is that machine's.
+    let owned = plan::owned_volumes(machine, &names, existing == Existing::Ours);
+    if !owned.is_empty() {
+        let pool = StoragePool::lookup_by_name(client, &machine.spec.pool)
+            .await
+            .map_err(Error::libvirt(format!(
+                "look up storage pool {}",
+                machine.spec.pool
+            )))?
+            // A missing pool is not a deleted volume: the pool may be back after a host
+            // repair, and dropping the finalizer now would orphan the volumes for good.
+            .ok_or_else(|| Error::Invalid {
+                reason: reasons::TEARDOWN_FAILED,
+                message: format!(
+                    "storage pool {} does not exist, so volumes {} of this machine cannot be \
+                     deleted; the finalizer {FINALIZER_DOMAIN_PROTECTION} stays until the pool \
+                     is back (or is removed by hand once the volumes are known to be gone)",
+                    machine.spec.pool,
+                    owned.join(", ")
+                ),
+            })?;
+        for name in &owned {
             let vol = StorageVol::lookup_by_name(&pool, name)
                 .await
                 .map_err(Error::libvirt(format!("look up volume {name}")))?;
