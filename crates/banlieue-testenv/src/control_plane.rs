@@ -460,6 +460,11 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
+    /// The port the local API server listens on (on 127.0.0.1).
+    pub fn apiserver_port(&self) -> Option<u16> {
+        self.local.as_ref().map(|local| local.apiserver_port)
+    }
+
     /// The local state directory (etcd data, PKI, kubeconfigs, logs).
     pub fn state_dir(&self) -> Option<&Path> {
         self.local.as_ref().map(|local| local.processes.dir())

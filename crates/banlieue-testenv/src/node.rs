@@ -6,6 +6,7 @@
 //! of flags (the kubelet's device-plugin socket and `/var/log/containers` links, the shims'
 //! sockets under `/run/containerd/s`, three kernel settings) is undone at teardown, which a
 //! janitor process runs (`node/teardown.sh`), so it also happens when the test process dies.
+//! The host state is the machine's, shared by every test node on it (`node/host-state.sh`).
 //!
 //! Networking is the test cluster's to provide, as a CNI does on a real cluster: there is no
 //! pod network here, only loopback. A MutatingAdmissionPolicy makes every Pod `hostNetwork`,
@@ -13,7 +14,6 @@
 //! probes ask `127.0.0.1`; product manifests stay exactly as users deploy them.
 
 use std::ffi::OsString;
-use std::fmt::Write as _;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -37,6 +37,8 @@ pub const NETWORK_POLICY_NAME: &str = "banlieue-test-node-network";
 
 const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const TEARDOWN_SCRIPT: &str = include_str!("node/teardown.sh");
+/// Saves and restores the host state all test nodes on the machine share (bash functions).
+const HOST_STATE: &str = include_str!("node/host-state.sh");
 // Templates shared with `scripts/control-plane start --node`, which fills them in with sed.
 const CONTAINERD_CONFIG: &str = include_str!("node/containerd.toml");
 const KUBELET_CONFIG: &str = include_str!("node/kubelet.yaml");
@@ -44,21 +46,6 @@ const NETWORK_POLICY: &str = include_str!("node/network-policy.yaml");
 /// One network with only the loopback plugin: containerd then reports the network ready.
 /// hostNetwork pods never call it; a pod without hostNetwork fails its sandbox, on purpose.
 const LOOPBACK_CONFLIST: &str = include_str!("node/loopback.conflist");
-/// Settings the kubelet changes on start (`setupKernelTunables`); restored at teardown.
-const SYSCTLS: [&str; 3] = [
-    "vm.overcommit_memory",
-    "kernel.panic",
-    "kernel.panic_on_oops",
-];
-/// Paths the kubelet and containerd create whatever their flags say, innermost first.
-const HOST_PATHS: [&str; 6] = [
-    "/var/lib/kubelet/device-plugins/kubelet.sock",
-    "/var/lib/kubelet/device-plugins",
-    "/var/lib/kubelet",
-    "/var/log/containers",
-    "/run/containerd/s",
-    "/run/containerd",
-];
 const RUNC: &str = "/usr/sbin/runc";
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
@@ -69,6 +56,7 @@ pub struct Node {
     processes: Processes,
     containerd_socket: PathBuf,
     ctr: PathBuf,
+    cgroup: String,
     up_after: Duration,
     kubelet_ready_after: Duration,
 }
@@ -136,11 +124,16 @@ impl Node {
         );
         let mut processes = Processes::with_janitor(
             "banlieue-node-",
-            TEARDOWN_SCRIPT,
+            &format!("{HOST_STATE}\n{TEARDOWN_SCRIPT}"),
             std::slice::from_ref(&cgroup),
         )?;
         let dir = processes.dir().to_owned();
-        record_host_state(&dir)?;
+        let register = format!("{HOST_STATE}\nregister_host_state \"$1\"");
+        command(
+            "bash",
+            &["-c", &register, "register", &dir.display().to_string()],
+        )
+        .await?;
         create_cgroup(&cgroup)?;
 
         let pki = &local.pki;
@@ -249,6 +242,7 @@ impl Node {
             processes,
             containerd_socket,
             ctr: binaries.ctr,
+            cgroup,
             up_after: started.elapsed(),
             kubelet_ready_after: kubelet_started.elapsed(),
         };
@@ -286,6 +280,11 @@ impl Node {
     /// Names and PIDs of containerd, kube-scheduler and the kubelet (and the janitor).
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         self.processes.pids()
+    }
+
+    /// The name of the kubelet's cgroup root, a directory in every cgroup hierarchy.
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup
     }
 
     /// The node's state directory.
@@ -459,25 +458,6 @@ async fn run_command(program: &Path, args: &[String]) -> Result<String> {
             ),
         })
     }
-}
-
-/// Saves what the teardown restores: the kernel settings the kubelet changes, and which of
-/// the paths it creates outside the node directory did not exist yet.
-fn record_host_state(dir: &Path) -> Result<()> {
-    let mut sysctls = String::new();
-    for name in SYSCTLS {
-        let path = Path::new("/proc/sys").join(name.replace('.', "/"));
-        if let Ok(value) = std::fs::read_to_string(&path) {
-            let _ = writeln!(sysctls, "{name} {}", value.trim());
-        }
-    }
-    write_file(&dir.join("sysctls"), &sysctls)?;
-    let created: String = HOST_PATHS
-        .iter()
-        .filter(|path| !Path::new(path).exists())
-        .map(|path| format!("{path}\n"))
-        .collect();
-    write_file(&dir.join("created-paths"), &created)
 }
 
 /// The kubelet's cgroupRoot must exist in every hierarchy (cgroup v1 here). A new cpuset

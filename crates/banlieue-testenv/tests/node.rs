@@ -176,6 +176,17 @@ async fn a_pod_from_a_local_image_runs_and_its_logs_come_back() {
                 "imagePullPolicy": "Never",
                 "args": ["echo hello from the test node; echo api at $KUBERNETES_SERVICE_HOST; exec sleep 3600"],
                 "ports": [{"containerPort": 0xbee}],
+                // Never probed (the delay outlives the test); its host is what is checked.
+                "livenessProbe": {
+                    "httpGet": {"path": "/healthz", "port": 0xbee},
+                    "initialDelaySeconds": 3600,
+                },
+            }],
+            "initContainers": [{
+                "name": "init",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "args": ["true"],
             }],
             "terminationGracePeriodSeconds": 0,
         }
@@ -193,8 +204,30 @@ async fn a_pod_from_a_local_image_runs_and_its_logs_come_back() {
         "mutated by {NETWORK_POLICY_NAME}"
     );
     // Defaulted after the mutation, as for a Pod that asked for hostNetwork itself.
-    let port = &spec.containers[0].ports.as_ref().expect("ports")[0];
+    let container = &spec.containers[0];
+    let port = &container.ports.as_ref().expect("ports")[0];
     assert_eq!(port.host_port, Some(0xbee));
+    let probe = container
+        .liveness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref());
+    assert_eq!(probe.and_then(|get| get.host.as_deref()), Some("127.0.0.1"));
+    let api_port = cp.apiserver_port().expect("a local API server").to_string();
+    let init = &spec.init_containers.as_ref().expect("init containers")[0];
+    for env in [container.env.as_ref(), init.env.as_ref()] {
+        let env: Vec<(&str, Option<&str>)> = env
+            .expect("env")
+            .iter()
+            .map(|var| (var.name.as_str(), var.value.as_deref()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("KUBERNETES_SERVICE_HOST", Some("127.0.0.1")),
+                ("KUBERNETES_SERVICE_PORT", Some(api_port.as_str())),
+            ]
+        );
+    }
     let ready = wait_pod_ready(&pods, "hello").await;
     eprintln!(
         "pod: create to Ready {:.2} s",

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Tears one test node down, from outside the test process. Its stdin is a pipe only the test
 # process holds; lines `pid N` name the node's own processes (containerd, kube-scheduler,
 # kubelet). End of file means the node is gone, however the test process ended (drop, panic,
@@ -8,10 +9,10 @@
 #      node directory on their command line, and their sockets under /run/containerd/s;
 #   4. every mount under the node directory (rootfs overlays, sandbox /dev/shm, token tmpfs,
 #      the kubelet's rshared bind mount), deepest first;
-#   5. the cgroups, the paths the kubelet writes regardless of flags, the kernel settings it
-#      changes (restored from the values saved before it started), and the directory.
+#   5. the cgroups, the /var/log/containers links into the node directory, the host state the
+#      kubelet and containerd change (host-state.sh), and the directory.
 #
-#   bash teardown.sh NODE_DIR CGROUP_NAME
+#   bash -c "$(cat host-state.sh teardown.sh)" teardown NODE_DIR CGROUP_NAME
 trap '' INT TERM HUP
 dir=$1
 cgroup=$2
@@ -75,18 +76,6 @@ for hierarchy in /sys/fs/cgroup/*/; do
 done
 
 find /var/log/containers -maxdepth 1 -lname "$dir/*" -delete 2>/dev/null
-# Created by this node (recorded at start, see node.rs): removed if nothing else is in them.
-if [[ -f $dir/created-paths ]]; then
-    while read -r path; do
-        case $path in
-        */kubelet.sock) rm -f "$path" ;;
-        *) rmdir "$path" 2>/dev/null ;;
-        esac
-    done <"$dir/created-paths"
-fi
-if [[ -f $dir/sysctls ]]; then
-    while read -r name value; do
-        [[ -n $name && -n $value ]] && echo "$value" >"/proc/sys/${name//.//}" 2>/dev/null
-    done <"$dir/sysctls"
-fi
+# From host-state.sh, which is prepended: the last node restores the host's own state.
+release_host_state "$dir"
 rm -rf -- "$dir"
