@@ -36,7 +36,7 @@ register_host_state() {
             for name in "${host_sysctls[@]}"; do echo "$name $(<"/proc/sys/$name")"; done >"$host_state/sysctls"
             for path in "${host_paths[@]}"; do [[ -e $path ]] || echo "$path"; done >"$host_state/created-paths"
         fi
-        echo "$1" >"$host_state/node-${1##*/}"
+        echo "$1" >"$host_state/node-${1//\//_}"
     ) 9>>"$host_state/lock"
 }
 
@@ -45,7 +45,7 @@ release_host_state() {
     [[ -d $host_state ]] || return 0
     (
         flock 9
-        rm -f "$host_state/node-${1##*/}"
+        rm -f "$host_state/node-${1//\//_}"
         (($(live_nodes) == 0)) || exit 0
         local name value path
         if [[ -f $host_state/sysctls ]]; then
