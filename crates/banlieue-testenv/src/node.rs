@@ -79,7 +79,7 @@ impl Binaries {
             scheduler: bin.join("kube-scheduler"),
             pause_archive: bin.join("pause.tar"),
         };
-        let mut missing: Vec<String> = [
+        let missing: Vec<String> = [
             &binaries.containerd,
             &binaries.ctr,
             &bin.join("containerd-shim-runc-v2"),
@@ -93,11 +93,6 @@ impl Binaries {
         .filter(|path| !path.is_file())
         .map(|path| path.display().to_string())
         .collect();
-        for tool in ["umoci", "skopeo"] {
-            if which(tool).is_none() {
-                missing.push(tool.to_owned());
-            }
-        }
         if missing.is_empty() {
             Ok(binaries)
         } else {
@@ -291,11 +286,6 @@ impl Node {
     pub fn state_dir(&self) -> &Path {
         self.processes.dir()
     }
-
-    /// Fails if containerd, kube-scheduler or the kubelet has exited, quoting its log.
-    pub fn check_running(&mut self) -> Result<()> {
-        self.processes.check_running()
-    }
 }
 
 /// Whether a Node object reports condition Ready=True.
@@ -319,6 +309,13 @@ pub async fn build_image(
     entrypoint: &[&str],
     out: &Path,
 ) -> Result<()> {
+    for tool in ["umoci", "skopeo"] {
+        if which(tool).is_none() {
+            return Err(Error::NodeFilesMissing {
+                missing: vec![tool.to_owned()],
+            });
+        }
+    }
     let work = tempfile::Builder::new()
         .prefix("banlieue-image-")
         .tempdir()
