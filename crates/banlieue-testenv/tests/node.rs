@@ -440,3 +440,40 @@ async fn a_job_writes_through_a_hostpath_persistent_volume_claim() {
         .await
         .expect("delete the volume");
 }
+
+#[tokio::test]
+async fn ten_pods_created_at_once_all_become_ready() {
+    let cp = cluster().await;
+    let ns = namespace(cp).await;
+    let client = cp.client().expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    for index in 0..10 {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("pause-{index}")},
+            "spec": {"containers": [{
+                "name": "pause",
+                "image": node::PAUSE_IMAGE,
+                "imagePullPolicy": "Never",
+            }]},
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create a pod");
+    }
+    wait_for("ten pods to be Ready", DEADLINE, || {
+        let pods = pods.clone();
+        async move {
+            let listed = pods.list(&ListParams::default()).await?;
+            Ok((listed.items.iter().filter(|pod| pod_ready(pod)).count() == 10).then_some(()))
+        }
+    })
+    .await
+    .expect("ten pods Ready");
+    eprintln!(
+        "pods: ten created at once, all Ready after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    delete_namespace(&client, &ns).await;
+}
