@@ -389,16 +389,19 @@ async fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
         .output()
         .await
         .map_err(|source| Error::io("run ldd", source))?;
-    // ldd exits non-zero for a static binary ("not a dynamic executable").
-    let text = String::from_utf8_lossy(&output.stdout);
-    Ok(text
-        .lines()
+    // ldd exits non-zero for a static binary ("not a dynamic executable"): no libraries.
+    Ok(parse_ldd(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The absolute paths in `ldd` output: "libc.so.6 => /lib/…/libc.so.6 (0x…)" and the loader's
+/// "/lib64/ld-linux-x86-64.so.2 (0x…)"; "linux-vdso.so.1 (0x…)" has none.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
         .filter_map(|line| {
-            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or "/lib64/ld-linux… (0x…)"
             let path = line.split("=>").last()?.split_whitespace().next()?;
             path.starts_with('/').then(|| PathBuf::from(path))
         })
-        .collect())
+        .collect()
 }
 
 struct Ctr<'a> {
@@ -578,5 +581,60 @@ fn with_logs(error: Error, processes: &Processes) -> Error {
             detail: format!("{detail}\n{}", processes.log_tails()),
         },
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_the_libraries_and_the_loader() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                    \tlibcurl.so.4 => /lib/x86_64-linux-gnu/libcurl.so.4 (0x00007f01)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                "/lib/x86_64-linux-gnu/libcurl.so.4",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+        assert!(parse_ldd("\tstatically linked\n").is_empty());
+    }
+
+    /// Every placeholder of the shared templates is one the code fills in.
+    #[test]
+    fn rendered_templates_have_no_placeholder_left() {
+        let rendered = [
+            render(
+                CONTAINERD_CONFIG,
+                &[("DIR", "/tmp/n"), ("PAUSE_IMAGE", PAUSE_IMAGE)],
+            ),
+            render(
+                KUBELET_CONFIG,
+                &[
+                    ("DIR", "/tmp/n"),
+                    ("PORT", "1"),
+                    ("CGROUP", "c"),
+                    ("CA", "/ca"),
+                    ("SERVING_CERT", "/c"),
+                    ("SERVING_KEY", "/k"),
+                ],
+            ),
+            render(NETWORK_POLICY, &[("API_PORT", "6443")]),
+        ];
+        for text in rendered {
+            let left: Vec<&str> = text
+                .split('@')
+                .skip(1)
+                .step_by(2)
+                .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+                .collect();
+            assert!(left.is_empty(), "unrendered {left:?} in:\n{text}");
+        }
     }
 }
