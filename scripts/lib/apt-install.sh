@@ -1,13 +1,17 @@
 # shellcheck shell=bash
 # apt_install_missing PKG...: installs (without recommends) the packages not yet installed;
-# does nothing, and touches no package index, when all are there.
+# does nothing, and touches no package index, when all are there. apt's and dpkg's output goes
+# to stdout, which scripts/setup sends to the part's log.
 apt_install_missing() {
     local missing=() p
     for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if ((${#missing[@]})); then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+        echo "apt: installing ${missing[*]}"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    else
+        echo "apt: $* already installed"
     fi
 }

@@ -6,8 +6,8 @@
 //! talks to that cluster instead, so tests run unchanged against kind, k3d or a real cluster.
 
 mod apply;
-mod pki;
-mod process;
+pub(crate) mod pki;
+pub(crate) mod process;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -25,6 +25,7 @@ use tokio::sync::OnceCell;
 
 pub use apply::{apply_yaml_with, wait_established};
 
+use crate::node::Node;
 use pki::{CertFiles, Pki};
 use process::Processes;
 
@@ -94,6 +95,16 @@ pub enum Error {
     Unnamed(&'static str),
     #[error("the TokenRequest for {namespace}/{name} returned no token")]
     NoToken { namespace: String, name: String },
+    #[error("node binaries or files missing ({}): run scripts/setup node", missing.join(", "))]
+    NodeFilesMissing { missing: Vec<String> },
+    #[error("a node runs only beside a local control plane, not with {EXTERNAL_KUBECONFIG_ENV}")]
+    NodeNeedsLocalControlPlane,
+    #[error("{what} failed ({status}):\n{output}")]
+    Command {
+        what: String,
+        status: ExitStatus,
+        output: String,
+    },
 }
 
 /// The message chain rather than the structure: tests report errors with `expect`, which
@@ -105,7 +116,7 @@ impl std::fmt::Debug for Error {
 }
 
 impl Error {
-    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             what: what.into(),
             source,
@@ -118,6 +129,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A Kubernetes control plane for tests: local processes, or an existing cluster.
 #[derive(Debug)]
 pub struct ControlPlane {
+    // Declared first so it drops first: the node stops while the API server still answers.
+    node: Option<Node>,
     admin: Config,
     identities: Identities,
     local: Option<Local>,
@@ -132,11 +145,14 @@ enum Identities {
 }
 
 #[derive(Debug)]
-struct Local {
+pub(crate) struct Local {
     // Declared first so it drops first: the processes stop before anything else goes.
     processes: Processes,
     ports: Vec<u16>,
     apiserver_ready_after: Duration,
+    pub(crate) pki: Pki,
+    pub(crate) server: String,
+    pub(crate) apiserver_port: u16,
 }
 
 impl ControlPlane {
@@ -154,6 +170,31 @@ impl ControlPlane {
                 }
             })
             .await
+    }
+
+    /// A local control plane with a [`Node`], shared by every test of this test binary that
+    /// needs pods to run. Always local: `BANLIEUE_TEST_KUBECONFIG` does not apply, since the
+    /// node's pods reach the API server on loopback.
+    pub async fn shared_with_node() -> Result<&'static ControlPlane> {
+        static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+        SHARED.get_or_try_init(Self::start_with_node).await
+    }
+
+    /// Starts an owned local control plane and a node registered with it (see [`Node`]).
+    pub async fn start_with_node() -> Result<ControlPlane> {
+        let mut control_plane = Self::start().await?;
+        let node = Node::start(&control_plane).await?;
+        control_plane.node = Some(node);
+        Ok(control_plane)
+    }
+
+    /// The node started with [`start_with_node`](Self::start_with_node), if any.
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    pub(crate) fn local(&self) -> Option<&Local> {
+        self.local.as_ref()
     }
 
     /// Starts an owned local control plane; dropping it stops every process by PID and
@@ -186,6 +227,8 @@ impl ControlPlane {
         let dir = processes.dir().to_owned();
         let pki = Pki::generate(&dir.join("pki"))?;
         let [etcd_client, etcd_peer, apiserver] = free_ports()?;
+        // The API server's identity towards kubelets (logs, exec, port-forward).
+        let kubelet_client = pki.client("kube-apiserver-kubelet-client", Some("system:masters"))?;
 
         processes.spawn(
             "etcd",
@@ -195,7 +238,7 @@ impl ControlPlane {
         processes.spawn(
             "kube-apiserver",
             &binary("kube-apiserver"),
-            &apiserver_args(&dir, &pki, etcd_client, apiserver),
+            &apiserver_args(&dir, &pki, &kubelet_client, etcd_client, apiserver),
         )?;
 
         let server = format!("https://127.0.0.1:{apiserver}");
@@ -251,12 +294,16 @@ impl ControlPlane {
         processes.check_running()?;
 
         let control_plane = ControlPlane {
+            node: None,
             admin,
             identities: Identities::Certificates(kubeconfigs),
             local: Some(Local {
                 processes,
                 ports: vec![etcd_client, etcd_peer, apiserver],
                 apiserver_ready_after,
+                pki,
+                server,
+                apiserver_port: apiserver,
             }),
         };
         control_plane.install_crds().await?;
@@ -273,6 +320,7 @@ impl ControlPlane {
     pub async fn external(kubeconfig: &Path) -> Result<ControlPlane> {
         install_crypto_provider();
         let control_plane = ControlPlane {
+            node: None,
             admin: config_from_file(kubeconfig).await?,
             identities: Identities::Impersonation,
             local: None,
@@ -413,6 +461,11 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
+    /// The port the local API server listens on (on 127.0.0.1).
+    pub fn apiserver_port(&self) -> Option<u16> {
+        self.local.as_ref().map(|local| local.apiserver_port)
+    }
+
     /// The local state directory (etcd data, PKI, kubeconfigs, logs).
     pub fn state_dir(&self) -> Option<&Path> {
         self.local.as_ref().map(|local| local.processes.dir())
@@ -509,7 +562,7 @@ fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-async fn config_from_file(path: &Path) -> Result<Config> {
+pub(crate) async fn config_from_file(path: &Path) -> Result<Config> {
     let kubeconfig = Kubeconfig::read_from(path)?;
     Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
 }
@@ -596,7 +649,13 @@ fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
     ]
 }
 
-fn apiserver_args(dir: &Path, pki: &Pki, etcd_client: u16, port: u16) -> Vec<String> {
+fn apiserver_args(
+    dir: &Path,
+    pki: &Pki,
+    kubelet_client: &CertFiles,
+    etcd_client: u16,
+    port: u16,
+) -> Vec<String> {
     vec![
         format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
         "--bind-address=127.0.0.1".into(),
@@ -615,6 +674,9 @@ fn apiserver_args(dir: &Path, pki: &Pki, etcd_client: u16, port: u16) -> Vec<Str
         "--allow-privileged=true".into(),
         // A loopback address cannot back the `kubernetes` Service's endpoints; no pod needs it.
         "--endpoint-reconciler-type=none".into(),
+        // How it authenticates to a node's kubelet, whose webhook authorizer then asks it back.
+        path_arg("kubelet-client-certificate", &kubelet_client.cert),
+        path_arg("kubelet-client-key", &kubelet_client.key),
     ]
 }
 
@@ -636,7 +698,7 @@ fn controller_manager_args(pki: &Pki, kubeconfig: &Path) -> Vec<String> {
 }
 
 /// Writes `<dir>/kubeconfigs/<name>.kubeconfig`, referring to the PEM files by path.
-fn write_kubeconfig(
+pub(crate) fn write_kubeconfig(
     dir: &Path,
     name: &str,
     server: &str,

@@ -13,14 +13,14 @@ use super::Error;
 
 /// Files of a certificate and its key.
 #[derive(Debug, Clone)]
-pub(super) struct CertFiles {
+pub(crate) struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 /// The PKI written under one directory.
 #[derive(Debug)]
-pub(super) struct Pki {
+pub(crate) struct Pki {
     pub ca: CertFiles,
     pub serving: CertFiles,
     pub service_account_key: PathBuf,
@@ -30,7 +30,7 @@ pub(super) struct Pki {
 }
 
 impl Pki {
-    pub(super) fn generate(dir: &Path) -> Result<Self, Error> {
+    pub(crate) fn generate(dir: &Path) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|source| Error::io("create the PKI dir", source))?;
 
         let mut ca_params = CertificateParams::default();
@@ -92,13 +92,33 @@ impl Pki {
 
     /// A client certificate for `user`, in `group` if given: the apiserver takes the user from
     /// the common name and the groups from the organizations (rcgen writes at most one).
-    pub(super) fn client(&self, user: &str, group: Option<&str>) -> Result<CertFiles, Error> {
+    pub(crate) fn client(&self, user: &str, group: Option<&str>) -> Result<CertFiles, Error> {
         let mut params = CertificateParams::default();
         params.distinguished_name = name(user, group);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate()?;
         let file_stem = user.replace(':', "-");
+        let files = CertFiles {
+            cert: self.dir.join(format!("{file_stem}.crt")),
+            key: self.dir.join(format!("{file_stem}.key")),
+        };
+        write(&files.cert, &params.signed_by(&key, &self.issuer)?.pem())?;
+        write(&files.key, &key.serialize_pem())?;
+        Ok(files)
+    }
+}
+
+impl Pki {
+    /// A serving certificate for `names` (IP addresses or DNS names), written as
+    /// `<file_stem>.crt` and `.key`.
+    pub(crate) fn serving(&self, file_stem: &str, names: &[&str]) -> Result<CertFiles, Error> {
+        let mut params =
+            CertificateParams::new(names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>())?;
+        params.distinguished_name = name(names.first().copied().unwrap_or(file_stem), None);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate()?;
         let files = CertFiles {
             cert: self.dir.join(format!("{file_stem}.crt")),
             key: self.dir.join(format!("{file_stem}.key")),

@@ -53,7 +53,7 @@ fn spawn_from_spawner_thread(command: Command) -> io::Result<Child> {
 }
 
 /// Finds `name` on `PATH`.
-pub(super) fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))
@@ -95,7 +95,7 @@ struct Supervised {
 
 /// The processes of one local control plane and its state directory.
 #[derive(Debug)]
-pub(super) struct Processes {
+pub(crate) struct Processes {
     dir: PathBuf,
     setpriv: PathBuf,
     children: Vec<Supervised>,
@@ -104,10 +104,17 @@ pub(super) struct Processes {
 
 impl Processes {
     /// Creates the state directory and its janitor.
-    pub(super) fn new() -> Result<Self, Error> {
+    pub(crate) fn new() -> Result<Self, Error> {
+        Self::with_janitor("banlieue-control-plane-", JANITOR_SCRIPT, &[])
+    }
+
+    /// Creates a state directory named `<prefix>XXXXXX` and a janitor running `script` (bash)
+    /// with the directory and `args` as its arguments. The janitor reads `pid N` lines, and
+    /// a `stopped` line once the children are gone, on its stdin; end of file is its cue.
+    pub(crate) fn with_janitor(prefix: &str, script: &str, args: &[String]) -> Result<Self, Error> {
         let setpriv = which("setpriv").ok_or(Error::SetprivMissing)?;
         let dir = tempfile::Builder::new()
-            .prefix("banlieue-control-plane-")
+            .prefix(prefix)
             .tempdir()
             .map_err(|source| Error::io("create the state directory", source))?
             // The janitor removes it, also when this process dies without unwinding.
@@ -115,9 +122,10 @@ impl Processes {
         let mut command = Command::new("bash");
         command
             .arg("-c")
-            .arg(JANITOR_SCRIPT)
+            .arg(script)
             .arg("janitor")
             .arg(&dir)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -145,16 +153,27 @@ impl Processes {
         })
     }
 
-    pub(super) fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// Starts `binary` with `args`, its output in `logs/<name>.log` under the state directory.
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         &mut self,
         name: &'static str,
         binary: &Path,
         args: &[String],
+    ) -> Result<u32, Error> {
+        self.spawn_with_env(name, binary, args, &[])
+    }
+
+    /// Like [`spawn`](Self::spawn), with extra environment variables.
+    pub(crate) fn spawn_with_env(
+        &mut self,
+        name: &'static str,
+        binary: &Path,
+        args: &[String],
+        env: &[(&str, std::ffi::OsString)],
     ) -> Result<u32, Error> {
         let logs = self.dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|source| Error::io("create logs", source))?;
@@ -170,6 +189,7 @@ impl Processes {
             .arg("--")
             .arg(binary)
             .args(args)
+            .envs(env.iter().map(|(key, value)| (key, value)))
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(out)
@@ -190,7 +210,7 @@ impl Processes {
     }
 
     /// Fails if any child has exited, naming it and quoting the end of its log.
-    pub(super) fn check_running(&mut self) -> Result<(), Error> {
+    pub(crate) fn check_running(&mut self) -> Result<(), Error> {
         for supervised in &mut self.children {
             if let Ok(Some(status)) = supervised.child.try_wait() {
                 return Err(exited(supervised, status));
@@ -200,7 +220,7 @@ impl Processes {
     }
 
     /// The last lines of every child's log, for error messages.
-    pub(super) fn log_tails(&self) -> String {
+    pub(crate) fn log_tails(&self) -> String {
         self.children
             .iter()
             .map(|s| format!("--- {} ({})\n{}", s.name, s.log.display(), tail(&s.log)))
@@ -208,7 +228,7 @@ impl Processes {
             .join("\n")
     }
 
-    pub(super) fn pids(&self) -> Vec<(&'static str, u32)> {
+    pub(crate) fn pids(&self) -> Vec<(&'static str, u32)> {
         let mut pids: Vec<_> = self
             .children
             .iter()

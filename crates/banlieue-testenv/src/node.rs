@@ -1,0 +1,640 @@
+//! A real Kubernetes node beside a local control plane: containerd, kube-scheduler and a
+//! kubelet named `localhost`, so that pods (the project's own images among them) run in tests.
+//!
+//! Everything lives under one temp directory (containerd's root, state, runc root and `opt`
+//! directory, the kubelet's root and pod logs). What the components write elsewhere regardless
+//! of flags (the kubelet's device-plugin socket and `/var/log/containers` links, the shims'
+//! sockets under `/run/containerd/s`, three kernel settings) is undone at teardown, which a
+//! janitor process runs (`node/teardown.sh`), so it also happens when the test process dies.
+//! The host state is the machine's, shared by every test node on it (`node/host-state.sh`).
+//!
+//! Networking is the test cluster's to provide, as a CNI does on a real cluster: there is no
+//! pod network here, only loopback. A MutatingAdmissionPolicy makes every Pod `hostNetwork`,
+//! points its in-cluster client at the API server on `127.0.0.1:<port>` and makes its HTTP
+//! probes ask `127.0.0.1`; product manifests stay exactly as users deploy them.
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Node as NodeObject, Pod, PodSpec};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use crate::control_plane::process::{Processes, which};
+use crate::control_plane::{
+    ControlPlane, Error, Result, apply_yaml_with, bin_dir, wait_for, write_kubeconfig,
+};
+
+/// The node's name, and the host name the API server reaches its kubelet by.
+pub const NODE_NAME: &str = "localhost";
+/// The sandbox image containerd is pinned to; built by `scripts/control-plane build-node`.
+pub const PAUSE_IMAGE: &str = "banlieue.local/pause:1";
+/// The admission policy (and its binding) that adapts pods to the loopback-only node.
+pub const NETWORK_POLICY_NAME: &str = "banlieue-test-node-network";
+
+const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+const TEARDOWN_SCRIPT: &str = include_str!("node/teardown.sh");
+/// Saves and restores the host state all test nodes on the machine share (bash functions).
+const HOST_STATE: &str = include_str!("node/host-state.sh");
+// Templates shared with `scripts/control-plane start --node`, which fills them in with sed.
+const CONTAINERD_CONFIG: &str = include_str!("node/containerd.toml");
+const KUBELET_CONFIG: &str = include_str!("node/kubelet.yaml");
+const NETWORK_POLICY: &str = include_str!("node/network-policy.yaml");
+/// One network with only the loopback plugin: containerd then reports the network ready.
+/// hostNetwork pods never call it; a pod without hostNetwork fails its sandbox, on purpose.
+const LOOPBACK_CONFLIST: &str = include_str!("node/loopback.conflist");
+const RUNC: &str = "/usr/sbin/runc";
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// A running node. Dropping it (or the [`ControlPlane`] holding it) stops its processes by
+/// PID, kills its containers and undoes what it changed on the host.
+#[derive(Debug)]
+pub struct Node {
+    processes: Processes,
+    containerd_socket: PathBuf,
+    ctr: PathBuf,
+    cgroup: String,
+    up_after: Duration,
+    kubelet_ready_after: Duration,
+}
+
+struct Binaries {
+    containerd: PathBuf,
+    ctr: PathBuf,
+    kubelet: PathBuf,
+    scheduler: PathBuf,
+    pause_archive: PathBuf,
+}
+
+impl Binaries {
+    fn find() -> Result<Self> {
+        let bin = bin_dir();
+        let binaries = Self {
+            containerd: bin.join("containerd"),
+            ctr: bin.join("ctr"),
+            kubelet: bin.join("kubelet"),
+            scheduler: bin.join("kube-scheduler"),
+            pause_archive: bin.join("pause.tar"),
+        };
+        let missing: Vec<String> = [
+            &binaries.containerd,
+            &binaries.ctr,
+            &bin.join("containerd-shim-runc-v2"),
+            &binaries.kubelet,
+            &binaries.scheduler,
+            &binaries.pause_archive,
+            Path::new(RUNC),
+            &Path::new(CNI_BIN_DIR).join("loopback"),
+        ]
+        .into_iter()
+        .filter(|path| !path.is_file())
+        .map(|path| path.display().to_string())
+        .collect();
+        if missing.is_empty() {
+            Ok(binaries)
+        } else {
+            Err(Error::NodeFilesMissing { missing })
+        }
+    }
+}
+
+impl Node {
+    /// Starts containerd, kube-scheduler and the kubelet against `control_plane` (which must be
+    /// local) and waits until the node is Ready.
+    pub async fn start(control_plane: &ControlPlane) -> Result<Node> {
+        let local = control_plane
+            .local()
+            .ok_or(Error::NodeNeedsLocalControlPlane)?;
+        let binaries = Binaries::find()?;
+        let started = Instant::now();
+        // Unique per node on this machine: the kubelet's cgroupRoot, torn down by name.
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let cgroup = format!(
+            "banlieue-node-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut processes = Processes::with_janitor(
+            "banlieue-node-",
+            &format!("{HOST_STATE}\n{TEARDOWN_SCRIPT}"),
+            std::slice::from_ref(&cgroup),
+        )?;
+        let dir = processes.dir().to_owned();
+        let register = format!("{HOST_STATE}\nregister_host_state \"$1\"");
+        command(
+            "bash",
+            &["-c", &register, "register", &dir.display().to_string()],
+        )
+        .await?;
+        create_cgroup(&cgroup)?;
+
+        let pki = &local.pki;
+        let node_client = pki.client(&format!("system:node:{NODE_NAME}"), Some("system:nodes"))?;
+        let scheduler_client = pki.client("system:kube-scheduler", None)?;
+        let kubelet_serving = pki.serving("kubelet-serving", &["127.0.0.1", NODE_NAME])?;
+        let ca = &pki.ca.cert;
+        let kubelet_kubeconfig =
+            write_kubeconfig(&dir, "kubelet", &local.server, ca, &node_client)?;
+        let scheduler_kubeconfig =
+            write_kubeconfig(&dir, "kube-scheduler", &local.server, ca, &scheduler_client)?;
+
+        // containerd, and the pause image every pod sandbox runs.
+        let dir_text = dir.display().to_string();
+        let containerd_dir = dir.join("containerd");
+        let containerd_socket = containerd_dir.join("containerd.sock");
+        let cni_conf_dir = dir.join("cni");
+        create_dir(&cni_conf_dir)?;
+        create_dir(&containerd_dir)?;
+        write_file(
+            &cni_conf_dir.join("10-loopback.conflist"),
+            LOOPBACK_CONFLIST,
+        )?;
+        let containerd_config = containerd_dir.join("config.toml");
+        write_file(
+            &containerd_config,
+            &render(
+                CONTAINERD_CONFIG,
+                &[("DIR", &dir_text), ("PAUSE_IMAGE", PAUSE_IMAGE)],
+            ),
+        )?;
+        // The shim is found on PATH; the stable bin directory holds it beside containerd.
+        let mut path = OsString::from(bin_dir());
+        path.push(":");
+        path.push(std::env::var_os("PATH").unwrap_or_default());
+        processes.spawn_with_env(
+            "containerd",
+            &binaries.containerd,
+            &[path_arg("config", &containerd_config)],
+            &[("PATH", path)],
+        )?;
+        let ctr = Ctr {
+            binary: &binaries.ctr,
+            socket: &containerd_socket,
+        };
+        let waited = wait_for("containerd to answer", STARTUP_DEADLINE, || async {
+            Ok(ctr.run(&["version"]).await.ok().map(|_| ()))
+        })
+        .await;
+        processes.check_running()?;
+        waited.map_err(|error| with_logs(error, &processes))?;
+        ctr.import(&binaries.pause_archive).await?;
+
+        let client = control_plane.client()?;
+        install_network_policy(&client, &dir, local.apiserver_port).await?;
+
+        processes.spawn(
+            "kube-scheduler",
+            &binaries.scheduler,
+            &scheduler_args(&scheduler_kubeconfig),
+        )?;
+
+        let kubelet_dir = dir.join("kubelet");
+        create_dir(&kubelet_dir)?;
+        let kubelet_config = kubelet_dir.join("config.yaml");
+        let port = free_port()?.to_string();
+        let text = |path: &Path| path.display().to_string();
+        write_file(
+            &kubelet_config,
+            &render(
+                KUBELET_CONFIG,
+                &[
+                    ("DIR", &dir_text),
+                    ("PORT", &port),
+                    ("CGROUP", &cgroup),
+                    ("CA", &text(ca)),
+                    ("SERVING_CERT", &text(&kubelet_serving.cert)),
+                    ("SERVING_KEY", &text(&kubelet_serving.key)),
+                ],
+            ),
+        )?;
+        let kubelet_started = Instant::now();
+        processes.spawn(
+            "kubelet",
+            &binaries.kubelet,
+            &[
+                path_arg("config", &kubelet_config),
+                path_arg("kubeconfig", &kubelet_kubeconfig),
+                path_arg("root-dir", &kubelet_dir.join("root")),
+                path_arg("cert-dir", &kubelet_dir.join("pki")),
+                format!("--hostname-override={NODE_NAME}"),
+            ],
+        )?;
+        let nodes: Api<NodeObject> = Api::all(client);
+        let waited = wait_for("node localhost to be Ready", STARTUP_DEADLINE, || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get_opt(NODE_NAME).await?;
+                Ok(node.filter(is_ready).map(|_| ()))
+            }
+        })
+        .await;
+        processes.check_running()?;
+        waited.map_err(|error| with_logs(error, &processes))?;
+        let node = Node {
+            processes,
+            containerd_socket,
+            ctr: binaries.ctr,
+            cgroup,
+            up_after: started.elapsed(),
+            kubelet_ready_after: kubelet_started.elapsed(),
+        };
+        eprintln!(
+            "node: up after {:.1} s (kubelet start to Ready {:.2} s), state in {}",
+            node.up_after.as_secs_f64(),
+            node.kubelet_ready_after.as_secs_f64(),
+            dir.display()
+        );
+        Ok(node)
+    }
+
+    /// Imports an image archive (docker-archive or OCI tar) into containerd's `k8s.io`
+    /// namespace, where the kubelet finds it. Pods use it with `imagePullPolicy: Never` (or a
+    /// tag other than `latest`, which defaults to `IfNotPresent`).
+    pub async fn import_image(&self, archive: &Path) -> Result<()> {
+        Ctr {
+            binary: &self.ctr,
+            socket: &self.containerd_socket,
+        }
+        .import(archive)
+        .await
+    }
+
+    /// From start to Ready, containerd and the pause image import included.
+    pub fn up_after(&self) -> Duration {
+        self.up_after
+    }
+
+    /// From the kubelet's spawn to the node's Ready condition.
+    pub fn kubelet_ready_after(&self) -> Duration {
+        self.kubelet_ready_after
+    }
+
+    /// Names and PIDs of containerd, kube-scheduler and the kubelet (and the janitor).
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.processes.pids()
+    }
+
+    /// The name of the kubelet's cgroup root, a directory in every cgroup hierarchy.
+    pub fn cgroup(&self) -> &str {
+        &self.cgroup
+    }
+
+    /// The node's state directory.
+    pub fn state_dir(&self) -> &Path {
+        self.processes.dir()
+    }
+}
+
+/// Whether a Node object reports condition Ready=True.
+pub fn is_ready(node: &NodeObject) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// Builds a docker-archive at `out` holding `files` (host paths, kept at the same paths in the
+/// image) and the shared libraries `ldd` says they need, with `entrypoint` as the entrypoint:
+/// an image of the host's own binaries, without a registry or a daemon (umoci, skopeo).
+pub async fn build_image(
+    reference: &str,
+    files: &[&Path],
+    entrypoint: &[&str],
+    out: &Path,
+) -> Result<()> {
+    for tool in ["umoci", "skopeo"] {
+        if which(tool).is_none() {
+            return Err(Error::NodeFilesMissing {
+                missing: vec![tool.to_owned()],
+            });
+        }
+    }
+    let work = tempfile::Builder::new()
+        .prefix("banlieue-image-")
+        .tempdir()
+        .map_err(|source| Error::io("create an image work dir", source))?;
+    let layout = work.path().join("oci");
+    let image = format!("{}:img", layout.display());
+    let bundle = work.path().join("bundle");
+    command(
+        "umoci",
+        &["init", "--layout", &layout.display().to_string()],
+    )
+    .await?;
+    command("umoci", &["new", "--image", &image]).await?;
+    command(
+        "umoci",
+        &[
+            "unpack",
+            "--rootless",
+            "--image",
+            &image,
+            &bundle.display().to_string(),
+        ],
+    )
+    .await?;
+    let rootfs = bundle.join("rootfs");
+    let mut wanted: Vec<PathBuf> = Vec::new();
+    for file in files {
+        wanted.push(file.to_path_buf());
+        wanted.extend(shared_libraries(file).await?);
+    }
+    for file in wanted {
+        let inside = rootfs.join(file.strip_prefix("/").unwrap_or(&file));
+        if let Some(parent) = inside.parent() {
+            create_dir(parent)?;
+        }
+        // Follows symlinks: the image gets the content under the name the binary asks for.
+        std::fs::copy(&file, &inside).map_err(|source| {
+            Error::io(format!("copy {} into the image", file.display()), source)
+        })?;
+    }
+    command(
+        "umoci",
+        &["repack", "--image", &image, &bundle.display().to_string()],
+    )
+    .await?;
+    let mut config = vec!["config", "--image", &image];
+    for arg in entrypoint {
+        config.extend(["--config.entrypoint", arg]);
+    }
+    command("umoci", &config).await?;
+    let _ = std::fs::remove_file(out);
+    command(
+        "skopeo",
+        &[
+            "--insecure-policy",
+            "copy",
+            "--quiet",
+            &format!("oci:{image}"),
+            &format!("docker-archive:{}:{reference}", out.display()),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The absolute paths of the shared libraries (and the loader) `ldd` lists for `binary`;
+/// none for a static binary.
+async fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let output = tokio::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .await
+        .map_err(|source| Error::io("run ldd", source))?;
+    // ldd exits non-zero for a static binary ("not a dynamic executable"): no libraries.
+    Ok(parse_ldd(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The absolute paths in `ldd` output: "libc.so.6 => /lib/…/libc.so.6 (0x…)" and the loader's
+/// "/lib64/ld-linux-x86-64.so.2 (0x…)"; "linux-vdso.so.1 (0x…)" has none.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let path = line.split("=>").last()?.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+struct Ctr<'a> {
+    binary: &'a Path,
+    socket: &'a Path,
+}
+
+impl Ctr<'_> {
+    async fn run(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec![
+            "--address".to_owned(),
+            self.socket.display().to_string(),
+            "--namespace".to_owned(),
+            "k8s.io".to_owned(),
+        ];
+        all.extend(args.iter().map(|&a| a.to_owned()));
+        run_command(self.binary, &all).await
+    }
+
+    async fn import(&self, archive: &Path) -> Result<()> {
+        self.run(&["images", "import", &archive.display().to_string()])
+            .await
+            .map(|_| ())
+    }
+}
+
+async fn command(program: &str, args: &[&str]) -> Result<String> {
+    let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+    run_command(Path::new(program), &args).await
+}
+
+async fn run_command(program: &Path, args: &[String]) -> Result<String> {
+    let what = format!(
+        "{} {}",
+        program.file_name().unwrap_or_default().to_string_lossy(),
+        args.join(" ")
+    );
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|source| Error::io(format!("run {what}"), source))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(Error::Command {
+            what,
+            status: output.status,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+}
+
+/// The kubelet's cgroupRoot must exist in every hierarchy (cgroup v1 here). A new cpuset
+/// cgroup starts with no CPUs and no memory nodes, so those are copied from the parent.
+fn create_cgroup(name: &str) -> Result<()> {
+    let root = Path::new("/sys/fs/cgroup");
+    let entries =
+        std::fs::read_dir(root).map_err(|source| Error::io("list /sys/fs/cgroup", source))?;
+    for entry in entries.flatten() {
+        let hierarchy = entry.path();
+        if !hierarchy.join("cgroup.procs").is_file() || entry.file_name() == "unified" {
+            continue;
+        }
+        let cgroup = hierarchy.join(name);
+        create_dir(&cgroup)?;
+        if entry.file_name() == "cpuset" {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let value = std::fs::read_to_string(hierarchy.join(file))
+                    .map_err(|source| Error::io(format!("read {file}"), source))?;
+                std::fs::write(cgroup.join(file), value.trim())
+                    .map_err(|source| Error::io(format!("write {file}"), source))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Installs the policy that adapts every Pod to this node (see the module comment) and waits
+/// until the API server applies it: a dry-run Pod must come back mutated.
+async fn install_network_policy(client: &Client, dir: &Path, apiserver_port: u16) -> Result<()> {
+    let path = dir.join("network-policy.yaml");
+    let port = apiserver_port.to_string();
+    write_file(&path, &render(NETWORK_POLICY, &[("API_PORT", &port)]))?;
+    apply_yaml_with(client, &path, None).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let probe = Pod {
+        metadata: ObjectMeta {
+            name: Some("banlieue-node-policy-probe".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "probe".into(),
+                image: Some(PAUSE_IMAGE.into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait_for(
+        "the node's admission policy to apply",
+        STARTUP_DEADLINE,
+        || {
+            let (pods, probe, dry_run) = (pods.clone(), probe.clone(), dry_run.clone());
+            async move {
+                let created = pods.create(&dry_run, &probe).await?;
+                Ok(created
+                    .spec
+                    .filter(|spec| spec.host_network == Some(true))
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
+}
+
+/// Replaces each `@NAME@` of a template shared with `scripts/control-plane`.
+fn render(template: &str, values: &[(&str, &str)]) -> String {
+    values
+        .iter()
+        .fold(template.to_owned(), |text, (name, value)| {
+            text.replace(&format!("@{name}@"), value)
+        })
+}
+
+fn scheduler_args(kubeconfig: &Path) -> Vec<String> {
+    vec![
+        path_arg("kubeconfig", kubeconfig),
+        path_arg("authentication-kubeconfig", kubeconfig),
+        path_arg("authorization-kubeconfig", kubeconfig),
+        "--secure-port=0".into(),
+        "--leader-elect=false".into(),
+    ]
+}
+
+fn free_port() -> Result<u16> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|source| Error::io("find a free port", source))
+}
+
+fn path_arg(flag: &str, path: &Path) -> String {
+    format!("--{flag}={}", path.display())
+}
+
+fn create_dir(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path)
+        .map_err(|source| Error::io(format!("create {}", path.display()), source))
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents)
+        .map_err(|source| Error::io(format!("write {}", path.display()), source))
+}
+
+fn with_logs(error: Error, processes: &Processes) -> Error {
+    match error {
+        Error::Timeout {
+            what,
+            after,
+            detail,
+        } => Error::Timeout {
+            what,
+            after,
+            detail: format!("{detail}\n{}", processes.log_tails()),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_the_libraries_and_the_loader() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                    \tlibcurl.so.4 => /lib/x86_64-linux-gnu/libcurl.so.4 (0x00007f01)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                "/lib/x86_64-linux-gnu/libcurl.so.4",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+        assert!(parse_ldd("\tstatically linked\n").is_empty());
+    }
+
+    /// Every placeholder of the shared templates is one the code fills in.
+    #[test]
+    fn rendered_templates_have_no_placeholder_left() {
+        let rendered = [
+            render(
+                CONTAINERD_CONFIG,
+                &[("DIR", "/tmp/n"), ("PAUSE_IMAGE", PAUSE_IMAGE)],
+            ),
+            render(
+                KUBELET_CONFIG,
+                &[
+                    ("DIR", "/tmp/n"),
+                    ("PORT", "1"),
+                    ("CGROUP", "c"),
+                    ("CA", "/ca"),
+                    ("SERVING_CERT", "/c"),
+                    ("SERVING_KEY", "/k"),
+                ],
+            ),
+            render(NETWORK_POLICY, &[("API_PORT", "6443")]),
+        ];
+        for text in rendered {
+            let left: Vec<&str> = text
+                .split('@')
+                .skip(1)
+                .step_by(2)
+                .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+                .collect();
+            assert!(left.is_empty(), "unrendered {left:?} in:\n{text}");
+        }
+    }
+}
