@@ -14,6 +14,17 @@ include!(concat!(env!("OUT_DIR"), "/manifests.rs"));
 /// How long a CRD may take to become Established before bootstrap gives up.
 const CRD_ESTABLISHED_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The image this binary is packaged as by `scripts/image`, and the one `banlieue bootstrap`
+/// deploys unless told otherwise. `localhost/` names no registry: an image that was not loaded
+/// onto the nodes or pushed under another name fails to pull instead of being looked up on a
+/// public registry.
+pub const DEFAULT_IMAGE: &str = concat!("localhost/banlieue:", env!("CARGO_PKG_VERSION"));
+
+/// The controller Deployment of `deploy/controller.yaml` and its container.
+const CONTROLLER_NAMESPACE: &str = "banlieue-system";
+const CONTROLLER_DEPLOYMENT: &str = "banlieue-controller";
+const CONTROLLER_CONTAINER: &str = "controller";
+
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     #[error(transparent)]
@@ -24,6 +35,11 @@ pub enum BootstrapError {
     Crd(String, #[source] kube::Error),
     #[error("encoding CRD {0}: {1}")]
     Encode(String, #[source] serde_json::Error),
+    #[error(
+        "no container {CONTROLLER_CONTAINER:?} in Deployment \
+         {CONTROLLER_NAMESPACE}/{CONTROLLER_DEPLOYMENT} to set the image of"
+    )]
+    NoControllerContainer,
 }
 
 /// Parses the embedded manifests of `table` into objects.
@@ -47,6 +63,34 @@ pub fn bootstrap_objects() -> Result<Vec<DynamicObject>, BootstrapError> {
     }
     objects.sort_by_key(|o| apply_rank(o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("")));
     Ok(objects)
+}
+
+/// Sets the image of the controller Deployment's container among `objects`.
+pub fn set_controller_image(
+    objects: &mut [DynamicObject],
+    image: &str,
+) -> Result<(), BootstrapError> {
+    let deployment = objects
+        .iter_mut()
+        .find(|o| {
+            o.types.as_ref().is_some_and(|t| t.kind == "Deployment")
+                && o.metadata.namespace.as_deref() == Some(CONTROLLER_NAMESPACE)
+                && o.metadata.name.as_deref() == Some(CONTROLLER_DEPLOYMENT)
+        })
+        .ok_or(BootstrapError::NoControllerContainer)?;
+    let container = deployment
+        .data
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(|c| c.as_array_mut())
+        .and_then(|containers| {
+            containers
+                .iter_mut()
+                .find(|c| c.get("name").and_then(|n| n.as_str()) == Some(CONTROLLER_CONTAINER))
+        })
+        .and_then(|c| c.as_object_mut())
+        .ok_or(BootstrapError::NoControllerContainer)?;
+    container.insert("image".into(), image.into());
+    Ok(())
 }
 
 /// Lower applies first; the sort is stable, so file order holds within a rank.
@@ -119,9 +163,10 @@ deploy/admission/ was not applied. Applying it is a separate, mandatory step:
 then edit the issuers list in ConfigMap banlieue-claim-subject-policy. Until then claims are
 not checked against their creator, and once applied with no ConfigMap every claim is denied.";
 
-/// `banlieue bootstrap`.
-pub async fn run(client: Client) -> Result<(), BootstrapError> {
-    let objects = bootstrap_objects()?;
+/// `banlieue bootstrap`, the controller running `image`.
+pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
+    let mut objects = bootstrap_objects()?;
+    set_controller_image(&mut objects, image)?;
     let applied = apply_all(&client, &objects, |a| println!("{a}")).await?;
     let changed = applied
         .iter()
@@ -147,6 +192,61 @@ mod tests {
             BOOTSTRAP
                 .iter()
                 .all(|(name, _)| !name.contains("admission"))
+        );
+    }
+
+    fn controller_image(objects: &[DynamicObject]) -> Option<&str> {
+        objects
+            .iter()
+            .find(|o| {
+                o.types.as_ref().is_some_and(|t| t.kind == "Deployment")
+                    && o.metadata.name.as_deref() == Some(CONTROLLER_DEPLOYMENT)
+            })?
+            .data
+            .pointer("/spec/template/spec/containers/0/image")?
+            .as_str()
+    }
+
+    #[test]
+    fn set_controller_image_changes_only_that_image() {
+        let mut objects = bootstrap_objects().unwrap();
+        let before = objects.clone();
+        set_controller_image(&mut objects, "registry.test/banlieue:x").unwrap();
+        assert_eq!(controller_image(&objects), Some("registry.test/banlieue:x"));
+        let changed: Vec<_> = objects
+            .iter()
+            .zip(&before)
+            .filter(|(a, b)| a.data != b.data)
+            .map(|(a, _)| a.metadata.name.clone())
+            .collect();
+        assert_eq!(changed, [Some(CONTROLLER_DEPLOYMENT.to_owned())]);
+    }
+
+    #[test]
+    fn set_controller_image_without_the_deployment_is_an_error() {
+        let mut objects = objects_of(ADMISSION).unwrap();
+        assert!(matches!(
+            set_controller_image(&mut objects, "x"),
+            Err(BootstrapError::NoControllerContainer)
+        ));
+    }
+
+    /// The shipped manifests name the image `scripts/image` builds from this source, so a
+    /// version bump that forgets them fails here.
+    #[test]
+    fn shipped_manifests_name_the_default_image() {
+        assert_eq!(
+            controller_image(&bootstrap_objects().unwrap()),
+            Some(DEFAULT_IMAGE)
+        );
+        let class = objects_of(EXAMPLES)
+            .unwrap()
+            .into_iter()
+            .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ProviderClass"))
+            .expect("an example ProviderClass");
+        assert_eq!(
+            class.data.pointer("/spec/image").and_then(|i| i.as_str()),
+            Some(DEFAULT_IMAGE)
         );
     }
 

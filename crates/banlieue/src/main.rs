@@ -43,7 +43,12 @@ enum Command {
     ///
     /// Server-side apply, idempotent; prints what changed. Does not apply deploy/admission/:
     /// that is a separate, mandatory step.
-    Bootstrap,
+    Bootstrap {
+        /// The controller's container image (see docs/guides/image.md).
+        #[arg(long, value_name = "IMAGE", default_value = bootstrap::DEFAULT_IMAGE,
+              value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        image: String,
+    },
     /// The local default: a control plane and libvirtd on loopback, a pool and a claim.
     #[command(subcommand)]
     Dev(dev::DevCommand),
@@ -222,9 +227,9 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Crds { out } => crds(out),
-        Command::Bootstrap => block_on(async {
+        Command::Bootstrap { image } => block_on(async {
             let client = kube::Client::try_default().await?;
-            bootstrap::run(client).await?;
+            bootstrap::run(client, &image).await?;
             Ok(())
         }),
         Command::Dev(command) => block_on(dev::run(command)),

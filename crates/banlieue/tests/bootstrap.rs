@@ -1,14 +1,23 @@
 //! `banlieue bootstrap` against a real API server: everything applies, a second run changes
-//! nothing, and the admission policy is left for the operator to apply.
+//! nothing, the admission policy is left for the operator to apply, and `--image` names the
+//! controller's image.
 
 use banlieue::apply::Change;
 use banlieue::bootstrap;
 use banlieue_testenv::control_plane::ControlPlane;
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 
+const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
+
+/// Bootstrap's objects are cluster-wide and the control plane is shared: the tests that apply
+/// them take turns, or one would see the other's changes.
+static CLUSTER_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn bootstrap_is_idempotent_and_leaves_admission_alone() {
+    let _turn = CLUSTER_WIDE.lock().await;
     let control_plane = ControlPlane::shared().await.expect("control plane");
     let client = control_plane.client().unwrap();
     let objects = bootstrap::bootstrap_objects().unwrap();
@@ -56,5 +65,55 @@ async fn bootstrap_is_idempotent_and_leaves_admission_alone() {
     assert!(
         names.iter().all(|n| !n.contains("banlieue")),
         "bootstrap applied an admission policy: {names:?}"
+    );
+}
+
+/// The image of the controller container of the applied Deployment.
+async fn controller_image(client: &kube::Client) -> String {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "banlieue-system");
+    let deployment = deployments.get("banlieue-controller").await.unwrap();
+    let containers = deployment.spec.template.spec.unwrap().containers;
+    let controller = containers.iter().find(|c| c.name == "controller").unwrap();
+    controller.image.clone().unwrap()
+}
+
+/// `banlieue bootstrap ARGS` as an operator runs it, with the control plane's admin kubeconfig;
+/// against an external cluster (no kubeconfig file here), the same function in process.
+async fn run_bootstrap(control_plane: &ControlPlane, image: Option<&str>) {
+    let Some(kubeconfig) = control_plane.kubeconfig("admin") else {
+        let client = control_plane.client().unwrap();
+        let image = image.unwrap_or(bootstrap::DEFAULT_IMAGE);
+        return bootstrap::run(client, image).await.unwrap();
+    };
+    let mut command = tokio::process::Command::new(BIN);
+    command.arg("bootstrap").env("KUBECONFIG", kubeconfig);
+    if let Some(image) = image {
+        command.args(["--image", image]);
+    }
+    let output = command.output().await.unwrap();
+    assert!(
+        output.status.success(),
+        "banlieue bootstrap failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn bootstrap_image_names_the_controller_image() {
+    let _turn = CLUSTER_WIDE.lock().await;
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let client = control_plane.client().unwrap();
+
+    let pushed = "registry.test:5000/team/banlieue@sha256:\
+                  0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    run_bootstrap(control_plane, Some(pushed)).await;
+    assert_eq!(controller_image(&client).await, pushed);
+
+    // Without the flag, the image this binary is built as: the crate's version.
+    run_bootstrap(control_plane, None).await;
+    assert_eq!(controller_image(&client).await, bootstrap::DEFAULT_IMAGE);
+    assert_eq!(
+        bootstrap::DEFAULT_IMAGE,
+        format!("localhost/banlieue:{}", env!("CARGO_PKG_VERSION"))
     );
 }
