@@ -194,6 +194,12 @@ fn header(
     }
 }
 
+fn is_drop_close_reply(packet: &Packet) -> bool {
+    packet.header.serial == 0
+        && packet.header.prog == rp::ConnectClose::PROGRAM
+        && packet.header.r#proc == rp::ConnectClose::NUMBER
+}
+
 fn empty_call<P: Procedure>() -> Packet {
     Packet {
         header: header(
@@ -581,6 +587,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         serial = packet.header.serial,
                         "discarded the reply of an abandoned call"
                     ),
+                    // The reply to the CONNECT_CLOSE a dropped client sends with serial 0
+                    // (`Closer`): expected, not a stray.
+                    Completion::Unknown if is_drop_close_reply(&packet) => {}
                     Completion::Unknown => {
                         shared.ignore(&packet, "a reply that answers no call in flight");
                     }

@@ -48,8 +48,8 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     }
     // Steps are reported in order.
     let steps: Vec<&String> = log.iter().filter(|l| l.starts_with('[')).collect();
-    assert_eq!(steps.len(), 9, "{steps:?}");
-    assert!(steps[8].starts_with("[9/9] waiting for the claim to be Bound"));
+    assert_eq!(steps.len(), 10, "{steps:?}");
+    assert!(steps[9].starts_with("[10/10] waiting for the claim to be Bound"));
 
     let down = Command::new(BIN)
         .args(["dev", "down"])

@@ -250,8 +250,10 @@ impl ImageReconciler {
         const ATTEMPTS: usize = 8;
         let images: Api<VMImage> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
         for _ in 0..ATTEMPTS {
+            // The object itself, not its status subresource: the same bytes, and the only one
+            // of the two the provider's role may read.
             let current = images
-                .get_status(image)
+                .get(image)
                 .await
                 .map_err(|e| Error::kube(format!("vmimage {image}"), e))?;
             let merged = decide::merged_status(
@@ -306,6 +308,17 @@ async fn ensure_job(jobs: &Api<Job>, desired: &Job) -> Result<JobState> {
     }
 }
 
+/// The build namespace of the Provider's class, where its import Jobs run.
+async fn build_namespace(reconciler: &ImageReconciler, client: &kube::Client) -> Result<String> {
+    let provider = reconciler.provider().await?;
+    let class_name = provider.spec.provider_class_ref.name.clone();
+    let classes: Api<ProviderClass> = Api::all(client.clone());
+    match classes.get(&class_name).await {
+        Ok(class) => Ok(ImportSettings::of(&class).namespace),
+        Err(e) => Err(Error::kube(format!("providerclass {class_name}"), e)),
+    }
+}
+
 /// Runs the image reconcile of one Provider until `shutdown` resolves. Watches the Provider's
 /// VMImages, its import Jobs in the build namespace (label `banlieue.io/provider`), and the
 /// Provider itself (new pools re-reconcile every image).
@@ -315,12 +328,22 @@ pub async fn run_image_reconciler(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let reconciler = Arc::new(ImageReconciler::new(client.clone(), cfg.clone()));
-    let provider = reconciler.provider().await?;
-    let class_name = provider.spec.provider_class_ref.name.clone();
-    let classes: Api<ProviderClass> = Api::all(client.clone());
-    let build_namespace = match classes.get(&class_name).await {
-        Ok(class) => ImportSettings::of(&class).namespace,
-        Err(e) => return Err(Error::kube(format!("providerclass {class_name}"), e)),
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    // A new workload may start before the API server's authorizer has seen its grants, or
+    // while its Provider is briefly unreadable: wait and retry rather than fail the process.
+    let mut delay = Duration::from_millis(500);
+    let build_namespace = loop {
+        match build_namespace(&reconciler, &client).await {
+            Ok(namespace) => break namespace,
+            Err(e) => {
+                warn!(error = %error_message(&e), retry_in = ?delay, "image reconciler not started");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.clone() => return Ok(()),
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
     };
 
     let images: Api<VMImage> = Api::namespaced(client.clone(), &cfg.namespace);

@@ -77,7 +77,7 @@ struct Progress {
 }
 
 impl Progress {
-    const STEPS: usize = 9;
+    const STEPS: usize = 10;
 
     fn step(&mut self, what: &str) {
         self.step += 1;
@@ -308,19 +308,21 @@ async fn drive(
 /// The controller's ServiceAccount, from deploy/controller.yaml.
 const CONTROLLER_SERVICE_ACCOUNT: &str = "banlieue-controller";
 
-/// Waits for the operator to create the Provider's workload ServiceAccount and returns its name.
+/// Waits for the operator to create the Provider's workload and returns its ServiceAccount's
+/// name. The Deployment is the operator's last object, so its grants exist once it does, as
+/// they do before a pod of it starts in a cluster.
 async fn workload_account(kube: &kube::Client, deadline: Duration) -> Result<String, BoxError> {
     let name = banlieue_provider_libvirt::operator::workloads::workload_name(objects::PROVIDER);
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
     let until = tokio::time::Instant::now() + deadline;
     loop {
-        if accounts.get_opt(&name).await?.is_some() {
+        if deployments.get_opt(&name).await?.is_some() {
             return Ok(name);
         }
         if tokio::time::Instant::now() >= until {
             return Err(format!(
-                "the operator did not create ServiceAccount {name} within {deadline:?}"
+                "the operator did not create the workload {name} within {deadline:?}"
             )
             .into());
         }

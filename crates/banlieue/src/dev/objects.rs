@@ -123,7 +123,24 @@ pub fn provider_class(image: &str) -> ProviderClass {
             command: vec!["/banlieue".into()],
             args: Vec::new(),
             machine_kind: Default::default(),
-            additional_rules: Vec::new(),
+            // The libvirt class's rules (examples/09), which the shipped ClusterRole
+            // banlieue-provider-class-libvirt grants in the build namespace.
+            additional_rules: vec![
+                PolicyRule {
+                    api_groups: Some(vec!["batch".into()]),
+                    resources: Some(vec!["jobs".into()]),
+                    verbs: ["create", "get", "list", "watch", "delete"]
+                        .map(String::from)
+                        .to_vec(),
+                    ..PolicyRule::default()
+                },
+                PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["serviceaccounts".into()]),
+                    verbs: vec!["get".into()],
+                    ..PolicyRule::default()
+                },
+            ],
             import: Default::default(),
             pod: Default::default(),
         },
