@@ -47,8 +47,10 @@ pub const PROVIDER_CLUSTER_ROLE: &str = "banlieue-provider-cluster";
 /// The shipped ClusterRole of an import Job's pod, held in the Provider's namespace.
 pub const IMPORT_ROLE: &str = "banlieue-import";
 
-/// The port of the provider's /metrics, /healthz and /readyz inside its pod.
-pub const METRICS_PORT: i32 = 8080;
+/// The port of the provider's /metrics, /healthz and /readyz inside its pod: not the
+/// controller's 8080, so the two never collide on one host network (`pod.hostNetwork`, or a
+/// cluster without a pod network).
+pub const METRICS_PORT: i32 = 8081;
 
 /// Everything applied for one Provider.
 #[derive(Clone, Debug)]

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The operator as users deploy it: banlieue's image on the test cluster's real node, installed
+# with `banlieue bootstrap --image`, and the guides followed with kubectl against a real
+# libvirtd (crates/banlieue/tests/deployed.rs). Runs after 50-image.sh, so the image binary is
+# already built and only packaged here.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$repo"
+# shellcheck source=../lib/env.sh
+source scripts/lib/env.sh
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/banlieue-deployed.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+binary=()
+[[ -x $CARGO_TARGET_DIR/image/banlieue ]] && binary=(--binary "$CARGO_TARGET_DIR/image/banlieue")
+scripts/image --out "$work" "${binary[@]}" >"$work/image.out"
+archive=$(find "$work" -name '*.docker.tar' | head -1)
+[[ -f $archive ]] || { echo "FAIL: scripts/image wrote no docker archive" >&2; cat "$work/image.out" >&2; exit 1; }
+echo "deployed: image $(awk '$1 == "digest" {print $2}' "$work/image.out")"
+BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no \
+    cargo test --workspace --locked --test deployed -- --ignored --nocapture
