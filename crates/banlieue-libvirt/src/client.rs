@@ -194,6 +194,16 @@ fn header(
     }
 }
 
+/// Hands `packet` to every subscriber, forgetting those whose receiver is gone. Returns how many
+/// live subscribers were full (they miss this event; a slow reader never blocks the connection).
+fn fan_out(subscribers: &mut Vec<mpsc::Sender<Packet>>, packet: &Packet) -> usize {
+    subscribers.retain(|s| !s.is_closed());
+    subscribers
+        .iter()
+        .filter(|s| s.try_send(packet.clone()).is_err())
+        .count()
+}
+
 fn is_drop_close_reply(packet: &Packet) -> bool {
     packet.header.serial == 0
         && packet.header.prog == rp::ConnectClose::PROGRAM
@@ -518,12 +528,11 @@ impl Client {
     /// Receives the MESSAGE packets of procedure `number` (events) until the receiver is dropped.
     pub(crate) fn subscribe(&self, number: i32, buffer: usize) -> mpsc::Receiver<Packet> {
         let (tx, rx) = mpsc::channel(buffer);
-        self.shared
-            .lock()
-            .events
-            .entry(number)
-            .or_default()
-            .push(tx);
+        let mut state = self.shared.lock();
+        let subscribers = state.events.entry(number).or_default();
+        // Subscribers that come and go (a reconnecting caller) must not pile up.
+        subscribers.retain(|s| !s.is_closed());
+        subscribers.push(tx);
         rx
     }
 
@@ -610,19 +619,15 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 }
             }
             Incoming::Event => {
-                let subscribers = shared
-                    .lock()
-                    .events
-                    .get(&packet.header.r#proc)
-                    .cloned()
-                    .unwrap_or_default();
-                for s in subscribers {
-                    if s.try_send(packet.clone()).is_err() {
-                        warn!(
-                            procedure = packet.header.r#proc,
-                            "an event subscriber is full or gone; event dropped"
-                        );
-                    }
+                let full = match shared.lock().events.get_mut(&packet.header.r#proc) {
+                    Some(subscribers) => fan_out(subscribers, &packet),
+                    None => 0,
+                };
+                if full > 0 {
+                    warn!(
+                        procedure = packet.header.r#proc,
+                        full, "event subscribers are full; their copy of the event is dropped"
+                    );
                 }
             }
             Incoming::Unexpected => {
@@ -664,5 +669,33 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     };
     if let Some(shared) = shared.upgrade() {
         shared.kill(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fan_out_forgets_gone_subscribers_and_counts_full_ones() {
+        let (live, mut live_rx) = mpsc::channel(4);
+        let (gone, gone_rx) = mpsc::channel(4);
+        let (full, _full_rx) = mpsc::channel(1);
+        drop(gone_rx);
+        let event = empty_call::<rp::ConnectClose>();
+        full.try_send(event.clone()).unwrap();
+        let mut subscribers = vec![live, gone, full];
+        assert_eq!(
+            fan_out(&mut subscribers, &event),
+            1,
+            "the full one misses it"
+        );
+        assert_eq!(subscribers.len(), 2, "the gone one is forgotten");
+        assert!(live_rx.try_recv().is_ok());
+        // Repeated events never grow the list back.
+        for _ in 0..10 {
+            fan_out(&mut subscribers, &event);
+        }
+        assert_eq!(subscribers.len(), 2);
     }
 }

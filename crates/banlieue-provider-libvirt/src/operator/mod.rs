@@ -29,7 +29,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::provider_status::{publish_ready, record};
+use crate::provider_status;
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
 /// Finalizer through which the operator keeps a Provider until its machines are gone and then
@@ -231,15 +231,7 @@ async fn publish(
     } else {
         Vec::new()
     };
-    if let Some(previous) = publish_ready(api, provider, ready.clone(), domains).await? {
-        let transitioned = previous
-            .as_ref()
-            .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
-        if transitioned {
-            record(&ctx.recorder, provider, &ready).await;
-        }
-    }
-    Ok(())
+    provider_status::publish(api, &ctx.recorder, provider, ready, domains).await
 }
 
 /// Applies the workload in dependency order: accounts and grants before the Deployment that

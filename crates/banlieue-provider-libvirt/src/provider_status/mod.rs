@@ -107,7 +107,7 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
     let outcome = probe_host(&ctx.kube, &provider, &ctx.cfg).await;
     let generation = provider.metadata.generation;
     let (ready, failure_domains) = decide(&outcome, generation);
-    publish(&provider, &ctx, ready, failure_domains).await?;
+    publish(&ctx.api, &ctx.recorder, &provider, ready, failure_domains).await?;
     Ok(match outcome {
         // A scheme error is the spec's fault: nothing changes until the spec does.
         Err(Error::UnsupportedScheme(_)) => Action::await_change(),
@@ -183,19 +183,22 @@ async fn inventory(client: &Client) -> Result<HostInventory> {
     })
 }
 
-async fn publish(
+/// Writes the Provider's Ready condition and failure domains when they changed, and records an
+/// Event when Ready's status or reason changed. Shared with the operator, which writes Ready
+/// while the workload cannot.
+pub async fn publish(
+    api: &Api<Provider>,
+    recorder: &Recorder,
     provider: &Provider,
-    ctx: &Context,
     ready: Condition,
     failure_domains: Vec<FailureDomain>,
 ) -> Result<()> {
-    let changed = publish_ready(&ctx.api, provider, ready.clone(), failure_domains).await?;
-    if let Some(previous) = changed {
+    if let Some(previous) = publish_ready(api, provider, ready.clone(), failure_domains).await? {
         let transitioned = previous
             .as_ref()
             .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
         if transitioned {
-            record(&ctx.recorder, provider, &ready).await;
+            record(recorder, provider, &ready).await;
         }
     }
     Ok(())
@@ -203,7 +206,7 @@ async fn publish(
 
 /// Writes the Provider's Ready condition and failure domains when they differ from what it
 /// holds. Returns `None` when nothing was written, else the Ready condition it replaced.
-pub async fn publish_ready(
+async fn publish_ready(
     api: &Api<Provider>,
     provider: &Provider,
     ready: Condition,
@@ -232,7 +235,7 @@ pub async fn publish_ready(
 
 /// Records a Ready transition as an Event on the Provider. An Event is a courtesy to the
 /// reader; failing to record one changes nothing.
-pub async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition) {
+async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition) {
     let event = Event {
         type_: if ready.status == status::TRUE {
             EventType::Normal
@@ -240,7 +243,10 @@ pub async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition)
             EventType::Warning
         },
         reason: ready.reason.clone(),
-        note: Some(truncate(&ready.message, 1000)),
+        note: Some(conditions::bounded_message(
+            ready.message.clone(),
+            conditions::MAX_EVENT_NOTE_BYTES,
+        )),
         action: "Probe".into(),
         secondary: None,
     };
@@ -251,15 +257,4 @@ pub async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition)
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }
