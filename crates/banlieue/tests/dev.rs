@@ -9,6 +9,19 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
 
+/// The dev up child, killed if the test ends (a failed assertion) while it still runs, so a
+/// failing run never leaves an interactive dev up behind; its peers' janitors then clean up.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[test]
 fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     if std::env::var_os("BANLIEUE_ALLOW_MISSING_PEERS").is_some()
@@ -18,16 +31,18 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();
-    let mut up = Command::new(BIN)
-        .args(["dev", "up", "--timeout-seconds", "300"])
-        .env("XDG_CACHE_HOME", cache.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = up.stdout.take().unwrap();
-    let stderr = up.stderr.take().unwrap();
+    let mut up = Stopped(
+        Command::new(BIN)
+            .args(["dev", "up", "--timeout-seconds", "300"])
+            .env("XDG_CACHE_HOME", cache.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = up.0.stdout.take().unwrap();
+    let stderr = up.0.stderr.take().unwrap();
     let (lines_tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -41,7 +56,7 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
             Ok(line) if line.starts_with("running;") => break,
             Ok(line) => log.push(line),
             Err(_) => {
-                let _ = up.kill();
+                let _ = up.0.kill();
                 panic!("dev up never reported running:\n{}", log.join("\n"));
             }
         }
@@ -64,7 +79,7 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     );
     assert!(said.contains("stopped; nothing is left running"), "{said}");
 
-    let status = up.wait().unwrap();
+    let status = up.0.wait().unwrap();
     let mut view = String::new();
     stdout.read_to_string(&mut view).unwrap();
     assert!(status.success(), "dev up exited {status}:\n{view}");

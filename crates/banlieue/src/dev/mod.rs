@@ -28,6 +28,15 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::FIELD_MANAGER;
 use crate::{bootstrap, observe};
 
+/// Writes a progress line to stderr, never panicking: after its caller is gone (a closed pipe),
+/// `dev up` must still tear down what it started.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Size of the BackingFile image: enough for QEMU to open, small enough to write instantly.
@@ -81,7 +90,7 @@ impl Progress {
 
     fn step(&mut self, what: &str) {
         self.step += 1;
-        eprintln!(
+        say!(
             "[{}/{}] {what} ({:.1} s)",
             self.step,
             Self::STEPS,
@@ -90,7 +99,7 @@ impl Progress {
     }
 
     fn note(&self, what: &str) {
-        eprintln!(
+        say!(
             "      {what} ({:.1} s)",
             self.started.elapsed().as_secs_f64()
         );
@@ -143,17 +152,17 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
         }
     };
 
-    eprintln!("tearing down");
+    say!("tearing down");
     shutdown.cancel();
     crate::roles::join_all(workers).await;
     if let Err(error) = release_host(&peers.libvirtd).await {
-        eprintln!("      could not remove the dev network: {error}");
+        say!("      could not remove the dev network: {error}");
     }
     let left = peers.stop();
     if !left.is_empty() {
         return Err(format!("still running after tear-down: {}", left.join(", ")).into());
     }
-    eprintln!("done ({:.1} s)", progress.started.elapsed().as_secs_f64());
+    say!("done ({:.1} s)", progress.started.elapsed().as_secs_f64());
     outcome
 }
 
@@ -296,7 +305,7 @@ async fn drive(
     println!("kubeconfig: {kubeconfig}");
     println!("  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
     if !args.non_interactive {
-        eprintln!("running; Ctrl-C or `banlieue dev down` tears everything down");
+        say!("running; Ctrl-C or `banlieue dev down` tears everything down");
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
