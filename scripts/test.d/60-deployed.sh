@@ -19,3 +19,14 @@ archive=$(find "$work" -name '*.docker.tar' | head -1)
 echo "deployed: image $(awk '$1 == "digest" {print $2}' "$work/image.out")"
 BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no \
     cargo test --workspace --locked --test deployed -- --ignored --nocapture
+
+# The main job as users would watch it in production: `dev up --deployed` with the same image.
+echo "deployed: banlieue dev up --deployed"
+"$CARGO_TARGET_DIR/debug/banlieue" dev up --deployed --non-interactive \
+    --image-archive "$archive" >"$work/dev-up.out"
+grep -q ' Bound ' "$work/dev-up.out" || {
+    echo "FAIL: dev up --deployed printed no Bound claim" >&2
+    cat "$work/dev-up.out" >&2
+    exit 1
+}
+cat "$work/dev-up.out"

@@ -7,27 +7,46 @@
 //! Needs the image archive `scripts/image` writes, named by `BANLIEUE_IMAGE_ARCHIVE` (the
 //! docker archive); `scripts/test.d/60-deployed.sh` builds it and runs this test.
 //!
-//! Substitutions, as a reader following the guides here makes them: the Provider's endpoint is
-//! the local libvirtd's; the host has the example's pools and network (created below); the
-//! ProviderClass gets `BANLIEUE_LIBVIRT_DOMAIN_TYPE=qemu` (no usable KVM here); the pool keeps
-//! one replica instead of three (each is an EFI guest under TCG on two cores); the claim's
-//! subject id is the certificate user `alice` who creates it.
+//! The guides' kubectl commands are run as written, from the pages themselves (module
+//! `guide`); every one of them runs except those `NOT_RUN_HERE` names with the reason.
+//! Substitutions, as a reader following the guides here makes them in the files: the Provider's
+//! endpoint is the local libvirtd's; the host has the example's pools and network (created
+//! below); the ProviderClass gets `BANLIEUE_LIBVIRT_DOMAIN_TYPE=qemu` (no usable KVM here); the
+//! pool keeps one replica instead of three (each is an EFI guest under TCG on two cores); the
+//! claim's subject id is the certificate user `alice` who creates it. The artifacts PVC is the
+//! guide's, bound to a hostPath PersistentVolume the test makes (the cluster's storage), and the
+//! test writes the artifact and its `status.buildArtifact` as banlieue-imagebuilder would.
+
+#[path = "deployed/guide.rs"]
+mod guide;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use banlieue_api::{Provider, VirtualMachine, VirtualMachineClaim};
+use banlieue_api::{Provider, VMImage, VirtualMachine, VirtualMachineClaim};
 use banlieue_testenv::control_plane::{ControlPlane, bin_dir};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use guide::Guides;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret};
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 const NS: &str = "banlieue-system";
 const PROVIDER: &str = "libvirt-edge-host-7";
 const BACKING_VOLUME: &str = "ubuntu-24.04-server-cloudimg-amd64.qcow2";
+const PROVIDER_GUIDE: &str = "docs/guides/libvirt-provider.md";
+const CLAIMS_GUIDE: &str = "docs/guides/claims.md";
+/// Guide commands that cannot run here, and why.
+const NOT_RUN_HERE: &[(&str, &str)] = &[(
+    "kubectl -n banlieue-system edit configmap banlieue-claim-subject-policy",
+    "opens an editor; the policy ConfigMap of deploy/admission/ already names the examples' issuer",
+)];
+/// The VMImage of examples/10 and the build namespace its import Jobs run in.
+const URL_IMAGE: &str = "kairos-ubuntu-2404";
+const BUILD_NS: &str = "banlieue-imagebuild";
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -226,84 +245,62 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     assert_eq!(spec.containers[0].image.as_deref(), Some(image));
     eprintln!("bootstrap → controller Available: {:.1?}", t.elapsed());
 
-    // 2. The guide's admission step and step 2's commands, then the Provider of example 02.
-    let t = Instant::now();
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "apply",
-            "-f",
-            &repo("deploy/admission").display().to_string(),
-        ],
+    // 2. The guides' commands from here on, run as written (module `guide`), with the
+    //    substitutions listed at the top of this file made in the reader's copies.
+    let admin_kubeconfig = kubeconfig;
+    let alice_kubeconfig = cp.kubeconfig("alice").ok_or("alice's kubeconfig")?;
+    let mut guides = Guides::load(&repo(""), &[PROVIDER_GUIDE, CLAIMS_GUIDE])?;
+    let client_files = guides.home().join(".config/banlieue/libvirt");
+    std::fs::create_dir_all(&client_files)?;
+    std::fs::copy(
+        libvirtd.client_cert_path(),
+        client_files.join("clientcert.pem"),
     )?;
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "-n",
-            NS,
-            "create",
-            "secret",
-            "generic",
-            "libvirt-edge-creds",
-            &format!(
-                "--from-file=tls.crt={}",
-                libvirtd.client_cert_path().display()
-            ),
-            &format!(
-                "--from-file=tls.key={}",
-                libvirtd.client_key_path().display()
-            ),
-        ],
+    std::fs::copy(
+        libvirtd.client_key_path(),
+        client_files.join("clientkey.pem"),
     )?;
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "-n",
-            NS,
-            "create",
-            "configmap",
-            "libvirt-edge-ca",
-            &format!("--from-file=ca.crt={}", libvirtd.ca_cert_path().display()),
-        ],
+    std::fs::copy(libvirtd.ca_cert_path(), client_files.join("cacert.pem"))?;
+    guides.substitute(
+        "examples/02-provider-libvirt-edge.yaml",
+        "qemu+tls://kvm-7.edge.example/system",
+        &libvirtd.tls_uri(),
     )?;
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "apply",
-            "-f",
-            &repo("examples/09-providerclass-libvirt.yaml")
-                .display()
-                .to_string(),
-        ],
+    guides.substitute(
+        "examples/09-providerclass-libvirt.yaml",
+        "  machineKind: LibvirtMachine\n",
+        "  machineKind: LibvirtMachine\n  pod:\n    env:\n      \
+         - {name: BANLIEUE_LIBVIRT_DOMAIN_TYPE, value: qemu}\n",
     )?;
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "patch",
-            "providerclass",
-            "libvirt",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"pod":{"env":[{"name":"BANLIEUE_LIBVIRT_DOMAIN_TYPE","value":"qemu"}]}}}"#,
-        ],
+    guides.substitute(
+        "examples/19-virtualmachinepool.yaml",
+        "replicas: 3",
+        "replicas: 1",
     )?;
-    let example = std::fs::read_to_string(repo("examples/02-provider-libvirt-edge.yaml"))?;
-    let endpoint = "qemu+tls://kvm-7.edge.example/system";
-    assert!(
-        example.contains(endpoint),
-        "example 02 changed its endpoint"
-    );
-    kubectl_apply(
-        &cp,
-        "admin",
-        &example.replace(endpoint, &libvirtd.tls_uri()),
+    guides.substitute(
+        "examples/20-virtualmachineclaim.yaml",
+        "0c3b7f2e-1d4a-4b6c-9e8f-5a2d1c0b9e7f",
+        "alice",
     )?;
 
+    let t = Instant::now();
+    guides.run(admin_kubeconfig, "kubectl apply -f deploy/admission/")?;
+    guides.run(
+        admin_kubeconfig,
+        "kubectl -n banlieue-system create secret generic libvirt-edge-creds",
+    )?;
+    guides.run(
+        admin_kubeconfig,
+        "kubectl -n banlieue-system create configmap libvirt-edge-ca",
+    )?;
+    guides.run(
+        admin_kubeconfig,
+        "kubectl apply -f examples/09-providerclass-libvirt.yaml",
+    )?;
+    guides.run(
+        admin_kubeconfig,
+        "kubectl apply -f examples/02-provider-libvirt-edge.yaml",
+    )?;
     let providers: Api<Provider> = Api::namespaced(admin.clone(), NS);
     let provider = until("the Provider Ready", 180, || async {
         let p = providers.get(PROVIDER).await?;
@@ -321,21 +318,22 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         Some(format!("banlieue-provider-{PROVIDER}").as_str())
     );
     eprintln!("Provider applied → Ready: {:.1?}", t.elapsed());
-    let shown = kubectl(&cp, "admin", &["-n", NS, "get", "provider", PROVIDER])?;
+    let shown = guides.run(
+        admin_kubeconfig,
+        "kubectl -n banlieue-system get provider libvirt-edge-host-7",
+    )?;
     assert!(shown.contains("True"), "{shown}");
+
+    // 3. An image imported by the import Jobs from the artifacts PVC.
+    let t = Instant::now();
+    let _artifacts = import_image(&cp, &mut guides, &libvirtd).await?;
+    eprintln!("artifact Ready → both zones Ready: {:.1?}", t.elapsed());
 
     // 4. Example 17: a VMImage (BackingFile), a VMClass and a VirtualMachine → a running domain.
     let t = Instant::now();
-    kubectl(
-        &cp,
-        "admin",
-        &[
-            "apply",
-            "-f",
-            &repo("examples/17-virtualmachine-libvirt.yaml")
-                .display()
-                .to_string(),
-        ],
+    guides.run(
+        admin_kubeconfig,
+        "kubectl apply -f examples/17-virtualmachine-libvirt.yaml",
     )?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), NS);
     until("web-01's domain running", 180, || async {
@@ -343,14 +341,33 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         Ok(state.ok().filter(|s| s.trim() == "running").map(|_| ()))
     })
     .await?;
+    let listed = guides.run(
+        admin_kubeconfig,
+        "kubectl get virtualmachine,libvirtmachine -n banlieue-system",
+    )?;
+    assert!(
+        listed.contains("virtualmachine.banlieue.io/web-01")
+            && listed.contains("libvirtmachine.banlieue.io/web-01"),
+        "{listed}"
+    );
+    guides
+        .watch(
+            admin_kubeconfig,
+            "kubectl get libvirtmachine web-01 -n banlieue-system -w",
+            "web-01",
+            60,
+        )
+        .await?;
     eprintln!("example 17 → domain running: {:.1?}", t.elapsed());
 
     // Examples 19 and 20: a pool and alice's claim, Bound, in the guide's columns.
     let t = Instant::now();
-    let pool = std::fs::read_to_string(repo("examples/19-virtualmachinepool.yaml"))?;
-    assert!(pool.contains("replicas: 3"));
-    kubectl_apply(&cp, "admin", &pool.replace("replicas: 3", "replicas: 1"))?;
-    // What an administrator grants a consumer: creating and reading claims.
+    guides.run(
+        admin_kubeconfig,
+        "kubectl apply -f examples/19-virtualmachinepool.yaml",
+    )?;
+    // What an administrator grants a consumer: creating and reading claims (the claims guide,
+    // "Who may create a claim": ordinary RBAC).
     kubectl(
         &cp,
         "admin",
@@ -377,34 +394,37 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
             "--user=alice",
         ],
     )?;
-    let claim = std::fs::read_to_string(repo("examples/20-virtualmachineclaim.yaml"))?;
-    let subject = "0c3b7f2e-1d4a-4b6c-9e8f-5a2d1c0b9e7f";
-    assert!(claim.contains(subject));
-    until("alice's claim accepted", 30, || async {
-        Ok(
-            kubectl_apply(&cp, "alice", &claim.replace(subject, "alice"))
-                .ok()
-                .map(|_| ()),
+    // The admission policy and the grant take a moment to be seen by every check.
+    until("alice's claim accepted", 30, || {
+        let applied = guides.run(
+            alice_kubeconfig,
+            "kubectl apply -f examples/20-virtualmachineclaim.yaml",
+        );
+        async move { Ok(applied.ok().map(|_| ())) }
+    })
+    .await?;
+    let watched = guides
+        .watch(
+            alice_kubeconfig,
+            "kubectl get vmclaim -n banlieue-system -w",
+            "Bound",
+            300,
         )
-    })
-    .await?;
+        .await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), NS);
-    let bound = until("the claim Bound", 300, || async {
-        let c = claims.get("sandbox-for-alice").await?;
-        let vm = c
-            .status
-            .as_ref()
-            .and_then(|s| s.virtual_machine_ref.as_ref())
-            .map(|r| r.name.clone());
-        Ok(vm.filter(|_| kubectl_phase(&c) == "Bound"))
-    })
-    .await?;
+    let claim = claims.get("sandbox-for-alice").await?;
+    let bound = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.virtual_machine_ref.as_ref())
+        .map(|r| r.name.clone())
+        .ok_or("Bound without a VM")?;
+    assert_eq!(kubectl_phase(&claim), "Bound");
     eprintln!(
         "claim → Bound through the deployed operator: {:.1?}",
         t.elapsed()
     );
-    let table = kubectl(&cp, "alice", &["get", "vmclaim", "-n", NS])?;
-    let header: Vec<&str> = table
+    let header: Vec<&str> = watched
         .lines()
         .next()
         .unwrap_or_default()
@@ -413,9 +433,14 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     assert_eq!(
         header[..5],
         ["NAME", "POOL", "VM", "PHASE", "EXPIRES"],
-        "{table}"
+        "{watched}"
     );
-    assert!(table.contains(&bound) && table.contains("Bound"), "{table}");
+    assert!(
+        watched
+            .lines()
+            .any(|l| l.contains(&bound) && l.contains("Bound")),
+        "{watched}"
+    );
     let member_domain = format!("{NS}-{bound}");
     assert!(domains(&libvirtd).await?.contains(&member_domain));
 
@@ -438,11 +463,7 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
 
     // `kubectl delete vmclaim` returns once the member's domain is gone from the host.
     let t = Instant::now();
-    kubectl(
-        &cp,
-        "alice",
-        &["delete", "vmclaim", "sandbox-for-alice", "-n", NS],
-    )?;
+    guides.run(alice_kubeconfig, "kubectl delete vmclaim sandbox-for-alice")?;
     assert!(
         !domains(&libvirtd).await?.contains(&member_domain),
         "kubectl delete returned while {member_domain} was still defined"
@@ -474,6 +495,8 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         Ok(orphans.is_empty().then_some(()))
     })
     .await?;
+    let left = guides.not_run(NOT_RUN_HERE);
+    assert!(left.is_empty(), "guide commands never run: {left:#?}");
     eprintln!("whole run: {:.1?}", started.elapsed());
     print_memory(&admin).await;
     Ok(())
@@ -518,4 +541,194 @@ async fn print_memory(kube: &Client) {
             path.display()
         );
     }
+}
+
+/// Step 4 of the libvirt guide: the artifacts PVC, examples/10's VMImage, its artifact as the
+/// builder would publish it, and the import Jobs' pods writing it into both pools. Returns the
+/// directory backing the PersistentVolume, which must outlive the Jobs' pods.
+async fn import_image(
+    cp: &ControlPlane,
+    guides: &mut Guides,
+    libvirtd: &Libvirtd,
+) -> Result<tempfile::TempDir> {
+    let admin = cp.client()?;
+    let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
+    // The cluster's storage: a hostPath volume of no class, which the guide's claim (no class,
+    // and this cluster has no default one) binds to.
+    let backing = tempfile::tempdir()?;
+    let dir = backing.path().join("artifacts");
+    std::fs::create_dir(&dir)?;
+    let path = format!("{URL_IMAGE}.raw");
+    // A raw image with data at both ends and a hole between, readable by the Jobs' user.
+    let mut bytes = vec![0u8; 6 << 20];
+    for (i, b) in bytes.iter_mut().enumerate().take(1 << 20) {
+        *b = (i % 251) as u8;
+    }
+    bytes[(5 << 20)..].fill(0xa5);
+    std::fs::write(dir.join(&path), &bytes)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(dir.join(&path), std::fs::Permissions::from_mode(0o644))?;
+    let volumes: Api<PersistentVolume> = Api::all(admin.clone());
+    volumes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "banlieue-artifacts-hostpath"},
+                "spec": {
+                    "capacity": {"storage": "200Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": dir, "type": "Directory"},
+                }
+            }))?,
+        )
+        .await?;
+    kubectl_apply(
+        cp,
+        "admin",
+        &guide::yaml_block(&repo(""), PROVIDER_GUIDE, "name: banlieue-artifacts")?,
+    )?;
+
+    guides.run(kubeconfig, "kubectl apply -f examples/10-vmimage-url.yaml")?;
+    let sha256 = Command::new("sha256sum").arg(dir.join(&path)).output()?;
+    let sha256 = String::from_utf8_lossy(&sha256.stdout)
+        .split_whitespace()
+        .next()
+        .ok_or("sha256sum")?
+        .to_owned();
+    let images: Api<VMImage> = Api::namespaced(admin.clone(), NS);
+    images
+        .patch_status(
+            URL_IMAGE,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"buildArtifact": {
+                "kind": "cloudImage",
+                "path": path,
+                "sizeBytes": bytes.len(),
+                "sha256": sha256,
+                "phase": "Ready",
+            }}})),
+        )
+        .await?;
+    let zones = until("both zones of the image Ready", 240, || async {
+        let image = images.get(URL_IMAGE).await?;
+        let zones = image
+            .status
+            .map(|s| s.per_provider)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|p| p.zones)
+            .collect::<Vec<_>>();
+        let ready = zones.len() == 2 && zones.iter().all(|z| format!("{:?}", z.phase) == "Ready");
+        Ok(ready.then_some(zones))
+    })
+    .await?;
+
+    let shown = guides.run(
+        kubeconfig,
+        "kubectl -n banlieue-system get vmimage kairos-ubuntu-2404",
+    )?;
+    assert_eq!(shown.matches("Ready").count(), 2, "{shown}");
+    let shown = guides.run(kubeconfig, "kubectl -n banlieue-imagebuild get jobs")?;
+    assert_eq!(
+        shown.matches("import-kairos-ubuntu-2404-").count(),
+        2,
+        "{shown}"
+    );
+    guides
+        .watch(
+            kubeconfig,
+            "kubectl -n banlieue-imagebuild logs",
+            "import complete",
+            60,
+        )
+        .await?;
+
+    // The Jobs' pods ran as the import ServiceAccount, and the host's key reached them through
+    // neither their arguments, their environment nor a volume: they read it from the API.
+    let key = std::fs::read_to_string(libvirtd.client_key_path())?;
+    let key_line = key
+        .lines()
+        .find(|l| l.len() > 40)
+        .ok_or("a line of the key")?;
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), BUILD_NS);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD_NS);
+    let selector = format!("banlieue.io/vmimage={URL_IMAGE}");
+    assert_eq!(
+        jobs.list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .len(),
+        2
+    );
+    let ran = pods
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    assert!(!ran.is_empty());
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let creds = secrets.get("libvirt-edge-creds").await?;
+    let encoded_key = creds
+        .data
+        .as_ref()
+        .and_then(|d| d.get("tls.key"))
+        .map(|k| serde_json::to_string(k).unwrap_or_default())
+        .ok_or("the Secret's key")?;
+    for pod in &ran {
+        let spec = pod.spec.as_ref().ok_or("pod spec")?;
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("banlieue-import")
+        );
+        let text = serde_json::to_string(spec)?;
+        assert!(
+            !text.contains(key_line),
+            "the key is in pod {}",
+            pod_name(pod)
+        );
+        assert!(!text.contains(encoded_key.trim_matches('"')));
+        // The environment is the ProviderClass's and the cluster's, none of it from a Secret.
+        for container in &spec.containers {
+            for var in container.env.iter().flatten() {
+                let from = var.value_from.as_ref();
+                assert!(from.is_none_or(|f| f.secret_key_ref.is_none()), "{var:?}");
+            }
+            for source in container.env_from.iter().flatten() {
+                assert!(source.secret_ref.is_none(), "{source:?}");
+            }
+        }
+        for volume in spec.volumes.iter().flatten() {
+            assert!(
+                volume.secret.is_none(),
+                "pod {} mounts a Secret",
+                pod_name(pod)
+            );
+        }
+        assert_eq!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded")
+        );
+    }
+
+    // What the pools hold is the artifact, byte for byte.
+    for zone in &zones {
+        let volume = zone.volume.as_deref().ok_or("a zone's volume")?;
+        let copy = backing.path().join(format!("{}.download", zone.pool));
+        libvirtd
+            .virsh([
+                "vol-download",
+                "--pool",
+                &zone.pool,
+                volume,
+                &copy.display().to_string(),
+            ])
+            .await?;
+        assert!(
+            std::fs::read(&copy)? == bytes,
+            "{volume} in {} differs from the artifact",
+            zone.pool
+        );
+    }
+    Ok(backing)
 }

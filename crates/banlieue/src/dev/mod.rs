@@ -1,6 +1,10 @@
 //! `banlieue dev up` / `dev down`: the embedded local default. A control plane and a libvirtd
 //! on loopback, bootstrap and the admission policy, a Provider for that libvirtd, the
 //! controller and the provider in this process, then a pool and a claim that binds.
+//!
+//! `dev up --deployed` is the same job with the operator as users deploy it: a node runs
+//! banlieue's image (`scripts/image`), and the controller and the Provider's workload are its
+//! pods, started by their Deployments.
 
 pub mod objects;
 mod table;
@@ -68,15 +72,41 @@ pub struct UpArgs {
     /// usable /dev/kvm; some machines have the device but fail KVM guests).
     #[arg(long, default_value = "qemu", value_parser = ["qemu", "kvm"])]
     pub domain_type: String,
+    /// Run the controller and the Provider's workload as pods on a local node, from banlieue's
+    /// container image, instead of in this process.
+    #[arg(long)]
+    pub deployed: bool,
+    /// The image's docker archive for `--deployed` [default:
+    /// ~/.cache/banlieue/image/banlieue-<version>.docker.tar, which `scripts/image` writes].
+    #[arg(long, requires = "deployed")]
+    pub image_archive: Option<PathBuf>,
+}
+
+impl UpArgs {
+    /// The image archive `--deployed` loads onto the node.
+    fn image_archive(&self) -> PathBuf {
+        self.image_archive.clone().unwrap_or_else(|| {
+            let cache = std::env::var_os("BANLIEUE_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| cache_dir().join("banlieue"));
+            cache
+                .join("image")
+                .join(format!("banlieue-{}.docker.tar", env!("CARGO_PKG_VERSION")))
+        })
+    }
+}
+
+/// `$XDG_CACHE_HOME`, else `~/.cache`.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
 }
 
 /// Where `dev up` records its PID for `dev down`.
 fn pid_file() -> PathBuf {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    cache.join("banlieue").join("dev").join("dev-up.pid")
+    cache_dir().join("banlieue").join("dev").join("dev-up.pid")
 }
 
 /// Prints one progress line with the time since start.
@@ -125,9 +155,40 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     std::fs::write(&pid_path, std::process::id().to_string())?;
     let _pid_guard = RemoveOnDrop(pid_path);
 
-    progress.step("starting the control plane and libvirtd on loopback");
+    let archive = args.image_archive();
+    if args.deployed && !archive.is_file() {
+        return Err(format!(
+            "--deployed needs banlieue's image: {} is missing; build it with scripts/image \
+             (or name another with --image-archive)",
+            archive.display()
+        )
+        .into());
+    }
+    if args.deployed {
+        progress.step("starting the control plane, a node and libvirtd on loopback");
+        // The archive is whatever scripts/image last wrote: say which, so a stale one shows.
+        let written = std::fs::metadata(&archive)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .map(|age| format!("written {} s ago", age.as_secs()))
+            .unwrap_or_default();
+        progress.note(&format!("image: {} {written}", archive.display()));
+    } else {
+        progress.step("starting the control plane and libvirtd on loopback");
+    }
     let (control_plane, libvirtd) = tokio::try_join!(
-        async { ControlPlane::start().await.map_err(BoxError::from) },
+        async {
+            if args.deployed {
+                let control_plane = ControlPlane::start_with_node().await?;
+                if let Some(node) = control_plane.node() {
+                    node.import_image(&archive).await?;
+                }
+                Ok(control_plane)
+            } else {
+                ControlPlane::start().await.map_err(BoxError::from)
+            }
+        },
         async {
             Libvirtd::start(LibvirtdOptions::default())
                 .await
@@ -176,10 +237,16 @@ struct Peers {
 impl Peers {
     /// Stops every process started for the run; returns those still alive afterwards.
     fn stop(self) -> Vec<String> {
+        let node_pids = self
+            .control_plane
+            .node()
+            .map(|n| n.pids())
+            .unwrap_or_default();
         let mut started: Vec<(String, u32)> = self
             .control_plane
             .pids()
             .into_iter()
+            .chain(node_pids)
             .map(|(name, pid)| (name.to_owned(), pid))
             .collect();
         started.push(("libvirtd".into(), self.libvirtd.pid()));
@@ -241,11 +308,79 @@ async fn drive(
     let ca_pem = std::fs::read_to_string(libvirtd.ca_cert_path())?;
     apply(&kube, &objects::credentials_secret(&cert, &key)).await?;
     apply(&kube, &objects::ca_configmap(&ca_pem)).await?;
-    apply(&kube, &objects::provider_class("banlieue:dev")).await?;
+    let class = if args.deployed {
+        objects::deployed_provider_class(bootstrap::DEFAULT_IMAGE, &args.domain_type)
+    } else {
+        objects::provider_class("banlieue:dev")
+    };
+    apply(&kube, &class).await?;
     apply(&kube, &objects::provider(&libvirtd.tls_uri())).await?;
 
-    // Each role runs as the ServiceAccount it runs as in a cluster, under the shipped RBAC:
-    // admin only set up what an administrator sets up.
+    if args.deployed {
+        progress.step("waiting for the controller's pod, as its ServiceAccount");
+        let deadline = Duration::from_secs(args.timeout_seconds);
+        let pod = ready_pod(
+            &kube,
+            "app.kubernetes.io/name=banlieue-controller",
+            deadline,
+        )
+        .await?;
+        progress.note(&format!("pod {pod}"));
+        progress.step("waiting for the Provider's workload pod, which the operator made");
+        let selector = format!("banlieue.io/provider={}", objects::PROVIDER);
+        let pod = ready_pod(&kube, &selector, deadline).await?;
+        progress.note(&format!("pod {pod}"));
+        progress.note(&format!(
+            "KUBECONFIG={kubeconfig} kubectl -n {SYSTEM_NAMESPACE} logs {pod}"
+        ));
+    } else {
+        spawn_roles(args, control_plane, shutdown, workers, progress).await?;
+    }
+
+    progress.step("creating the image and the class");
+    apply(&kube, &objects::image()).await?;
+    apply(&kube, &objects::class()).await?;
+
+    progress.step("creating the pool and the claim");
+    apply(&kube, &objects::pool()).await?;
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    claims
+        .create(&PostParams::default(), &objects::claim())
+        .await?;
+
+    progress.step("waiting for the claim to be Bound");
+    let deadline = Duration::from_secs(args.timeout_seconds);
+    tokio::select! {
+        bound = wait_bound(&kube, deadline, progress) => bound?,
+        _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
+    }
+    println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
+    println!("kubeconfig: {kubeconfig}");
+    println!("  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
+    if args.deployed {
+        println!("  KUBECONFIG={kubeconfig} kubectl get pods -n {SYSTEM_NAMESPACE}");
+    }
+    if !args.non_interactive {
+        say!("running; Ctrl-C or `banlieue dev down` tears everything down");
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the controller and the Provider's workload in this process, each as its ServiceAccount
+/// under the shipped RBAC: admin only set up what an administrator sets up.
+async fn spawn_roles(
+    args: &UpArgs,
+    control_plane: &ControlPlane,
+    shutdown: &CancellationToken,
+    workers: &mut Vec<tokio::task::JoinHandle<()>>,
+    progress: &mut Progress,
+) -> Result<(), BoxError> {
+    let kube = control_plane.client()?;
     progress.step("running the controller in this process, as its ServiceAccount");
     let mut registry = Registry::default();
     let controller = control_plane
@@ -282,35 +417,6 @@ async fn drive(
         observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
     readiness.set(true);
     progress.note(&format!("metrics: http://{metrics}/metrics"));
-
-    progress.step("creating the image and the class");
-    apply(&kube, &objects::image()).await?;
-    apply(&kube, &objects::class()).await?;
-
-    progress.step("creating the pool and the claim");
-    apply(&kube, &objects::pool()).await?;
-    let alice = control_plane.client_as(objects::CLAIMANT).await?;
-    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
-    claims
-        .create(&PostParams::default(), &objects::claim())
-        .await?;
-
-    progress.step("waiting for the claim to be Bound");
-    let deadline = Duration::from_secs(args.timeout_seconds);
-    tokio::select! {
-        bound = wait_bound(&kube, deadline, progress) => bound?,
-        _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
-    }
-    println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
-    println!("kubeconfig: {kubeconfig}");
-    println!("  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
-    if !args.non_interactive {
-        say!("running; Ctrl-C or `banlieue dev down` tears everything down");
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
-        }
-    }
     Ok(())
 }
 
@@ -336,6 +442,33 @@ async fn workload_account(kube: &kube::Client, deadline: Duration) -> Result<Str
             .into());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits for a Ready pod of `selector` in the system namespace; returns its name.
+async fn ready_pod(kube: &Client, selector: &str, deadline: Duration) -> Result<String, BoxError> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(selector))
+            .await?;
+        let ready = list.items.into_iter().find(|pod| {
+            pod.metadata.deletion_timestamp.is_none()
+                && pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        });
+        if let Some(name) = ready.and_then(|pod| pod.metadata.name) {
+            return Ok(name);
+        }
+        if tokio::time::Instant::now() >= until {
+            return Err(format!("no Ready pod {selector} within {deadline:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

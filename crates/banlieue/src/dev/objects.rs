@@ -147,6 +147,18 @@ pub fn provider_class(image: &str) -> ProviderClass {
     )
 }
 
+/// The ProviderClass of `dev up --deployed`: the class above running banlieue's `image` on the
+/// node, its guests of `domain_type` (`qemu` where KVM is not usable).
+pub fn deployed_provider_class(image: &str, domain_type: &str) -> ProviderClass {
+    let mut class = provider_class(image);
+    class.spec.pod.env = vec![k8s_openapi::api::core::v1::EnvVar {
+        name: banlieue_provider_libvirt::host::DOMAIN_TYPE_ENV.to_owned(),
+        value: Some(domain_type.to_owned()),
+        ..Default::default()
+    }];
+    class
+}
+
 /// The Provider for the local libvirtd at `endpoint`.
 pub fn provider(endpoint: &str) -> Provider {
     let mut provider = Provider::new(
