@@ -1,7 +1,10 @@
 //! VMImage import against a real kube-apiserver (with the Job controller, no kubelet) and a
 //! real libvirtd over TLS. The control plane runs no pods, so the tests check the Job objects
 //! and run the import directly, as the Job would: in process, and as a child process where it
-//! must be killed or inspected through /proc.
+//! must be killed or inspected through /proc. The provider and the importer run as the
+//! ServiceAccounts the operator gives them, under the shipped RBAC (ADR-0063).
+
+mod common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
@@ -22,9 +25,11 @@ use banlieue_provider_libvirt::image::{
 };
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use common::{import_account, import_identity, libvirt_class_rules, provider_identity};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -36,38 +41,48 @@ const PROVIDER: &str = "edge-7";
 
 struct Cluster {
     cp: &'static ControlPlane,
+    /// Admin: the test plays the administrator (ProviderClass, Providers, credentials,
+    /// VMImages), the operator (the Providers' failure domains), the image builder (the build
+    /// artifact) and observes the Jobs. The provider and the importer have their own clients.
     client: kube::Client,
     /// The Provider's and the VMImages' namespace.
     ns: String,
     /// The ProviderClass's build namespace.
     build_ns: String,
-    class: String,
+    /// Named after `ns`: each test has its own build namespace, so its own class.
+    class: ProviderClass,
 }
 
+/// A cluster whose class has the libvirt class's additionalRules
+/// (examples/09-providerclass-libvirt.yaml).
 async fn cluster() -> Cluster {
+    cluster_with_rules(libvirt_class_rules().expect("the libvirt class's rules")).await
+}
+
+async fn cluster_with_rules(additional_rules: Vec<PolicyRule>) -> Cluster {
     let cp = ControlPlane::shared().await.expect("control plane");
     let client = cp.client().expect("client");
     let ns = cp.fresh_namespace().await.expect("namespace");
     let build_ns = cp.fresh_namespace().await.expect("build namespace");
-    let class = format!("libvirt-{ns}");
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let pc = ProviderClass::new(
-        &class,
+        &format!("libvirt-{ns}"),
         ProviderClassSpec {
             image: "banlieue:test".into(),
             command: vec!["/usr/bin/banlieue".into()],
             args: vec![],
             machine_kind: Default::default(),
-            additional_rules: vec![],
+            additional_rules,
             import: ImportJobSettings {
                 namespace: Some(build_ns.clone()),
-                service_account_name: Some("importer".into()),
+                // The import Jobs run as banlieue-import, the default.
+                service_account_name: None,
                 artifacts_claim_name: None,
             },
             pod: Default::default(),
         },
     );
-    classes
+    let class = classes
         .create(&PostParams::default(), &pc)
         .await
         .expect("providerclass");
@@ -81,17 +96,23 @@ async fn cluster() -> Cluster {
 }
 
 impl Cluster {
-    /// A Provider whose status already advertises `pools` (the operator is not running here).
-    async fn provider(&self, endpoint: &str, pools: &[(&str, &str)]) -> Provider {
+    /// A Provider whose status already advertises `pools` (the operator is not running here),
+    /// and the client of its workload's ServiceAccount, with the grants the operator gives it.
+    async fn provider(&self, endpoint: &str, pools: &[(&str, &str)]) -> kube::Client {
         self.provider_named(PROVIDER, endpoint, pools).await
     }
 
-    async fn provider_named(&self, name: &str, endpoint: &str, pools: &[(&str, &str)]) -> Provider {
+    async fn provider_named(
+        &self,
+        name: &str,
+        endpoint: &str,
+        pools: &[(&str, &str)],
+    ) -> kube::Client {
         let providers: Api<Provider> = Api::namespaced(self.client.clone(), &self.ns);
         let p = Provider::new(
             name,
             ProviderSpec {
-                provider_class_ref: LocalObjectReference::new(&self.class),
+                provider_class_ref: LocalObjectReference::new(self.class.name_any()),
                 connection: ProviderConnection {
                     endpoint: endpoint.into(),
                     credentials_ref: LocalObjectReference::new("libvirt-creds"),
@@ -118,10 +139,29 @@ impl Cluster {
         let status = json!({"status": {"failureDomains": [
             {"name": "127.0.0.1", "storageClasses": classes}
         ]}});
-        providers
+        let p = providers
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await
-            .expect("provider status")
+            .expect("provider status");
+        provider_identity(self.cp, &p, &self.class)
+            .await
+            .expect("the provider's identity")
+    }
+
+    /// The client of the import Jobs' ServiceAccount (banlieue-import in the build namespace),
+    /// with the grants the operator gives it; after [`Cluster::provider`].
+    async fn importer(&self) -> kube::Client {
+        import_identity(self.cp, &self.read_provider().await, &self.class)
+            .await
+            .expect("the import identity")
+    }
+
+    /// [`PROVIDER`] as the API server has it.
+    async fn read_provider(&self) -> Provider {
+        Api::<Provider>::namespaced(self.client.clone(), &self.ns)
+            .get(PROVIDER)
+            .await
+            .expect("provider")
     }
 
     /// The Secret and CA ConfigMap of a Provider pointing at `d`.
@@ -180,7 +220,7 @@ impl Cluster {
 
     fn url_source(&self) -> ImageSource {
         ImageSource {
-            provider_class: self.class.clone(),
+            provider_class: self.class.name_any(),
             kind: ImageSourceKind::Url,
             url: Some("oci://registry.invalid/kairos:2404".into()),
             volume: None,
@@ -194,9 +234,10 @@ impl Cluster {
             .expect("get vmimage")
     }
 
-    fn reconciler(&self) -> ImageReconciler {
+    /// The image reconciler of [`PROVIDER`], run as `provider`, its workload's client.
+    fn reconciler(&self, provider: &kube::Client) -> ImageReconciler {
         ImageReconciler::new(
-            self.client.clone(),
+            provider.clone(),
             ImageReconcilerConfig::new(PROVIDER, &self.ns),
         )
     }
@@ -355,17 +396,19 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
 #[tokio::test]
 async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
     let c = cluster().await;
-    c.provider(
-        "qemu+tls://127.0.0.1:1/system",
-        &[
-            ("gold", "nvme-pool"),
-            ("standard", "default"),
-            ("fast", "nvme-pool"),
-        ],
-    )
-    .await;
+    let edge = c
+        .provider(
+            "qemu+tls://127.0.0.1:1/system",
+            &[
+                ("gold", "nvme-pool"),
+                ("standard", "default"),
+                ("fast", "nvme-pool"),
+            ],
+        )
+        .await;
     c.image(IMAGE, c.url_source()).await;
-    // Another provider's entry, which this provider must never touch.
+    // Another provider's entry, which this provider must never touch (written as admin, as
+    // that other provider would).
     let other = ProviderImageStatus {
         provider: "someone-else".into(),
         zones: vec![ZoneImageStatus {
@@ -385,7 +428,7 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
         .await
         .expect("other provider's status");
 
-    let reconciler = c.reconciler();
+    let reconciler = c.reconciler(&edge);
     let image = c.get_image(IMAGE).await;
     let zones = reconciler
         .reconcile(&image)
@@ -422,6 +465,13 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
         )
         .await
         .expect("artifact ready");
+    // The import ServiceAccount the operator made is deleted by hand: the provider, which may
+    // read ServiceAccounts in the build namespace, names it rather than leave Jobs Pending.
+    let (_, account) = import_account(&c.read_provider().await, &c.class).expect("import account");
+    Api::<ServiceAccount>::namespaced(c.client.clone(), &c.build_ns)
+        .delete(&account, &Default::default())
+        .await
+        .expect("delete the import ServiceAccount");
     let image = c.get_image(IMAGE).await;
     let zones = reconciler
         .reconcile(&image)
@@ -435,7 +485,7 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
         // The importer's ServiceAccount does not exist in the build namespace.
         let message = zone.message.as_deref().unwrap_or_default();
         assert!(
-            message.contains("ServiceAccount importer not found"),
+            message.contains("ServiceAccount banlieue-import not found"),
             "{message}"
         );
     }
@@ -466,104 +516,13 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
     assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Importing));
 }
 
-/// A provider identity without the `jobs` grant (a ProviderClass without additionalRules):
-/// it may read its Provider, VMImages and ProviderClasses and write VMImage status, no more.
-async fn provider_without_jobs_grant(c: &Cluster) -> kube::Client {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{
-        ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
-    };
-    let pp = PostParams::default();
-    let meta = |name: &str| kube::api::ObjectMeta {
-        name: Some(name.into()),
-        ..Default::default()
-    };
-    let rule = |resources: &[&str], verbs: &[&str]| PolicyRule {
-        api_groups: Some(vec!["banlieue.io".into()]),
-        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-        ..PolicyRule::default()
-    };
-    let subject = Subject {
-        kind: "ServiceAccount".into(),
-        name: "provider".into(),
-        namespace: Some(c.ns.clone()),
-        ..Subject::default()
-    };
-    Api::<ServiceAccount>::namespaced(c.client.clone(), &c.ns)
-        .create(
-            &pp,
-            &ServiceAccount {
-                metadata: meta("provider"),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("service account");
-    Api::<Role>::namespaced(c.client.clone(), &c.ns)
-        .create(
-            &pp,
-            &Role {
-                metadata: meta("provider"),
-                rules: Some(vec![
-                    rule(&["providers", "vmimages"], &["get", "list", "watch"]),
-                    rule(&["vmimages/status"], &["get", "patch", "update"]),
-                ]),
-            },
-        )
-        .await
-        .expect("role");
-    Api::<RoleBinding>::namespaced(c.client.clone(), &c.ns)
-        .create(
-            &pp,
-            &RoleBinding {
-                metadata: meta("provider"),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "Role".into(),
-                    name: "provider".into(),
-                },
-                subjects: Some(vec![subject.clone()]),
-            },
-        )
-        .await
-        .expect("rolebinding");
-    let cluster_name = format!("provider-{}", c.ns);
-    Api::<ClusterRole>::all(c.client.clone())
-        .create(
-            &pp,
-            &ClusterRole {
-                metadata: meta(&cluster_name),
-                rules: Some(vec![rule(&["providerclasses"], &["get", "list", "watch"])]),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("clusterrole");
-    Api::<ClusterRoleBinding>::all(c.client.clone())
-        .create(
-            &pp,
-            &ClusterRoleBinding {
-                metadata: meta(&cluster_name),
-                role_ref: RoleRef {
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    kind: "ClusterRole".into(),
-                    name: cluster_name.clone(),
-                },
-                subjects: Some(vec![subject]),
-            },
-        )
-        .await
-        .expect("clusterrolebinding");
-    c.cp.client_as_service_account(&c.ns, "provider")
-        .await
-        .expect("provider client")
-}
-
 #[tokio::test]
 async fn a_403_on_jobs_fails_the_zones_with_the_additional_rules_hint() {
-    let c = cluster().await;
-    c.provider("qemu+tls://127.0.0.1:1/system", &[("gold", "nvme-pool")])
+    // A class without additionalRules: the operator binds no class role, so the provider has
+    // no grant on jobs.
+    let c = cluster_with_rules(vec![]).await;
+    let client = c
+        .provider("qemu+tls://127.0.0.1:1/system", &[("gold", "nvme-pool")])
         .await;
     c.image(IMAGE, c.url_source()).await;
     Api::<VMImage>::namespaced(c.client.clone(), &c.ns)
@@ -576,9 +535,7 @@ async fn a_403_on_jobs_fails_the_zones_with_the_additional_rules_hint() {
         )
         .await
         .expect("artifact ready");
-    let client = provider_without_jobs_grant(&c).await;
-    let reconciler = ImageReconciler::new(client, ImageReconcilerConfig::new(PROVIDER, &c.ns));
-    // RBAC propagates to the authorizer's cache within moments; wait for the verdict.
+    let reconciler = c.reconciler(&client);
     let zones = wait_for(
         "a reconcile as the provider",
         Duration::from_secs(30),
@@ -610,15 +567,16 @@ async fn a_403_on_jobs_fails_the_zones_with_the_additional_rules_hint() {
 #[tokio::test]
 async fn the_reconciler_loop_creates_the_jobs_and_stops_on_shutdown() {
     let c = cluster().await;
-    c.provider(
-        "qemu+tls://127.0.0.1:1/system",
-        &[("gold", "nvme-pool"), ("standard", "default")],
-    )
-    .await;
+    let edge = c
+        .provider(
+            "qemu+tls://127.0.0.1:1/system",
+            &[("gold", "nvme-pool"), ("standard", "default")],
+        )
+        .await;
     c.image(IMAGE, c.url_source()).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(run_image_reconciler(
-        c.client.clone(),
+        edge,
         ImageReconcilerConfig::new(PROVIDER, &c.ns),
         async move {
             let _ = stopped.await;
@@ -676,16 +634,15 @@ async fn the_reconciler_loop_creates_the_jobs_and_stops_on_shutdown() {
 #[tokio::test]
 async fn two_providers_writing_one_image_at_once_keep_both_entries() {
     let c = cluster().await;
-    c.provider("qemu+tls://127.0.0.1:1/system", &[("gold", "a")])
+    let edge_7 = c
+        .provider("qemu+tls://127.0.0.1:1/system", &[("gold", "a")])
         .await;
-    c.provider_named("edge-8", "qemu+tls://127.0.0.1:2/system", &[("gold", "b")])
+    let edge_8 = c
+        .provider_named("edge-8", "qemu+tls://127.0.0.1:2/system", &[("gold", "b")])
         .await;
     c.image(IMAGE, c.url_source()).await;
-    let first = c.reconciler();
-    let second = ImageReconciler::new(
-        c.client.clone(),
-        ImageReconcilerConfig::new("edge-8", &c.ns),
-    );
+    let first = c.reconciler(&edge_7);
+    let second = ImageReconciler::new(edge_8, ImageReconcilerConfig::new("edge-8", &c.ns));
     // Interleaved read-modify-writes of one status: without the resourceVersion
     // compare-and-swap, a lost update would drop one provider's entry.
     for round in 0..5 {
@@ -725,16 +682,16 @@ async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
     .expect("vol-create-as");
     let c = cluster().await;
     c.credentials(&d).await;
-    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    let edge = c.provider(&d.tls_uri(), &[("standard", "images")]).await;
     let backing = |volume: &str| ImageSource {
-        provider_class: c.class.clone(),
+        provider_class: c.class.name_any(),
         kind: ImageSourceKind::BackingFile,
         url: None,
         volume: Some(volume.into()),
     };
     c.image("present", backing("base.qcow2")).await;
     c.image("absent", backing("missing.qcow2")).await;
-    let reconciler = c.reconciler();
+    let reconciler = c.reconciler(&edge);
 
     let zones = reconciler
         .reconcile(&c.get_image("present").await)
@@ -777,6 +734,7 @@ async fn sparse_import_uploads_identical_bytes_and_a_rerun_is_a_no_op() {
     c.credentials(&d).await;
     c.provider(&d.tls_uri(), &[("standard", "images")]).await;
     c.image(IMAGE, c.url_source()).await;
+    let importer = c.importer().await;
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, LAYOUT);
     assert!(
@@ -785,7 +743,7 @@ async fn sparse_import_uploads_identical_bytes_and_a_rerun_is_a_no_op() {
     );
     let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
     args.artifacts_root = d.dir().to_owned();
-    let outcome = run_import(c.client.clone(), args.clone())
+    let outcome = run_import(importer.clone(), args.clone())
         .await
         .expect("import");
     let ImportOutcome::Imported {
@@ -807,7 +765,7 @@ async fn sparse_import_uploads_identical_bytes_and_a_rerun_is_a_no_op() {
     );
     assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
 
-    let again = run_import(c.client.clone(), args).await.expect("rerun");
+    let again = run_import(importer, args).await.expect("rerun");
     assert!(
         matches!(&again, ImportOutcome::AlreadyComplete { volume: v, .. } if *v == volume),
         "{again:?}"
@@ -826,7 +784,14 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, LAYOUT);
-    let kubeconfig = c.cp.kubeconfig("admin").expect("local control plane");
+    // The importer runs as the import Jobs' ServiceAccount, like the Job's pod.
+    let importer = c.importer().await;
+    let (account_ns, account) =
+        import_account(&c.read_provider().await, &c.class).expect("import account");
+    let kubeconfig = d.dir().join("import.kubeconfig");
+    common::service_account_kubeconfig(c.cp, &account_ns, &account, &kubeconfig)
+        .await
+        .expect("the import account's kubeconfig");
 
     let example = import_example();
     let mut child = tokio::process::Command::new(&example)
@@ -902,7 +867,7 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     // The Job's one retry: the half-written volume is not taken for complete.
     let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
     args.artifacts_root = d.dir().to_owned();
-    let outcome = run_import(c.client.clone(), args.clone())
+    let outcome = run_import(importer.clone(), args.clone())
         .await
         .expect("retry");
     assert!(
@@ -910,7 +875,7 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
         "{outcome:?}"
     );
     assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
-    let again = run_import(c.client.clone(), args).await.expect("rerun");
+    let again = run_import(importer, args).await.expect("rerun");
     assert!(
         matches!(again, ImportOutcome::AlreadyComplete { .. }),
         "{again:?}"
@@ -943,8 +908,8 @@ fn import_example() -> PathBuf {
 }
 
 /// The error of an import that must be refused before it reaches the host.
-async fn refused(c: &Cluster, args: ImportArgs) -> String {
-    let e = run_import(c.client.clone(), args)
+async fn refused(importer: &kube::Client, args: ImportArgs) -> String {
+    let e = run_import(importer.clone(), args)
         .await
         .expect_err("the import must be refused");
     banlieue_api::conditions::error_message(&e)
@@ -956,6 +921,7 @@ async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revis
     c.provider("qemu+tls://127.0.0.1:1/system", &[("standard", "images")])
         .await;
     let image = c.image(IMAGE, c.url_source()).await;
+    let importer = c.importer().await;
     let revision = decide::revision(&image);
     let volume = decide::url_volume_name(IMAGE, &revision);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -974,18 +940,18 @@ async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revis
     };
 
     // A symbolic link, even to a file inside the root, is not opened.
-    let message = refused(&c, args(root.join("link.raw"))).await;
+    let message = refused(&importer, args(root.join("link.raw"))).await;
     assert!(message.contains("it is a symbolic link"), "{message}");
     // Paths that lead out of the root, by `..` or through a linked directory.
     for source in [root.join("../outside.raw"), root.join("up/outside.raw")] {
-        let message = refused(&c, args(source)).await;
+        let message = refused(&importer, args(source)).await;
         assert!(
             message.contains("outside the artifacts directory"),
             "{message}"
         );
     }
     // Not a regular file.
-    let message = refused(&c, args(root.clone())).await;
+    let message = refused(&importer, args(root.clone())).await;
     assert!(
         message.contains("not a non-empty regular file"),
         "{message}"
@@ -994,7 +960,7 @@ async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revis
     // A Job made for another revision or volume writes nothing.
     let mut stale = args(root.join("a.raw"));
     stale.revision = Some("r0000000000".into());
-    let message = refused(&c, stale).await;
+    let message = refused(&importer, stale).await;
     assert!(
         message.contains(&format!(
             "the import was made for revision r0000000000 but vmimage {IMAGE} now says {revision}"
@@ -1003,11 +969,11 @@ async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revis
     );
     let mut other = args(root.join("a.raw"));
     other.volume = Some("other.raw".into());
-    let message = refused(&c, other).await;
+    let message = refused(&importer, other).await;
     assert!(message.contains("made for volume other.raw"), "{message}");
 
     // The good path gets past every check, to the Provider's credentials (absent here).
-    let message = refused(&c, args(root.join("a.raw"))).await;
+    let message = refused(&importer, args(root.join("a.raw"))).await;
     assert!(
         !message.contains("refused") && !message.contains("made for"),
         "{message}"
@@ -1025,9 +991,10 @@ async fn a_complete_volume_is_never_replaced_by_another_artifact() {
     c.image(IMAGE, c.url_source()).await;
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, &[(true, 4)]);
+    let importer = c.importer().await;
     let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
     args.artifacts_root = d.dir().to_owned();
-    let ImportOutcome::Imported { volume, .. } = run_import(c.client.clone(), args.clone())
+    let ImportOutcome::Imported { volume, .. } = run_import(importer.clone(), args.clone())
         .await
         .expect("import")
     else {
@@ -1043,7 +1010,7 @@ async fn a_complete_volume_is_never_replaced_by_another_artifact() {
         .expect("open source");
     file.write_all(b"rebuilt").expect("rewrite");
     drop(file);
-    let e = run_import(c.client.clone(), args.clone())
+    let e = run_import(importer.clone(), args.clone())
         .await
         .expect_err("another artifact under a complete volume");
     let message = banlieue_api::conditions::error_message(&e);
@@ -1054,7 +1021,7 @@ async fn a_complete_volume_is_never_replaced_by_another_artifact() {
     );
     // Another size: not taken for a half-written volume either.
     write_source(&source, &[(true, 5)]);
-    let e = run_import(c.client.clone(), args)
+    let e = run_import(importer, args)
         .await
         .expect_err("another size under a complete volume");
     let message = banlieue_api::conditions::error_message(&e);

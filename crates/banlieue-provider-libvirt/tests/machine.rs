@@ -1,7 +1,8 @@
 //! LibvirtMachine realisation against a real control plane and a real libvirtd (QEMU under
 //! TCG): machines run, their devices and seed are what the guide says, deletion leaves nothing
 //! of the machine behind and never touches the image, and the failure paths report the
-//! guide's messages.
+//! guide's messages. The provider runs as the ServiceAccount the operator gives it, under
+//! the shipped RBAC (ADR-0063).
 
 mod common;
 
@@ -17,22 +18,28 @@ use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
 use banlieue_provider_libvirt::metrics::Metrics;
-use common::{Host, control_plane, credentials, eventually, none_left, provider};
+use common::{
+    Host, control_plane, credentials, eventually, libvirt_class, none_left, provider,
+    provider_identity,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use tokio::sync::oneshot;
 
 const PROVIDER: &str = "edge";
 
-/// What [`provider_namespace`] returns: a client, the namespace, the sender whose drop stops
-/// the provider workload, and the registry its metrics are in.
+/// What [`provider_namespace`] returns: the test's admin client (it plays the administrator
+/// and the controller), the namespace, the sender whose drop stops the provider workload, and
+/// the registry its metrics are in.
 type Running = (kube::Client, String, oneshot::Sender<()>, Registry);
 
 /// A namespace with the credentials and a Provider for `host`, and the provider workload
-/// running for it until the returned sender is dropped.
+/// running for it, as the ServiceAccount the operator gives it, until the returned sender is
+/// dropped.
 async fn provider_namespace(host: &Host) -> Result<Running> {
     provider_namespace_with_resync(host, Duration::from_secs(3)).await
 }
@@ -56,21 +63,25 @@ async fn provider_workload(
     resync: Duration,
 ) -> Result<(kube::Client, String, Workload)> {
     let cp = control_plane().await;
+    // Admin: the test plays the administrator (credentials, ProviderClass, Provider) and the
+    // controller (LibvirtMachines). The provider runs as its own ServiceAccount.
     let kube = cp.client()?;
     let ns = cp.fresh_namespace().await?;
     credentials(&kube, &ns, host).await?;
-    Api::<Provider>::namespaced(kube.clone(), &ns)
+    let class = libvirt_class(cp).await?;
+    let provider = Api::<Provider>::namespaced(kube.clone(), &ns)
         .create(
             &PostParams::default(),
             &provider(
                 PROVIDER,
-                "libvirt",
+                &class.name_any(),
                 &host.libvirtd.tls_uri(),
                 host.capabilities(),
             ),
         )
         .await?;
-    let workload = start_provider(&kube, &ns, resync);
+    let identity = provider_identity(cp, &provider, &class).await?;
+    let workload = start_provider(&identity, &ns, resync);
     Ok((kube, ns, workload))
 }
 
@@ -80,6 +91,8 @@ struct Workload {
     stop: oneshot::Sender<()>,
     done: tokio::task::JoinHandle<()>,
     registry: Registry,
+    /// The client of the workload's ServiceAccount, to start it again.
+    identity: kube::Client,
 }
 
 impl Workload {
@@ -91,8 +104,9 @@ impl Workload {
     }
 }
 
-/// Runs the provider workload for the Provider in `ns`.
-fn start_provider(kube: &kube::Client, ns: &str, resync: Duration) -> Workload {
+/// Runs the provider workload for the Provider in `ns` as `identity`, the ServiceAccount the
+/// operator gives it ([`provider_identity`]).
+fn start_provider(identity: &kube::Client, ns: &str, resync: Duration) -> Workload {
     let (tx, rx) = oneshot::channel::<()>();
     let mut cfg = ProviderConfig::new(PROVIDER, ns);
     // /dev/kvm exists on these machines but cannot run guests.
@@ -101,7 +115,7 @@ fn start_provider(kube: &kube::Client, ns: &str, resync: Duration) -> Workload {
     cfg.call_timeout = Duration::from_secs(30);
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let client = kube.clone();
+    let client = identity.clone();
     let done = tokio::spawn(async move {
         let _ = run_provider(client, cfg, metrics, async move {
             let _ = rx.await;
@@ -112,6 +126,7 @@ fn start_provider(kube: &kube::Client, ns: &str, resync: Duration) -> Workload {
         stop: tx,
         done,
         registry,
+        identity: identity.clone(),
     }
 }
 
@@ -673,6 +688,14 @@ async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Resul
             &user_data_secret("plain", &[], None),
         )
         .await?;
+    // Another Provider's credentials, opted in: the workload cannot read other Providers
+    // (ADR-0063) but knows credentials by their private key.
+    let mut other = user_data_secret("other-creds", &[("banlieue.io/user-data", "true")], None);
+    other
+        .string_data
+        .get_or_insert_default()
+        .insert("tls.key".into(), "a key".into());
+    secrets.create(&PostParams::default(), &other).await?;
     secrets
         .create(
             &PostParams::default(),
@@ -713,6 +736,28 @@ async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Resul
         message.contains("Secret libvirt-creds is referenced by Provider edge"),
         "{message}"
     );
+    api.create(
+        &PostParams::default(),
+        &with_secret(
+            machine("other", &host, backing("base.raw")),
+            "other-creds",
+            "user-data",
+        ),
+    )
+    .await?;
+    let m = wait_machine(
+        &api,
+        "other",
+        "another Provider's credentials refused",
+        60,
+        |c| c.reason == "UserDataSecretRefused",
+    )
+    .await?;
+    let message = ready(&m).unwrap().message;
+    assert!(
+        message.contains("Secret other-creds holds a private key (tls.key)"),
+        "{message}"
+    );
     let m = wait_machine(&api, "plain", "a Secret without opt-in refused", 60, |c| {
         c.reason == "UserDataSecretRefused"
     })
@@ -726,9 +771,9 @@ async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Resul
     // Refused before anything was made on the host.
     let volumes = volume_names(&host).await?;
     assert!(
-        !volumes
+        !volumes.iter().any(|v| ["key", "plain", "other"]
             .iter()
-            .any(|v| v.starts_with(&format!("{ns}-key")) || v.starts_with(&format!("{ns}-plain"))),
+            .any(|m| v.starts_with(&format!("{ns}-{m}")))),
         "{volumes:?}"
     );
     assert!(domain_names(&host).await?.is_empty());
@@ -749,7 +794,7 @@ async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Resul
         let data = seed_file(&host, &format!("{ns}-{name}-cidata.iso"), "/user-data").await?;
         assert_eq!(data, format!("#cloud-config\nhostname: {name}\n"));
     }
-    for name in ["key", "plain", "labelled", "typed"] {
+    for name in ["key", "plain", "other", "labelled", "typed"] {
         api.delete(name, &DeleteParams::default()).await?;
     }
     none_left(&api, "machines deleted", 120).await?;
@@ -854,13 +899,14 @@ async fn volumes_are_reused_and_deleted_only_with_proof_of_ownership() -> Result
     );
     let domain = format!("{ns}-web");
     // Stopped so that it does not start the machine again while the name changes hands.
+    let identity = workload.identity.clone();
     workload.stop().await?;
     host.libvirtd
         .virsh(["undefine", &domain, "--nvram"])
         .await?;
     host.libvirtd.virsh(["destroy", &domain]).await?;
     let foreign = define_foreign(&host, &domain, "0b6f1e0c-0000-4000-8000-0000000000a7").await?;
-    let _workload = start_provider(&kube, &ns, Duration::from_secs(3));
+    let _workload = start_provider(&identity, &ns, Duration::from_secs(3));
     wait_machine(&api, "web", "DomainNameTaken", 60, |c| {
         c.reason == "DomainNameTaken"
     })

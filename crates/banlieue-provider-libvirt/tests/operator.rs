@@ -13,64 +13,15 @@ use banlieue_api::{Provider, ProviderClass};
 use banlieue_provider_libvirt::operator::{OperatorConfig, run_operator, workloads};
 use banlieue_provider_libvirt::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
-use common::{Host, control_plane, credentials, eventually, provider, provider_class};
+use common::{
+    Host, control_plane, controller_identity, credentials, eventually, provider, provider_class,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use tokio::sync::oneshot;
-
-/// Applies what `banlieue bootstrap` applies for access control (deploy/namespace.yaml and
-/// deploy/rbac/), the controller's ServiceAccount, and enables `ns` for Providers the way an
-/// administrator does (docs/security.md). Admin here is the administrator installing banlieue,
-/// nothing the product does. Returns the controller's own client.
-async fn as_shipped(cp: &ControlPlane, ns: &str) -> Result<kube::Client> {
-    let admin = cp.client()?;
-    cp.apply_yaml(repo_path("deploy/namespace.yaml")).await?;
-    for file in std::fs::read_dir(repo_path("deploy/rbac"))? {
-        cp.apply_yaml(file?.path()).await?;
-    }
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), CONTROLLER_NS);
-    if accounts.get_opt(CONTROLLER_SA).await?.is_none() {
-        let sa = ServiceAccount {
-            metadata: kube::api::ObjectMeta {
-                name: Some(CONTROLLER_SA.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        accounts.create(&PostParams::default(), &sa).await?;
-    }
-    let enable: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "banlieue-controller-workloads", "namespace": ns },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "banlieue-controller-workloads" },
-        "subjects": [{ "kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": CONTROLLER_NS }]
-    }))?;
-    Api::<RoleBinding>::namespaced(admin, ns)
-        .create(&PostParams::default(), &enable)
-        .await?;
-    let controller = cp
-        .client_as_service_account(CONTROLLER_NS, CONTROLLER_SA)
-        .await?;
-    // The authorizer learns of new bindings through its informer: wait until it has.
-    let deployments: Api<Deployment> = Api::namespaced(controller.clone(), ns);
-    eventually("the controller's grants in the namespace", 30, || async {
-        Ok(deployments.list(&Default::default()).await.ok().map(|_| ()))
-    })
-    .await?;
-    Ok(controller)
-}
-
-fn repo_path(relative: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
-
-const CONTROLLER_NS: &str = "banlieue-system";
-const CONTROLLER_SA: &str = "banlieue-controller";
 
 /// Runs the operator for `ns`, as the controller's ServiceAccount, until the returned sender
 /// is dropped.
@@ -165,7 +116,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     let host = Host::start().await?;
     credentials(&kube, &ns, &host).await?;
     let class = plain_class(&kube).await?;
-    let controller = as_shipped(cp, &ns).await?;
+    let controller = controller_identity(cp, &ns).await?;
     let _operator = start_operator(&controller, &ns);
     let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
     api.create(
@@ -358,7 +309,7 @@ async fn absent_pool_and_network_are_named_and_dropped() -> Result<()> {
     let host = Host::start().await?;
     credentials(&kube, &ns, &host).await?;
     let class = plain_class(&kube).await?;
-    let controller = as_shipped(cp, &ns).await?;
+    let controller = controller_identity(cp, &ns).await?;
     let _operator = start_operator(&controller, &ns);
     let mut caps = host.capabilities();
     caps.storage_classes
@@ -406,7 +357,7 @@ async fn failures_carry_the_guides_reasons() -> Result<()> {
     let host = Host::start().await?;
     credentials(&kube, &ns, &host).await?;
     let class = plain_class(&kube).await?;
-    let controller = as_shipped(cp, &ns).await?;
+    let controller = controller_identity(cp, &ns).await?;
     let _operator = start_operator(&controller, &ns);
     let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
     let uri = host.libvirtd.tls_uri();
@@ -524,7 +475,7 @@ async fn a_class_whose_role_is_missing_runs_nothing_and_says_why() -> Result<()>
     let ns = cp.fresh_namespace().await?;
     // additionalRules (jobs) but no ClusterRole banlieue-provider-class-<class> granting them.
     let class = provider_class(&kube).await?;
-    let controller = as_shipped(cp, &ns).await?;
+    let controller = controller_identity(cp, &ns).await?;
     let _operator = start_operator(&controller, &ns);
     let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
     let caps = banlieue_api::ProviderCapabilities::default();
@@ -600,7 +551,7 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
     let kube = cp.client()?;
     let ns = cp.fresh_namespace().await?;
     let class = plain_class(&kube).await?;
-    let controller = as_shipped(cp, &ns).await?;
+    let controller = controller_identity(cp, &ns).await?;
     let _operator = start_operator(&controller, &ns);
     let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
     let caps = banlieue_api::ProviderCapabilities::default();

@@ -334,7 +334,8 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
-                    service_account_name: settings.service_account.clone(),
+                    // Never the build namespace's `default` account (ADR-0063).
+                    service_account_name: Some(settings.effective_service_account().to_owned()),
                     // The importer reads one file and talks TLS: it needs no privilege, no
                     // writable root and no capability.
                     security_context: Some(PodSecurityContext {
@@ -837,6 +838,8 @@ mod tests {
         // 2 GB: 2 × (600 + 200) seconds.
         assert_eq!(spec.active_deadline_seconds, Some(1600));
         let pod = spec.template.spec.as_ref().unwrap();
+        // The class names no account: the operator's, never the namespace's `default`.
+        assert_eq!(pod.service_account_name.as_deref(), Some("banlieue-import"));
         let psc = pod.security_context.as_ref().unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
         assert_eq!(psc.run_as_user, Some(65532));

@@ -95,14 +95,19 @@ pub struct UserDataSecret<'a> {
     pub type_: Option<&'a str>,
     /// The value of [`USER_DATA_LABEL`], if set.
     pub label: Option<&'a str>,
-    /// A Provider of the namespace that references this Secret (credentials or CA source).
+    /// The workload's own Provider, when it references this Secret (credentials or CA
+    /// source).
     pub referenced_by: Option<&'a str>,
+    /// Whether the Secret holds a `tls.key`, as the credentials of every Provider do: the
+    /// workload may read only its own Provider (ADR-0063), so another Provider's credentials
+    /// are known by their private key.
+    pub holds_private_key: bool,
 }
 
 /// The provider reads Secrets its machines' writers may not: only a Secret that opted in to be
-/// user-data, and never one a Provider depends on, ends up in a guest's seed. Otherwise
-/// anyone able to write a VirtualMachine could have the host's client key written into a
-/// guest they control.
+/// user-data, and never one a Provider depends on (its own Provider's, or any holding a
+/// private key), ends up in a guest's seed. Otherwise anyone able to write a VirtualMachine
+/// could have a host's client key written into a guest they control.
 pub fn check_user_data_secret(secret: &UserDataSecret<'_>) -> Result<()> {
     let refused = |why: String| Error::Invalid {
         reason: crate::error::provider_reasons::USER_DATA_SECRET_REFUSED,
@@ -112,6 +117,13 @@ pub fn check_user_data_secret(secret: &UserDataSecret<'_>) -> Result<()> {
         return Err(refused(format!(
             "is referenced by Provider {provider} (its credentials or CA) and is never \
              used as user-data"
+        )));
+    }
+    if secret.holds_private_key {
+        return Err(refused(format!(
+            "holds a private key ({}), as a Provider's credentials do, and is never used as \
+             user-data",
+            crate::connection::TLS_KEY
         )));
     }
     if secret.type_ == Some(USER_DATA_SECRET_TYPE) || secret.label == Some("true") {
@@ -497,6 +509,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.reason(), "UserDataSecretRefused");
         assert!(e.to_string().contains("Provider edge-7"), "{e}");
+        // Nor another Provider's credentials, known by their private key.
+        let e = check_user_data_secret(&UserDataSecret {
+            holds_private_key: true,
+            ..labelled
+        })
+        .unwrap_err();
+        assert_eq!(e.reason(), "UserDataSecretRefused");
+        assert!(
+            e.to_string().contains("holds a private key (tls.key)"),
+            "{e}"
+        );
     }
 
     #[test]

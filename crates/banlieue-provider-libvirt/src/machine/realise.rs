@@ -265,8 +265,9 @@ async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageV
         )))
 }
 
-/// Inline user-data, or the bytes of the Secret key it names, when that Secret opted in and
-/// no Provider of the namespace references it.
+/// Inline user-data, or the bytes of the Secret key it names, when that Secret opted in, its
+/// own Provider does not reference it and it holds no private key (another Provider's
+/// credentials: the workload may read only its own Provider, ADR-0063).
 async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
     if let Some(inline) = &machine.spec.user_data {
         return Ok(Some(inline.as_bytes().to_vec()));
@@ -275,25 +276,22 @@ async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec
         return Ok(None);
     };
     let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let providers = providers
-        .list(&Default::default())
+    let own = providers
+        .get(&ctx.cfg.provider)
         .await
-        .map_err(Error::kube("list Providers"))?;
-    let referenced_by = providers.items.iter().find_map(|p| {
-        let conn = &p.spec.connection;
-        let refs = conn.credentials_ref.name == sel.name
-            || conn
-                .ca_bundle
-                .secret_ref
-                .as_ref()
-                .is_some_and(|s| s.name == sel.name);
-        refs.then(|| p.name_any())
-    });
-    if let Some(provider) = &referenced_by {
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let conn = &own.spec.connection;
+    let referenced = conn.credentials_ref.name == sel.name
+        || conn
+            .ca_bundle
+            .secret_ref
+            .as_ref()
+            .is_some_and(|s| s.name == sel.name);
+    if referenced {
         // Refused before the Secret is even read.
         plan::check_user_data_secret(&plan::UserDataSecret {
             name: &sel.name,
-            referenced_by: Some(provider),
+            referenced_by: Some(&ctx.cfg.provider),
             ..Default::default()
         })?;
     }
@@ -318,6 +316,10 @@ async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec
             .and_then(|l| l.get(plan::USER_DATA_LABEL))
             .map(String::as_str),
         referenced_by: None,
+        holds_private_key: secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key(crate::connection::TLS_KEY)),
     })?;
     secret
         .data

@@ -243,36 +243,41 @@ async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloa
     }
     let in_ns = |meta: &kube::api::ObjectMeta| meta.namespace.clone().unwrap_or_default();
     apply(
+        FIELD_MANAGER,
         Api::<ServiceAccount>::namespaced(kube.clone(), &in_ns(&w.service_account.metadata)),
         &w.service_account,
     )
     .await?;
     apply(
+        FIELD_MANAGER,
         Api::<Role>::namespaced(kube.clone(), &in_ns(&w.own_provider_role.metadata)),
         &w.own_provider_role,
     )
     .await?;
     for binding in [&w.own_provider_binding, &w.base_binding, &w.import_binding] {
         apply(
+            FIELD_MANAGER,
             Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&binding.metadata)),
             binding,
         )
         .await?;
     }
     // Applied under a field manager per class, so each class keeps its own owner reference.
-    apply_as(
+    apply(
         &format!("{FIELD_MANAGER}/{}", class.name_any()),
         Api::<ServiceAccount>::namespaced(kube.clone(), &in_ns(&w.import_service_account.metadata)),
         &w.import_service_account,
     )
     .await?;
     apply(
+        FIELD_MANAGER,
         Api::<ClusterRoleBinding>::all(kube.clone()),
         &w.cluster_role_binding,
     )
     .await?;
     if !class.spec.additional_rules.is_empty() {
         apply(
+            FIELD_MANAGER,
             Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&w.class_binding.metadata)),
             &w.class_binding,
         )
@@ -290,6 +295,7 @@ async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloa
         })?;
     }
     apply(
+        FIELD_MANAGER,
         Api::<Deployment>::namespaced(kube.clone(), &in_ns(&w.deployment.metadata)),
         &w.deployment,
     )
@@ -333,18 +339,9 @@ async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str
     }
 }
 
-async fn apply<K>(api: Api<K>, object: &K) -> Result<()>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    apply_as(FIELD_MANAGER, api, object).await
-}
-
-async fn apply_as<K>(manager: &str, api: Api<K>, object: &K) -> Result<()>
+/// Server-side applies `object` under the field manager `manager`, taking over any field
+/// another manager set.
+async fn apply<K>(manager: &str, api: Api<K>, object: &K) -> Result<()>
 where
     K: Resource<DynamicType = ()>
         + Clone

@@ -1,26 +1,33 @@
 //! Shared by the tests against the real control plane and a real libvirtd: CRDs from the
-//! types, a host with a dir pool and an isolated network, and Provider objects made from the
-//! daemon's PKI files.
+//! types, a host with a dir pool and an isolated network, Provider objects made from the
+//! daemon's PKI files, and each role's production identity under the shipped RBAC (ADR-0063).
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use banlieue_api::{
-    LocalObjectReference, NetworkClassMapping, NetworkTarget, Provider, ProviderCapabilities,
-    ProviderClass, ProviderClassSpec, ProviderConnection, ProviderSpec, StorageClassMapping,
-    StorageTarget, ValueOrSource,
+    LibvirtMachine, LocalObjectReference, NetworkClassMapping, NetworkTarget, Provider,
+    ProviderCapabilities, ProviderClass, ProviderClassSpec, ProviderConnection, ProviderSpec,
+    StorageClassMapping, StorageTarget, ValueOrSource,
 };
+use banlieue_provider_libvirt::operator::workloads::{self, Workloads};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{AuthInfo, Kubeconfig};
+use kube::{Resource, ResourceExt};
 use tokio::sync::OnceCell;
 
 pub const FIELD_MANAGER: &str = "banlieue-provider-tests";
@@ -308,4 +315,299 @@ pub fn provider(
             attestation: None,
         },
     )
+}
+
+/// `relative` inside the repository.
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative)
+}
+
+/// The controller's namespace and ServiceAccount, as deploy/ names them.
+pub const CONTROLLER_NS: &str = "banlieue-system";
+pub const CONTROLLER_SA: &str = "banlieue-controller";
+
+/// Applies what `banlieue bootstrap` applies for access control, once per test binary:
+/// deploy/namespace.yaml and every ClusterRole and binding of deploy/rbac/. Admin here is the
+/// administrator installing banlieue, nothing the product does.
+pub async fn shipped_rbac(cp: &ControlPlane) -> Result<()> {
+    static APPLIED: OnceCell<()> = OnceCell::const_new();
+    APPLIED
+        .get_or_try_init(|| async {
+            cp.apply_yaml(repo_path("deploy/namespace.yaml")).await?;
+            for file in std::fs::read_dir(repo_path("deploy/rbac"))? {
+                cp.apply_yaml(file?.path()).await?;
+            }
+            anyhow::Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// The controller's identity (ADR-0063): the shipped RBAC, the controller's ServiceAccount,
+/// and `ns` enabled for Providers the way an administrator does it (docs/security.md). Admin
+/// here is the administrator installing banlieue. Returns the controller's own client, once the
+/// authorizer has its grants.
+pub async fn controller_identity(cp: &ControlPlane, ns: &str) -> Result<kube::Client> {
+    shipped_rbac(cp).await?;
+    let admin = cp.client()?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), CONTROLLER_NS);
+    if accounts.get_opt(CONTROLLER_SA).await?.is_none() {
+        let sa = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(CONTROLLER_SA.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match accounts.create(&PostParams::default(), &sa).await {
+            // Another test of this binary created it meanwhile.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            created => {
+                created?;
+            }
+        }
+    }
+    let enable: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "banlieue-controller-workloads", "namespace": ns },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "banlieue-controller-workloads" },
+        "subjects": [{ "kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": CONTROLLER_NS }]
+    }))?;
+    Api::<RoleBinding>::namespaced(admin, ns)
+        .create(&PostParams::default(), &enable)
+        .await?;
+    let controller = cp
+        .client_as_service_account(CONTROLLER_NS, CONTROLLER_SA)
+        .await?;
+    // The authorizer learns of new bindings through its informer: wait until it has.
+    let deployments: Api<Deployment> = Api::namespaced(controller.clone(), ns);
+    eventually("the controller's grants in the namespace", 30, || async {
+        Ok(deployments.list(&Default::default()).await.ok().map(|_| ()))
+    })
+    .await?;
+    Ok(controller)
+}
+
+/// The additionalRules of the shipped libvirt ProviderClass
+/// (examples/09-providerclass-libvirt.yaml): what every libvirt provider needs in the build
+/// namespace.
+pub fn libvirt_class_rules() -> Result<Vec<PolicyRule>> {
+    let text = std::fs::read_to_string(repo_path("examples/09-providerclass-libvirt.yaml"))?;
+    let class: ProviderClass = serde_saphyr::from_str(&text)?;
+    Ok(class.spec.additional_rules)
+}
+
+/// The identity the operator gives `provider`'s workload in production (ADR-0012, ADR-0063):
+/// the ServiceAccount, its own-Provider Role and the bindings that
+/// [`workloads::build`] makes, bound to the ClusterRoles shipped in deploy/rbac/. Returns a
+/// client authenticated as that ServiceAccount, once the authorizer has its grants.
+/// `provider` and `class` must have been read back from the API server (they need their uids).
+///
+/// The operator's objects are applied as admin only because the test plays the operator's
+/// part (tests/operator.rs runs the operator itself, as the controller's ServiceAccount); they
+/// are exactly what it applies, less the Deployment: the test runs the workload in process.
+pub async fn provider_identity(
+    cp: &ControlPlane,
+    provider: &Provider,
+    class: &ProviderClass,
+) -> Result<kube::Client> {
+    shipped_rbac(cp).await?;
+    let admin = cp.client()?;
+    let w = workloads::build(provider, class).context("the Provider and class were read back")?;
+    // Like the operator, the class's role is bound only for a class with additionalRules.
+    let class_rules = !class.spec.additional_rules.is_empty();
+    if class_rules {
+        class_role(&admin, class).await?;
+    }
+    apply_operator_objects(&admin, class, &w, class_rules).await?;
+
+    let ns = provider.namespace().context("a namespaced Provider")?;
+    let name = provider.name_any();
+    let client = cp
+        .client_as_service_account(&ns, &workloads::workload_name(&name))
+        .await?;
+    let build_ns = w
+        .class_binding
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_default();
+    let own: Api<Provider> = Api::namespaced(client.clone(), &ns);
+    let machines: Api<LibvirtMachine> = Api::namespaced(client.clone(), &ns);
+    let classes: Api<ProviderClass> = Api::all(client.clone());
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &build_ns);
+    let one = ListParams::default().limit(1);
+    // The authorizer learns of new bindings through its informer: wait until it has them all.
+    eventually("the provider's grants", 30, || async {
+        let granted = own.get(&name).await.is_ok()
+            && machines.list(&one).await.is_ok()
+            && classes.list(&one).await.is_ok()
+            && (!class_rules || jobs.list(&one).await.is_ok());
+        Ok(granted.then_some(()))
+    })
+    .await?;
+    Ok(client)
+}
+
+/// The identity of the import Jobs of `provider`'s class (ADR-0063): the class's import
+/// ServiceAccount (`banlieue-import` in the build namespace unless the class names another),
+/// which [`provider_identity`] created with the operator's RoleBinding to the shipped
+/// ClusterRole `banlieue-import` in the Provider's namespace. Returns a client authenticated
+/// as that account, once the authorizer has its grants.
+pub async fn import_identity(
+    cp: &ControlPlane,
+    provider: &Provider,
+    class: &ProviderClass,
+) -> Result<kube::Client> {
+    let (namespace, account) = import_account(provider, class)?;
+    let client = cp.client_as_service_account(&namespace, &account).await?;
+    let ns = provider.namespace().context("a namespaced Provider")?;
+    let providers: Api<Provider> = Api::namespaced(client.clone(), &ns);
+    eventually("the import account's grants", 30, || async {
+        Ok(providers.get(&provider.name_any()).await.ok().map(|_| ()))
+    })
+    .await?;
+    Ok(client)
+}
+
+/// The namespace and name of the import ServiceAccount of `provider`'s class.
+pub fn import_account(provider: &Provider, class: &ProviderClass) -> Result<(String, String)> {
+    let w = workloads::build(provider, class).context("the Provider and class were read back")?;
+    let meta = w.import_service_account.metadata;
+    Ok((
+        meta.namespace.context("a namespaced account")?,
+        meta.name.context("a named account")?,
+    ))
+}
+
+/// Writes a kubeconfig holding a token of the ServiceAccount `namespace/name` to `path`, for
+/// a role run as a child process. Needs a local control plane.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    path: &Path,
+) -> Result<()> {
+    let admin_path = cp
+        .kubeconfig("admin")
+        .context("a child process needs a local control plane")?;
+    let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(cp.client()?, namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest returned no token")?;
+    for named in &mut kubeconfig.auth_infos {
+        named.auth_info = Some(AuthInfo {
+            token: Some(token.clone().into()),
+            ..AuthInfo::default()
+        });
+    }
+    // JSON is YAML, and the kubeconfig reader takes either.
+    std::fs::write(path, serde_json::to_vec(&kubeconfig)?)?;
+    Ok(())
+}
+
+/// The ClusterRole `banlieue-provider-class-<class>` an administrator creates for each
+/// ProviderClass with additionalRules (ADR-0063), holding the shipped libvirt class role's rules
+/// (deploy/rbac/provider-class-libvirt-clusterrole.yaml). The class `libvirt` has the shipped
+/// role itself; the tests' other classes are named uniquely, since each test has its own build
+/// namespace, and get a copy under their own name, owned by the class so that it goes with it.
+/// Fails, like the operator, when the role does not cover the class's additionalRules.
+async fn class_role(admin: &kube::Client, class: &ProviderClass) -> Result<()> {
+    let text = std::fs::read_to_string(repo_path(
+        "deploy/rbac/provider-class-libvirt-clusterrole.yaml",
+    ))?;
+    let mut role: ClusterRole = serde_saphyr::from_str(&text)?;
+    let uncovered = workloads::uncovered(
+        &class.spec.additional_rules,
+        role.rules.as_deref().unwrap_or_default(),
+    );
+    if !uncovered.is_empty() {
+        bail!(
+            "the shipped libvirt class role does not grant {uncovered:?} of ProviderClass {}",
+            class.name_any()
+        );
+    }
+    let name = workloads::class_role_name(&class.name_any());
+    if role.metadata.name.as_deref() == Some(name.as_str()) {
+        return Ok(());
+    }
+    role.metadata.name = Some(name);
+    role.metadata.owner_references = class.controller_owner_ref(&()).map(|r| vec![r]);
+    apply(FIELD_MANAGER, Api::all(admin.clone()), &role).await
+}
+
+/// Applies the operator's objects for one Provider as it does (operator::apply_workloads):
+/// accounts and grants, under its field managers, less the Deployment.
+async fn apply_operator_objects(
+    admin: &kube::Client,
+    class: &ProviderClass,
+    w: &Workloads,
+    class_binding: bool,
+) -> Result<()> {
+    use workloads::FIELD_MANAGER as OPERATOR;
+    fn ns(meta: &ObjectMeta) -> String {
+        meta.namespace.clone().unwrap_or_default()
+    }
+    let accounts = |meta: &ObjectMeta| Api::<ServiceAccount>::namespaced(admin.clone(), &ns(meta));
+    let roles = |meta: &ObjectMeta| Api::<Role>::namespaced(admin.clone(), &ns(meta));
+    let bindings = |meta: &ObjectMeta| Api::<RoleBinding>::namespaced(admin.clone(), &ns(meta));
+    let sa = &w.service_account;
+    apply(OPERATOR, accounts(&sa.metadata), sa).await?;
+    let role = &w.own_provider_role;
+    apply(OPERATOR, roles(&role.metadata), role).await?;
+    for binding in [&w.own_provider_binding, &w.base_binding, &w.import_binding] {
+        apply(OPERATOR, bindings(&binding.metadata), binding).await?;
+    }
+    let import = &w.import_service_account;
+    let per_class = format!("{OPERATOR}/{}", class.name_any());
+    apply(&per_class, accounts(&import.metadata), import).await?;
+    let crb = &w.cluster_role_binding;
+    apply(OPERATOR, Api::<ClusterRoleBinding>::all(admin.clone()), crb).await?;
+    if class_binding {
+        let binding = &w.class_binding;
+        apply(OPERATOR, bindings(&binding.metadata), binding).await?;
+    }
+    Ok(())
+}
+
+/// Server-side applies `object` under the field manager `manager`.
+async fn apply<K>(manager: &str, api: Api<K>, object: &K) -> Result<()>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().context("a named object")?;
+    api.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(object),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The ProviderClass `libvirt` as the guide applies it (examples/09-providerclass-libvirt.yaml),
+/// read back. Admin: the administrator's part.
+pub async fn libvirt_class(cp: &ControlPlane) -> Result<ProviderClass> {
+    cp.apply_yaml(repo_path("examples/09-providerclass-libvirt.yaml"))
+        .await?;
+    Ok(Api::<ProviderClass>::all(cp.client()?)
+        .get("libvirt")
+        .await?)
 }
