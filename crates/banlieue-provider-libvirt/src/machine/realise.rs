@@ -266,7 +266,10 @@ async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageV
 }
 
 /// Inline user-data, or the bytes of the Secret key it names, when that Secret opted in and
-/// no Provider of the namespace references it.
+/// is not one this workload's Provider uses.
+///
+/// Only its own Provider is looked at: the workload may read no other (ADR-0063). Another
+/// Provider's credentials are kept out by the opt-in rule, which no credentials Secret meets.
 async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
     if let Some(inline) = &machine.spec.user_data {
         return Ok(Some(inline.as_bytes().to_vec()));
@@ -275,20 +278,20 @@ async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec
         return Ok(None);
     };
     let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let providers = providers
-        .list(&Default::default())
+    let own = providers
+        .get(&ctx.cfg.provider)
         .await
-        .map_err(Error::kube("list Providers"))?;
-    let referenced_by = providers.items.iter().find_map(|p| {
-        let conn = &p.spec.connection;
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let referenced_by = {
+        let conn = &own.spec.connection;
         let refs = conn.credentials_ref.name == sel.name
             || conn
                 .ca_bundle
                 .secret_ref
                 .as_ref()
                 .is_some_and(|s| s.name == sel.name);
-        refs.then(|| p.name_any())
-    });
+        refs.then(|| own.name_any())
+    };
     if let Some(provider) = &referenced_by {
         // Refused before the Secret is even read.
         plan::check_user_data_secret(&plan::UserDataSecret {
