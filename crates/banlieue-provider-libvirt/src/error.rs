@@ -7,7 +7,7 @@ use banlieue_api::conditions::reasons;
 /// `banlieue_api::conditions::reasons`.
 pub mod provider_reasons {
     /// `userDataSecretRef` names a Secret that may not be read for user-data: it does not opt
-    /// in, or a Provider references it (its credentials or CA source).
+    /// in, or its Provider references it (its credentials or CA source).
     pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
     /// A volume of the machine's name exists on the host, but nothing proves this machine
     /// made it: it is neither adopted nor deleted.

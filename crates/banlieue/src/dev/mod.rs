@@ -285,36 +285,21 @@ async fn drive(
     progress.note(&format!("libvirtd: {}", libvirtd.tls_uri()));
 
     progress.step("bootstrapping: namespace, CRDs, RBAC, controller Deployment");
-    let objects = bootstrap::bootstrap_objects()?;
-    bootstrap::apply_all(&kube, &objects, |_| {}).await?;
+    bootstrap_cluster(&kube).await?;
 
     progress.step("applying the claim-subject admission policy");
-    let admission = bootstrap::objects_of(bootstrap::ADMISSION)?;
-    bootstrap::apply_all(&kube, &admission, |_| {}).await?;
-    apply(&kube, &objects::claim_policy_configmap()).await?;
-    let (role, binding) = objects::claimant_rbac();
-    apply(&kube, &role).await?;
-    apply(&kube, &binding).await?;
+    admit_claimant(&kube).await?;
 
     progress.step("preparing libvirt: storage pool, isolated network, image volume");
-    let host = connect(libvirtd).await?;
-    let pool_dir = libvirtd.create_pool_dir(objects::STORAGE_POOL)?;
-    prepare_host(&host, &pool_dir.display().to_string(), &peers.bridge).await?;
-    host.close().await?;
+    prepare_libvirt(libvirtd, &peers.bridge).await?;
 
     progress.step("registering a Provider for the local libvirtd");
-    let cert = std::fs::read(libvirtd.client_cert_path())?;
-    let key = std::fs::read(libvirtd.client_key_path())?;
-    let ca_pem = std::fs::read_to_string(libvirtd.ca_cert_path())?;
-    apply(&kube, &objects::credentials_secret(&cert, &key)).await?;
-    apply(&kube, &objects::ca_configmap(&ca_pem)).await?;
     let class = if args.deployed {
         objects::deployed_provider_class(bootstrap::DEFAULT_IMAGE, &args.domain_type)
     } else {
         objects::provider_class("banlieue:dev")
     };
-    apply(&kube, &class).await?;
-    apply(&kube, &objects::provider(&libvirtd.tls_uri())).await?;
+    register_provider(&kube, libvirtd, &class).await?;
 
     if args.deployed {
         progress.step("waiting for the controller's pod, as its ServiceAccount");
@@ -380,38 +365,22 @@ async fn spawn_roles(
     workers: &mut Vec<tokio::task::JoinHandle<()>>,
     progress: &mut Progress,
 ) -> Result<(), BoxError> {
-    let kube = control_plane.client()?;
     progress.step("running the controller in this process, as its ServiceAccount");
     let mut registry = Registry::default();
-    let controller = control_plane
-        .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
-        .await?;
-    workers.extend(crate::roles::spawn_all(
-        &controller,
-        &mut registry,
-        shutdown,
-        crate::roles::Roles {
-            controller: true,
-            operator: true,
-            ..crate::roles::Roles::default()
-        },
-    )?);
+    workers.extend(spawn_controller(control_plane, &mut registry, shutdown).await?);
     progress
         .step("running the Provider's workload in this process, as the account the operator made");
-    let workload = workload_account(&kube, Duration::from_secs(args.timeout_seconds)).await?;
-    let provider = control_plane
-        .client_as_service_account(SYSTEM_NAMESPACE, &workload)
-        .await?;
-    workers.extend(crate::roles::spawn_all(
-        &provider,
-        &mut registry,
-        shutdown,
-        crate::roles::Roles {
-            provider: Some((objects::PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
-            domain_type: DomainType::parse(&args.domain_type),
-            ..crate::roles::Roles::default()
-        },
-    )?);
+    workers.extend(
+        spawn_provider_workload(
+            control_plane,
+            objects::PROVIDER,
+            DomainType::parse(&args.domain_type),
+            Duration::from_secs(args.timeout_seconds),
+            &mut registry,
+            shutdown,
+        )
+        .await?,
+    );
     let readiness = observe::Readiness::default();
     let metrics =
         observe::spawn_server(args.metrics_address, Arc::new(registry), readiness.clone()).await?;
@@ -420,14 +389,113 @@ async fn spawn_roles(
     Ok(())
 }
 
+/// Bootstraps an empty cluster as `banlieue bootstrap` does: namespaces, CRDs, RBAC and the
+/// controller Deployment.
+pub async fn bootstrap_cluster(kube: &Client) -> Result<(), BoxError> {
+    let objects = bootstrap::bootstrap_objects()?;
+    bootstrap::apply_all(kube, &objects, |_| {}).await?;
+    Ok(())
+}
+
+/// Applies the shipped admission policies with the dev issuer, and lets [`objects::CLAIMANT`]
+/// create and read claims in the system namespace.
+pub async fn admit_claimant(kube: &Client) -> Result<(), BoxError> {
+    let admission = bootstrap::objects_of(bootstrap::ADMISSION)?;
+    bootstrap::apply_all(kube, &admission, |_| {}).await?;
+    apply(kube, &objects::claim_policy_configmap()).await?;
+    let (role, binding) = objects::claimant_rbac();
+    apply(kube, &role).await?;
+    apply(kube, &binding).await?;
+    Ok(())
+}
+
+/// Gives `libvirtd` the storage pool, the isolated network on `bridge` and the image volume.
+pub async fn prepare_libvirt(libvirtd: &Libvirtd, bridge: &str) -> Result<(), BoxError> {
+    let host = connect(libvirtd).await?;
+    let pool_dir = libvirtd.create_pool_dir(objects::STORAGE_POOL)?;
+    prepare_host(&host, &pool_dir.display().to_string(), bridge).await?;
+    host.close().await?;
+    Ok(())
+}
+
+/// Registers the Provider [`objects::PROVIDER`] for `libvirtd`: its credentials Secret, its CA
+/// ConfigMap, the ProviderClass `class` and the Provider, as an administrator would.
+pub async fn register_provider(
+    kube: &Client,
+    libvirtd: &Libvirtd,
+    class: &banlieue_api::ProviderClass,
+) -> Result<(), BoxError> {
+    let cert = std::fs::read(libvirtd.client_cert_path())?;
+    let key = std::fs::read(libvirtd.client_key_path())?;
+    let ca_pem = std::fs::read_to_string(libvirtd.ca_cert_path())?;
+    apply(kube, &objects::credentials_secret(&cert, &key)).await?;
+    apply(kube, &objects::ca_configmap(&ca_pem)).await?;
+    apply(kube, class).await?;
+    apply(kube, &objects::provider(&libvirtd.tls_uri())).await?;
+    Ok(())
+}
+
+/// Runs the controller and the Provider operator in this process as the controller's
+/// ServiceAccount, under the shipped RBAC.
+pub async fn spawn_controller(
+    control_plane: &ControlPlane,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
+    let controller = control_plane
+        .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
+        .await?;
+    crate::roles::spawn_all(
+        &controller,
+        registry,
+        shutdown,
+        crate::roles::Roles {
+            controller: true,
+            operator: true,
+            ..crate::roles::Roles::default()
+        },
+    )
+}
+
+/// Runs the workload of the Provider `provider` (in the system namespace) in this process, as
+/// the ServiceAccount the operator made for it, once the operator has made it (within
+/// `deadline`).
+pub async fn spawn_provider_workload(
+    control_plane: &ControlPlane,
+    provider: &str,
+    domain_type: Option<DomainType>,
+    deadline: Duration,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
+    let workload = workload_account(&control_plane.client()?, provider, deadline).await?;
+    let client = control_plane
+        .client_as_service_account(SYSTEM_NAMESPACE, &workload)
+        .await?;
+    crate::roles::spawn_all(
+        &client,
+        registry,
+        shutdown,
+        crate::roles::Roles {
+            provider: Some((provider.to_owned(), SYSTEM_NAMESPACE.to_owned())),
+            domain_type,
+            ..crate::roles::Roles::default()
+        },
+    )
+}
+
 /// The controller's ServiceAccount, from deploy/controller.yaml.
 const CONTROLLER_SERVICE_ACCOUNT: &str = "banlieue-controller";
 
 /// Waits for the operator to create the Provider's workload and returns its ServiceAccount's
 /// name. The Deployment is the operator's last object, so its grants exist once it does, as
 /// they do before a pod of it starts in a cluster.
-async fn workload_account(kube: &kube::Client, deadline: Duration) -> Result<String, BoxError> {
-    let name = banlieue_provider_libvirt::operator::workloads::workload_name(objects::PROVIDER);
+async fn workload_account(
+    kube: &kube::Client,
+    provider: &str,
+    deadline: Duration,
+) -> Result<String, BoxError> {
+    let name = banlieue_provider_libvirt::operator::workloads::workload_name(provider);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
     let until = tokio::time::Instant::now() + deadline;
@@ -479,7 +547,7 @@ async fn connect(libvirtd: &Libvirtd) -> Result<LibvirtClient, BoxError> {
 }
 
 /// Stops the dev network, whose bridge would otherwise outlive the daemon on the host.
-async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
+pub async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
     let host = connect(libvirtd).await?;
     if let Some(network) = Network::lookup_by_name(&host, objects::NETWORK).await? {
         host.call::<rp::NetworkDestroy>(&remote::RemoteNetworkDestroyArgs {
@@ -588,7 +656,7 @@ async fn down() -> Result<(), BoxError> {
 }
 
 /// Server-side applies a typed object with the bootstrap field manager.
-async fn apply<K>(kube: &Client, object: &K) -> Result<(), BoxError>
+pub async fn apply<K>(kube: &Client, object: &K) -> Result<(), BoxError>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
     K::Scope: ScopeApi<K>,
@@ -605,7 +673,7 @@ where
 }
 
 /// Picks a namespaced or cluster-wide `Api` from the object's scope.
-trait ScopeApi<K> {
+pub trait ScopeApi<K> {
     fn api(kube: &Client, namespace: Option<&str>) -> Api<K>;
 }
 
