@@ -3,10 +3,8 @@
 
 mod common;
 
+use banlieue_testenv::access;
 use common::{apply_file, claim, claims, control_plane, create, refusal};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use kube::Client;
@@ -55,8 +53,8 @@ async fn install_controller(client: &Client) {
     }
 }
 
-/// Whether `user` may `verb` on `group`/`resource`(/`subresource`) in `namespace`, as RBAC
-/// decides it.
+/// Whether the ServiceAccount `user` may `verb` `resource` (or `resource/subresource`) in
+/// `namespace`.
 async fn allowed(
     client: &Client,
     user: &str,
@@ -65,35 +63,16 @@ async fn allowed(
     resource: &str,
     namespace: &str,
 ) -> bool {
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((r, s)) => (r, Some(s.to_owned())),
-        None => (resource, None),
+    let request = access::Request {
+        verb,
+        group,
+        resource,
+        name: None,
+        namespace: Some(namespace),
     };
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(user.to_owned()),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                "system:serviceaccounts:banlieue-system".into(),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(group.to_owned()),
-                resource: Some(resource.to_owned()),
-                subresource,
-                verb: Some(verb.to_owned()),
-                namespace: Some(namespace.to_owned()),
-                ..ResourceAttributes::default()
-            }),
-            ..SubjectAccessReviewSpec::default()
-        },
-        ..SubjectAccessReview::default()
-    };
-    let answer = Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
+    access::service_account_may(client, user, &request)
         .await
-        .expect("SubjectAccessReview");
-    answer.status.is_some_and(|s| s.allowed)
+        .expect("SubjectAccessReview")
 }
 
 #[tokio::test]
@@ -303,7 +282,7 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
     );
 }
 
-/// Like [`allowed`], for one named object.
+/// Whether the ServiceAccount `user` may `verb` the object `name` of `resource` in `namespace`.
 async fn allowed_named(
     client: &Client,
     user: &str,
@@ -313,31 +292,16 @@ async fn allowed_named(
     name: &str,
     namespace: &str,
 ) -> bool {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(user.to_owned()),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(group.to_owned()),
-                resource: Some(resource.to_owned()),
-                name: Some(name.to_owned()),
-                verb: Some(verb.to_owned()),
-                namespace: Some(namespace.to_owned()),
-                ..ResourceAttributes::default()
-            }),
-            ..SubjectAccessReviewSpec::default()
-        },
-        ..SubjectAccessReview::default()
+    let request = access::Request {
+        verb,
+        group,
+        resource,
+        name: Some(name),
+        namespace: Some(namespace),
     };
-    Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
+    access::service_account_may(client, user, &request)
         .await
         .expect("SubjectAccessReview")
-        .status
-        .is_some_and(|s| s.allowed)
 }
 
 #[tokio::test]

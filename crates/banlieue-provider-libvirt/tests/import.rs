@@ -789,7 +789,7 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     let (account_ns, account) =
         import_account(&c.read_provider().await, &c.class).expect("import account");
     let kubeconfig = d.dir().join("import.kubeconfig");
-    common::service_account_kubeconfig(c.cp, &account_ns, &account, &kubeconfig)
+    c.cp.write_service_account_kubeconfig(&account_ns, &account, &kubeconfig)
         .await
         .expect("the import account's kubeconfig");
 

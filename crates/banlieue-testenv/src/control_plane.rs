@@ -360,15 +360,58 @@ impl ControlPlane {
     }
 
     /// A client authenticated as a service account, with a bound token from the TokenRequest
-    /// API (valid for an hour).
+    /// API (valid for a day).
     pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
+        // A day: `dev up` runs its roles with these tokens for as long as it stays up.
+        let token = self.service_account_token(namespace, name, 86_400).await?;
+        let mut config = self.admin.clone();
+        config.auth_info = AuthInfo {
+            token: Some(token.into()),
+            ..AuthInfo::default()
+        };
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Writes to `path` a kubeconfig of the local control plane holding a token of the service
+    /// account `namespace/name` (valid for an hour), for a role run as a child process.
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<()> {
+        let admin_path = self
+            .kubeconfig(ADMIN)
+            .ok_or_else(|| Error::UnknownIdentity(ADMIN.to_owned()))?;
+        let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
+        let token = self.service_account_token(namespace, name, 3600).await?;
+        for named in &mut kubeconfig.auth_infos {
+            named.auth_info = Some(AuthInfo {
+                token: Some(token.clone().into()),
+                ..AuthInfo::default()
+            });
+        }
+        // JSON is YAML, and the kubeconfig reader takes either.
+        let text = serde_json::to_vec(&kubeconfig).unwrap_or_default();
+        std::fs::write(path, text).map_err(|source| Error::Io {
+            what: format!("write {}", path.display()),
+            source,
+        })
+    }
+
+    /// A bound token of the service account `namespace/name` from the TokenRequest API.
+    async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        expiration_seconds: i64,
+    ) -> Result<String> {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
                 // None: the apiserver's own audience, which it accepts back.
                 audiences: None,
-                // A day: `dev up` runs its roles with these tokens for as long as it stays up.
-                expiration_seconds: Some(86_400),
+                expiration_seconds: Some(expiration_seconds),
                 ..Default::default()
             }),
             ..Default::default()
@@ -376,20 +419,14 @@ impl ControlPlane {
         let response = accounts
             .create_token_request(name, &PostParams::default(), &request)
             .await?;
-        let token = response
+        response
             .status
             .and_then(|status| status.token)
             .filter(|token| !token.is_empty())
             .ok_or_else(|| Error::NoToken {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
-            })?;
-        let mut config = self.admin.clone();
-        config.auth_info = AuthInfo {
-            token: Some(token.into()),
-            ..AuthInfo::default()
-        };
-        Ok(Client::try_from(config)?)
+            })
     }
 
     /// Creates a namespace with a unique name, so that tests stay apart and run in parallel.

@@ -2,6 +2,7 @@
 //! libvirtd, started on loopback and stopped by PID. A dev-dependency only; nothing in the
 //! product links it.
 
+pub mod access;
 pub mod control_plane;
 pub mod libvirtd;
 pub mod node;

@@ -9,12 +9,9 @@ use std::time::Duration;
 
 use banlieue::bootstrap;
 use banlieue_provider_libvirt::operator::{OperatorConfig, run_operator};
+use banlieue_testenv::access;
 use banlieue_testenv::control_plane::ControlPlane;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
 use kube::Client;
-use kube::api::{Api, PostParams};
 
 const PROVIDER: &str = "libvirt-edge-host-7";
 const SYSTEM: &str = "banlieue-system";
@@ -109,39 +106,17 @@ const ASKS: &[Ask] = &[
 ];
 
 async fn allowed(client: &Client, user: &str, ask: &Ask, namespace: Option<&str>) -> bool {
-    let Ask(verb, group, resource, name, _) = ask;
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((r, s)) => (r, Some(s.to_owned())),
-        None => (*resource, None),
+    let Ask(verb, group, resource, name, _) = *ask;
+    let request = access::Request {
+        verb,
+        group,
+        resource,
+        name,
+        namespace,
     };
-    let user_namespace = user.split(':').nth(2).unwrap_or_default();
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(user.to_owned()),
-            groups: Some(vec![
-                "system:serviceaccounts".into(),
-                format!("system:serviceaccounts:{user_namespace}"),
-                "system:authenticated".into(),
-            ]),
-            resource_attributes: Some(ResourceAttributes {
-                group: Some((*group).to_owned()),
-                resource: Some(resource.to_owned()),
-                subresource,
-                name: name.map(str::to_owned),
-                verb: Some((*verb).to_owned()),
-                namespace: namespace.map(str::to_owned),
-                ..ResourceAttributes::default()
-            }),
-            ..SubjectAccessReviewSpec::default()
-        },
-        ..SubjectAccessReview::default()
-    };
-    Api::<SubjectAccessReview>::all(client.clone())
-        .create(&PostParams::default(), &review)
+    access::service_account_may(client, user, &request)
         .await
         .expect("SubjectAccessReview")
-        .status
-        .is_some_and(|s| s.allowed)
 }
 
 /// Where `user` may do `ask`: `all`, a list of `system` (the Providers' namespace), `build`,

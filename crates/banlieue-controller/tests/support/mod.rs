@@ -14,12 +14,10 @@ use banlieue_api::conditions::{self, status, types};
 use banlieue_api::{VMClass, VMImage, VirtualMachine, VirtualMachineClaim, VirtualMachinePool};
 use banlieue_controller::{ControllerConfig, Metrics};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -386,35 +384,10 @@ impl Harness {
     /// Writes a kubeconfig holding a token of the controller's service account, for a
     /// controller run as a child process.
     pub async fn controller_kubeconfig(&self, dir: &Path) -> TestResult<PathBuf> {
-        let admin_path = self
-            .cp
-            .kubeconfig("admin")
-            .ok_or("a child-process controller needs a local control plane")?;
-        let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
-        let accounts: Api<ServiceAccount> = self.api();
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                audiences: None,
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let token = accounts
-            .create_token_request(CONTROLLER_SA, &PostParams::default(), &request)
-            .await?
-            .status
-            .and_then(|s| s.token)
-            .ok_or("TokenRequest returned no token")?;
-        for named in &mut kubeconfig.auth_infos {
-            named.auth_info = Some(AuthInfo {
-                token: Some(token.clone().into()),
-                ..AuthInfo::default()
-            });
-        }
         let path = dir.join(format!("{}.kubeconfig", self.namespace));
-        // JSON is YAML, and the kubeconfig reader takes either.
-        std::fs::write(&path, serde_json::to_vec(&kubeconfig)?)?;
+        self.cp
+            .write_service_account_kubeconfig(&self.namespace, CONTROLLER_SA, &path)
+            .await?;
         Ok(path)
     }
 }

@@ -19,14 +19,12 @@ use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{AuthInfo, Kubeconfig};
 use kube::{Resource, ResourceExt};
 use tokio::sync::OnceCell;
 
@@ -480,43 +478,6 @@ pub fn import_account(provider: &Provider, class: &ProviderClass) -> Result<(Str
         meta.namespace.context("a namespaced account")?,
         meta.name.context("a named account")?,
     ))
-}
-
-/// Writes a kubeconfig holding a token of the ServiceAccount `namespace/name` to `path`, for
-/// a role run as a child process. Needs a local control plane.
-pub async fn service_account_kubeconfig(
-    cp: &ControlPlane,
-    namespace: &str,
-    name: &str,
-    path: &Path,
-) -> Result<()> {
-    let admin_path = cp
-        .kubeconfig("admin")
-        .context("a child process needs a local control plane")?;
-    let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: None,
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(cp.client()?, namespace)
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest returned no token")?;
-    for named in &mut kubeconfig.auth_infos {
-        named.auth_info = Some(AuthInfo {
-            token: Some(token.clone().into()),
-            ..AuthInfo::default()
-        });
-    }
-    // JSON is YAML, and the kubeconfig reader takes either.
-    std::fs::write(path, serde_json::to_vec(&kubeconfig)?)?;
-    Ok(())
 }
 
 /// The ClusterRole `banlieue-provider-class-<class>` an administrator creates for each
