@@ -341,10 +341,17 @@ async fn drive(
         _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
     }
     println!("{}", table::claims_view(&kube, SYSTEM_NAMESPACE).await?);
+    // The kubectl built with the control plane, of the same release, as the guides expect.
+    let built = banlieue_testenv::control_plane::bin_dir().join("kubectl");
+    let kubectl = if built.is_file() {
+        built.display().to_string()
+    } else {
+        "kubectl".to_owned()
+    };
     println!("kubeconfig: {kubeconfig}");
-    println!("  KUBECONFIG={kubeconfig} kubectl get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
+    println!("  KUBECONFIG={kubeconfig} {kubectl} get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
     if args.deployed {
-        println!("  KUBECONFIG={kubeconfig} kubectl get pods -n {SYSTEM_NAMESPACE}");
+        println!("  KUBECONFIG={kubeconfig} {kubectl} get pods -n {SYSTEM_NAMESPACE}");
     }
     if !args.non_interactive {
         say!("running; Ctrl-C or `banlieue dev down` tears everything down");
