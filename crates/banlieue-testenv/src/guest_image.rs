@@ -3,7 +3,7 @@
 //! `~/.cache/banlieue/images/` keyed by the script's and `guest/`'s contents.
 //!
 //! A test that boots a real guest calls [`path`]: it returns at once when the image is
-//! cached, and builds it (a few minutes, progress on stderr) when it is not. There is no
+//! cached, and builds it (two to three minutes) when it is not. There is no
 //! skipping: a machine that cannot build the image fails the test and says why.
 
 use std::path::{Path, PathBuf};
@@ -27,16 +27,19 @@ pub async fn path() -> Result<PathBuf> {
     let output = tokio::process::Command::new(&script)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        // One line per build step; the script's log holds the rest.
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .output()
         .await
         .with_context(|| format!("run {}", script.display()))?;
+    // One line per build step (none when cached), naming the log that holds the rest.
+    let steps = String::from_utf8_lossy(&output.stderr);
+    eprint!("{steps}");
     if !output.status.success() {
         bail!(
-            "cannot build the test guest image: {SCRIPT} {} (its log is under \
-             ~/.cache/banlieue/images/); run scripts/setup (part 70-guest-image) on this machine",
-            output.status
+            "cannot build the test guest image ({SCRIPT} {}); run scripts/setup (part \
+             70-guest-image) on this machine. The script said:\n{}",
+            output.status,
+            steps.trim_end()
         );
     }
     let stdout = String::from_utf8(output.stdout).context("the image path is not UTF-8")?;
