@@ -6,6 +6,6 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../lib/apt-install.sh
 source "$here/../lib/apt-install.sh"
-apt_install_missing debootstrap dosfstools mtools fdisk qemu-utils
+apt_install_missing debootstrap dosfstools mtools fdisk qemu-utils zstd
 # The script's step lines go to stderr, which scripts/setup sends to this part's log.
 "$here/../guest-image"
