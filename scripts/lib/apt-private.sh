@@ -9,16 +9,23 @@
 # NAME keys a directory under ${BANLIEUE_CACHE:-~/.cache/banlieue}/apt/.
 
 debian_mirror_uri() {
-    local src=/etc/apt/sources.list.d/debian.sources uri=""
-    if [[ -r $src ]]; then
-        # First URIs: line of a stanza that is not the security archive.
+    local uri="" src
+    # deb822 files first (Debian 12's default), then one-line lists; the first URI of a
+    # binary-package entry that is not the security archive.
+    for src in /etc/apt/sources.list.d/*.sources; do
+        [[ -r $src ]] || continue
         uri=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' "$src")
-    fi
-    if [[ -z $uri && -r /etc/apt/sources.list ]]; then
-        uri=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
+        [[ -z $uri ]] || break
+    done
+    if [[ -z $uri ]]; then
+        for src in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+            [[ -r $src ]] || continue
+            uri=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' "$src")
+            [[ -z $uri ]] || break
+        done
     fi
     if [[ -z $uri ]]; then
-        echo "error: cannot find a Debian mirror URI in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list" >&2
+        echo "error: cannot find a Debian mirror URI in /etc/apt/sources.list.d/*.sources, /etc/apt/sources.list or /etc/apt/sources.list.d/*.list" >&2
         return 1
     fi
     printf '%s\n' "$uri"

@@ -1,0 +1,246 @@
+//! The test guest image boots on the real libvirtd under TCG, as the provider would run it
+//! (q35, EFI without secure boot, a qcow2 overlay of the image, a NoCloud seed from
+//! banlieue-iso on a virtio-scsi CD-ROM, a vTPM), runs the seed's user-data and reaches the
+//! guest-phase layer's `ready`, with its EK certificates published. Checked twice: from the
+//! serial console log, and through qemu-guest-agent with virsh as an independent client.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use banlieue_iso::NoCloudSeed;
+use banlieue_testenv::guest_image::{self, EK_ECC_PEM, EK_RSA_PEM, PHASE_FILE};
+use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+
+/// From `virsh start` to the phase layer's verdict; ~45 s alone on two cores under TCG.
+const BOOT_DEADLINE: Duration = Duration::from_secs(180);
+const POLL: Duration = Duration::from_millis(500);
+
+const DOMAIN: &str = "<domain type='qemu'>
+  <name>NAME</name>
+  <memory unit='MiB'>1024</memory>
+  <vcpu>2</vcpu>
+  <os firmware='efi'>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <firmware>
+      <feature enabled='no' name='secure-boot'/>
+      <feature enabled='no' name='enrolled-keys'/>
+    </firmware>
+  </os>
+  <features><acpi/></features>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='OVERLAY'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <controller type='scsi' model='virtio-scsi'/>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='SEED'/>
+      <target dev='sda' bus='scsi'/>
+      <readonly/>
+    </disk>
+    <interface type='user'><model type='virtio'/></interface>
+    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
+    <serial type='file'><source path='CONSOLE'/><target port='0'/></serial>
+    <tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm>
+    <video><model type='none'/></video>
+  </devices>
+</domain>";
+
+#[tokio::test]
+async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
+    // No skip: a machine that runs these tests has libvirtd and builds the image.
+    let image = guest_image::path().await?;
+    let daemon = Libvirtd::start(LibvirtdOptions::default()).await?;
+    let name = "guest-image-boot";
+    let pool = daemon.create_pool_dir("guest")?;
+
+    // QEMU runs as libvirt-qemu, which cannot reach a backing file under root's home.
+    let base = pool.join("base.qcow2");
+    std::fs::copy(&image, &base).with_context(|| format!("copy {}", image.display()))?;
+    let overlay = pool.join(format!("{name}-os.qcow2"));
+    let created = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(&base)
+        .arg(&overlay)
+        .output()
+        .context("run qemu-img create")?;
+    ensure!(
+        created.status.success(),
+        "qemu-img create: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+
+    let token = format!(
+        "{:x}",
+        std::process::id() as u64 * 2_654_435_761 % (1 << 32)
+    );
+    let user_data = format!(
+        "#cloud-config\nruncmd:\n  - [ sh, -c, 'echo user-data ran: {token} | tee /run/banlieue-test-marker' ]\n"
+    );
+    let seed = pool.join(format!("{name}-cidata.iso"));
+    let iso = NoCloudSeed::new(format!("{name}-{token}"), name)
+        .with_user_data(user_data)
+        .to_bytes()?;
+    std::fs::write(&seed, &iso)?;
+
+    let console = pool.join("console.log");
+    let xml = DOMAIN
+        .replace("NAME", name)
+        .replace("OVERLAY", path_str(&overlay)?)
+        .replace("SEED", path_str(&seed)?)
+        .replace("CONSOLE", path_str(&console)?);
+    let xml_file = daemon.dir().join("guest.xml");
+    std::fs::write(&xml_file, xml)?;
+    daemon.virsh(["define", path_str(&xml_file)?]).await?;
+
+    let started = Instant::now();
+    daemon.virsh(["start", name]).await?;
+    let verdict = wait_for_phase(&console, started).await;
+    let log = std::fs::read_to_string(&console).unwrap_or_default();
+    let verdict = verdict.with_context(|| format!("serial console:\n{}", tail(&log, 60)))?;
+    eprintln!("boot to phase {verdict:?}: {:.1?}", started.elapsed());
+    ensure!(
+        verdict == "ready",
+        "the guest's phase is {verdict:?}; serial console:\n{}",
+        tail(&log, 60)
+    );
+    ensure!(
+        log.contains(&format!("user-data ran: {token}")),
+        "the seed's user-data did not run; serial console:\n{}",
+        tail(&log, 60)
+    );
+
+    // The same facts through the guest agent, a client independent of the console.
+    let phase = agent_read_file(&daemon, name, PHASE_FILE).await?;
+    ensure!(phase == "ready\n", "{PHASE_FILE} holds {phase:?}");
+    let marker = agent_read_file(&daemon, name, "/run/banlieue-test-marker").await?;
+    ensure!(
+        marker.trim() == format!("user-data ran: {token}"),
+        "marker {marker:?}"
+    );
+    for pem in [EK_RSA_PEM, EK_ECC_PEM] {
+        let text = agent_read_file(&daemon, name, pem).await?;
+        ensure!(
+            text.starts_with("-----BEGIN CERTIFICATE-----\n")
+                && text.ends_with("-----END CERTIFICATE-----\n"),
+            "{pem} is not a PEM certificate: {text:?}"
+        );
+        let issuer = openssl_issuer(&text)?;
+        ensure!(
+            issuer.contains("swtpm-localca"),
+            "{pem} was issued by {issuer}, not swtpm's local CA"
+        );
+    }
+
+    daemon.virsh(["destroy", name]).await?;
+    daemon.virsh(["undefine", name, "--nvram", "--tpm"]).await?;
+    for file in [&overlay, &seed, &base, &console] {
+        std::fs::remove_file(file).with_context(|| format!("remove {}", file.display()))?;
+    }
+    Ok(())
+}
+
+/// Waits for the phase layer's last word on the console: `ready` or `failed: <why>`.
+async fn wait_for_phase(console: &Path, started: Instant) -> Result<String> {
+    loop {
+        let log = std::fs::read_to_string(console).unwrap_or_default();
+        for line in log.lines() {
+            let Some((_, phase)) = line.split_once("banlieue-guest-phase: ") else {
+                continue;
+            };
+            let phase = phase.trim_end_matches('\r').trim();
+            if phase == "ready" || phase.starts_with("failed: ") {
+                return Ok(phase.to_owned());
+            }
+        }
+        if started.elapsed() > BOOT_DEADLINE {
+            bail!("the guest reached no final phase within {BOOT_DEADLINE:?}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A guest file's contents through guest-file-open/read/close.
+async fn agent_read_file(daemon: &Libvirtd, domain: &str, path: &str) -> Result<String> {
+    let open = serde_json::json!({"execute": "guest-file-open", "arguments": {"path": path}});
+    let handle = agent(daemon, domain, &open).await?["return"]
+        .as_i64()
+        .with_context(|| format!("guest-file-open {path}: no handle"))?;
+    let read = serde_json::json!({
+        "execute": "guest-file-read",
+        "arguments": {"handle": handle, "count": 65536}
+    });
+    let reply = agent(daemon, domain, &read).await?;
+    let close = serde_json::json!({"execute": "guest-file-close", "arguments": {"handle": handle}});
+    agent(daemon, domain, &close).await?;
+    let b64 = reply["return"]["buf-b64"]
+        .as_str()
+        .with_context(|| format!("guest-file-read {path}: no buf-b64 in {reply}"))?;
+    String::from_utf8(decode_base64(b64)?).with_context(|| format!("{path} is not UTF-8"))
+}
+
+async fn agent(
+    daemon: &Libvirtd,
+    domain: &str,
+    command: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let out = daemon
+        .virsh(["qemu-agent-command", domain, &command.to_string()])
+        .await?;
+    serde_json::from_str(&out).with_context(|| format!("agent reply {out:?}"))
+}
+
+fn openssl_issuer(pem: &str) -> Result<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-issuer"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("run openssl x509")?;
+    child
+        .stdin
+        .take()
+        .context("openssl stdin")?
+        .write_all(pem.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "openssl x509 could not read {pem:?}");
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Standard base64 with padding, as QEMU's agent writes it.
+fn decode_base64(text: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => bail!("not base64: {text:?}"),
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
+}
+
+fn path_str(path: &Path) -> Result<&str> {
+    path.to_str()
+        .with_context(|| format!("{} is not UTF-8", path.display()))
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
