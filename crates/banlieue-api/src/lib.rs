@@ -49,25 +49,44 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Provider::crd(),
         VMImage::crd(),
         VMClass::crd(),
-        VirtualMachine::crd(),
-        LibvirtMachine::crd(),
-        name_fits_a_label(
+        name_at_most(
+            VirtualMachine::crd(),
+            names::MAX_MACHINE_NAME_LEN,
+            "a VirtualMachine's name is at most 180 characters: with its namespace it names the \
+             domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
+             to 255 bytes",
+        ),
+        name_at_most(
+            LibvirtMachine::crd(),
+            names::MAX_MACHINE_NAME_LEN,
+            "a LibvirtMachine's name is at most 180 characters: with its namespace it names the \
+             domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
+             to 255 bytes",
+        ),
+        name_at_most(
             VirtualMachinePool::crd(),
+            names::MAX_NAME_LEN,
             "a pool's name is at most 63 characters: it is the banlieue.io/pool label of every \
              member",
         ),
-        name_fits_a_label(
+        name_at_most(
             VirtualMachineClaim::crd(),
+            names::MAX_NAME_LEN,
             "a claim's name is at most 63 characters: it is the banlieue.io/claim label of its \
              member",
         ),
     ]
 }
 
-/// `crd` refusing names longer than a label value ([`names::MAX_NAME_LEN`]): the name of a
-/// pool or a claim becomes a label of other objects, so a longer one would be accepted and then
-/// never get a member (a pool) or never bind (a claim).
-fn name_fits_a_label(mut crd: CustomResourceDefinition, message: &str) -> CustomResourceDefinition {
+/// `crd` refusing names longer than `max`: a name that is accepted must work. The name of a
+/// pool or a claim becomes a label of other objects (63 characters at most), so a longer one
+/// would never get a member (a pool) or never bind (a claim); a machine's name becomes file
+/// names on the host ([`names::MAX_MACHINE_NAME_LEN`]).
+fn name_at_most(
+    mut crd: CustomResourceDefinition,
+    max: usize,
+    message: &str,
+) -> CustomResourceDefinition {
     for version in &mut crd.spec.versions {
         if let Some(schema) = version
             .schema
@@ -78,7 +97,7 @@ fn name_fits_a_label(mut crd: CustomResourceDefinition, message: &str) -> Custom
                 .x_kubernetes_validations
                 .get_or_insert_with(Vec::new)
                 .push(ValidationRule {
-                    rule: format!("self.metadata.name.size() <= {}", names::MAX_NAME_LEN),
+                    rule: format!("self.metadata.name.size() <= {max}"),
                     message: Some(message.to_owned()),
                     ..ValidationRule::default()
                 });

@@ -58,6 +58,11 @@ pub fn is_reserved_key(key: &str) -> bool {
 /// Kubernetes object names (DNS-1123 labels) are at most this long.
 pub const MAX_NAME_LEN: usize = 63;
 
+/// The longest name of a VirtualMachine (and so of its LibvirtMachine): with the longest
+/// namespace, its longest volume, `<namespace>-<name>-cidata.iso`, still fits the 255 bytes a
+/// host's file system allows a file name.
+pub const MAX_MACHINE_NAME_LEN: usize = 180;
+
 /// The libvirt domain of a machine: `<namespace>-<name>`, because a libvirt host has one flat
 /// domain namespace and DOMAIN_DEFINE_XML is an upsert.
 pub fn domain_name(namespace: &str, name: &str) -> String {
@@ -252,6 +257,10 @@ mod tests {
         let d = domain_name("banlieue-system", "web-01");
         assert_eq!(d, "banlieue-system-web-01");
         assert_eq!(os_volume_name(&d), "banlieue-system-web-01-os.qcow2");
+        // The longest machine in the longest namespace still names files a host can create.
+        let longest = domain_name(&"n".repeat(MAX_NAME_LEN), &"m".repeat(MAX_MACHINE_NAME_LEN));
+        assert!(os_volume_name(&longest).len() <= 255);
+        assert_eq!(cidata_volume_name(&longest).len(), 255);
         assert_eq!(cidata_volume_name(&d), "banlieue-system-web-01-cidata.iso");
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use banlieue::dev::{self, objects};
-use banlieue_api::names::SYSTEM_NAMESPACE;
+use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
     LibvirtMachine, Provider, VMClass, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
@@ -128,6 +128,17 @@ fn pool(name: &str, edit: impl FnOnce(&mut Value)) -> Value {
     pool
 }
 
+/// A VirtualMachine named `name`, shaped like the good pool's members.
+fn machine(name: &str) -> Value {
+    let template = pool("template", |_| {})["spec"]["template"].clone();
+    json!({
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+        "spec": template["spec"],
+    })
+}
+
 /// Points the template's user-data at `key` of Secret `secret`, instead of inline user-data.
 fn user_data_from(pool: &mut Value, secret: &str, key: &str) {
     let spec = &mut pool["spec"]["template"]["spec"];
@@ -190,6 +201,17 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             outcome: Outcome::Refused {
                 code: 422,
                 says: "at most 63 characters",
+            },
+        },
+        Row {
+            attack: "a_machine_name_too_long_for_the_files_it_becomes",
+            input: Input::Create {
+                user: "admin",
+                object: machine(&"m".repeat(names::MAX_MACHINE_NAME_LEN + 1)),
+            },
+            outcome: Outcome::Refused {
+                code: 422,
+                says: "name is at most 180 characters",
             },
         },
         // Claims.
@@ -928,6 +950,7 @@ fn dynamic_api(client: Client, object: &Value) -> Result<Api<DynamicObject>, Box
         "VirtualMachineClaim" => ApiResource::erase::<VirtualMachineClaim>(&()),
         "VirtualMachinePool" => ApiResource::erase::<VirtualMachinePool>(&()),
         "VMClass" => ApiResource::erase::<VMClass>(&()),
+        "VirtualMachine" => ApiResource::erase::<banlieue_api::VirtualMachine>(&()),
         other => return Err(format!("no API for kind {other:?}").into()),
     };
     Ok(Api::namespaced_with(client, SYSTEM_NAMESPACE, &resource))
