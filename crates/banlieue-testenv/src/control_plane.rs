@@ -586,11 +586,16 @@ pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
         return PathBuf::from(dir);
     }
-    let cache = std::env::var_os("BANLIEUE_CACHE")
+    banlieue_cache().join("control-plane/bin")
+}
+
+/// The project's build cache, as `scripts/lib/env.sh` sets it: `BANLIEUE_CACHE`, else
+/// `~/.cache/banlieue`. The scripts write the built peers and the image there.
+pub fn banlieue_cache() -> PathBuf {
+    std::env::var_os("BANLIEUE_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/banlieue")))
-        .unwrap_or_else(|| PathBuf::from(".cache/banlieue"));
-    cache.join("control-plane/bin")
+        .unwrap_or_else(|| PathBuf::from(".cache/banlieue"))
 }
 
 /// kube and rcgen both use ring; another crate in the same test binary may enable aws-lc-rs

@@ -85,28 +85,22 @@ pub struct UpArgs {
 impl UpArgs {
     /// The image archive `--deployed` loads onto the node.
     fn image_archive(&self) -> PathBuf {
+        // Where scripts/image writes it, even when XDG_CACHE_HOME moves dev up's own files.
         self.image_archive.clone().unwrap_or_else(|| {
-            let cache = std::env::var_os("BANLIEUE_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| cache_dir().join("banlieue"));
-            cache
+            banlieue_testenv::control_plane::banlieue_cache()
                 .join("image")
                 .join(format!("banlieue-{}.docker.tar", env!("CARGO_PKG_VERSION")))
         })
     }
 }
 
-/// `$XDG_CACHE_HOME`, else `~/.cache`.
-fn cache_dir() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir)
-}
-
 /// Where `dev up` records its PID for `dev down`.
 fn pid_file() -> PathBuf {
-    cache_dir().join("banlieue").join("dev").join("dev-up.pid")
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("banlieue").join("dev").join("dev-up.pid")
 }
 
 /// Prints one progress line with the time since start.
