@@ -14,6 +14,10 @@ pub mod types {
     pub const INFRASTRUCTURE_READY: &str = "InfrastructureReady";
     /// VirtualMachine: the guest itself reported it is ready (ADR-0043).
     pub const GUEST_READY: &str = "GuestReady";
+    /// LibvirtMachine: the domain's guest agent answers now. Informational: losing the agent
+    /// after the guest reported `ready` does not take GuestReady back (the phase is final for
+    /// the boot), and nothing already bound is touched.
+    pub const AGENT_CONNECTED: &str = "AgentConnected";
     /// VirtualMachineClaim: a member is held.
     pub const BOUND: &str = "Bound";
     /// VirtualMachinePool: fewer available members than replicas.
@@ -46,6 +50,9 @@ pub mod reasons {
     pub const NO_BUILDER_FOR_CLASS: &str = "NoBuilderForClass";
     pub const MACHINE_READY: &str = "MachineReady";
     pub const MACHINE_NOT_READY: &str = "MachineNotReady";
+    /// InfrastructureReady=False: the machine runs, but its class is tpmEnabled and the vTPM's
+    /// endorsement-key certificates are not recorded yet (ADR-0045).
+    pub const ENDORSEMENT_CERTIFICATES_PENDING: &str = "EndorsementCertificatesPending";
     pub const DELETING: &str = "Deleting";
 
     // Image zones
@@ -61,6 +68,23 @@ pub mod reasons {
     pub const PROVIDER_NOT_READY: &str = "ProviderNotReady";
     pub const TEARDOWN_FAILED: &str = "TeardownFailed";
     pub const LIBVIRT_ERROR: &str = "LibvirtError";
+
+    // LibvirtMachine GuestReady (ADR-0043, ADR-0045). Unknown: the guest said nothing yet;
+    // False: it said "not yet" or "failed"; True: it said "ready".
+    /// Unknown: the domain's qemu-guest-agent does not answer (booting, not installed, stopped).
+    pub const AGENT_NOT_CONNECTED: &str = "AgentNotConnected";
+    /// AgentConnected=True.
+    pub const AGENT_CONNECTED: &str = "AgentConnected";
+    /// Unknown: the agent answers but the guest has no phase file: no guest-phase layer.
+    pub const GUEST_PHASE_ABSENT: &str = "GuestPhaseAbsent";
+    /// False: the guest reports a phase other than `ready` (`configuring`, `installing`, …).
+    pub const GUEST_PHASE_PENDING: &str = "GuestPhasePending";
+    /// False: the guest reports `failed: <why>`.
+    pub const GUEST_PHASE_FAILED: &str = "GuestPhaseFailed";
+    /// False: a tpmEnabled guest reports `ready` but its EK certificates cannot be read.
+    pub const ENDORSEMENT_CERTIFICATES_MISSING: &str = "EndorsementCertificatesMissing";
+    /// True: the guest reports `ready` (with its EK certificates when tpmEnabled).
+    pub const GUEST_PHASE_READY: &str = "GuestPhaseReady";
 
     // VirtualMachinePool
     pub const FILLING: &str = "Filling";

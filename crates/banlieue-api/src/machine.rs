@@ -88,6 +88,10 @@ pub struct VirtualMachineStatus {
     /// PEM certificates of the vTPM's endorsement keys (ADR-0045).
     #[serde(default)]
     pub tpm_endorsement_certificates: Vec<String>,
+    /// `sha256:<hex>` of each certificate's public key (its DER SubjectPublicKeyInfo), in the
+    /// order of `tpmEndorsementCertificates`: what SPIRE's TPM attestor keys an agent on.
+    #[serde(default)]
+    pub tpm_endorsement_key_digests: Vec<String>,
     /// When the VirtualMachine last became Ready; orders pool members by time Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_since: Option<Time>,
@@ -215,6 +219,10 @@ pub struct LibvirtMachineStatus {
     /// PEM certificates of the vTPM's endorsement keys.
     #[serde(default)]
     pub tpm_endorsement_certificates: Vec<String>,
+    /// `sha256:<hex>` of each certificate's public key (its DER SubjectPublicKeyInfo), in the
+    /// order of `tpmEndorsementCertificates`: what SPIRE's TPM attestor keys an agent on.
+    #[serde(default)]
+    pub tpm_endorsement_key_digests: Vec<String>,
     /// Ready (and GuestReady when the guest reports it), with messages from the guide's
     /// troubleshooting table.
     #[serde(default)]

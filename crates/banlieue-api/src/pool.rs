@@ -224,6 +224,10 @@ pub struct VirtualMachineClaimStatus {
     /// The member's vTPM endorsement-key certificates (PEM), the anchor for attesting it.
     #[serde(default)]
     pub tpm_endorsement_certificates: Vec<String>,
+    /// `sha256:<hex>` of each certificate's public key (its DER SubjectPublicKeyInfo), in the
+    /// order of `tpmEndorsementCertificates`: what SPIRE's TPM attestor keys an agent on.
+    #[serde(default)]
+    pub tpm_endorsement_key_digests: Vec<String>,
     /// Deprecated: no longer minted (ADR-0049, amended). Kept so older claims still parse;
     /// removed in the next API version.
     #[serde(default, skip_serializing_if = "Option::is_none")]

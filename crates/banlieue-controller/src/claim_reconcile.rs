@@ -434,6 +434,7 @@ fn mirror_member(next: &mut VirtualMachineClaimStatus, member: &VirtualMachine) 
     let member_status = member.status.clone().unwrap_or_default();
     next.addresses = member_status.addresses;
     next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates;
+    next.tpm_endorsement_key_digests = member_status.tpm_endorsement_key_digests;
 }
 
 async fn write_pending(

@@ -90,10 +90,22 @@ pub fn mirror_machine(
     let machine_status = machine.status.clone().unwrap_or_default();
     next.addresses = machine_status.addresses.clone();
     next.tpm_endorsement_certificates = machine_status.tpm_endorsement_certificates.clone();
+    next.tpm_endorsement_key_digests = machine_status.tpm_endorsement_key_digests.clone();
     next.guest_phase = machine_status.guest_phase.clone();
     let machine_ready = conditions::find(&machine_status.conditions, types::READY);
-    let (reason, message) = if machine_status.ready {
+    // ADR-0045: a tpmEnabled member is not handed out before its EK certificates are recorded,
+    // whichever readiness its pool waits on.
+    let ek_pending =
+        machine.spec.tpm_enabled && machine_status.tpm_endorsement_certificates.is_empty();
+    let infrastructure_ready = machine_status.ready && !ek_pending;
+    let (reason, message) = if infrastructure_ready {
         (reasons::MACHINE_READY, String::new())
+    } else if machine_status.ready {
+        (
+            reasons::ENDORSEMENT_CERTIFICATES_PENDING,
+            "the machine runs; its vTPM's endorsement-key certificates are not recorded yet"
+                .to_owned(),
+        )
     } else {
         (
             reasons::MACHINE_NOT_READY,
@@ -106,7 +118,7 @@ pub fn mirror_machine(
         &mut next.conditions,
         conditions::new(
             types::INFRASTRUCTURE_READY,
-            if machine_status.ready {
+            if infrastructure_ready {
                 status::TRUE
             } else {
                 status::FALSE
@@ -127,7 +139,7 @@ pub fn mirror_machine(
     }
     set_ready(
         &mut next,
-        machine_status.ready,
+        infrastructure_ready,
         reason,
         &message,
         generation,
@@ -229,5 +241,29 @@ mod tests {
         let s = mirror_machine(&s, &machine(false), Some(1), at(30));
         assert_eq!(s.ready_since, None);
         assert!(!conditions::is_true(&s.conditions, types::READY));
+    }
+
+    #[test]
+    fn a_tpm_machine_is_not_infrastructure_ready_before_its_certificates() {
+        let mut m = machine(true);
+        m.spec.tpm_enabled = true;
+        let s = mirror_machine(&Default::default(), &m, Some(1), at(10));
+        let infra = conditions::find(&s.conditions, types::INFRASTRUCTURE_READY).unwrap();
+        assert_eq!(
+            (infra.status.as_str(), infra.reason.as_str()),
+            (status::FALSE, reasons::ENDORSEMENT_CERTIFICATES_PENDING)
+        );
+        assert_eq!(s.ready_since, None);
+        let recorded = m.status.as_mut().unwrap();
+        recorded.tpm_endorsement_certificates = vec!["PEM".into()];
+        recorded.tpm_endorsement_key_digests = vec!["sha256:00".into()];
+        let s = mirror_machine(&s, &m, Some(1), at(20));
+        assert!(conditions::is_true(
+            &s.conditions,
+            types::INFRASTRUCTURE_READY
+        ));
+        assert_eq!(s.tpm_endorsement_certificates, vec!["PEM".to_owned()]);
+        assert_eq!(s.tpm_endorsement_key_digests, vec!["sha256:00".to_owned()]);
+        assert_eq!(s.ready_since, Some(at(20)));
     }
 }

@@ -22,7 +22,8 @@ pub struct MemberView {
     pub infrastructure_ready: bool,
     /// Since when its machine has been ready.
     pub infrastructure_ready_since: Option<Timestamp>,
-    /// It carries a `GuestReady` condition at all, whatever its status.
+    /// The guest spoke: its `GuestReady` is True or False. Unknown (no agent, no phase file)
+    /// or no condition at all is silence, which `ReadinessSignalAbsent` is about.
     pub published_guest_ready: bool,
     /// Its deletion was requested.
     pub deleting: bool,
@@ -63,7 +64,7 @@ impl MemberView {
             available_since,
             infrastructure_ready: infra,
             infrastructure_ready_since: infra_since,
-            published_guest_ready: guest.is_some(),
+            published_guest_ready: guest.is_some_and(|c| c.status != conditions::status::UNKNOWN),
             deleting,
             failed,
             resource_version: vm.metadata.resource_version.clone(),
@@ -91,4 +92,53 @@ pub fn controller_uid(vm: &VirtualMachine) -> Option<&str> {
         .iter()
         .find(|o| o.controller == Some(true))
         .map(|o| o.uid.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use banlieue_api::{LocalObjectReference, VirtualMachineSpec, VirtualMachineStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn vm_with(guest_ready: Option<&str>) -> VirtualMachine {
+        let mut vm = VirtualMachine::new(
+            "m",
+            VirtualMachineSpec {
+                class_ref: LocalObjectReference::new("small"),
+                image_ref: LocalObjectReference::new("img"),
+                storage_class_name: "standard".into(),
+                network_class_name: "isolated".into(),
+                user_data: None,
+                user_data_secret_ref: None,
+            },
+        );
+        let mut status = VirtualMachineStatus::default();
+        let at = Time(Timestamp::from_second(1_000).unwrap());
+        for (type_, value) in [
+            (types::INFRASTRUCTURE_READY, Some("True")),
+            (types::GUEST_READY, guest_ready),
+        ] {
+            if let Some(value) = value {
+                conditions::set(
+                    &mut status.conditions,
+                    conditions::new(type_, value, "R", "", None),
+                    at.clone(),
+                );
+            }
+        }
+        vm.status = Some(status);
+        vm
+    }
+
+    #[test]
+    fn an_unknown_guest_ready_is_silence_not_a_signal() {
+        let read = |g| MemberView::of(&vm_with(g), PoolReadiness::GuestReady);
+        assert!(!read(None).published_guest_ready);
+        assert!(!read(Some("Unknown")).published_guest_ready);
+        assert!(!read(Some("Unknown")).available);
+        assert!(read(Some("False")).published_guest_ready);
+        assert!(!read(Some("False")).available);
+        let ready = read(Some("True"));
+        assert!(ready.published_guest_ready && ready.available);
+    }
 }

@@ -18,6 +18,7 @@ pub const STORAGE_POOL_CREATE_WITH_BUILD: u32 = 1 << 0;
 
 /// include/libvirt/libvirt-domain.h, virDomainEventID.
 pub const DOMAIN_EVENT_ID_LIFECYCLE: i32 = 0;
+pub const DOMAIN_EVENT_ID_AGENT_LIFECYCLE: i32 = 18;
 
 /// include/libvirt/libvirt-domain.h, virConnectListAllDomainsFlags.
 pub const CONNECT_LIST_DOMAINS_ACTIVE: u32 = 1 << 0;

@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod control_plane;
+pub mod guest_agent;
 pub mod guest_image;
 pub mod libvirtd;
 pub mod node;

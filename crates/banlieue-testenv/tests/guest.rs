@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use banlieue_iso::NoCloudSeed;
+use banlieue_testenv::guest_agent;
 use banlieue_testenv::guest_image::{self, EK_ECC_PEM, EK_RSA_PEM, PHASE_FILE};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 
@@ -114,15 +115,15 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
     );
 
     // The same facts through the guest agent, a client independent of the console.
-    let phase = agent_read_file(&daemon, name, PHASE_FILE).await?;
+    let phase = guest_agent::read_text(&daemon, name, PHASE_FILE).await?;
     ensure!(phase == "ready\n", "{PHASE_FILE} holds {phase:?}");
-    let marker = agent_read_file(&daemon, name, "/run/banlieue-test-marker").await?;
+    let marker = guest_agent::read_text(&daemon, name, "/run/banlieue-test-marker").await?;
     ensure!(
         marker.trim() == format!("user-data ran: {token}"),
         "marker {marker:?}"
     );
     for pem in [EK_RSA_PEM, EK_ECC_PEM] {
-        let text = agent_read_file(&daemon, name, pem).await?;
+        let text = guest_agent::read_text(&daemon, name, pem).await?;
         ensure!(
             text.starts_with("-----BEGIN CERTIFICATE-----\n")
                 && text.ends_with("-----END CERTIFICATE-----\n"),
@@ -163,36 +164,6 @@ async fn wait_for_phase(console: &Path, started: Instant) -> Result<String> {
     }
 }
 
-/// A guest file's contents through guest-file-open/read/close.
-async fn agent_read_file(daemon: &Libvirtd, domain: &str, path: &str) -> Result<String> {
-    let open = serde_json::json!({"execute": "guest-file-open", "arguments": {"path": path}});
-    let handle = agent(daemon, domain, &open).await?["return"]
-        .as_i64()
-        .with_context(|| format!("guest-file-open {path}: no handle"))?;
-    let read = serde_json::json!({
-        "execute": "guest-file-read",
-        "arguments": {"handle": handle, "count": 65536}
-    });
-    let reply = agent(daemon, domain, &read).await?;
-    let close = serde_json::json!({"execute": "guest-file-close", "arguments": {"handle": handle}});
-    agent(daemon, domain, &close).await?;
-    let b64 = reply["return"]["buf-b64"]
-        .as_str()
-        .with_context(|| format!("guest-file-read {path}: no buf-b64 in {reply}"))?;
-    String::from_utf8(decode_base64(b64)?).with_context(|| format!("{path} is not UTF-8"))
-}
-
-async fn agent(
-    daemon: &Libvirtd,
-    domain: &str,
-    command: &serde_json::Value,
-) -> Result<serde_json::Value> {
-    let out = daemon
-        .virsh(["qemu-agent-command", domain, &command.to_string()])
-        .await?;
-    serde_json::from_str(&out).with_context(|| format!("agent reply {out:?}"))
-}
-
 fn openssl_issuer(pem: &str) -> Result<String> {
     use std::io::Write;
     let mut child = std::process::Command::new("openssl")
@@ -209,30 +180,6 @@ fn openssl_issuer(pem: &str) -> Result<String> {
     let out = child.wait_with_output()?;
     ensure!(out.status.success(), "openssl x509 could not read {pem:?}");
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// Standard base64 with padding, as QEMU's agent writes it.
-fn decode_base64(text: &str) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in text.bytes().filter(|&c| c != b'=') {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => bail!("not base64: {text:?}"),
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Ok(out)
 }
 
 fn path_str(path: &Path) -> Result<&str> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use banlieue_api::Provider;
 use banlieue_api::conditions::reasons;
 use banlieue_libvirt::Client;
-use banlieue_libvirt::events::DomainEvents;
+use banlieue_libvirt::events::{AgentLifecycleEvents, DomainEvents};
 use kube::Api;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Mutex, mpsc};
@@ -116,28 +116,33 @@ impl Host {
     }
 }
 
-/// Subscribes to domain lifecycle events on each new session and sends one tick per event;
-/// reconnects after the connection dies. Ends when the receiver is dropped.
+/// Subscribes to domain lifecycle and guest-agent events on each new session and sends one
+/// tick per event; reconnects after the connection dies. Ends when the receiver is dropped.
+/// An agent connecting is what a booting guest's GuestReady waits on; an agent leaving is
+/// what the machine reports.
 pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
     loop {
-        let subscribed = match host.session().await {
-            Ok(s) => DomainEvents::subscribe(&s.client)
-                .await
-                .map_err(Error::libvirt("subscribe to domain events")),
-            Err(e) => Err(e),
-        };
-        match subscribed {
-            Ok(mut events) => {
+        match subscribe(&host).await {
+            Ok((mut lifecycle, mut agent)) => {
                 // A (re)subscription may have missed events: look at everything once.
                 if !tick(&ticks) {
                     return;
                 }
-                while let Some(event) = events.next().await {
-                    if let Ok(e) = &event {
-                        tracing::debug!(domain = %e.domain, event = e.event, "domain event");
-                    }
-                    if !tick(&ticks) {
-                        return;
+                loop {
+                    let more = tokio::select! {
+                        e = lifecycle.next() => e.map(|e| {
+                            if let Ok(e) = e {
+                                tracing::debug!(domain = %e.domain, event = e.event, "domain event");
+                            }
+                        }),
+                        e = agent.next() => e.map(|e| {
+                            if let Ok(e) = e {
+                                tracing::debug!(domain = %e.domain, connected = e.connected(), "agent event");
+                            }
+                        }),
+                    };
+                    if more.is_none() || !tick(&ticks) {
+                        break;
                     }
                 }
             }
@@ -150,6 +155,17 @@ pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+async fn subscribe(host: &Host) -> Result<(DomainEvents, AgentLifecycleEvents)> {
+    let session = host.session().await?;
+    let lifecycle = DomainEvents::subscribe(&session.client)
+        .await
+        .map_err(Error::libvirt("subscribe to domain events"))?;
+    let agent = AgentLifecycleEvents::subscribe(&session.client)
+        .await
+        .map_err(Error::libvirt("subscribe to guest agent events"))?;
+    Ok((lifecycle, agent))
 }
 
 /// Queues one tick unless one is already waiting: a burst of events (a start emits several)

@@ -2,6 +2,8 @@
 //! LibvirtMachine whose `spec.providerRef` names this Provider becomes a libvirt domain, and
 //! is torn down under the `banlieue.io/domain-protection` finalizer.
 
+mod agent;
+pub mod guest;
 pub mod host;
 pub mod plan;
 mod realise;
@@ -25,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::domain_xml::DomainType;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use banlieue_api::conditions::error_message;
+use banlieue_api::conditions::{self, error_message};
 use host::Host;
 
 /// Settings of one provider workload.
@@ -187,10 +189,36 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
             .observe(waited.as_secs_f64().max(0.0));
     }
     Ok(match &outcome {
+        Ok(o) if o.running && guest_settling(&status) => {
+            Action::requeue(guest_poll_interval(&status, ctx.cfg.resync))
+        }
         Ok(o) if o.running => Action::requeue(ctx.cfg.resync),
         // A domain starting, or an error: look again soon.
         _ => Action::requeue(Duration::from_secs(5).min(ctx.cfg.resync)),
     })
+}
+
+/// The guest has not said its final word for this boot: look again before the resync.
+fn guest_settling(status: &banlieue_api::LibvirtMachineStatus) -> bool {
+    conditions::find(
+        &status.conditions,
+        banlieue_api::conditions::types::GUEST_READY,
+    )
+    .is_some_and(guest::still_settling)
+}
+
+/// How soon a settling guest is read again: a quarter of the time its GuestReady has been
+/// unchanged, between 2 s and the resync. A booting guest is asked often; a guest without the
+/// layer (or without an agent) soon only at the resync.
+fn guest_poll_interval(status: &banlieue_api::LibvirtMachineStatus, resync: Duration) -> Duration {
+    let since = conditions::find(
+        &status.conditions,
+        banlieue_api::conditions::types::GUEST_READY,
+    )
+    .map(|c| now().0.duration_since(c.last_transition_time.0))
+    .and_then(|d| Duration::try_from(d).ok())
+    .unwrap_or_default();
+    (since / 4).clamp(Duration::from_secs(2), resync.max(Duration::from_secs(2)))
 }
 
 /// Patches the status, guarded by the resourceVersion the reconcile read. The reconcile sees

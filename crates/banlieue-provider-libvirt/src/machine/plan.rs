@@ -275,6 +275,8 @@ pub fn addresses(interfaces: &[InterfaceAddresses]) -> Vec<MachineAddress> {
 pub struct Observed {
     pub running: bool,
     pub addresses: Vec<MachineAddress>,
+    /// What the guest says about itself through its agent.
+    pub guest: super::guest::GuestSight,
 }
 
 /// The status after a reconcile: `outcome` is what the host showed, or the error that stopped
@@ -302,6 +304,19 @@ pub fn status_after(
             new.initialization.provisioned = true;
             new.ready = observed.running;
             new.addresses = observed.addresses.clone();
+            let guest = super::guest::guest_status(
+                &observed.guest,
+                machine.spec.tpm_enabled,
+                &old.tpm_endorsement_certificates,
+                &old.tpm_endorsement_key_digests,
+                old.guest_phase.as_deref(),
+                generation,
+            );
+            new.guest_phase = guest.guest_phase;
+            new.tpm_endorsement_certificates = guest.certificates;
+            new.tpm_endorsement_key_digests = guest.key_digests;
+            conditions::set(&mut new.conditions, guest.guest_ready, now.clone());
+            conditions::set(&mut new.conditions, guest.agent_connected, now.clone());
             if observed.running {
                 conditions::new(
                     types::READY,
@@ -575,6 +590,7 @@ mod tests {
             &Ok(Observed {
                 running: true,
                 addresses: vec![],
+                guest: super::super::guest::GuestSight::NoPhaseFile,
             }),
             at.clone(),
         );

@@ -10,6 +10,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::agent;
+use super::guest::GuestSight;
 use super::plan::{self, Existing, MachineNames, Observed};
 use crate::error::{Error, Result};
 use crate::volume_xml::{self, Backing, BackingFormat};
@@ -52,21 +54,39 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         names.domain
     )))?;
     let running = state == DomainState::RUNNING;
-    let addresses = if running {
-        observe_addresses(&domain).await
-    } else {
-        Vec::new()
-    };
-    Ok(Observed { running, addresses })
+    if !running {
+        return Ok(Observed {
+            running,
+            addresses: Vec::new(),
+            guest: GuestSight::NotRunning,
+        });
+    }
+    let recorded = machine
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.tpm_endorsement_certificates.is_empty());
+    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded).await;
+    let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
+    let addresses = observe_addresses(&domain, agent_answers).await;
+    Ok(Observed {
+        running,
+        addresses,
+        guest,
+    })
 }
 
-/// Addresses from DHCP leases, else from the guest agent. Neither is an error when absent:
-/// an isolated network has no leases and a guest may run no agent.
-async fn observe_addresses(domain: &Domain) -> Vec<banlieue_api::MachineAddress> {
-    for source in [
-        flags::DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE,
-        flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
-    ] {
+/// Addresses the guest agent reports (`guest-network-get-interfaces`), else the network's
+/// DHCP leases. Neither is an error when absent: an isolated network has no leases and a guest
+/// may run no agent.
+async fn observe_addresses(
+    domain: &Domain,
+    agent_answers: bool,
+) -> Vec<banlieue_api::MachineAddress> {
+    let agent = agent_answers.then_some(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT);
+    for source in agent
+        .into_iter()
+        .chain([flags::DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE])
+    {
         if let Ok(ifaces) = domain.interface_addresses(source).await {
             let found = plan::addresses(&ifaces);
             if !found.is_empty() {

@@ -80,6 +80,12 @@ pub struct UpArgs {
     /// ~/.cache/banlieue/image/banlieue-<version>.docker.tar, which `scripts/image` writes].
     #[arg(long, requires = "deployed")]
     pub image_archive: Option<PathBuf>,
+    /// Boot a real guest: `debian` is the test image `scripts/guest-image` builds (cached in
+    /// ~/.cache/banlieue/images), with cloud-init, qemu-guest-agent, a vTPM and banlieue's
+    /// guest-phase layer; the pool then waits for GuestReady and the claim carries the
+    /// guest's address, phase and EK certificates. About a minute more under TCG.
+    #[arg(long, value_parser = ["debian"])]
+    pub guest: Option<String>,
 }
 
 impl UpArgs {
@@ -286,6 +292,13 @@ async fn drive(
 
     progress.step("preparing libvirt: storage pool, isolated network, image volume");
     prepare_libvirt(libvirtd, &peers.bridge).await?;
+    if args.guest.is_some() {
+        let image = banlieue_testenv::guest_image::path()
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        progress.note(&format!("guest image: {}", image.display()));
+        upload_guest_image(libvirtd, &image).await?;
+    }
 
     progress.step("registering a Provider for the local libvirtd");
     let class = if args.deployed {
@@ -317,11 +330,22 @@ async fn drive(
     }
 
     progress.step("creating the image and the class");
-    apply(&kube, &objects::image()).await?;
-    apply(&kube, &objects::class()).await?;
+    let guest = args.guest.is_some();
+    if guest {
+        apply(&kube, &objects::guest_image()).await?;
+        apply(&kube, &objects::guest_class()).await?;
+    } else {
+        apply(&kube, &objects::image()).await?;
+        apply(&kube, &objects::class()).await?;
+    }
 
     progress.step("creating the pool and the claim");
-    apply(&kube, &objects::pool()).await?;
+    if guest {
+        progress.note("the pool waits for GuestReady: the guest boots under TCG (about a minute)");
+        apply(&kube, &objects::guest_pool()).await?;
+    } else {
+        apply(&kube, &objects::pool()).await?;
+    }
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
     claims
@@ -346,6 +370,9 @@ async fn drive(
     println!("  KUBECONFIG={kubeconfig} {kubectl} get vmclaim,bvm,lvmachine -n {SYSTEM_NAMESPACE}");
     if args.deployed {
         println!("  KUBECONFIG={kubeconfig} {kubectl} get pods -n {SYSTEM_NAMESPACE}");
+    }
+    if guest {
+        report_guest(&kube, libvirtd).await?;
     }
     if !args.non_interactive {
         say!("running; Ctrl-C or `banlieue dev down` tears everything down");
@@ -580,6 +607,83 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
     .await?;
     let mut zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), IMAGE_BYTES);
     volume.upload(&mut zeros, 0, IMAGE_BYTES, true).await?;
+    Ok(())
+}
+
+/// Uploads the test guest image as the qcow2 volume [`objects::GUEST_IMAGE_VOLUME`].
+pub async fn upload_guest_image(libvirtd: &Libvirtd, image: &std::path::Path) -> Result<(), BoxError> {
+    let host = connect(libvirtd).await?;
+    let pool = StoragePool::lookup_by_name(&host, objects::STORAGE_POOL)
+        .await?
+        .ok_or("the dev storage pool is missing")?;
+    let bytes = std::fs::metadata(image)?.len();
+    let volume = StorageVol::create_xml(
+        &pool,
+        &banlieue_provider_libvirt::volume_xml::raw(objects::GUEST_IMAGE_VOLUME, bytes),
+        0,
+    )
+    .await?;
+    let mut file = tokio::fs::File::open(image).await?;
+    volume.upload(&mut file, 0, bytes, true).await?;
+    host.close().await?;
+    Ok(())
+}
+
+/// The host's swtpm-localca issuer and root certificates, which sign every vTPM's EK
+/// certificate here: what the Provider's `ekTrustBundle` names. swtpm_localca makes them on
+/// the first vTPM start, so they are read after a guest booted.
+pub fn swtpm_localca_bundle() -> Result<String, BoxError> {
+    let dir = std::path::Path::new(SWTPM_LOCALCA_DIR);
+    let mut pem = String::new();
+    for file in ["issuercert.pem", "swtpm-localca-rootca-cert.pem"] {
+        let path = dir.join(file);
+        pem.push_str(
+            &std::fs::read_to_string(&path)
+                .map_err(|e| format!("read {}: {e}", path.display()))?,
+        );
+    }
+    Ok(pem)
+}
+
+/// Where swtpm_localca keeps its CA (`/etc/swtpm-localca.conf`).
+pub const SWTPM_LOCALCA_DIR: &str = "/var/lib/swtpm-localca";
+
+/// Publishes the trust bundle and prints what the guest reported and how to reach it.
+async fn report_guest(kube: &Client, libvirtd: &Libvirtd) -> Result<(), BoxError> {
+    apply(kube, &objects::ek_trust_configmap(&swtpm_localca_bundle()?)).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let claim = claims.get(objects::CLAIM).await?;
+    let status = claim.status.unwrap_or_default();
+    let vm = status
+        .virtual_machine_ref
+        .map(|r| r.name)
+        .unwrap_or_default();
+    let vms: Api<banlieue_api::VirtualMachine> = Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let phase = vms
+        .get(&vm)
+        .await?
+        .status
+        .and_then(|s| s.guest_phase)
+        .unwrap_or_default();
+    let domain = banlieue_api::names::domain_name(SYSTEM_NAMESPACE, &vm);
+    println!("guest: phase {phase:?}, domain {domain}");
+    for a in &status.addresses {
+        println!("  address {} {}", a.type_, a.address);
+    }
+    for digest in &status.tpm_endorsement_key_digests {
+        println!("  EK public key {digest}");
+    }
+    println!(
+        "  {} EK certificate(s) on the claim, issued by swtpm-localca ({} is the Provider's ekTrustBundle)",
+        status.tpm_endorsement_certificates.len(),
+        objects::EK_TRUST_CONFIGMAP
+    );
+    let uri = libvirtd.virsh_uri();
+    println!("  serial console: virsh -c '{uri}' console {domain}");
+    println!(
+        "  a command in the guest: virsh -c '{uri}' qemu-agent-command {domain} \\
+    '{{\"execute\":\"guest-exec\",\"arguments\":{{\"path\":\"/usr/bin/uname\",\"arg\":[\"-a\"],\"capture-output\":true}}}}'"
+    );
     Ok(())
 }
 

@@ -31,6 +31,14 @@ pub const NETWORK_CLASS: &str = "isolated";
 pub const IMAGE: &str = "dev-image";
 pub const IMAGE_VOLUME: &str = "dev-image.raw";
 pub const CLASS: &str = "small";
+/// `--guest debian`: the test guest image (scripts/guest-image) as a BackingFile volume, and a
+/// class with EFI and a vTPM, which that image boots with.
+pub const GUEST_IMAGE: &str = "debian-guest";
+pub const GUEST_IMAGE_VOLUME: &str = "debian-guest.qcow2";
+pub const GUEST_CLASS: &str = "debian-tpm";
+/// The ConfigMap holding this host's swtpm-localca issuer and root, which the Provider names
+/// as its `ekTrustBundle`.
+pub const EK_TRUST_CONFIGMAP: &str = "swtpm-localca-issuers";
 pub const POOL: &str = "sandbox-pool";
 pub const CLAIM: &str = "sandbox-for-alice";
 /// The user the claim is created as; the admission policy checks the subject against it.
@@ -189,9 +197,19 @@ pub fn provider(endpoint: &str) -> Provider {
                         network: NETWORK.into(),
                     },
                 }],
-                features: Vec::new(),
+                // swtpm is installed beside libvirtd here, so guests may have a vTPM.
+                features: vec!["vtpm".into()],
             },
-            attestation: None,
+            attestation: Some(banlieue_api::ProviderAttestation {
+                ek_trust_bundle: Some(ValueOrSource {
+                    inline: None,
+                    config_map_ref: Some(KeySelector {
+                        name: EK_TRUST_CONFIGMAP.into(),
+                        key: "ca.crt".into(),
+                    }),
+                    secret_ref: None,
+                }),
+            }),
         },
     );
     provider.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
@@ -216,6 +234,75 @@ pub fn image() -> VMImage {
     );
     image.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
     image
+}
+
+/// The test guest image, uploaded by dev up as a qcow2 volume: overlays name it as their
+/// backing file with that format.
+pub fn guest_image() -> VMImage {
+    let mut image = image();
+    image.metadata.name = Some(GUEST_IMAGE.into());
+    image.spec.disk_size = Some(Quantity("4Gi".into()));
+    image.spec.sources[0].volume = Some(GUEST_IMAGE_VOLUME.into());
+    image
+}
+
+/// What the test guest boots with (scripts/guest-image): EFI, and a vTPM whose EK
+/// certificates the claim carries.
+pub fn guest_class() -> VMClass {
+    let mut class = VMClass::new(
+        GUEST_CLASS,
+        VMClassSpec {
+            cpu: 2,
+            memory: Quantity("1Gi".into()),
+            firmware: Firmware::Efi,
+            tpm_enabled: true,
+            disk_size: None,
+        },
+    );
+    class.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
+    class
+}
+
+/// cloud-init user-data for guests on the isolated network, which has no DHCP: each guest
+/// gives its first NIC an address in 198.18.0.0/15 (RFC 2544's benchmarking range) made of the
+/// last two bytes of its MAC, so members of one pool differ and the address is predictable
+/// from the domain's XML.
+pub const GUEST_USER_DATA: &str = r#"#cloud-config
+hostname: sandbox
+bootcmd:
+  - [sh, -c, 'i=$(ls /sys/class/net | grep -v "^lo$" | head -n 1); set -- $(tr ":" " " < /sys/class/net/$i/address); ip link set "$i" up; ip addr replace "198.18.$((0x$5)).$((0x$6))/15" dev "$i"']
+"#;
+
+/// The address [`GUEST_USER_DATA`] gives a guest whose NIC has `mac`.
+pub fn guest_address(mac: &str) -> Option<String> {
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).ok())
+        .collect::<Option<_>>()?;
+    match bytes.as_slice() {
+        [.., a, b] if bytes.len() == 6 => Some(format!("198.18.{a}.{b}")),
+        _ => None,
+    }
+}
+
+/// A pool of one warm member of the test guest, available once the guest reports `ready`.
+pub fn guest_pool() -> VirtualMachinePool {
+    let mut pool = pool();
+    let spec = &mut pool.spec.template.spec;
+    spec.class_ref = LocalObjectReference::new(GUEST_CLASS);
+    spec.image_ref = LocalObjectReference::new(GUEST_IMAGE);
+    spec.user_data = Some(GUEST_USER_DATA.into());
+    pool.spec.readiness = PoolReadiness::GuestReady;
+    pool
+}
+
+/// This host's swtpm-localca issuer and root certificates as the `ekTrustBundle` ConfigMap.
+pub fn ek_trust_configmap(pem: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(EK_TRUST_CONFIGMAP),
+        data: Some(BTreeMap::from([("ca.crt".to_owned(), pem.to_owned())])),
+        ..ConfigMap::default()
+    }
 }
 
 /// One vCPU and little memory: the guest has no OS to boot, it only has to run under TCG.
@@ -330,6 +417,16 @@ mod tests {
             image().spec.sources[0].volume.as_deref(),
             Some(IMAGE_VOLUME)
         );
+    }
+
+    #[test]
+    fn the_guest_address_comes_from_the_mac() {
+        assert_eq!(
+            guest_address("52:54:00:ab:01:ff").as_deref(),
+            Some("198.18.1.255")
+        );
+        assert_eq!(guest_address("52:54:00:ab:01"), None);
+        assert_eq!(guest_address("52:54:00:ab:01:zz"), None);
     }
 
     #[test]

@@ -1,0 +1,572 @@
+//! The pure half of reading a guest through qemu-guest-agent: the agent commands that read the
+//! guest-phase layer's files (guest/README.md, ADR-0043), their replies, the phase and EK
+//! certificates they yield, and the GuestReady and AgentConnected conditions that follow. The
+//! calls themselves are made by `agent`.
+//!
+//! Everything here comes from inside a guest, which the host must not trust: replies are
+//! bounded, malformed ones are errors, and nothing a guest writes can panic the provider.
+
+use banlieue_api::conditions::{self, Condition, reasons, status, types};
+use base64::Engine;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The phase file of the guest-phase layer.
+pub const PHASE_FILE: &str = "/run/banlieue/phase";
+
+/// The EK certificate files, in the order they are recorded: RSA (NV index 0x01c00002), then
+/// ECC (0x01c00016).
+pub const EK_FILES: [&str; 2] = ["/run/banlieue/ek/rsa.pem", "/run/banlieue/ek/ecc.pem"];
+
+/// The most bytes read from one guest file. A phase is at most `failed: ` and 1024 bytes; an
+/// EK certificate as PEM is 1–2 KiB. More is not the layer speaking.
+pub const MAX_GUEST_FILE_BYTES: usize = 16 * 1024;
+
+/// The most bytes of an agent reply parsed: a base64 read of [`MAX_GUEST_FILE_BYTES`] plus
+/// the JSON around it.
+pub const MAX_REPLY_BYTES: usize = MAX_GUEST_FILE_BYTES * 2;
+
+/// `guest-file-open` of `path` for reading.
+pub fn file_open(path: &str) -> String {
+    serde_json::json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "r"}})
+        .to_string()
+}
+
+/// `guest-file-read` of up to `count` bytes.
+pub fn file_read(handle: i64, count: usize) -> String {
+    serde_json::json!({"execute": "guest-file-read", "arguments": {"handle": handle, "count": count}})
+        .to_string()
+}
+
+/// `guest-file-close`.
+pub fn file_close(handle: i64) -> String {
+    serde_json::json!({"execute": "guest-file-close", "arguments": {"handle": handle}}).to_string()
+}
+
+/// An agent reply that is not what the command promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the guest agent's reply to {command} {problem}")]
+pub struct ReplyError {
+    pub command: &'static str,
+    pub problem: String,
+}
+
+fn reply_error(command: &'static str, problem: impl Into<String>) -> ReplyError {
+    ReplyError {
+        command,
+        problem: problem.into(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Reply<T> {
+    #[serde(rename = "return")]
+    value: T,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    command: &'static str,
+    reply: &str,
+) -> Result<T, ReplyError> {
+    if reply.len() > MAX_REPLY_BYTES {
+        return Err(reply_error(
+            command,
+            format!("is {} bytes, more than {MAX_REPLY_BYTES}", reply.len()),
+        ));
+    }
+    serde_json::from_str::<Reply<T>>(reply)
+        .map(|r| r.value)
+        .map_err(|e| reply_error(command, format!("is not understood: {e}")))
+}
+
+/// The handle `guest-file-open` returned.
+pub fn parse_open(reply: &str) -> Result<i64, ReplyError> {
+    parse("guest-file-open", reply)
+}
+
+/// One `guest-file-read` result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadChunk {
+    pub bytes: Vec<u8>,
+    pub eof: bool,
+}
+
+/// The bytes `guest-file-read` returned, checked against the count it claims.
+pub fn parse_read(reply: &str) -> Result<ReadChunk, ReplyError> {
+    const COMMAND: &str = "guest-file-read";
+    #[derive(Deserialize)]
+    struct Read {
+        count: usize,
+        #[serde(rename = "buf-b64")]
+        buf: String,
+        eof: bool,
+    }
+    let read: Read = parse(COMMAND, reply)?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(read.buf.as_bytes())
+        .map_err(|e| reply_error(COMMAND, format!("holds invalid base64: {e}")))?;
+    if bytes.len() != read.count {
+        return Err(reply_error(
+            COMMAND,
+            format!("says {} bytes but holds {}", read.count, bytes.len()),
+        ));
+    }
+    Ok(ReadChunk {
+        bytes,
+        eof: read.eof,
+    })
+}
+
+/// What the guest-phase layer says, read from [`PHASE_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// `ready`: boot is over and, with a TPM, the EK certificates are in place.
+    Ready,
+    /// `failed: <why>`.
+    Failed(String),
+    /// Anything else (`configuring`, `installing`, an author's own): not yet.
+    Pending(String),
+}
+
+impl Phase {
+    /// Reads the file's bytes: one line, at most [`MAX_GUEST_FILE_BYTES`], never trusted to
+    /// be UTF-8 or single-line.
+    pub fn parse(bytes: &[u8]) -> Phase {
+        let text = String::from_utf8_lossy(bytes);
+        let line = text.lines().next().unwrap_or_default().trim();
+        let line: String = line.chars().filter(|c| !c.is_control()).collect();
+        if line == "ready" {
+            Phase::Ready
+        } else if let Some(why) = line.strip_prefix("failed:") {
+            Phase::Failed(why.trim().to_owned())
+        } else {
+            Phase::Pending(line)
+        }
+    }
+
+    /// How the phase is shown in `status.guestPhase`.
+    pub fn as_status(&self) -> String {
+        match self {
+            Phase::Ready => "ready".to_owned(),
+            Phase::Failed(why) => format!("failed: {why}"),
+            Phase::Pending(phase) => phase.clone(),
+        }
+    }
+}
+
+/// An EK certificate as recorded: its PEM and the digest of its public key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EkCertificate {
+    /// The PEM as the guest wrote it (one certificate, normalised line endings).
+    pub pem: String,
+    /// `sha256:<hex>` of the DER SubjectPublicKeyInfo.
+    pub key_digest: String,
+}
+
+/// Reads one EK certificate file: exactly one PEM certificate whose DER parses as X.509. The
+/// bytes are recorded as issued; swtpm's EK certificates carry a critical SubjectAltName
+/// (a TPM directory name) that X.509 path validators reject, which is the verifier's business,
+/// not a reason to refuse the certificate here.
+pub fn ek_certificate(bytes: &[u8]) -> Result<EkCertificate, String> {
+    let (rest, pem) = x509_parser::pem::parse_x509_pem(bytes)
+        .map_err(|e| format!("is not a PEM certificate: {e}"))?;
+    if pem.label != "CERTIFICATE" {
+        return Err(format!("holds a PEM {:?}, not a CERTIFICATE", pem.label));
+    }
+    if !String::from_utf8_lossy(rest).trim().is_empty() {
+        return Err("holds more than one PEM block".to_owned());
+    }
+    let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents)
+        .map_err(|e| format!("is not an X.509 certificate: {e}"))?;
+    let spki = cert.tbs_certificate.subject_pki.raw;
+    let key_digest = format!("sha256:{}", hex(&Sha256::digest(spki)));
+    let body = base64::engine::general_purpose::STANDARD.encode(&pem.contents);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    Ok(EkCertificate {
+        pem: out,
+        key_digest,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What reading the guest gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestSight {
+    /// The domain is not running, so there is no guest to ask.
+    NotRunning,
+    /// The agent did not answer (the message says what libvirt said).
+    AgentUnavailable(String),
+    /// The agent answered but the guest has no phase file.
+    NoPhaseFile,
+    /// The guest's phase, and what became of its EK certificates (read only for a tpmEnabled
+    /// machine whose guest is `ready` and has none recorded yet).
+    Phase { phase: Phase, ek: EkReading },
+}
+
+/// The EK certificates of a tpmEnabled guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EkReading {
+    /// Not read this time: the class has no TPM, the guest is not ready, or they are recorded.
+    NotRead,
+    /// Every certificate file the guest has, in [`EK_FILES`] order.
+    Read(Vec<EkCertificate>),
+    /// The guest said `ready` but no certificate could be read (the message says why).
+    Unreadable(String),
+}
+
+/// The guest-related part of a machine's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuestStatus {
+    pub guest_phase: Option<String>,
+    pub certificates: Vec<String>,
+    pub key_digests: Vec<String>,
+    pub guest_ready: Condition,
+    pub agent_connected: Condition,
+}
+
+/// The status that follows from `sight`, given what is recorded already (`recorded_*`).
+/// Certificates once recorded stay: a domain's vTPM keeps its EK for its whole life.
+pub fn guest_status(
+    sight: &GuestSight,
+    tpm_enabled: bool,
+    recorded_certificates: &[String],
+    recorded_digests: &[String],
+    previous_phase: Option<&str>,
+    generation: Option<i64>,
+) -> GuestStatus {
+    let mut certificates = recorded_certificates.to_vec();
+    let mut key_digests = recorded_digests.to_vec();
+    if let GuestSight::Phase {
+        ek: EkReading::Read(read),
+        ..
+    } = sight
+        && certificates.is_empty()
+    {
+        certificates = read.iter().map(|c| c.pem.clone()).collect();
+        key_digests = read.iter().map(|c| c.key_digest.clone()).collect();
+    }
+    let condition = |status: &str, reason: &str, message: String| {
+        conditions::new(types::GUEST_READY, status, reason, message, generation)
+    };
+    let (guest_phase, guest_ready) = match sight {
+        GuestSight::NotRunning => (
+            None,
+            condition(
+                status::UNKNOWN,
+                reasons::AGENT_NOT_CONNECTED,
+                "the domain is not running".to_owned(),
+            ),
+        ),
+        GuestSight::AgentUnavailable(why) => (
+            // The phase read last stays shown: a guest that said `ready` and then lost its
+            // agent is still ready for this boot.
+            previous_phase.map(str::to_owned),
+            condition(
+                status::UNKNOWN,
+                reasons::AGENT_NOT_CONNECTED,
+                format!("the guest agent does not answer: {why}"),
+            ),
+        ),
+        GuestSight::NoPhaseFile => (
+            None,
+            condition(
+                status::UNKNOWN,
+                reasons::GUEST_PHASE_ABSENT,
+                format!(
+                    "the guest agent answers but {PHASE_FILE} does not exist: the image \
+                     carries no guest-phase layer (guest/README.md), or it has not run yet"
+                ),
+            ),
+        ),
+        GuestSight::Phase { phase, ek } => {
+            let shown = Some(phase.as_status());
+            let c = match phase {
+                Phase::Failed(why) => condition(
+                    status::FALSE,
+                    reasons::GUEST_PHASE_FAILED,
+                    format!("the guest reports failed: {why}"),
+                ),
+                Phase::Pending(p) => condition(
+                    status::FALSE,
+                    reasons::GUEST_PHASE_PENDING,
+                    format!("the guest reports phase {p:?}, not ready yet"),
+                ),
+                Phase::Ready if tpm_enabled && certificates.is_empty() => condition(
+                    status::FALSE,
+                    reasons::ENDORSEMENT_CERTIFICATES_MISSING,
+                    match ek {
+                        EkReading::Unreadable(why) => format!(
+                            "the guest reports ready, but its EK certificates cannot be \
+                             read: {why}"
+                        ),
+                        _ => "the guest reports ready; its EK certificates are not read yet"
+                            .to_owned(),
+                    },
+                ),
+                Phase::Ready => condition(
+                    status::TRUE,
+                    reasons::GUEST_PHASE_READY,
+                    if tpm_enabled {
+                        format!(
+                            "the guest reports ready; {} EK certificate(s) recorded",
+                            certificates.len()
+                        )
+                    } else {
+                        "the guest reports ready".to_owned()
+                    },
+                ),
+            };
+            (shown, c)
+        }
+    };
+    let agent_connected = match sight {
+        GuestSight::NotRunning | GuestSight::AgentUnavailable(_) => conditions::new(
+            types::AGENT_CONNECTED,
+            status::FALSE,
+            reasons::AGENT_NOT_CONNECTED,
+            match sight {
+                GuestSight::AgentUnavailable(why) => why.clone(),
+                _ => "the domain is not running".to_owned(),
+            },
+            generation,
+        ),
+        _ => conditions::new(
+            types::AGENT_CONNECTED,
+            status::TRUE,
+            reasons::AGENT_CONNECTED,
+            "the guest agent answers",
+            generation,
+        ),
+    };
+    GuestStatus {
+        guest_phase,
+        certificates,
+        key_digests,
+        guest_ready,
+        agent_connected,
+    }
+}
+
+/// Whether the guest must be looked at again soon: it has not reached a final phase for this
+/// boot, or a tpmEnabled guest's certificates are still missing. Once it is ready only events
+/// and the resync read it again.
+pub fn still_settling(guest_ready: &Condition) -> bool {
+    guest_ready.status != status::TRUE && guest_ready.reason != reasons::GUEST_PHASE_FAILED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::PublicKeyData;
+
+    // A real swtpm EK certificate layout is not needed to test the parser: any X.509 works.
+    fn certificate() -> (String, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["ek".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem(), key.subject_public_key_info())
+    }
+
+    #[test]
+    fn commands_are_the_agent_protocol() {
+        assert_eq!(
+            file_open(PHASE_FILE),
+            r#"{"arguments":{"mode":"r","path":"/run/banlieue/phase"},"execute":"guest-file-open"}"#
+        );
+        assert_eq!(
+            file_read(7, 16),
+            r#"{"arguments":{"count":16,"handle":7},"execute":"guest-file-read"}"#
+        );
+        assert_eq!(
+            file_close(7),
+            r#"{"arguments":{"handle":7},"execute":"guest-file-close"}"#
+        );
+    }
+
+    #[test]
+    fn replies_are_checked() {
+        assert_eq!(parse_open(r#"{"return": 1000}"#), Ok(1000));
+        assert!(parse_open(r#"{"return": "x"}"#).is_err());
+        assert_eq!(
+            parse_read(r#"{"return": {"count": 6, "buf-b64": "cmVhZHkK", "eof": true}}"#),
+            Ok(ReadChunk {
+                bytes: b"ready\n".to_vec(),
+                eof: true
+            })
+        );
+        let lying = parse_read(r#"{"return": {"count": 9, "buf-b64": "cmVhZHkK", "eof": true}}"#)
+            .unwrap_err();
+        assert_eq!(lying.problem, "says 9 bytes but holds 6");
+        assert!(parse_read(r#"{"return": {"count": 1, "buf-b64": "!!", "eof": true}}"#).is_err());
+        let huge = format!(r#"{{"return": "{}"}}"#, "a".repeat(MAX_REPLY_BYTES));
+        assert!(parse_open(&huge).unwrap_err().problem.contains("more than"));
+    }
+
+    #[test]
+    fn phases_are_read_as_the_contract_says() {
+        assert_eq!(Phase::parse(b"ready\n"), Phase::Ready);
+        assert_eq!(
+            Phase::parse(b"failed: cloud-init: boom\n"),
+            Phase::Failed("cloud-init: boom".into())
+        );
+        assert_eq!(
+            Phase::parse(b"configuring\n"),
+            Phase::Pending("configuring".into())
+        );
+        assert_eq!(
+            Phase::parse(b"installing\nready\n"),
+            Phase::Pending("installing".into())
+        );
+        // Not UTF-8, control characters: shown, never trusted.
+        assert_eq!(
+            Phase::parse(b"\xffre\x1bady"),
+            Phase::Pending("\u{fffd}ready".into())
+        );
+        assert_eq!(Phase::parse(b""), Phase::Pending(String::new()));
+    }
+
+    #[test]
+    fn an_ek_certificate_is_recorded_with_its_key_digest() {
+        let (pem, spki) = certificate();
+        let ek = ek_certificate(pem.as_bytes()).unwrap();
+        assert_eq!(
+            ek.key_digest,
+            format!("sha256:{}", hex(&Sha256::digest(&spki)))
+        );
+        // Re-encoded with the same DER.
+        let (_, a) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+        let (_, b) = x509_parser::pem::parse_x509_pem(ek.pem.as_bytes()).unwrap();
+        assert_eq!(a.contents, b.contents);
+    }
+
+    #[test]
+    fn bad_ek_files_are_refused_with_a_reason() {
+        let (pem, _) = certificate();
+        assert!(ek_certificate(b"not pem").is_err());
+        let twice = format!("{pem}{pem}");
+        assert_eq!(
+            ek_certificate(twice.as_bytes()).unwrap_err(),
+            "holds more than one PEM block"
+        );
+        let key = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+        assert!(
+            ek_certificate(key.as_bytes())
+                .unwrap_err()
+                .contains("PUBLIC KEY")
+        );
+        let garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(
+            ek_certificate(garbage.as_bytes())
+                .unwrap_err()
+                .contains("not an X.509")
+        );
+    }
+
+    fn status_of(sight: &GuestSight, tpm: bool, recorded: &[String]) -> GuestStatus {
+        guest_status(sight, tpm, recorded, &[], Some("ready"), Some(3))
+    }
+
+    #[test]
+    fn guest_ready_follows_the_phase() {
+        let s = status_of(
+            &GuestSight::AgentUnavailable("not connected".into()),
+            false,
+            &[],
+        );
+        assert_eq!(
+            (s.guest_ready.status.as_str(), s.guest_ready.reason.as_str()),
+            (status::UNKNOWN, reasons::AGENT_NOT_CONNECTED)
+        );
+        assert_eq!(s.agent_connected.status, status::FALSE);
+        assert_eq!(s.guest_phase.as_deref(), Some("ready"));
+        assert!(still_settling(&s.guest_ready));
+
+        let s = status_of(&GuestSight::NoPhaseFile, false, &[]);
+        assert_eq!(s.guest_ready.reason, reasons::GUEST_PHASE_ABSENT);
+        assert_eq!(s.guest_ready.status, status::UNKNOWN);
+        assert_eq!(s.agent_connected.status, status::TRUE);
+
+        let pending = GuestSight::Phase {
+            phase: Phase::Pending("installing".into()),
+            ek: EkReading::NotRead,
+        };
+        let s = status_of(&pending, false, &[]);
+        assert_eq!(
+            (s.guest_ready.status.as_str(), s.guest_ready.reason.as_str()),
+            (status::FALSE, reasons::GUEST_PHASE_PENDING)
+        );
+        assert_eq!(s.guest_phase.as_deref(), Some("installing"));
+
+        let failed = GuestSight::Phase {
+            phase: Phase::Failed("cloud-init: boom".into()),
+            ek: EkReading::NotRead,
+        };
+        let s = status_of(&failed, false, &[]);
+        assert_eq!(s.guest_ready.reason, reasons::GUEST_PHASE_FAILED);
+        assert_eq!(s.guest_phase.as_deref(), Some("failed: cloud-init: boom"));
+        assert!(!still_settling(&s.guest_ready), "a failed boot is final");
+
+        let ready = GuestSight::Phase {
+            phase: Phase::Ready,
+            ek: EkReading::NotRead,
+        };
+        let s = status_of(&ready, false, &[]);
+        assert_eq!(
+            (s.guest_ready.status.as_str(), s.guest_ready.reason.as_str()),
+            (status::TRUE, reasons::GUEST_PHASE_READY)
+        );
+        assert!(!still_settling(&s.guest_ready));
+    }
+
+    #[test]
+    fn a_tpm_guest_is_not_ready_before_its_certificates_are_recorded() {
+        let (pem, _) = certificate();
+        let ek = ek_certificate(pem.as_bytes()).unwrap();
+        let unreadable = GuestSight::Phase {
+            phase: Phase::Ready,
+            ek: EkReading::Unreadable("no file".into()),
+        };
+        let s = status_of(&unreadable, true, &[]);
+        assert_eq!(
+            (s.guest_ready.status.as_str(), s.guest_ready.reason.as_str()),
+            (status::FALSE, reasons::ENDORSEMENT_CERTIFICATES_MISSING)
+        );
+        assert!(s.guest_ready.message.contains("no file"));
+        assert!(still_settling(&s.guest_ready));
+
+        let read = GuestSight::Phase {
+            phase: Phase::Ready,
+            ek: EkReading::Read(vec![ek.clone()]),
+        };
+        let s = status_of(&read, true, &[]);
+        assert_eq!(s.guest_ready.status, status::TRUE);
+        assert_eq!(s.certificates, vec![ek.pem.clone()]);
+        assert_eq!(s.key_digests, vec![ek.key_digest.clone()]);
+
+        // Recorded once, kept: a later reading (not read) does not clear them.
+        let later = GuestSight::Phase {
+            phase: Phase::Ready,
+            ek: EkReading::NotRead,
+        };
+        let s = guest_status(
+            &later,
+            true,
+            std::slice::from_ref(&ek.pem),
+            std::slice::from_ref(&ek.key_digest),
+            None,
+            None,
+        );
+        assert_eq!(s.guest_ready.status, status::TRUE);
+        assert_eq!(s.certificates, vec![ek.pem]);
+    }
+}
