@@ -93,6 +93,7 @@ mod tests {
                 .map(|s| Timestamp::from_second(1_800_000_000 + s).expect("valid time")),
             infrastructure_ready: since.is_some(),
             infrastructure_ready_since: None,
+            running_since: None,
             published_guest_ready: false,
             deleting: false,
             failed: false,

@@ -22,6 +22,9 @@ pub struct MemberView {
     pub infrastructure_ready: bool,
     /// Since when its machine has been ready.
     pub infrastructure_ready_since: Option<Timestamp>,
+    /// Since when its machine has been running, ready or only waiting for its EK
+    /// certificates (ADR-0045): how long a silent guest has had to speak.
+    pub running_since: Option<Timestamp>,
     /// The guest spoke: its `GuestReady` is True or False. Unknown (no agent, no phase file)
     /// or no condition at all is silence, which `ReadinessSignalAbsent` is about.
     pub published_guest_ready: bool,
@@ -40,6 +43,11 @@ impl MemberView {
         let infra_since = infra
             .then(|| status.ready_since.as_ref().map(|t| t.0))
             .flatten();
+        let running_since = infra_since.or_else(|| {
+            conditions::find(&status.conditions, types::INFRASTRUCTURE_READY)
+                .filter(|c| c.reason == conditions::reasons::ENDORSEMENT_CERTIFICATES_PENDING)
+                .map(|c| c.last_transition_time.0)
+        });
         let guest = conditions::find(&status.conditions, types::GUEST_READY);
         let deleting = vm.metadata.deletion_timestamp.is_some();
         let (available, available_since) = match readiness {
@@ -64,6 +72,7 @@ impl MemberView {
             available_since,
             infrastructure_ready: infra,
             infrastructure_ready_since: infra_since,
+            running_since,
             published_guest_ready: guest.is_some_and(|c| c.status != conditions::status::UNKNOWN),
             deleting,
             failed,
@@ -140,5 +149,29 @@ mod tests {
         assert!(!read(Some("False")).available);
         let ready = read(Some("True"));
         assert!(ready.published_guest_ready && ready.available);
+    }
+
+    #[test]
+    fn a_member_waiting_for_its_ek_certificates_is_running_but_not_ready() {
+        let mut vm = vm_with(None);
+        let status = vm.status.as_mut().unwrap();
+        status.conditions.clear();
+        conditions::set(
+            &mut status.conditions,
+            conditions::new(
+                types::INFRASTRUCTURE_READY,
+                "False",
+                conditions::reasons::ENDORSEMENT_CERTIFICATES_PENDING,
+                "",
+                None,
+            ),
+            Time(Timestamp::from_second(2_000).unwrap()),
+        );
+        let view = MemberView::of(&vm, PoolReadiness::InfrastructureReady);
+        assert!(!view.available && !view.infrastructure_ready);
+        assert_eq!(
+            view.running_since,
+            Some(Timestamp::from_second(2_000).unwrap())
+        );
     }
 }

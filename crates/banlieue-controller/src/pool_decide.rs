@@ -169,8 +169,8 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     if pool.readiness == PoolReadiness::GuestReady
         && ready.reason != reasons::READINESS_SIGNAL_ABSENT
     {
-        for member in live.iter().filter(|m| m.infrastructure_ready) {
-            if let Some(age) = age(pool.now, member.infrastructure_ready_since) {
+        for member in live.iter() {
+            if let Some(age) = age(pool.now, member.running_since) {
                 sooner(
                     pool.readiness_signal_grace.saturating_sub(age) + Duration::from_millis(100),
                 );
@@ -205,9 +205,7 @@ fn verdict(
     let signal_absent = pool.readiness == PoolReadiness::GuestReady
         && !pool.members.iter().any(|m| m.published_guest_ready)
         && live.iter().any(|m| {
-            m.infrastructure_ready
-                && age(pool.now, m.infrastructure_ready_since)
-                    .is_some_and(|age| age >= pool.readiness_signal_grace)
+            age(pool.now, m.running_since).is_some_and(|age| age >= pool.readiness_signal_grace)
         });
     if signal_absent {
         return ReadyVerdict {
@@ -243,6 +241,7 @@ mod tests {
             available_since: available_since.map(t),
             infrastructure_ready: available_since.is_some(),
             infrastructure_ready_since: available_since.map(t),
+            running_since: available_since.map(t),
             published_guest_ready: available_since.is_some(),
             deleting: false,
             failed: false,
@@ -409,6 +408,7 @@ mod tests {
         let mut a = member("a", CURRENT, None);
         a.infrastructure_ready = true;
         a.infrastructure_ready_since = Some(t(990));
+        a.running_since = Some(t(990));
         let mut p = pool(1, vec![a.clone()]);
         p.readiness = PoolReadiness::GuestReady;
         p.readiness_signal_grace = Duration::from_secs(30);

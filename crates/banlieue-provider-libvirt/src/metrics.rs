@@ -20,6 +20,12 @@ pub struct Metrics {
     /// domain running) after not ready: the first is how long a pool waits for a member's
     /// infrastructure; a domain stopped and started again counts once more.
     pub machine_ready_latency: Histogram,
+    /// Seconds from a LibvirtMachine's creation to its GuestReady turning True: the guest's
+    /// boot and setup, which a GuestReady pool pays before any claim.
+    pub guest_ready_latency: Histogram,
+    /// Commands sent to guest agents (QEMU_PROC_DOMAIN_AGENT_COMMAND, and the agent-sourced
+    /// address query): what reading guests costs the host.
+    pub agent_commands: Counter,
     /// Domains this provider defined on its host.
     pub domains_defined: Counter,
     /// Domains this provider destroyed and undefined.
@@ -39,6 +45,16 @@ impl Metrics {
             "machine_ready_seconds",
             "Seconds from a LibvirtMachine's creation to its domain reported running",
             metrics.machine_ready_latency.clone(),
+        );
+        registry.register(
+            "guest_ready_seconds",
+            "Seconds from a LibvirtMachine's creation to its guest reporting ready",
+            metrics.guest_ready_latency.clone(),
+        );
+        registry.register(
+            "agent_commands",
+            "Commands sent to guest agents",
+            metrics.agent_commands.clone(),
         );
         registry.register(
             "domains_defined",
@@ -69,6 +85,8 @@ impl Metrics {
             // 0.25 s to ~17 min: a domain from a warm overlay starts in seconds, one that
             // waits for a slow host or a retried step takes minutes.
             machine_ready_latency: Histogram::new(exponential_buckets(0.25, 2.0, 13)),
+            guest_ready_latency: Histogram::new(exponential_buckets(0.25, 2.0, 13)),
+            agent_commands: Counter::default(),
             domains_defined: Counter::default(),
             domains_undefined: Counter::default(),
             reconcile_errors: Family::default(),

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use banlieue::roles::{self, Roles};
 use banlieue::{bootstrap, cidata, dev, libvirt, observe};
@@ -29,7 +30,7 @@ struct Cli {
 enum Command {
     /// Run the controller: VirtualMachine scheduling, pools and claims, and the Provider
     /// operator that creates each Provider's workload. It never talks to libvirt.
-    Controller(ServeArgs),
+    Controller(ControllerArgs),
     /// Provider roles.
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -113,6 +114,20 @@ enum LibvirtProviderCommand {
 }
 
 #[derive(Debug, Args)]
+struct ControllerArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// How long the members of a GuestReady pool may run without any of them publishing
+    /// GuestReady before the pool reports ReadinessSignalAbsent.
+    #[arg(
+        long,
+        default_value_t = 300,
+        env = "BANLIEUE_READINESS_SIGNAL_GRACE_SECONDS"
+    )]
+    readiness_signal_grace_seconds: u64,
+}
+
+#[derive(Debug, Args)]
 struct ServeArgs {
     /// Address of the /metrics, /healthz and /readyz endpoint.
     #[arg(long, default_value = "0.0.0.0:8080", env = "BANLIEUE_METRICS_ADDRESS")]
@@ -181,10 +196,12 @@ fn main() -> ExitCode {
             Roles {
                 controller: true,
                 operator: true,
-                provider: None,
-                domain_type: None,
+                readiness_signal_grace: Some(Duration::from_secs(
+                    args.readiness_signal_grace_seconds,
+                )),
+                ..Roles::default()
             },
-            args,
+            args.serve,
         )),
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
             provider,

@@ -26,6 +26,8 @@ pub struct Roles {
     pub provider: Option<(String, String)>,
     /// Forces the provider's domain type instead of deriving it from the host's capabilities.
     pub domain_type: Option<DomainType>,
+    /// The controller's ReadinessSignalAbsent grace, instead of its default.
+    pub readiness_signal_grace: Option<std::time::Duration>,
 }
 
 /// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
@@ -40,15 +42,14 @@ pub fn spawn_all(
     if roles.controller {
         let metrics = Metrics::register(registry);
         let (kube, stop) = (kube.clone(), shutdown.clone());
+        let mut config = ControllerConfig::default();
+        if let Some(grace) = roles.readiness_signal_grace {
+            config.readiness_signal_grace = grace;
+        }
         tasks.push(supervise("controller", shutdown, async move {
-            banlieue_controller::run(
-                kube,
-                ControllerConfig::default(),
-                metrics,
-                stop.cancelled_owned(),
-            )
-            .await
-            .map_err(BoxError::from)
+            banlieue_controller::run(kube, config, metrics, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
         }));
     }
     if roles.operator {

@@ -3,6 +3,7 @@
 //! certificate files. The thin async shell around [`super::guest`].
 
 use banlieue_libvirt::Domain;
+use prometheus_client::metrics::counter::Counter;
 
 use super::guest::{self, EkReading, GuestSight, MAX_GUEST_FILE_BYTES, Phase};
 
@@ -13,25 +14,25 @@ const AGENT_TIMEOUT_SECS: i32 = 5;
 /// Reads what the guest says about itself. `read_ek` asks for the EK certificates too (a
 /// tpmEnabled machine with none recorded yet); they are read only once the guest is `ready`,
 /// which the layer writes after them.
-pub(super) async fn look(domain: &Domain, read_ek: bool) -> GuestSight {
-    let phase = match read_file(domain, guest::PHASE_FILE).await {
+pub(super) async fn look(domain: &Domain, read_ek: bool, calls: &Counter) -> GuestSight {
+    let phase = match read_file(domain, guest::PHASE_FILE, calls).await {
         Ok(Some(bytes)) => Phase::parse(&bytes),
         Ok(None) => return GuestSight::NoPhaseFile,
         Err(why) => return GuestSight::AgentUnavailable(why),
     };
     let ek = if read_ek && phase == Phase::Ready {
-        read_ek_certificates(domain).await
+        read_ek_certificates(domain, calls).await
     } else {
         EkReading::NotRead
     };
     GuestSight::Phase { phase, ek }
 }
 
-async fn read_ek_certificates(domain: &Domain) -> EkReading {
+async fn read_ek_certificates(domain: &Domain, calls: &Counter) -> EkReading {
     let mut found = Vec::new();
     let mut problems = Vec::new();
     for path in guest::EK_FILES {
-        match read_file(domain, path).await {
+        match read_file(domain, path, calls).await {
             Ok(Some(bytes)) => match guest::ek_certificate(&bytes) {
                 Ok(cert) => found.push(cert),
                 Err(why) => problems.push(format!("{path} {why}")),
@@ -51,7 +52,12 @@ async fn read_ek_certificates(domain: &Domain) -> EkReading {
 
 /// The whole file at `path` (`None` when the guest has no such file), at most
 /// [`MAX_GUEST_FILE_BYTES`]. `Err` says why the agent could not be used.
-async fn read_file(domain: &Domain, path: &str) -> Result<Option<Vec<u8>>, String> {
+async fn read_file(
+    domain: &Domain,
+    path: &str,
+    calls: &Counter,
+) -> Result<Option<Vec<u8>>, String> {
+    calls.inc();
     let handle = match domain
         .agent_command(&guest::file_open(path), AGENT_TIMEOUT_SECS)
         .await
@@ -60,8 +66,9 @@ async fn read_file(domain: &Domain, path: &str) -> Result<Option<Vec<u8>>, Strin
         Err(e) if is_missing_file(&e) => return Ok(None),
         Err(e) => return Err(agent_error(&e)),
     };
-    let read = read_open(domain, handle).await;
+    let read = read_open(domain, handle, calls).await;
     // Closed whatever happened: the agent holds few handles.
+    calls.inc();
     if let Err(e) = domain
         .agent_command(&guest::file_close(handle), AGENT_TIMEOUT_SECS)
         .await
@@ -71,11 +78,12 @@ async fn read_file(domain: &Domain, path: &str) -> Result<Option<Vec<u8>>, Strin
     read.map(Some)
 }
 
-async fn read_open(domain: &Domain, handle: i64) -> Result<Vec<u8>, String> {
+async fn read_open(domain: &Domain, handle: i64, calls: &Counter) -> Result<Vec<u8>, String> {
     let mut bytes = Vec::new();
     loop {
         // One byte more than allowed, so an over-long file is seen as such.
         let want = MAX_GUEST_FILE_BYTES + 1 - bytes.len();
+        calls.inc();
         let reply = domain
             .agent_command(&guest::file_read(handle, want), AGENT_TIMEOUT_SECS)
             .await

@@ -6,6 +6,7 @@
 //! Everything here comes from inside a guest, which the host must not trust: replies are
 //! bounded, malformed ones are errors, and nothing a guest writes can panic the provider.
 
+use banlieue_api::LibvirtMachineStatus;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use base64::Engine;
 use serde::Deserialize;
@@ -232,18 +233,17 @@ pub struct GuestStatus {
     pub agent_connected: Condition,
 }
 
-/// The status that follows from `sight`, given what is recorded already (`recorded_*`).
-/// Certificates once recorded stay: a domain's vTPM keeps its EK for its whole life.
+/// The status that follows from `sight`, given the machine's status as recorded so far.
+/// Certificates once recorded stay: a domain's vTPM keeps its EK for its whole life. A final
+/// GuestReady (`ready` or `failed`) stays through a lost agent: the phase is final for the boot.
 pub fn guest_status(
     sight: &GuestSight,
     tpm_enabled: bool,
-    recorded_certificates: &[String],
-    recorded_digests: &[String],
-    previous_phase: Option<&str>,
+    recorded: &LibvirtMachineStatus,
     generation: Option<i64>,
 ) -> GuestStatus {
-    let mut certificates = recorded_certificates.to_vec();
-    let mut key_digests = recorded_digests.to_vec();
+    let mut certificates = recorded.tpm_endorsement_certificates.clone();
+    let mut key_digests = recorded.tpm_endorsement_key_digests.clone();
     if let GuestSight::Phase {
         ek: EkReading::Read(read),
         ..
@@ -253,6 +253,9 @@ pub fn guest_status(
         certificates = read.iter().map(|c| c.pem.clone()).collect();
         key_digests = read.iter().map(|c| c.key_digest.clone()).collect();
     }
+    let final_ready = conditions::find(&recorded.conditions, types::GUEST_READY)
+        .filter(|c| !still_settling(c))
+        .cloned();
     let condition = |status: &str, reason: &str, message: String| {
         conditions::new(types::GUEST_READY, status, reason, message, generation)
     };
@@ -266,14 +269,16 @@ pub fn guest_status(
             ),
         ),
         GuestSight::AgentUnavailable(why) => (
-            // The phase read last stays shown: a guest that said `ready` and then lost its
-            // agent is still ready for this boot.
-            previous_phase.map(str::to_owned),
-            condition(
-                status::UNKNOWN,
-                reasons::AGENT_NOT_CONNECTED,
-                format!("the guest agent does not answer: {why}"),
-            ),
+            // The phase read last stays shown, and a final GuestReady with it: a guest that
+            // said `ready` and then lost its agent is still ready for this boot.
+            recorded.guest_phase.clone(),
+            final_ready.unwrap_or_else(|| {
+                condition(
+                    status::UNKNOWN,
+                    reasons::AGENT_NOT_CONNECTED,
+                    format!("the guest agent does not answer: {why}"),
+                )
+            }),
         ),
         GuestSight::NoPhaseFile => (
             None,
@@ -473,7 +478,12 @@ mod tests {
     }
 
     fn status_of(sight: &GuestSight, tpm: bool, recorded: &[String]) -> GuestStatus {
-        guest_status(sight, tpm, recorded, &[], Some("ready"), Some(3))
+        let recorded = LibvirtMachineStatus {
+            tpm_endorsement_certificates: recorded.to_vec(),
+            guest_phase: Some("configuring".into()),
+            ..Default::default()
+        };
+        guest_status(sight, tpm, &recorded, Some(3))
     }
 
     #[test]
@@ -488,7 +498,7 @@ mod tests {
             (status::UNKNOWN, reasons::AGENT_NOT_CONNECTED)
         );
         assert_eq!(s.agent_connected.status, status::FALSE);
-        assert_eq!(s.guest_phase.as_deref(), Some("ready"));
+        assert_eq!(s.guest_phase.as_deref(), Some("configuring"));
         assert!(still_settling(&s.guest_ready));
 
         let s = status_of(&GuestSight::NoPhaseFile, false, &[]);
@@ -558,15 +568,63 @@ mod tests {
             phase: Phase::Ready,
             ek: EkReading::NotRead,
         };
-        let s = guest_status(
-            &later,
-            true,
-            std::slice::from_ref(&ek.pem),
-            std::slice::from_ref(&ek.key_digest),
-            None,
-            None,
-        );
+        let recorded = LibvirtMachineStatus {
+            tpm_endorsement_certificates: vec![ek.pem.clone()],
+            tpm_endorsement_key_digests: vec![ek.key_digest.clone()],
+            ..Default::default()
+        };
+        let s = guest_status(&later, true, &recorded, None);
         assert_eq!(s.guest_ready.status, status::TRUE);
         assert_eq!(s.certificates, vec![ek.pem]);
+    }
+
+    #[test]
+    fn a_final_guest_ready_outlives_the_agent() {
+        let gone = GuestSight::AgentUnavailable("not connected".into());
+        for (ready, phase) in [
+            (
+                status_of(
+                    &GuestSight::Phase {
+                        phase: Phase::Ready,
+                        ek: EkReading::NotRead,
+                    },
+                    false,
+                    &[],
+                ),
+                "ready",
+            ),
+            (
+                status_of(
+                    &GuestSight::Phase {
+                        phase: Phase::Failed("boom".into()),
+                        ek: EkReading::NotRead,
+                    },
+                    false,
+                    &[],
+                ),
+                "failed: boom",
+            ),
+        ] {
+            let mut recorded = LibvirtMachineStatus {
+                guest_phase: Some(phase.into()),
+                ..Default::default()
+            };
+            conditions::set(&mut recorded.conditions, ready.guest_ready.clone(), now());
+            let s = guest_status(&gone, false, &recorded, Some(4));
+            assert_eq!(
+                (&s.guest_ready.status, &s.guest_ready.reason),
+                (&ready.guest_ready.status, &ready.guest_ready.reason),
+                "{phase} stays"
+            );
+            assert_eq!(s.guest_phase.as_deref(), Some(phase));
+            assert_eq!(s.agent_connected.status, status::FALSE);
+            // A stopped domain is a new boot to come: nothing of the old one is claimed.
+            let s = guest_status(&GuestSight::NotRunning, false, &recorded, Some(4));
+            assert_eq!(s.guest_ready.status, status::UNKNOWN);
+        }
+    }
+
+    fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
     }
 }

@@ -178,6 +178,18 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
     {
         return Ok(Action::requeue(AFTER_CONFLICT));
     }
+    let guest_ready = |s: &banlieue_api::LibvirtMachineStatus| {
+        conditions::is_true(&s.conditions, conditions::types::GUEST_READY)
+    };
+    if guest_ready(&status)
+        && !machine.status.as_ref().is_some_and(guest_ready)
+        && let Some(created) = &machine.metadata.creation_timestamp
+    {
+        let waited = now().0.duration_since(created.0);
+        ctx.metrics
+            .guest_ready_latency
+            .observe(waited.as_secs_f64().max(0.0));
+    }
     let was_ready = machine.status.as_ref().is_some_and(|s| s.ready);
     if status.ready
         && !was_ready

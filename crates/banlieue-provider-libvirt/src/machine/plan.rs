@@ -307,9 +307,7 @@ pub fn status_after(
             let guest = super::guest::guest_status(
                 &observed.guest,
                 machine.spec.tpm_enabled,
-                &old.tpm_endorsement_certificates,
-                &old.tpm_endorsement_key_digests,
-                old.guest_phase.as_deref(),
+                &old,
                 generation,
             );
             new.guest_phase = guest.guest_phase;

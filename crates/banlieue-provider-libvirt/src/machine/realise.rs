@@ -65,8 +65,12 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         .status
         .as_ref()
         .is_some_and(|s| !s.tpm_endorsement_certificates.is_empty());
-    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded).await;
+    let calls = &ctx.metrics.agent_commands;
+    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls).await;
     let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
+    if agent_answers {
+        calls.inc();
+    }
     let addresses = observe_addresses(&domain, agent_answers).await;
     Ok(Observed {
         running,

@@ -80,15 +80,21 @@ pub struct UpArgs {
     /// ~/.cache/banlieue/image/banlieue-<version>.docker.tar, which `scripts/image` writes].
     #[arg(long, requires = "deployed")]
     pub image_archive: Option<PathBuf>,
-    /// Boot a real guest: `debian` is the test image `scripts/guest-image` builds (cached in
-    /// ~/.cache/banlieue/images), with cloud-init, qemu-guest-agent, a vTPM and banlieue's
-    /// guest-phase layer; the pool then waits for GuestReady and the claim carries the
-    /// guest's address, phase and EK certificates. About a minute more under TCG.
-    #[arg(long, value_parser = ["debian"])]
-    pub guest: Option<String>,
+    /// The guest the pool's VMs boot. `debian` is the test image `scripts/guest-image` builds
+    /// (cached in ~/.cache/banlieue/images), with cloud-init, qemu-guest-agent, a vTPM and
+    /// banlieue's guest-phase layer: the pool waits for GuestReady and the claim carries the
+    /// guest's address, phase and EK certificates (about a minute and a half under TCG).
+    /// `none` binds a domain whose disk holds no operating system, in seconds.
+    #[arg(long, default_value = "debian", value_parser = ["debian", "none"])]
+    pub guest: String,
 }
 
 impl UpArgs {
+    /// Whether the pool's VMs boot a real guest (`--guest debian`, the default).
+    fn boots_guest(&self) -> bool {
+        self.guest != "none"
+    }
+
     /// The image archive `--deployed` loads onto the node.
     fn image_archive(&self) -> PathBuf {
         // Where scripts/image writes it, even when XDG_CACHE_HOME moves dev up's own files.
@@ -292,7 +298,7 @@ async fn drive(
 
     progress.step("preparing libvirt: storage pool, isolated network, image volume");
     prepare_libvirt(libvirtd, &peers.bridge).await?;
-    if args.guest.is_some() {
+    if args.boots_guest() {
         let image = banlieue_testenv::guest_image::path()
             .await
             .map_err(|e| format!("{e:#}"))?;
@@ -330,7 +336,7 @@ async fn drive(
     }
 
     progress.step("creating the image and the class");
-    let guest = args.guest.is_some();
+    let guest = args.boots_guest();
     if guest {
         apply(&kube, &objects::guest_image()).await?;
         apply(&kube, &objects::guest_class()).await?;
@@ -470,6 +476,16 @@ pub async fn spawn_controller(
     registry: &mut Registry,
     shutdown: &CancellationToken,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
+    spawn_controller_with(control_plane, registry, shutdown, None).await
+}
+
+/// [`spawn_controller`] with the ReadinessSignalAbsent grace set (`None`: the default).
+pub async fn spawn_controller_with(
+    control_plane: &ControlPlane,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+    readiness_signal_grace: Option<Duration>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
     let controller = control_plane
         .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
         .await?;
@@ -480,6 +496,7 @@ pub async fn spawn_controller(
         crate::roles::Roles {
             controller: true,
             operator: true,
+            readiness_signal_grace,
             ..crate::roles::Roles::default()
         },
     )
@@ -611,7 +628,10 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
 }
 
 /// Uploads the test guest image as the qcow2 volume [`objects::GUEST_IMAGE_VOLUME`].
-pub async fn upload_guest_image(libvirtd: &Libvirtd, image: &std::path::Path) -> Result<(), BoxError> {
+pub async fn upload_guest_image(
+    libvirtd: &Libvirtd,
+    image: &std::path::Path,
+) -> Result<(), BoxError> {
     let host = connect(libvirtd).await?;
     let pool = StoragePool::lookup_by_name(&host, objects::STORAGE_POOL)
         .await?
@@ -638,8 +658,7 @@ pub fn swtpm_localca_bundle() -> Result<String, BoxError> {
     for file in ["issuercert.pem", "swtpm-localca-rootca-cert.pem"] {
         let path = dir.join(file);
         pem.push_str(
-            &std::fs::read_to_string(&path)
-                .map_err(|e| format!("read {}: {e}", path.display()))?,
+            &std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?,
         );
     }
     Ok(pem)
