@@ -23,8 +23,20 @@ pub const EK_ECC_PEM: &str = "/run/banlieue/ek/ecc.pem";
 
 /// The cached image's path, building it first if needed.
 pub async fn path() -> Result<PathBuf> {
+    build(&[]).await
+}
+
+/// The cached installer CD's path (`scripts/guest-image --installer`), building it first if
+/// needed: booted from an EFI domain's CD-ROM beside an empty virtio disk, it writes the image
+/// onto the disk and reboots into it, which is what a Deferred image does.
+pub async fn installer_path() -> Result<PathBuf> {
+    build(&["--installer"]).await
+}
+
+async fn build(args: &[&str]) -> Result<PathBuf> {
     let script = workspace_root().join(SCRIPT);
     let output = tokio::process::Command::new(&script)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,6 +3,8 @@
 //! banlieue-iso on a virtio-scsi CD-ROM, a vTPM), runs the seed's user-data and reaches the
 //! guest-phase layer's `ready`, with its EK certificates published. Checked twice: from the
 //! serial console log, and through qemu-guest-agent with virsh as an independent client.
+//! Then the same image as a Deferred install medium: the installer CD writes it onto an empty
+//! disk, reboots, and the installed system reaches `ready` from that disk.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -49,6 +51,126 @@ const DOMAIN: &str = "<domain type='qemu'>
     <video><model type='none'/></video>
   </devices>
 </domain>";
+
+/// The provider's Deferred shape: an empty disk first in the boot order, the install medium
+/// as the first CD-ROM, the seed as the second.
+const INSTALL_DOMAIN: &str = "<domain type='qemu'>
+  <name>NAME</name>
+  <memory unit='MiB'>1024</memory>
+  <vcpu>2</vcpu>
+  <os firmware='efi'>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <firmware>
+      <feature enabled='no' name='secure-boot'/>
+      <feature enabled='no' name='enrolled-keys'/>
+    </firmware>
+    <boot dev='hd'/>
+    <boot dev='cdrom'/>
+  </os>
+  <features><acpi/></features>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='DISK'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <controller type='scsi' model='virtio-scsi'/>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='INSTALLER'/>
+      <target dev='sda' bus='scsi'/>
+      <readonly/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='SEED'/>
+      <target dev='sdb' bus='scsi'/>
+      <readonly/>
+    </disk>
+    <interface type='user'><model type='virtio'/></interface>
+    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
+    <serial type='file'><source path='CONSOLE'/><target port='0'/></serial>
+    <video><model type='none'/></video>
+  </devices>
+</domain>";
+
+#[tokio::test]
+async fn installer_writes_the_image_to_an_empty_disk_and_boots_it() -> Result<()> {
+    let installer = guest_image::installer_path().await?;
+    let daemon = Libvirtd::start(LibvirtdOptions::default()).await?;
+    let name = "guest-image-install";
+    let pool = daemon.create_pool_dir("install")?;
+    let medium = pool.join("installer.iso");
+    std::fs::copy(&installer, &medium).with_context(|| format!("copy {}", installer.display()))?;
+    let disk = pool.join(format!("{name}-os.qcow2"));
+    let created = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&disk)
+        .arg("4G")
+        .output()
+        .context("run qemu-img create")?;
+    ensure!(
+        created.status.success(),
+        "qemu-img create: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let seed = pool.join(format!("{name}-cidata.iso"));
+    std::fs::write(&seed, NoCloudSeed::new(name, name).to_bytes()?)?;
+    let console = pool.join("console.log");
+    let xml = INSTALL_DOMAIN
+        .replace("NAME", name)
+        .replace("DISK", path_str(&disk)?)
+        .replace("INSTALLER", path_str(&medium)?)
+        .replace("SEED", path_str(&seed)?)
+        .replace("CONSOLE", path_str(&console)?);
+    let xml_file = daemon.dir().join("install.xml");
+    std::fs::write(&xml_file, xml)?;
+    daemon.virsh(["define", path_str(&xml_file)?]).await?;
+
+    let started = Instant::now();
+    daemon.virsh(["start", name]).await?;
+    // Two boots: the installer's, then the installed system's.
+    let verdict = wait_for_phase_within(&console, started, BOOT_DEADLINE * 2).await;
+    let log = std::fs::read_to_string(&console).unwrap_or_default();
+    let verdict = verdict.with_context(|| format!("serial console:\n{}", tail(&log, 60)))?;
+    eprintln!(
+        "install and boot to phase {verdict:?}: {:.1?}",
+        started.elapsed()
+    );
+    ensure!(
+        verdict == "ready",
+        "phase {verdict:?}; serial console:\n{}",
+        tail(&log, 60)
+    );
+    let installed = log
+        .find("banlieue-install: done, rebooting")
+        .context("the installer never finished")?;
+    let ready = log
+        .rfind("banlieue-guest-phase: ready")
+        .context("no ready on the console")?;
+    ensure!(installed < ready, "ready came before the install finished");
+
+    // The running system is the installed one: its root is the disk's second partition.
+    let root = guest_agent::run(
+        &daemon,
+        name,
+        "/usr/bin/findmnt",
+        &["-n", "-o", "SOURCE", "/"],
+    )
+    .await?;
+    let root = String::from_utf8_lossy(&root);
+    ensure!(
+        root.trim() == "/dev/vda2",
+        "the root file system is {root:?}, not /dev/vda2"
+    );
+
+    daemon.virsh(["destroy", name]).await?;
+    daemon.virsh(["undefine", name, "--nvram"]).await?;
+    for file in [&disk, &seed, &medium, &console] {
+        std::fs::remove_file(file).with_context(|| format!("remove {}", file.display()))?;
+    }
+    Ok(())
+}
 
 #[tokio::test]
 async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
@@ -146,6 +268,14 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
 
 /// Waits for the phase layer's last word on the console: `ready` or `failed: <why>`.
 async fn wait_for_phase(console: &Path, started: Instant) -> Result<String> {
+    wait_for_phase_within(console, started, BOOT_DEADLINE).await
+}
+
+async fn wait_for_phase_within(
+    console: &Path,
+    started: Instant,
+    deadline: Duration,
+) -> Result<String> {
     loop {
         let log = std::fs::read_to_string(console).unwrap_or_default();
         for line in log.lines() {
@@ -157,8 +287,14 @@ async fn wait_for_phase(console: &Path, started: Instant) -> Result<String> {
                 return Ok(phase.to_owned());
             }
         }
-        if started.elapsed() > BOOT_DEADLINE {
-            bail!("the guest reached no final phase within {BOOT_DEADLINE:?}");
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.starts_with("banlieue-install: failed"))
+        {
+            bail!("the installer said {line:?}");
+        }
+        if started.elapsed() > deadline {
+            bail!("the guest reached no final phase within {deadline:?}");
         }
         tokio::time::sleep(POLL).await;
     }

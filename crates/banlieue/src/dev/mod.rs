@@ -632,18 +632,27 @@ pub async fn upload_guest_image(
     libvirtd: &Libvirtd,
     image: &std::path::Path,
 ) -> Result<(), BoxError> {
+    upload_volume(libvirtd, image, objects::GUEST_IMAGE_VOLUME).await
+}
+
+/// Uploads `file` into the dev storage pool as the volume `name`, byte for byte.
+pub async fn upload_volume(
+    libvirtd: &Libvirtd,
+    file: &std::path::Path,
+    name: &str,
+) -> Result<(), BoxError> {
     let host = connect(libvirtd).await?;
     let pool = StoragePool::lookup_by_name(&host, objects::STORAGE_POOL)
         .await?
         .ok_or("the dev storage pool is missing")?;
-    let bytes = std::fs::metadata(image)?.len();
+    let bytes = std::fs::metadata(file)?.len();
     let volume = StorageVol::create_xml(
         &pool,
-        &banlieue_provider_libvirt::volume_xml::raw(objects::GUEST_IMAGE_VOLUME, bytes),
+        &banlieue_provider_libvirt::volume_xml::raw(name, bytes),
         0,
     )
     .await?;
-    let mut file = tokio::fs::File::open(image).await?;
+    let mut file = tokio::fs::File::open(file).await?;
     volume.upload(&mut file, 0, bytes, true).await?;
     host.close().await?;
     Ok(())

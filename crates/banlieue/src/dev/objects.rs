@@ -36,6 +36,9 @@ pub const CLASS: &str = "small";
 pub const GUEST_IMAGE: &str = "debian-guest";
 pub const GUEST_IMAGE_VOLUME: &str = "debian-guest.qcow2";
 pub const GUEST_CLASS: &str = "debian-tpm";
+/// The test guest image as a Deferred install medium (`scripts/guest-image --installer`).
+pub const INSTALLER_IMAGE: &str = "debian-installer";
+pub const INSTALLER_VOLUME: &str = "debian-installer.iso";
 /// The ConfigMap holding this host's swtpm-localca issuer and root, which the Provider names
 /// as its `ekTrustBundle`.
 pub const EK_TRUST_CONFIGMAP: &str = "swtpm-localca-issuers";
@@ -243,6 +246,17 @@ pub fn guest_image() -> VMImage {
     image.metadata.name = Some(GUEST_IMAGE.into());
     image.spec.disk_size = Some(Quantity("4Gi".into()));
     image.spec.sources[0].volume = Some(GUEST_IMAGE_VOLUME.into());
+    image
+}
+
+/// The installer CD as a Deferred image: each machine boots it beside an empty 4Gi disk, and
+/// it writes the test guest onto that disk and reboots into it.
+pub fn installer_image() -> VMImage {
+    let mut image = image();
+    image.metadata.name = Some(INSTALLER_IMAGE.into());
+    image.spec.install_mode = InstallMode::Deferred;
+    image.spec.disk_size = Some(Quantity("4Gi".into()));
+    image.spec.sources[0].volume = Some(INSTALLER_VOLUME.into());
     image
 }
 
