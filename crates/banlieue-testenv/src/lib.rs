@@ -8,3 +8,4 @@ pub mod guest_agent;
 pub mod guest_image;
 pub mod libvirtd;
 pub mod node;
+pub mod poll;

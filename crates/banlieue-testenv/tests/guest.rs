@@ -19,8 +19,36 @@ use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 const POLL: Duration = Duration::from_millis(500);
 
-const DOMAIN: &str = "<domain type='qemu'>
-  <name>NAME</name>
+/// The domain both tests boot, as the provider would define it; `boot_order` and the CD-ROMs
+/// (install medium first, then the seed) are what a Deferred machine adds.
+fn domain_xml(
+    name: &str,
+    disk: &Path,
+    cdroms: &[&Path],
+    console: &Path,
+    tpm: bool,
+) -> Result<String> {
+    let boot_order = if cdroms.len() > 1 {
+        "<boot dev='hd'/><boot dev='cdrom'/>"
+    } else {
+        ""
+    };
+    let mut cdrom_xml = String::new();
+    for (cdrom, dev) in cdroms.iter().zip(["sda", "sdb"]) {
+        cdrom_xml.push_str(&format!(
+            "<disk type='file' device='cdrom'><driver name='qemu' type='raw'/>\
+             <source file='{}'/><target dev='{dev}' bus='scsi'/><readonly/></disk>\n",
+            path_str(cdrom)?
+        ));
+    }
+    let tpm = if tpm {
+        "<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm>"
+    } else {
+        ""
+    };
+    Ok(format!(
+        "<domain type='qemu'>
+  <name>{name}</name>
   <memory unit='MiB'>1024</memory>
   <vcpu>2</vcpu>
   <os firmware='efi'>
@@ -29,70 +57,28 @@ const DOMAIN: &str = "<domain type='qemu'>
       <feature enabled='no' name='secure-boot'/>
       <feature enabled='no' name='enrolled-keys'/>
     </firmware>
+    {boot_order}
   </os>
   <features><acpi/></features>
   <devices>
     <disk type='file' device='disk'>
       <driver name='qemu' type='qcow2'/>
-      <source file='OVERLAY'/>
+      <source file='{disk}'/>
       <target dev='vda' bus='virtio'/>
     </disk>
     <controller type='scsi' model='virtio-scsi'/>
-    <disk type='file' device='cdrom'>
-      <driver name='qemu' type='raw'/>
-      <source file='SEED'/>
-      <target dev='sda' bus='scsi'/>
-      <readonly/>
-    </disk>
+    {cdrom_xml}
     <interface type='user'><model type='virtio'/></interface>
     <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
-    <serial type='file'><source path='CONSOLE'/><target port='0'/></serial>
-    <tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm>
+    <serial type='file'><source path='{console}'/><target port='0'/></serial>
+    {tpm}
     <video><model type='none'/></video>
   </devices>
-</domain>";
-
-/// The provider's Deferred shape: an empty disk first in the boot order, the install medium
-/// as the first CD-ROM, the seed as the second.
-const INSTALL_DOMAIN: &str = "<domain type='qemu'>
-  <name>NAME</name>
-  <memory unit='MiB'>1024</memory>
-  <vcpu>2</vcpu>
-  <os firmware='efi'>
-    <type arch='x86_64' machine='q35'>hvm</type>
-    <firmware>
-      <feature enabled='no' name='secure-boot'/>
-      <feature enabled='no' name='enrolled-keys'/>
-    </firmware>
-    <boot dev='hd'/>
-    <boot dev='cdrom'/>
-  </os>
-  <features><acpi/></features>
-  <devices>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='qcow2'/>
-      <source file='DISK'/>
-      <target dev='vda' bus='virtio'/>
-    </disk>
-    <controller type='scsi' model='virtio-scsi'/>
-    <disk type='file' device='cdrom'>
-      <driver name='qemu' type='raw'/>
-      <source file='INSTALLER'/>
-      <target dev='sda' bus='scsi'/>
-      <readonly/>
-    </disk>
-    <disk type='file' device='cdrom'>
-      <driver name='qemu' type='raw'/>
-      <source file='SEED'/>
-      <target dev='sdb' bus='scsi'/>
-      <readonly/>
-    </disk>
-    <interface type='user'><model type='virtio'/></interface>
-    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
-    <serial type='file'><source path='CONSOLE'/><target port='0'/></serial>
-    <video><model type='none'/></video>
-  </devices>
-</domain>";
+</domain>",
+        disk = path_str(disk)?,
+        console = path_str(console)?,
+    ))
+}
 
 #[tokio::test]
 async fn installer_writes_the_image_to_an_empty_disk_and_boots_it() -> Result<()> {
@@ -117,12 +103,7 @@ async fn installer_writes_the_image_to_an_empty_disk_and_boots_it() -> Result<()
     let seed = pool.join(format!("{name}-cidata.iso"));
     std::fs::write(&seed, NoCloudSeed::new(name, name).to_bytes()?)?;
     let console = pool.join("console.log");
-    let xml = INSTALL_DOMAIN
-        .replace("NAME", name)
-        .replace("DISK", path_str(&disk)?)
-        .replace("INSTALLER", path_str(&medium)?)
-        .replace("SEED", path_str(&seed)?)
-        .replace("CONSOLE", path_str(&console)?);
+    let xml = domain_xml(name, &disk, &[&medium, &seed], &console, false)?;
     let xml_file = daemon.dir().join("install.xml");
     std::fs::write(&xml_file, xml)?;
     daemon.virsh(["define", path_str(&xml_file)?]).await?;
@@ -210,11 +191,7 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
     std::fs::write(&seed, &iso)?;
 
     let console = pool.join("console.log");
-    let xml = DOMAIN
-        .replace("NAME", name)
-        .replace("OVERLAY", path_str(&overlay)?)
-        .replace("SEED", path_str(&seed)?)
-        .replace("CONSOLE", path_str(&console)?);
+    let xml = domain_xml(name, &overlay, &[&seed], &console, true)?;
     let xml_file = daemon.dir().join("guest.xml");
     std::fs::write(&xml_file, xml)?;
     daemon.virsh(["define", path_str(&xml_file)?]).await?;

@@ -14,7 +14,8 @@
 //! - cloud-init consumed the seed: the user-data's file exists, the instance-id is the
 //!   domain's UUID, and a replacement member is a new instance;
 //! - the agent going away is reported on the machine and touches nothing bound;
-//! - a guest without the guest-phase layer leaves its pool `ReadinessSignalAbsent`.
+//! - a guest without the guest-phase layer leaves its pool `ReadinessSignalAbsent`;
+//! - a Deferred image installs itself onto an empty disk, reboots, and only then is handed out.
 //!
 //! Guests are booted once for the whole file (two, then two more), since each costs about a
 //! minute of both cores. The figures it prints (create → GuestReady, claim → Bound, agent
@@ -28,13 +29,14 @@ use banlieue::dev::{self, objects};
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
-    ClaimPhase, LibvirtMachine, PoolReadiness, Provider, VirtualMachine, VirtualMachineClaim,
-    VirtualMachinePool,
+    ClaimPhase, LibvirtMachine, LocalObjectReference, PoolReadiness, Provider, VirtualMachine,
+    VirtualMachineClaim, VirtualMachinePool,
 };
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::guest_agent;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::poll;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -45,12 +47,15 @@ use tokio_util::sync::CancellationToken;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Any one wait for a boot: TCG guests, two at a time, on a busy 2-core machine.
-const BOOT_DEADLINE: Duration = Duration::from_secs(240);
+// Three boots at once took 122–224 s here depending on what else ran.
+const BOOT_DEADLINE: Duration = Duration::from_secs(300);
 /// Any other wait.
 const DEADLINE: Duration = Duration::from_secs(60);
 /// The pool of layered guests, and the one whose guests remove the layer at boot.
 const POOL: &str = "guests";
 const NO_LAYER_POOL: &str = "no-layer";
+/// The pool of the Deferred image.
+const DEFERRED_POOL: &str = "installed";
 /// How long GuestReady members may stay silent before their pool says ReadinessSignalAbsent.
 const SIGNAL_GRACE: Duration = Duration::from_secs(45);
 /// How long agent commands are counted once every guest is ready and nothing happens.
@@ -363,6 +368,79 @@ async fn scenario(
     let vm = vms.get(&member).await?;
     assert!(vm.metadata.deletion_timestamp.is_none());
     assert!(guest_ready(&vm), "GuestReady is final for the boot");
+
+    deferred_install(&admin, libvirtd, &claims, &vms).await
+}
+
+/// A Deferred image: each member boots the installer CD beside its empty disk; the installer
+/// writes the test guest onto the disk and reboots into it. The GuestReady pool hands the member
+/// out only once the installed system, running from the machine's own disk, says `ready`.
+async fn deferred_install(
+    admin: &Client,
+    libvirtd: &Libvirtd,
+    claims: &Api<VirtualMachineClaim>,
+    vms: &Api<VirtualMachine>,
+) -> Result<(), BoxError> {
+    let installer = banlieue_testenv::guest_image::installer_path()
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    dev::upload_volume(libvirtd, &installer, objects::INSTALLER_VOLUME).await?;
+    dev::apply(admin, &objects::installer_image()).await?;
+    let mut pool = guest_pool(DEFERRED_POOL, 1, objects::GUEST_USER_DATA);
+    pool.spec.template.spec.image_ref = LocalObjectReference::new(objects::INSTALLER_IMAGE);
+    let created = Instant::now();
+    dev::apply(admin, &pool).await?;
+    let mut installed = claim("installed");
+    installed.spec.pool_ref.name = DEFERRED_POOL.into();
+    claims.create(&PostParams::default(), &installed).await?;
+
+    // An install and two boots.
+    let bound = wait_until(
+        "the Deferred pool's claim to bind",
+        BOOT_DEADLINE * 2,
+        || async {
+            let claim = claims.get("installed").await?;
+            let bound = claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound);
+            Ok(bound.then_some(claim))
+        },
+    )
+    .await?;
+    eprintln!(
+        "Deferred claim Bound {:.1?} after its pool was created (install, reboot, boot)",
+        created.elapsed()
+    );
+    let st = bound.status.unwrap_or_default();
+    let member = st
+        .virtual_machine_ref
+        .ok_or("a Bound claim names no member")?
+        .name;
+    let vm = vms.get(&member).await?;
+    assert!(guest_ready(&vm));
+    assert_eq!(
+        vm.status.as_ref().and_then(|s| s.guest_phase.as_deref()),
+        Some("ready")
+    );
+    assert_eq!(st.tpm_endorsement_certificates.len(), 2, "EK certificates");
+    let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
+    // The running system is the installed one, on the machine's own disk, with the install
+    // medium still attached and no backing file under the disk.
+    let root = guest_agent::run(
+        libvirtd,
+        &domain,
+        "/usr/bin/findmnt",
+        &["-n", "-o", "SOURCE", "/"],
+    )
+    .await?;
+    assert_eq!(String::from_utf8_lossy(&root).trim(), "/dev/vda2");
+    let xml = libvirtd.virsh(["dumpxml", &domain]).await?;
+    assert!(
+        xml.contains(objects::INSTALLER_VOLUME),
+        "install medium attached"
+    );
+    assert!(
+        !xml.contains(objects::GUEST_IMAGE_VOLUME),
+        "a Deferred disk has no backing image"
+    );
     Ok(())
 }
 
@@ -556,25 +634,11 @@ fn metric(registry: &Registry, name: &str) -> Result<f64, BoxError> {
         .and_then(|v| v.trim().parse::<f64>().map_err(BoxError::from))
 }
 
-/// Polls `probe` every 500 ms until it yields a value; errors end the wait only at the
-/// deadline, reported with the last one.
-async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, mut probe: F) -> Result<T, BoxError>
+/// Polls `probe` every 500 ms until it yields a value, for at most `deadline`.
+async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>, BoxError>>,
 {
-    let started = Instant::now();
-    loop {
-        let last = probe().await;
-        match last {
-            Ok(Some(value)) => return Ok(value),
-            _ if started.elapsed() < deadline => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Ok(None) => return Err(format!("{what}: not within {deadline:?}").into()),
-            Err(error) => {
-                return Err(format!("{what}: not within {deadline:?}; last error: {error}").into());
-            }
-        }
-    }
+    Ok(poll::until(what, deadline, Duration::from_millis(500), probe).await?)
 }

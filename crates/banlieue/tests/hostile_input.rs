@@ -26,6 +26,7 @@ use banlieue_api::{
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::poll;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -956,27 +957,13 @@ fn dynamic_api(client: Client, object: &Value) -> Result<Api<DynamicObject>, Box
     Ok(Api::namespaced_with(client, SYSTEM_NAMESPACE, &resource))
 }
 
-/// Polls `probe` every 200 ms until it yields a value; errors end the wait only at
-/// [`DEADLINE`], reported with the last one.
-async fn wait_until<T, F, Fut>(what: &str, mut probe: F) -> Result<T, BoxError>
+/// Polls `probe` every 200 ms until it yields a value, for at most [`DEADLINE`].
+async fn wait_until<T, F, Fut>(what: &str, probe: F) -> Result<T, BoxError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>, BoxError>>,
 {
-    let started = Instant::now();
-    loop {
-        let last = probe().await;
-        match last {
-            Ok(Some(value)) => return Ok(value),
-            _ if started.elapsed() < DEADLINE => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Ok(None) => return Err(format!("{what}: not within {DEADLINE:?}").into()),
-            Err(error) => {
-                return Err(format!("{what}: not within {DEADLINE:?}; last error: {error}").into());
-            }
-        }
-    }
+    Ok(poll::until(what, DEADLINE, Duration::from_millis(200), probe).await?)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,89 @@
+//! Waiting in tests for something a real peer does in its own time: one poll loop with a
+//! deadline, whose error says what was awaited and the probe's last error.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// A wait that ran out: what was awaited, for how long, and the probe's last error if the
+/// probe failed rather than said "not yet".
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: not within {after:?}{last_error}")]
+pub struct PollTimeout {
+    pub what: String,
+    pub after: Duration,
+    last_error: String,
+}
+
+/// Calls `probe` every `interval` until it yields a value. Errors end the wait only at the
+/// deadline (a peer coming up answers with errors for a while), reported with the last one.
+pub async fn until<T, E, F, Fut>(
+    what: &str,
+    deadline: Duration,
+    interval: Duration,
+    mut probe: F,
+) -> Result<T, PollTimeout>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, E>>,
+{
+    let started = Instant::now();
+    loop {
+        let last = probe().await;
+        match last {
+            Ok(Some(value)) => return Ok(value),
+            _ if started.elapsed() < deadline => tokio::time::sleep(interval).await,
+            Ok(None) => {
+                return Err(PollTimeout {
+                    what: what.to_owned(),
+                    after: deadline,
+                    last_error: String::new(),
+                });
+            }
+            Err(error) => {
+                return Err(PollTimeout {
+                    what: what.to_owned(),
+                    after: deadline,
+                    last_error: format!("; last error: {error}"),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn yields_the_value_or_says_what_it_waited_for() {
+        let mut calls = 0;
+        let value = until(
+            "three calls",
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+            || {
+                calls += 1;
+                let n = calls;
+                async move { Ok::<_, String>((n == 3).then_some(n)) }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(value, 3);
+
+        let timeout = until(
+            "nothing",
+            Duration::from_millis(20),
+            Duration::from_millis(1),
+            || async { Err::<Option<()>, _>("refused") },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            timeout.to_string(),
+            "nothing: not within 20ms; last error: refused"
+        );
+    }
+}
