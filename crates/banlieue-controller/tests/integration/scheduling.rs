@@ -79,6 +79,15 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
     let machines = h.api::<LibvirtMachine>();
     let tpm_machine = machines.get("tpm-01").await?;
     assert!(tpm_machine.spec.tpm_enabled);
+    let tpm_vm = h.api::<VirtualMachine>().get("tpm-01").await?;
+    assert_eq!(
+        tpm_vm
+            .status
+            .map(|s| s.tpm_endorsement_certificates)
+            .unwrap_or_default(),
+        vec![crate::support::fake_provider::FAKE_EK_PEM.to_owned()],
+        "the tpm member carries its machine's EK certificate"
+    );
     let web_machine = machines.get("web-01").await?;
     assert!(!web_machine.spec.tpm_enabled);
     assert_eq!(

@@ -115,13 +115,20 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                         "message": "", "lastTransitionTime": now()}),
                     );
                 }
-                let status = json!({"status": {
+                let mut status = json!({"status": {
                     "ready": true,
                     "initialization": {"provisioned": true},
                     "domainName": format!("{}-{name}", machine.namespace().unwrap_or_default()),
                     "addresses": [{"type": "InternalIP", "address": address}],
                     "conditions": conditions,
                 }});
+                // A vTPM's EK certificate, as the libvirt provider records it (ADR-0045): a
+                // tpmEnabled member is not available without one.
+                if machine.spec.tpm_enabled {
+                    status["status"]["tpmEndorsementCertificates"] = json!([FAKE_EK_PEM]);
+                    status["status"]["tpmEndorsementKeyDigests"] =
+                        json!([format!("sha256:{}", "00".repeat(32))]);
+                }
                 let _ = api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                     .await;
@@ -129,6 +136,9 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
         }
     }
 }
+
+/// Not a real certificate: the controller copies the recorded bytes and never parses them.
+pub const FAKE_EK_PEM: &str = "-----BEGIN CERTIFICATE-----\nZmFrZQ==\n-----END CERTIFICATE-----\n";
 
 fn now() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
