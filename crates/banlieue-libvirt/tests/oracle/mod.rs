@@ -28,9 +28,7 @@ const CFLAGS: &[&str] = &["-O2", "-I/usr/include/tirpc"];
 const LIBS: &[&str] = &["-ltirpc"];
 
 pub fn protocol_dir() -> PathBuf {
-    std::env::var_os("BANLIEUE_PROTOCOL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../protocol"))
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("protocol")
 }
 
 pub fn inputs() -> Vec<Input> {
