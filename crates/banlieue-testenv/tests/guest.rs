@@ -89,17 +89,7 @@ async fn installer_writes_the_image_to_an_empty_disk_and_boots_it() -> Result<()
     let medium = pool.join("installer.iso");
     std::fs::copy(&installer, &medium).with_context(|| format!("copy {}", installer.display()))?;
     let disk = pool.join(format!("{name}-os.qcow2"));
-    let created = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2"])
-        .arg(&disk)
-        .arg("4G")
-        .output()
-        .context("run qemu-img create")?;
-    ensure!(
-        created.status.success(),
-        "qemu-img create: {}",
-        String::from_utf8_lossy(&created.stderr)
-    );
+    qemu_img_create(&[&disk, Path::new("4G")])?;
     let seed = pool.join(format!("{name}-cidata.iso"));
     std::fs::write(&seed, NoCloudSeed::new(name, name).to_bytes()?)?;
     let console = pool.join("console.log");
@@ -165,17 +155,13 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
     let base = pool.join("base.qcow2");
     std::fs::copy(&image, &base).with_context(|| format!("copy {}", image.display()))?;
     let overlay = pool.join(format!("{name}-os.qcow2"));
-    let created = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(&base)
-        .arg(&overlay)
-        .output()
-        .context("run qemu-img create")?;
-    ensure!(
-        created.status.success(),
-        "qemu-img create: {}",
-        String::from_utf8_lossy(&created.stderr)
-    );
+    qemu_img_create(&[
+        Path::new("-F"),
+        Path::new("qcow2"),
+        Path::new("-b"),
+        &base,
+        &overlay,
+    ])?;
 
     let token = format!(
         "{:x}",
@@ -293,6 +279,21 @@ fn openssl_issuer(pem: &str) -> Result<String> {
     let out = child.wait_with_output()?;
     ensure!(out.status.success(), "openssl x509 could not read {pem:?}");
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// `qemu-img create -q -f qcow2 ARGS…`.
+fn qemu_img_create(args: &[&Path]) -> Result<()> {
+    let created = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .args(args)
+        .output()
+        .context("run qemu-img create")?;
+    ensure!(
+        created.status.success(),
+        "qemu-img create: {}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    Ok(())
 }
 
 fn path_str(path: &Path) -> Result<&str> {
