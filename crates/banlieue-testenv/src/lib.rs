@@ -9,3 +9,4 @@ pub mod guest_image;
 pub mod libvirtd;
 pub mod node;
 pub mod poll;
+pub mod registry;
