@@ -23,7 +23,7 @@ use std::path::Path;
 
 use flate2::{Decompress, FlushDecompress, Status};
 
-use crate::artifact::Progress;
+use crate::artifact::{PROGRESS_INTERVAL, Progress};
 use crate::sparse::DiskSink;
 use crate::zstd::ZstdFrames;
 
@@ -405,7 +405,8 @@ impl ReadAt for File {
     }
 }
 
-impl ReadAt for [u8] {
+/// An image held in memory.
+impl ReadAt for Vec<u8> {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let start = usize::try_from(offset)
             .unwrap_or(usize::MAX)
@@ -589,9 +590,15 @@ impl<'a> Converter<'a> {
         done: &mut u64,
     ) -> Result<(), Qcow2Error> {
         if l2_offset == 0 {
-            sink.write_zeros(len).map_err(Qcow2Error::Write)?;
-            *done += len;
-            progress.update(*done);
+            // One L2 table maps up to 128 TiB (2 MiB clusters): report progress on the way.
+            let mut left = len;
+            while left > 0 {
+                let n = left.min(PROGRESS_INTERVAL);
+                sink.write_zeros(n).map_err(Qcow2Error::Write)?;
+                *done += n;
+                left -= n;
+                progress.update(*done);
+            }
             return Ok(());
         }
         if l2_offset % self.cluster_size != 0 {
