@@ -514,7 +514,7 @@ impl<'a> Converter<'a> {
             return Err(corrupt(format!("L1 table of {l1_bytes} bytes")));
         }
         if l1_entries > 0 {
-            if header.l1_table_offset % cluster_size != 0 {
+            if !header.l1_table_offset.is_multiple_of(cluster_size) {
                 return Err(corrupt(format!(
                     "L1 table offset {:#x} is not cluster-aligned",
                     header.l1_table_offset
@@ -601,7 +601,7 @@ impl<'a> Converter<'a> {
             }
             return Ok(());
         }
-        if l2_offset % self.cluster_size != 0 {
+        if !l2_offset.is_multiple_of(self.cluster_size) {
             return Err(corrupt(format!(
                 "L2 table offset {l2_offset:#x} is not cluster-aligned"
             )));
@@ -650,7 +650,7 @@ impl<'a> Converter<'a> {
             return sink.write_data(data).map_err(Qcow2Error::Write);
         }
         let host = entry & OFFSET_MASK;
-        if host % self.cluster_size != 0 {
+        if !host.is_multiple_of(self.cluster_size) {
             return Err(corrupt(format!(
                 "data cluster offset {host:#x} is not cluster-aligned"
             )));

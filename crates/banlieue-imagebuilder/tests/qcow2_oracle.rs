@@ -40,7 +40,7 @@ fn qemu_io(image: &Path, commands: &[&str]) {
         args.extend(["-c", c]);
     }
     args.push(image.to_str().unwrap());
-    run("qemu-io", &args);
+    run("/usr/bin/qemu-io", &args);
 }
 
 struct Rng(u64);
