@@ -1,0 +1,32 @@
+//! The hypervisor-agnostic half of banlieue's image pipeline: from what was pulled from an OCI
+//! registry to a raw disk image file, the artifact.
+//!
+//! 1. [`manifest`] parses the manifest and image config (bounded); [`classify()`] decides the
+//!    image's [`Shape`] or refuses it with a [`Refusal`].
+//! 2. [`layer`] turns downloaded, digest-verified blobs into one disk file: decompressing a disk
+//!    artifact's layer, or extracting a containerDisk's `disk/` file from its layer tars.
+//! 3. [`qcow2`] converts a qcow2 disk to raw; [`artifact::copy_raw`] copies a raw one. Both write
+//!    into an [`ArtifactWriter`], which keeps zero blocks as holes, hashes the content and
+//!    renames the file into place when complete; a [`CompletionRecord`] beside it lets a later
+//!    build of the same manifest reuse it.
+//!
+//! Everything is blocking std I/O with constant-size buffers; an async caller runs it in
+//! `spawn_blocking`.
+
+// The network side and the orchestration live beside these modules:
+// pub mod pull;
+// pub mod build;
+
+pub mod artifact;
+pub mod classify;
+mod error;
+pub mod layer;
+pub mod manifest;
+pub mod qcow2;
+pub mod sparse;
+pub mod zstd;
+
+pub use artifact::{ArtifactRecord, ArtifactWriter, CompletionRecord};
+pub use classify::{Compression, DiskFormat, Refusal, Shape, classify};
+pub use error::{Error, Result};
+pub use sparse::DiskSink;
