@@ -76,6 +76,19 @@ pub struct ImageSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub volume: Option<String>,
+    /// Registry credentials for a Url source: a Secret of type
+    /// `kubernetes.io/dockerconfigjson` in the image's namespace. Anonymous when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pull_secret_name: Option<String>,
+    /// A ConfigMap in the image's namespace whose `ca.crt` holds the CA bundle of a private
+    /// registry, trusted besides the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub ca_config_map_name: Option<String>,
+    /// Speak plain HTTP to the registry. Refused unless the registry is on a loopback address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plain_http: bool,
 }
 
 /// Kinds of image source.
@@ -118,7 +131,7 @@ pub enum ImagePhase {
 }
 
 /// The built artifact of a Url source.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BuildArtifact {
     /// Artifact kind; `cloudImage` is a raw disk image.
@@ -137,14 +150,31 @@ pub struct BuildArtifact {
     pub sha256: Option<String>,
     /// Ready once the file is complete.
     pub phase: ArtifactPhase,
+    /// The OCI manifest digest the artifact is built from (`sha256:…`): the source's tag as it
+    /// resolved. A tag that moves to another digest is a new build and a new image revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_digest: Option<String>,
+    /// Why the build is Pending or Failed, as a CamelCase reason (docs/guides/image-builder.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What happened, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Bytes of the disk written so far, while Building.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_done: Option<i64>,
+    /// Bytes of the disk in all, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<i64>,
 }
 
 /// The one artifact kind there is.
 pub const ARTIFACT_KIND_CLOUD_IMAGE: &str = "cloudImage";
 
 /// Phases of a build artifact.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum ArtifactPhase {
+    #[default]
     Pending,
     Building,
     Ready,

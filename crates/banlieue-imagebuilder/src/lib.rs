@@ -10,19 +10,30 @@
 //!    renames the file into place when complete; a [`CompletionRecord`] beside it lets a later
 //!    build of the same manifest reuse it.
 //!
-//! Everything is blocking std I/O with constant-size buffers; an async caller runs it in
-//! `spawn_blocking`.
-
-// The network side and the orchestration live beside these modules:
-// pub mod pull;
-// pub mod build;
+//! Those are blocking std I/O with constant-size buffers, run in `spawn_blocking`. Around them:
+//!
+//! - [`reconcile`]: the reconciler (`banlieue imagebuild controller`) that resolves each
+//!   VMImage's Url source to a manifest digest and keeps one build Job per digest ([`decide`]
+//!   is its pure half; ADR-0064);
+//! - [`build`]: what a build Job runs (`banlieue imagebuild run`); [`pull`] is its network side,
+//!   [`credentials`] how it reaches a registry, [`convert`] the blocking middle, [`publish`] how
+//!   it writes `status.buildArtifact`;
+//! - [`reason`]: why a build stops short, as published.
 
 pub mod artifact;
+pub mod build;
 pub mod classify;
+pub mod convert;
+pub mod credentials;
+pub mod decide;
 mod error;
 pub mod layer;
 pub mod manifest;
+pub mod publish;
+pub mod pull;
 pub mod qcow2;
+pub mod reason;
+pub mod reconcile;
 pub mod sparse;
 pub mod zstd;
 

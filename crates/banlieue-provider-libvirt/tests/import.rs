@@ -224,6 +224,9 @@ impl Cluster {
             kind: ImageSourceKind::Url,
             url: Some("oci://registry.invalid/kairos:2404".into()),
             volume: None,
+            pull_secret_name: None,
+            ca_config_map_name: None,
+            plain_http: false,
         }
     }
 
@@ -461,6 +464,7 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
                 size_bytes: None,
                 sha256: None,
                 phase: ArtifactPhase::Ready,
+                ..Default::default()
             }}})),
         )
         .await
@@ -688,6 +692,9 @@ async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
         kind: ImageSourceKind::BackingFile,
         url: None,
         volume: Some(volume.into()),
+        pull_secret_name: None,
+        ca_config_map_name: None,
+        plain_http: false,
     };
     c.image("present", backing("base.qcow2")).await;
     c.image("absent", backing("missing.qcow2")).await;

@@ -93,6 +93,40 @@ pub fn set_controller_image(
     Ok(())
 }
 
+/// The image builder's Deployment (`deploy/imagebuilder.yaml`) and its container.
+const IMAGEBUILDER_DEPLOYMENT: &str = "banlieue-imagebuilder";
+const IMAGEBUILDER_CONTAINER: &str = "imagebuilder";
+
+/// Sets the image of the image builder's container among `objects`, and the image its build
+/// Jobs run (`BANLIEUE_IMAGE`): the same binary in both.
+pub fn set_imagebuilder_image(objects: &mut [DynamicObject], image: &str) {
+    let container = objects
+        .iter_mut()
+        .find(|o| {
+            o.types.as_ref().is_some_and(|t| t.kind == "Deployment")
+                && o.metadata.name.as_deref() == Some(IMAGEBUILDER_DEPLOYMENT)
+        })
+        .and_then(|d| d.data.pointer_mut("/spec/template/spec/containers"))
+        .and_then(|c| c.as_array_mut())
+        .and_then(|containers| {
+            containers
+                .iter_mut()
+                .find(|c| c.get("name").and_then(|n| n.as_str()) == Some(IMAGEBUILDER_CONTAINER))
+        })
+        .and_then(|c| c.as_object_mut());
+    let Some(container) = container else {
+        return;
+    };
+    container.insert("image".into(), image.into());
+    let env = container
+        .entry("env")
+        .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+    if let Some(env) = env.as_array_mut() {
+        env.retain(|e| e.get("name").and_then(|n| n.as_str()) != Some("BANLIEUE_IMAGE"));
+        env.push(serde_json::json!({"name": "BANLIEUE_IMAGE", "value": image}));
+    }
+}
+
 /// Lower applies first; the sort is stable, so file order holds within a rank.
 fn apply_rank(kind: &str) -> u8 {
     match kind {
@@ -167,6 +201,7 @@ not checked against their creator, and once applied with no ConfigMap every clai
 pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
     let mut objects = bootstrap_objects()?;
     set_controller_image(&mut objects, image)?;
+    set_imagebuilder_image(&mut objects, image);
     let applied = apply_all(&client, &objects, |a| println!("{a}")).await?;
     let changed = applied
         .iter()
@@ -220,6 +255,32 @@ mod tests {
             .map(|(a, _)| a.metadata.name.clone())
             .collect();
         assert_eq!(changed, [Some(CONTROLLER_DEPLOYMENT.to_owned())]);
+    }
+
+    #[test]
+    fn the_image_builder_runs_and_builds_with_the_same_image() {
+        let mut objects = bootstrap_objects().unwrap();
+        set_imagebuilder_image(&mut objects, "registry.test/banlieue:x");
+        let builder = objects
+            .iter()
+            .find(|o| {
+                o.types.as_ref().is_some_and(|t| t.kind == "Deployment")
+                    && o.metadata.name.as_deref() == Some(IMAGEBUILDER_DEPLOYMENT)
+            })
+            .unwrap();
+        let container = builder
+            .data
+            .pointer("/spec/template/spec/containers/0")
+            .unwrap();
+        assert_eq!(container["image"], "registry.test/banlieue:x");
+        let images: Vec<_> = container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "BANLIEUE_IMAGE")
+            .map(|e| e["value"].clone())
+            .collect();
+        assert_eq!(images, ["registry.test/banlieue:x"]);
     }
 
     #[test]

@@ -58,6 +58,65 @@ enum Command {
     Libvirt(libvirt::Command),
     /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
     Cidata(cidata::CidataArgs),
+    /// The image builder: VMImage Url sources into raw disk artifacts (ADR-0010, ADR-0064).
+    #[command(subcommand)]
+    Imagebuild(ImagebuildCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ImagebuildCommand {
+    /// Run the build reconciler: resolve each VMImage's Url source to a manifest digest and
+    /// keep one build Job per digest in the build namespace.
+    Controller(ImagebuildControllerArgs),
+    /// Build one VMImage's artifact (what a build Job runs): pull the pinned reference, verify
+    /// every blob, write the raw disk onto the artifacts volume, publish it on the VMImage.
+    ///
+    /// Registry credentials and CA are read from the objects the VMImage names, through the
+    /// Kubernetes API, never from the command line.
+    Run {
+        /// The VMImage being built.
+        #[arg(long)]
+        vmimage: String,
+        /// The VMImage's namespace.
+        #[arg(long)]
+        namespace: String,
+        /// The source's repository pinned to the digest to build (`repo@sha256:…`).
+        #[arg(long)]
+        reference: String,
+        /// The artifacts volume's mount point.
+        #[arg(long, default_value = "/artifacts")]
+        artifacts: PathBuf,
+        /// The artifacts PVC, named on the published artifact.
+        #[arg(long, default_value = "banlieue-artifacts")]
+        claim_name: String,
+        /// Refuse disks larger than this many bytes.
+        #[arg(long, default_value_t = banlieue_imagebuilder::build::DEFAULT_MAX_DISK_BYTES)]
+        max_disk_bytes: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ImagebuildControllerArgs {
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Build only the VMImages of this namespace (all namespaces when unset).
+    #[arg(long, env = "BANLIEUE_IMAGEBUILD_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// The build namespace, where build Jobs run next to the artifacts PVC.
+    #[arg(long, default_value = banlieue_api::names::DEFAULT_BUILD_NAMESPACE)]
+    build_namespace: String,
+    /// The artifacts PVC in the build namespace.
+    #[arg(long, default_value = "banlieue-artifacts")]
+    artifacts_claim: String,
+    /// The ServiceAccount build pods run as.
+    #[arg(long, default_value = "banlieue-build")]
+    build_service_account: String,
+    /// The container image build pods run (banlieue's own).
+    #[arg(long, env = "BANLIEUE_IMAGE", default_value = banlieue::bootstrap::DEFAULT_IMAGE)]
+    build_image: String,
+    /// How often a built tag is resolved again, to notice that it moved.
+    #[arg(long, default_value_t = 600)]
+    refresh_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,6 +311,58 @@ fn main() -> ExitCode {
         Command::Dev(command) => block_on(dev::run(command)),
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
         Command::Cidata(args) => return cidata::run(&args),
+        Command::Imagebuild(ImagebuildCommand::Controller(args)) => {
+            let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
+                namespace: args.namespace,
+                refresh: Duration::from_secs(args.refresh_seconds.max(1)),
+                ..Default::default()
+            };
+            config.build.namespace = args.build_namespace;
+            config.build.artifacts_claim = args.artifacts_claim;
+            config.build.service_account = args.build_service_account;
+            config.build.image = args.build_image;
+            block_on(serve(
+                Roles {
+                    imagebuilder: Some(config),
+                    ..Roles::default()
+                },
+                args.serve,
+            ))
+        }
+        Command::Imagebuild(ImagebuildCommand::Run {
+            vmimage,
+            namespace,
+            reference,
+            artifacts,
+            claim_name,
+            max_disk_bytes,
+        }) => block_on(async {
+            use banlieue_imagebuilder::build::{self, BuildArgs, BuildOutcome};
+            let kube = kube::Client::try_default().await?;
+            let args = BuildArgs {
+                vmimage,
+                namespace,
+                reference,
+                artifacts,
+                claim_name: Some(claim_name),
+                max_disk_bytes,
+            };
+            match build::run(kube, args).await? {
+                BuildOutcome::Built(r) => {
+                    println!("built {} bytes, sha256 {}", r.size_bytes, r.sha256)
+                }
+                BuildOutcome::Reused(r) => {
+                    println!(
+                        "reused the artifact already built: {} bytes, sha256 {}",
+                        r.size_bytes, r.sha256
+                    )
+                }
+                BuildOutcome::Superseded => {
+                    println!("the VMImage now names another digest; nothing published")
+                }
+            }
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,6 +2,7 @@
 //! same wiring serves `banlieue controller`, `banlieue provider libvirt run` and `dev up`.
 
 use banlieue_controller::{ControllerConfig, Metrics};
+use banlieue_imagebuilder::reconcile::ReconcilerConfig;
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
 use banlieue_provider_libvirt::machine::ProviderConfig;
@@ -28,6 +29,8 @@ pub struct Roles {
     pub domain_type: Option<DomainType>,
     /// The controller's ReadinessSignalAbsent grace, instead of its default.
     pub readiness_signal_grace: Option<std::time::Duration>,
+    /// The image builder's reconciler: build Jobs for VMImages with Url sources.
+    pub imagebuilder: Option<ReconcilerConfig>,
 }
 
 /// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
@@ -48,6 +51,14 @@ pub fn spawn_all(
         }
         tasks.push(supervise("controller", shutdown, async move {
             banlieue_controller::run(kube, config, metrics, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
+    }
+    if let Some(config) = roles.imagebuilder {
+        let (kube, stop) = (kube.clone(), shutdown.clone());
+        tasks.push(supervise("image builder", shutdown, async move {
+            banlieue_imagebuilder::reconcile::run(kube, config, stop.cancelled_owned())
                 .await
                 .map_err(BoxError::from)
         }));

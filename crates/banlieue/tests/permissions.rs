@@ -19,7 +19,7 @@ const BUILD: &str = "banlieue-imagebuild";
 /// Any namespace an administrator did not enable.
 const OTHER: &str = "default";
 
-const IDENTITIES: [(&str, &str); 3] = [
+const IDENTITIES: [(&str, &str); 5] = [
     (
         "controller",
         "system:serviceaccount:banlieue-system:banlieue-controller",
@@ -31,6 +31,14 @@ const IDENTITIES: [(&str, &str); 3] = [
     (
         "import",
         "system:serviceaccount:banlieue-imagebuild:banlieue-import",
+    ),
+    (
+        "imagebuilder",
+        "system:serviceaccount:banlieue-system:banlieue-imagebuilder",
+    ),
+    (
+        "build",
+        "system:serviceaccount:banlieue-imagebuild:banlieue-build",
     ),
 ];
 
@@ -143,8 +151,15 @@ async fn cell(client: &Client, user: &str, ask: &Ask) -> String {
 }
 
 async fn table(client: &Client) -> String {
-    let mut out = String::from("| verb | resource | controller | provider | import |\n");
-    out.push_str("|---|---|---|---|---|\n");
+    let mut out = String::from("| verb | resource |");
+    let mut rule = String::from("|---|---|");
+    for (label, _) in IDENTITIES {
+        out.push_str(&format!(" {label} |"));
+        rule.push_str("---|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
     for ask in ASKS {
         let Ask(verb, group, resource, name, _) = ask;
         let mut shown = if group.is_empty() {

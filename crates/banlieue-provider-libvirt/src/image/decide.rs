@@ -30,7 +30,8 @@ pub const CONTAINER_NAME: &str = "import";
 pub const PROVIDER_CLASS_EXAMPLE: &str = "examples/09-providerclass-libvirt.yaml";
 
 /// The image's effective revision: `spec.revision`, or `r` and 10 hex digits of the SHA-256 of
-/// its sources, so that a changed source is a new revision (and a new volume).
+/// its sources and of the manifest digest its build artifact was made from, so that a changed
+/// source, or a tag that moved to other content, is a new revision (and a new volume).
 pub fn revision(image: &VMImage) -> String {
     if let Some(r) = image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
         return r.to_owned();
@@ -50,6 +51,18 @@ pub fn revision(image: &VMImage) -> String {
             hasher.update((field.len() as u64).to_be_bytes());
             hasher.update(field.as_bytes());
         }
+    }
+    // Only when there is one, so that images without a build (BackingFile sources, or a build
+    // not yet resolved) keep the revision they always had.
+    if let Some(manifest) = image
+        .status
+        .as_ref()
+        .and_then(|s| s.build_artifact.as_ref())
+        .and_then(|a| a.manifest_digest.as_deref())
+    {
+        hasher.update(b"manifest");
+        hasher.update((manifest.len() as u64).to_be_bytes());
+        hasher.update(manifest.as_bytes());
     }
     let digest = hasher.finalize();
     let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
@@ -582,6 +595,9 @@ mod tests {
                     kind: ImageSourceKind::Url,
                     url: Some(url.into()),
                     volume: None,
+                    pull_secret_name: None,
+                    ca_config_map_name: None,
+                    plain_http: false,
                 }],
             },
         )
@@ -688,6 +704,26 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_tag_is_a_new_revision_unless_the_spec_pins_one() {
+        let built = |spec: Option<&str>, digest: &str| {
+            let mut i = image(spec, "oci://a:latest");
+            i.status = Some(VMImageStatus {
+                build_artifact: Some(BuildArtifact {
+                    manifest_digest: Some(digest.into()),
+                    ..BuildArtifact::default()
+                }),
+                ..VMImageStatus::default()
+            });
+            revision(&i)
+        };
+        let unbuilt = revision(&image(None, "oci://a:latest"));
+        assert_ne!(built(None, "sha256:01"), unbuilt);
+        assert_ne!(built(None, "sha256:01"), built(None, "sha256:02"));
+        assert_eq!(built(None, "sha256:01"), built(None, "sha256:01"));
+        assert_eq!(built(Some("v3"), "sha256:02"), "v3");
+    }
+
+    #[test]
     fn pools_come_from_the_first_failure_domain_once_each() {
         let p = provider(&[("gold", "nvme"), ("std", "default"), ("fast", "nvme")]);
         assert_eq!(storage_pools(&p), vec!["nvme", "default"]);
@@ -722,6 +758,7 @@ mod tests {
             size_bytes: None,
             sha256: None,
             phase,
+            ..Default::default()
         };
         assert!(matches!(artifact_state(None), ArtifactState::Pending(_)));
         assert!(matches!(

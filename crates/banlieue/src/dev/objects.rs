@@ -232,6 +232,9 @@ pub fn image() -> VMImage {
                 kind: ImageSourceKind::BackingFile,
                 url: None,
                 volume: Some(IMAGE_VOLUME.into()),
+                pull_secret_name: None,
+                ca_config_map_name: None,
+                plain_http: false,
             }],
         },
     );

