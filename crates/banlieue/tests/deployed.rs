@@ -14,8 +14,9 @@
 //! below); the ProviderClass gets `BANLIEUE_LIBVIRT_DOMAIN_TYPE=qemu` (no usable KVM here); the
 //! pool keeps one replica instead of three (each is an EFI guest under TCG on two cores); the
 //! claim's subject id is the certificate user `alice` who creates it. The artifacts PVC is the
-//! guide's, bound to a hostPath PersistentVolume the test makes (the cluster's storage), and the
-//! test writes the artifact and its `status.buildArtifact` as banlieue-imagebuilder would.
+//! guide's, bound to a hostPath PersistentVolume the test makes (the cluster's storage); the
+//! image examples/10 names is pushed (skopeo) into a loopback registry with TLS and basic auth,
+//! which the example is pointed at, and built by banlieue-imagebuilder's pods.
 
 #[path = "deployed/guide.rs"]
 mod guide;
@@ -25,14 +26,17 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use banlieue_api::{Provider, VMImage, VirtualMachine, VirtualMachineClaim};
+use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, MEDIA_TYPE_QCOW2};
 use banlieue_testenv::control_plane::{ControlPlane, bin_dir};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::registry::{Layer, OciLayout, Registry, RegistryOptions};
+use base64::Engine as _;
 use guide::Guides;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 
 const NS: &str = "banlieue-system";
 const PROVIDER: &str = "libvirt-edge-host-7";
@@ -326,7 +330,8 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
 
     // 3. An image imported by the import Jobs from the artifacts PVC.
     let t = Instant::now();
-    let _artifacts = import_image(&cp, &mut guides, &libvirtd).await?;
+    let registry = Registry::start(RegistryOptions::secure()).await?;
+    let _artifacts = import_image(&cp, &mut guides, &libvirtd, &registry).await?;
     eprintln!("artifact Ready → both zones Ready: {:.1?}", t.elapsed());
 
     // 4. Example 17: a VMImage (BackingFile), a VMClass and a VirtualMachine → a running domain.
@@ -543,13 +548,15 @@ async fn print_memory(kube: &Client) {
     }
 }
 
-/// Step 4 of the libvirt guide: the artifacts PVC, examples/10's VMImage, its artifact as the
-/// builder would publish it, and the import Jobs' pods writing it into both pools. Returns the
+/// Step 4 of the libvirt guide: the artifacts PVC, examples/10's VMImage naming an image in a
+/// private registry, banlieue-imagebuilder's build Job's pod building it onto the PVC, and the
+/// import Jobs' pods writing it into both pools. Returns the
 /// directory backing the PersistentVolume, which must outlive the Jobs' pods.
 async fn import_image(
     cp: &ControlPlane,
     guides: &mut Guides,
     libvirtd: &Libvirtd,
+    registry: &Registry,
 ) -> Result<tempfile::TempDir> {
     let admin = cp.client()?;
     let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
@@ -558,17 +565,34 @@ async fn import_image(
     let backing = tempfile::tempdir()?;
     let dir = backing.path().join("artifacts");
     std::fs::create_dir(&dir)?;
-    let path = format!("{URL_IMAGE}.raw");
-    // A raw image with data at both ends and a hole between, readable by the Jobs' user.
+    // A raw image with data at both ends and a hole between, pushed as a compressed qcow2
+    // artifact (skopeo) into a registry with TLS and basic auth on loopback, as a site's
+    // private registry; the build Job's pod (hostNetwork, like every pod here) pulls it.
     let mut bytes = vec![0u8; 6 << 20];
     for (i, b) in bytes.iter_mut().enumerate().take(1 << 20) {
         *b = (i % 251) as u8;
     }
     bytes[(5 << 20)..].fill(0xa5);
-    std::fs::write(dir.join(&path), &bytes)?;
+    let raw = backing.path().join("disk.raw");
+    std::fs::write(&raw, &bytes)?;
+    let qcow2 = backing.path().join("disk.qcow2");
+    let status = Command::new("qemu-img")
+        .args(["convert", "-q", "-c", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow2)
+        .status()?;
+    assert!(status.success(), "qemu-img convert");
+    let layout = OciLayout::builder()
+        .config(ARTIFACT_TYPE, b"{}".to_vec())
+        .layer(Layer::from_file(MEDIA_TYPE_QCOW2, &qcow2))
+        .write(&backing.path().join("layout"))?;
+    registry
+        .push_layout(&layout, "kairos/ubuntu", "24.04")
+        .await?;
+    // The build pod runs as UID 65532: a hostPath volume takes no fsGroup, so the directory is
+    // made writable as a site's provisioner would.
     use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-    std::fs::set_permissions(dir.join(&path), std::fs::Permissions::from_mode(0o644))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
     let volumes: Api<PersistentVolume> = Api::all(admin.clone());
     volumes
         .create(
@@ -590,27 +614,77 @@ async fn import_image(
         &guide::yaml_block(&repo(""), PROVIDER_GUIDE, "name: banlieue-artifacts")?,
     )?;
 
+    // The administrator stores the registry's credentials and CA beside the image and names
+    // them in examples/10 (the reader's substitutions: the registry, and the two fields).
+    let credentials = registry.credentials().ok_or("registry credentials")?;
+    let auth = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", credentials.username, credentials.password));
+    kubectl_apply(
+        cp,
+        "admin",
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Secret",
+                 "metadata": {"name": "registry-pull", "namespace": NS},
+                 "type": "kubernetes.io/dockerconfigjson",
+                 "stringData": {".dockerconfigjson": serde_json::json!(
+                     {"auths": {registry.host(): {"auth": auth}}}).to_string()}},
+                {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "registry-ca", "namespace": NS},
+                 "data": {"ca.crt": registry.ca_pem().ok_or("registry CA")?}},
+            ]
+        })
+        .to_string(),
+    )?;
+    guides.substitute(
+        "examples/10-vmimage-url.yaml",
+        "url: oci://registry.example.com/kairos/ubuntu:24.04",
+        &format!(
+            "url: oci://{}",
+            registry.reference("kairos/ubuntu", "24.04")
+        ),
+    )?;
+    guides.substitute(
+        "examples/10-vmimage-url.yaml",
+        "# pullSecretName: registry-pull\n      # caConfigMapName: registry-ca",
+        "pullSecretName: registry-pull\n      caConfigMapName: registry-ca",
+    )?;
     guides.run(kubeconfig, "kubectl apply -f examples/10-vmimage-url.yaml")?;
-    let sha256 = Command::new("sha256sum").arg(dir.join(&path)).output()?;
-    let sha256 = String::from_utf8_lossy(&sha256.stdout)
-        .split_whitespace()
-        .next()
-        .ok_or("sha256sum")?
-        .to_owned();
+
+    // banlieue-imagebuilder's pod resolves the tag and starts the build Job, whose pod pulls,
+    // converts and publishes the artifact.
     let images: Api<VMImage> = Api::namespaced(admin.clone(), NS);
-    images
-        .patch_status(
-            URL_IMAGE,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"buildArtifact": {
-                "kind": "cloudImage",
-                "path": path,
-                "sizeBytes": bytes.len(),
-                "sha256": sha256,
-                "phase": "Ready",
-            }}})),
-        )
-        .await?;
+    let artifact = until("the build artifact Ready", 300, || async {
+        let artifact = images
+            .get(URL_IMAGE)
+            .await?
+            .status
+            .and_then(|s| s.build_artifact);
+        if let Some(a) = &artifact {
+            assert_ne!(format!("{:?}", a.phase), "Failed", "{a:?}");
+        }
+        Ok(artifact.filter(|a| format!("{:?}", a.phase) == "Ready"))
+    })
+    .await?;
+    let path = artifact.path.clone().ok_or("artifact path")?;
+    assert!(
+        std::fs::read(dir.join(&path))? == bytes,
+        "the artifact is not the disk pushed"
+    );
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD_NS);
+    let built = pods
+        .list(&ListParams::default().labels(&format!(
+            "banlieue.io/vmimage={URL_IMAGE},app.kubernetes.io/managed-by=banlieue-imagebuilder"
+        )))
+        .await?
+        .items;
+    assert!(!built.is_empty(), "no build pod");
+    for pod in &built {
+        let spec = pod.spec.as_ref().ok_or("pod spec")?;
+        assert_eq!(spec.service_account_name.as_deref(), Some("banlieue-build"));
+        // The registry password reached the pod through the API only.
+        assert!(!serde_json::to_string(spec)?.contains(&credentials.password));
+    }
     let zones = until("both zones of the image Ready", 240, || async {
         let image = images.get(URL_IMAGE).await?;
         let zones = image
@@ -654,7 +728,7 @@ async fn import_image(
         .ok_or("a line of the key")?;
     let jobs: Api<Job> = Api::namespaced(admin.clone(), BUILD_NS);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD_NS);
-    let selector = format!("banlieue.io/vmimage={URL_IMAGE}");
+    let selector = format!("banlieue.io/vmimage={URL_IMAGE},app.kubernetes.io/managed-by=banlieue");
     assert_eq!(
         jobs.list(&ListParams::default().labels(&selector))
             .await?
