@@ -206,6 +206,12 @@ impl Env {
     /// Runs the Job's container arguments as its pod would, as banlieue-build, with
     /// `--artifacts` on the test's directory. Returns (success, stdout + stderr).
     fn run_job(&self, job: &Job) -> Result<(bool, String)> {
+        let (ok, out, _) = self.run_job_in(job, &self.artifacts)?;
+        Ok((ok, out))
+    }
+
+    /// [`Env::run_job`] onto `artifacts`; also returns the build's wall time and peak RSS (KiB).
+    fn run_job_in(&self, job: &Job, artifacts: &Path) -> Result<(bool, String, Measured)> {
         let container = job
             .spec
             .as_ref()
@@ -217,17 +223,18 @@ impl Env {
             .iter()
             .position(|a| a == "--artifacts")
             .ok_or("--artifacts")?;
-        args[at + 1] = self.artifacts.display().to_string();
-        let out = Command::new(env!("CARGO_BIN_EXE_banlieue"))
+        args[at + 1] = artifacts.display().to_string();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_banlieue"));
+        command
             .args(&args)
-            .env("KUBECONFIG", &self.build_kubeconfig)
-            .output()?;
+            .env("KUBECONFIG", &self.build_kubeconfig);
+        let (out, measured) = measure(command)?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        Ok((out.status.success(), text))
+        Ok((out.status.success(), text, measured))
     }
 
     /// Builds what the reconciler asks for `name` and returns the Ready artifact.
@@ -240,6 +247,48 @@ impl Env {
         })
         .await
     }
+}
+
+/// A finished process's wall time and peak RSS.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    wall: Duration,
+    peak_rss_kib: u64,
+}
+
+/// Runs `command` to completion, sampling its VmHWM from /proc while it runs.
+fn measure(mut command: Command) -> Result<(std::process::Output, Measured)> {
+    let started = std::time::Instant::now();
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let status_path = format!("/proc/{}/status", child.id());
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                let hwm = std::fs::read_to_string(&status_path)
+                    .ok()
+                    .and_then(|text| {
+                        text.lines()
+                            .find_map(|l| l.strip_prefix("VmHWM:"))
+                            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                    })
+                    .unwrap_or(0);
+                peak = peak.max(hwm);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    let out = child.wait_with_output()?;
+    let wall = started.elapsed();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak_rss_kib = sampler.join().map_err(|_| "sampler")?;
+    Ok((out, Measured { wall, peak_rss_kib }))
 }
 
 /// A raw disk with scattered data and long holes, and its qcow2 (compressed) made by qemu-img.
@@ -556,5 +605,150 @@ async fn a_moved_tag_is_a_new_build_and_the_old_artifact_stays() -> Result {
     assert!(old_path.exists(), "the old artifact was removed");
     let image = env.images().get("moving").await?;
     assert_eq!(image.name_any(), "moving");
+    Ok(())
+}
+
+/// The build benchmark (not run by default; nothing is asserted on time): `banlieue imagebuild
+/// run` against `skopeo copy` + `qemu-img convert -O raw` of the same 1 GiB-of-data qcow2 from
+/// the same TLS registry, in one run, with each side's peak RSS and the artifact's allocation.
+///
+/// ```text
+/// cargo test --release -p banlieue --test imagebuild -- --ignored --nocapture
+/// ```
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
+async fn bench_build_against_skopeo_and_qemu_img() -> Result {
+    const ROUNDS: usize = 3;
+    let Some(env) = env(Duration::from_secs(600)).await? else {
+        return Ok(());
+    };
+    let work = env.dir.path();
+    // 2 GiB virtual, 1 GiB of incompressible data in 1 MiB runs, 1 GiB of holes between.
+    let raw = work.join("bench.raw");
+    {
+        use std::os::unix::fs::FileExt as _;
+        let file = std::fs::File::create(&raw)?;
+        file.set_len(2 << 30)?;
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut block = vec![0u8; 1 << 20];
+        for i in 0..1024u64 {
+            for chunk in block.chunks_mut(8) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+            }
+            file.write_all_at(&block, i * (2 << 20))?;
+        }
+    }
+    let qcow2 = work.join("bench.qcow2");
+    let status = Command::new("qemu-img")
+        .args(["convert", "-q", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow2)
+        .status()?;
+    assert!(status.success());
+    std::fs::remove_file(&raw)?;
+    let qcow2_bytes = std::fs::metadata(&qcow2)?.len();
+    let layout = OciLayout::builder()
+        .config(ARTIFACT_TYPE, b"{}".to_vec())
+        .layer(Layer::from_file(
+            media_type(DiskFormat::Qcow2, Compression::None),
+            &qcow2,
+        ))
+        .write(&work.join("bench-layout"))?;
+    let digest = env
+        .registry
+        .push_layout(&layout, "bench/disk", "v1")
+        .await?;
+    let layer = layout.layers()[0].digest.clone();
+    env.image(
+        "bench",
+        &format!("oci://{}", env.registry.reference("bench/disk", "v1")),
+        true,
+    )
+    .await?;
+    let job = env.job("bench", &digest).await?;
+    let credentials = env.registry.credentials().ok_or("credentials")?;
+    let creds = format!("{}:{}", credentials.username, credentials.password);
+    let cert_dir = env.registry.cert_dir().ok_or("cert dir")?.to_owned();
+
+    let (mut ours, mut peer) = (Vec::new(), Vec::new());
+    let (mut ours_rss, mut skopeo_rss, mut qemu_rss) = (0, 0, 0);
+    let mut allocation = (0, 0, 0);
+    for round in 0..ROUNDS {
+        let artifacts = work.join(format!("bench-artifacts-{round}"));
+        std::fs::create_dir_all(&artifacts)?;
+        let (ok, out, m) = env.run_job_in(&job, &artifacts)?;
+        assert!(ok, "{out}");
+        ours.push(m.wall);
+        ours_rss = ours_rss.max(m.peak_rss_kib);
+        let built = artifacts.join(decide::artifact_path(&digest));
+        let meta = std::fs::metadata(&built)?;
+        let ours_allocated = meta.blocks() * 512;
+
+        let copy = work.join(format!("bench-skopeo-{round}"));
+        let mut skopeo = Command::new("skopeo");
+        skopeo
+            .arg("--insecure-policy")
+            .arg("copy")
+            .arg("--src-cert-dir")
+            .arg(&cert_dir)
+            .args(["--src-creds", &creds])
+            .arg(format!(
+                "docker://{}",
+                env.registry.reference("bench/disk", "v1")
+            ))
+            .arg(format!("oci:{}:v1", copy.display()));
+        let (out, s) = measure(skopeo)?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let blob = copy.join("blobs/sha256").join(&layer[7..]);
+        let converted = work.join(format!("bench-qemu-{round}.raw"));
+        let mut qemu = Command::new("qemu-img");
+        qemu.args(["convert", "-f", "qcow2", "-O", "raw"])
+            .arg(&blob)
+            .arg(&converted);
+        let (out, q) = measure(qemu)?;
+        assert!(out.status.success());
+        peer.push(s.wall + q.wall);
+        skopeo_rss = skopeo_rss.max(s.peak_rss_kib);
+        qemu_rss = qemu_rss.max(q.peak_rss_kib);
+        allocation = (
+            meta.len(),
+            ours_allocated,
+            std::fs::metadata(&converted)?.blocks() * 512,
+        );
+        assert!(std::fs::read(&built)? == std::fs::read(&converted)?);
+        std::fs::remove_dir_all(&artifacts)?;
+        std::fs::remove_dir_all(&copy)?;
+        std::fs::remove_file(&converted)?;
+    }
+    ours.sort();
+    peer.sort();
+    let (o, p) = (ours[ROUNDS / 2], peer[ROUNDS / 2]);
+    let mib = |n: u64| n as f64 / f64::from(1 << 20);
+    let rate = |t: Duration| mib(qcow2_bytes) / t.as_secs_f64();
+    println!(
+        "qcow2 of {:.0} MiB (2 GiB virtual), median of {ROUNDS}: imagebuild run {:.2} s ({:.0} MiB/s), \
+         skopeo copy + qemu-img convert {:.2} s ({:.0} MiB/s), ratio {:.2}x; peak RSS imagebuild \
+         {:.1} MiB, skopeo {:.1} MiB, qemu-img {:.1} MiB; artifact {:.0} MiB apparent, {:.0} MiB \
+         allocated (qemu-img's {:.0} MiB)",
+        mib(qcow2_bytes),
+        o.as_secs_f64(),
+        rate(o),
+        p.as_secs_f64(),
+        rate(p),
+        p.as_secs_f64() / o.as_secs_f64(),
+        ours_rss as f64 / 1024.0,
+        skopeo_rss as f64 / 1024.0,
+        qemu_rss as f64 / 1024.0,
+        mib(allocation.0),
+        mib(allocation.1),
+        mib(allocation.2),
+    );
     Ok(())
 }
