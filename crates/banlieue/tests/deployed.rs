@@ -190,6 +190,27 @@ async fn host() -> Result<Libvirtd> {
     Ok(libvirtd)
 }
 
+/// The SHA-256 of a file, hex, read in pieces.
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 /// Domains defined on the host, by name.
 async fn domains(libvirtd: &Libvirtd) -> Result<Vec<String>> {
     let out = libvirtd.virsh(["list", "--all", "--name"]).await?;
@@ -280,6 +301,18 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         "examples/19-virtualmachinepool.yaml",
         "replicas: 3",
         "replicas: 1",
+    )?;
+    // The pool's members boot the image examples/10 built (a real guest), and a member is
+    // handed out once its guest reports GuestReady.
+    guides.substitute(
+        "examples/19-virtualmachinepool.yaml",
+        "imageRef:\n        name: ubuntu-2404",
+        "imageRef:\n        name: kairos-ubuntu-2404",
+    )?;
+    guides.substitute(
+        "examples/19-virtualmachinepool.yaml",
+        "readiness: InfrastructureReady",
+        "readiness: GuestReady",
     )?;
     guides.substitute(
         "examples/20-virtualmachineclaim.yaml",
@@ -413,7 +446,8 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
             alice_kubeconfig,
             "kubectl get vmclaim -n banlieue-system -w",
             "Bound",
-            300,
+            // A real guest's boot under TCG on two cores.
+            480,
         )
         .await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), NS);
@@ -448,6 +482,18 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     );
     let member_domain = format!("{NS}-{bound}");
     assert!(domains(&libvirtd).await?.contains(&member_domain));
+    // Handed out because its guest, booted from the built image, said so.
+    let vm = vms.get(&bound).await?;
+    let guest_ready = vm
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == banlieue_api::conditions::types::GUEST_READY)
+        })
+        .map(|c| c.status.clone());
+    assert_eq!(guest_ready.as_deref(), Some("True"), "{:?}", vm.status);
 
     // 5. Kill the controller's pod and the provider's pod: their Deployments replace them and
     //    everything converges.
@@ -565,30 +611,26 @@ async fn import_image(
     let backing = tempfile::tempdir()?;
     let dir = backing.path().join("artifacts");
     std::fs::create_dir(&dir)?;
-    // A raw image with data at both ends and a hole between, pushed as a compressed qcow2
-    // artifact (skopeo) into a registry with TLS and basic auth on loopback, as a site's
-    // private registry; the build Job's pod (hostNetwork, like every pod here) pulls it.
-    let mut bytes = vec![0u8; 6 << 20];
-    for (i, b) in bytes.iter_mut().enumerate().take(1 << 20) {
-        *b = (i % 251) as u8;
-    }
-    bytes[(5 << 20)..].fill(0xa5);
-    let raw = backing.path().join("disk.raw");
-    std::fs::write(&raw, &bytes)?;
-    let qcow2 = backing.path().join("disk.qcow2");
+    // The test guest (scripts/guest-image: Debian with cloud-init, qemu-guest-agent and the
+    // guest-phase layer), pushed as a qcow2 disk artifact (skopeo) into a registry with TLS
+    // and basic auth on loopback, as a site's private registry; the build Job's pod
+    // (hostNetwork, like every pod here) pulls it. The oracle for the artifact is qemu-img's raw.
+    let guest = banlieue_testenv::guest_image::path()
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    let oracle = backing.path().join("guest.raw");
     let status = Command::new("qemu-img")
-        .args(["convert", "-q", "-c", "-f", "raw", "-O", "qcow2"])
-        .arg(&raw)
-        .arg(&qcow2)
+        .args(["convert", "-q", "-O", "raw"])
+        .arg(&guest)
+        .arg(&oracle)
         .status()?;
     assert!(status.success(), "qemu-img convert");
+    let expected_sha256 = sha256_file(&oracle)?;
     let layout = OciLayout::builder()
         .config(ARTIFACT_TYPE, b"{}".to_vec())
-        .layer(Layer::from_file(MEDIA_TYPE_QCOW2, &qcow2))
+        .layer(Layer::from_file(MEDIA_TYPE_QCOW2, &guest))
         .write(&backing.path().join("layout"))?;
-    registry
-        .push_layout(&layout, "kairos/ubuntu", "24.04")
-        .await?;
+    registry.push_layout(&layout, "kairos/ubuntu", "24.04").await?;
     // The build pod runs as UID 65532: a hostPath volume takes no fsGroup, so the directory is
     // made writable as a site's provisioner would.
     use std::os::unix::fs::PermissionsExt as _;
@@ -654,6 +696,7 @@ async fn import_image(
     // banlieue-imagebuilder's pod resolves the tag and starts the build Job, whose pod pulls,
     // converts and publishes the artifact.
     let images: Api<VMImage> = Api::namespaced(admin.clone(), NS);
+    let t = Instant::now();
     let artifact = until("the build artifact Ready", 300, || async {
         let artifact = images
             .get(URL_IMAGE)
@@ -666,11 +709,14 @@ async fn import_image(
         Ok(artifact.filter(|a| format!("{:?}", a.phase) == "Ready"))
     })
     .await?;
-    let path = artifact.path.clone().ok_or("artifact path")?;
-    assert!(
-        std::fs::read(dir.join(&path))? == bytes,
-        "the artifact is not the disk pushed"
+    eprintln!(
+        "examples/10 applied → build artifact Ready ({} MiB raw): {:.1?}",
+        artifact.size_bytes.unwrap_or_default() >> 20,
+        t.elapsed()
     );
+    let path = artifact.path.clone().ok_or("artifact path")?;
+    assert_eq!(artifact.sha256.as_deref(), Some(expected_sha256.as_str()));
+    assert_eq!(sha256_file(&dir.join(&path))?, expected_sha256);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD_NS);
     let built = pods
         .list(&ListParams::default().labels(&format!(
@@ -798,11 +844,13 @@ async fn import_image(
                 &copy.display().to_string(),
             ])
             .await?;
-        assert!(
-            std::fs::read(&copy)? == bytes,
+        assert_eq!(
+            sha256_file(&copy)?,
+            expected_sha256,
             "{volume} in {} differs from the artifact",
             zone.pool
         );
+        std::fs::remove_file(&copy)?;
     }
     Ok(backing)
 }
