@@ -117,7 +117,8 @@ tags=$(tar -xOf "$docker" manifest.json | python3 -c 'import json, sys; print(*j
 [[ $tags == "$name" ]] || fail "docker archive tagged '$tags', want $name"
 pass "docker archive: the same config, tagged $name"
 
-# --- the layer's contents: the binary, its loader and libraries, the account; no shell ------
+# --- the layer's contents: the binary, its loader and libraries, the account, the CA bundle;
+# no shell --------------------------------------------------------------------------------------
 rootfs=$work/rootfs
 mkdir "$rootfs"
 layer=$work/dir/$(cat "$work/layer-blob")
@@ -133,6 +134,7 @@ expected=$(
     echo banlieue
     echo etc/group
     echo etc/passwd
+    echo etc/ssl/certs/ca-certificates.crt
     ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// {print substr($3, 2)} $1 ~ /^\// {print substr($1, 2)}'
 )
 files=$(cd "$rootfs" && find . -type f -printf '%P\n' | sort)
@@ -140,7 +142,8 @@ files=$(cd "$rootfs" && find . -type f -printf '%P\n' | sort)
 $(diff <(sort <<<"$expected") <(echo "$files") || true)"
 grep -qx 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' "$rootfs/etc/passwd" || fail "no nonroot 65532 in etc/passwd"
 grep -qx 'nonroot:x:65532:' "$rootfs/etc/group" || fail "no nonroot 65532 in etc/group"
-pass "layer: $(wc -l <<<"$files") files (the binary, ld.so and $(($(wc -l <<<"$files") - 4)) libraries, passwd, group), all 0/0, no shell"
+cmp -s "$rootfs/etc/ssl/certs/ca-certificates.crt" /etc/ssl/certs/ca-certificates.crt || fail "the image's CA bundle is not the build machine's"
+pass "layer: $(wc -l <<<"$files") files (the binary, ld.so and $(($(wc -l <<<"$files") - 5)) libraries, passwd, group, the CA bundle), all 0/0, no shell"
 
 # --- the binary runs on the image's own loader and libraries --------------------------------
 loader=$(find "$rootfs/lib64" "$rootfs/lib" -name 'ld-linux*.so.*' -type f | head -1)

@@ -136,10 +136,14 @@ impl Puller {
             Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
             None => RegistryAuth::Anonymous,
         };
-        Ok(Puller {
-            client: Client::new(config),
-            auth,
-        })
+        // Client::new panics where this fails (for one, a system with no CA certificates).
+        let client = Client::try_from(config).map_err(|e| {
+            BuildError::new(
+                Reason::RegistryUnreachable,
+                format!("no HTTPS client for {registry}: {}", crate::convert::error_chain(&e)),
+            )
+        })?;
+        Ok(Puller { client, auth })
     }
 
     /// The digest the reference resolves to now (a HEAD, or a GET where the registry gives no

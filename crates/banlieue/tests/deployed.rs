@@ -190,6 +190,36 @@ async fn host() -> Result<Libvirtd> {
     Ok(libvirtd)
 }
 
+/// What the image builder's objects and pods say, for a build that did not finish.
+fn build_diagnostics(cp: &ControlPlane) -> String {
+    let mut out = String::new();
+    for args in [
+        &["-n", NS, "get", "vmimage", URL_IMAGE, "-o", "yaml"][..],
+        &["-n", BUILD_NS, "get", "jobs,pods", "-o", "wide"],
+        &["-n", NS, "get", "pods", "-o", "wide"],
+        &[
+            "-n",
+            NS,
+            "logs",
+            "deployment/banlieue-imagebuilder",
+            "--tail=50",
+        ],
+        &[
+            "-n",
+            BUILD_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/managed-by=banlieue-imagebuilder",
+            "--tail=50",
+        ],
+        &["-n", BUILD_NS, "describe", "pods"],
+    ] {
+        let shown = kubectl(cp, "admin", args).unwrap_or_else(|e| e.to_string());
+        out.push_str(&format!("$ kubectl {}\n{shown}\n", args.join(" ")));
+    }
+    out
+}
+
 /// The SHA-256 of a file, hex, read in pieces.
 fn sha256_file(path: &Path) -> Result<String> {
     use sha2::Digest as _;
@@ -630,7 +660,9 @@ async fn import_image(
         .config(ARTIFACT_TYPE, b"{}".to_vec())
         .layer(Layer::from_file(MEDIA_TYPE_QCOW2, &guest))
         .write(&backing.path().join("layout"))?;
-    registry.push_layout(&layout, "kairos/ubuntu", "24.04").await?;
+    registry
+        .push_layout(&layout, "kairos/ubuntu", "24.04")
+        .await?;
     // The build pod runs as UID 65532: a hostPath volume takes no fsGroup, so the directory is
     // made writable as a site's provisioner would.
     use std::os::unix::fs::PermissionsExt as _;
@@ -697,7 +729,9 @@ async fn import_image(
     // converts and publishes the artifact.
     let images: Api<VMImage> = Api::namespaced(admin.clone(), NS);
     let t = Instant::now();
-    let artifact = until("the build artifact Ready", 300, || async {
+    // The image builder's pod runs beside the controller's (bootstrap's Deployment).
+    running_pod(&admin, "app.kubernetes.io/name=banlieue-imagebuilder", 120).await?;
+    let built = until("the build artifact Ready", 300, || async {
         let artifact = images
             .get(URL_IMAGE)
             .await?
@@ -708,7 +742,14 @@ async fn import_image(
         }
         Ok(artifact.filter(|a| format!("{:?}", a.phase) == "Ready"))
     })
-    .await?;
+    .await;
+    let artifact = match built {
+        Ok(artifact) => artifact,
+        Err(e) => {
+            eprintln!("{}", build_diagnostics(cp));
+            return Err(e);
+        }
+    };
     eprintln!(
         "examples/10 applied → build artifact Ready ({} MiB raw): {:.1?}",
         artifact.size_bytes.unwrap_or_default() >> 20,
