@@ -146,6 +146,26 @@ impl Shared {
 
 /// A connection to libvirtd. Cheap to clone; all clones share the connection, which closes
 /// when the last clone is dropped.
+///
+/// ```no_run
+/// # async fn demo() -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::proto::remote::{self, procedures as rp};
+/// use banlieue_libvirt::{CaBundle, Client, Identity};
+///
+/// let identity = Identity::from_files("clientcert.pem".as_ref(), "clientkey.pem".as_ref())?;
+/// let ca = CaBundle::from_file("cacert.pem".as_ref())?;
+/// let client = Client::connect("qemu+tls://kvm-7.example/system", &identity, &ca).await?;
+/// // Any procedure, by its marker type, with typed arguments and reply:
+/// let hostname = client.call::<rp::ConnectGetHostname>(&()).await?.hostname;
+/// let dom = client
+///     .call::<rp::DomainLookupByName>(&remote::RemoteDomainLookupByNameArgs { name: "web-01".into() })
+///     .await;
+/// if let Err(e) = &dom {
+///     if e.is_not_found() { println!("no web-01 on {hostname}"); }
+/// }
+/// client.close().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Client {
     shared: Arc<Shared>,
@@ -304,6 +324,8 @@ impl Client {
         Self::handshake_with(io, server_uri, ClientOptions::default()).await
     }
 
+    /// [`Client::handshake`] with explicit tunables (`connect_timeout` does not apply: the
+    /// transport is already open).
     pub async fn handshake_with<IO>(io: IO, server_uri: &str, opts: ClientOptions) -> Result<Client>
     where
         IO: AsyncRead + AsyncWrite + Send + 'static,

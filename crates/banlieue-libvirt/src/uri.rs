@@ -10,7 +10,9 @@ pub const DEFAULT_TLS_PORT: u16 = 16514;
 pub struct ConnectUri {
     /// `qemu` or `test`.
     pub driver: String,
+    /// The host name or IP address (without brackets).
     pub host: String,
+    /// The port; 16514 unless the URI names one.
     pub port: u16,
     /// `/system`, `/session` or, for the test driver, `/default`.
     pub path: String,
