@@ -22,7 +22,7 @@ use crate::packet::{Packet, PacketCodec};
 use crate::proto::net::{VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType};
 use crate::proto::remote::{self, procedures as rp};
 use crate::tls::{CaBundle, Identity};
-use crate::uri::ConnectUri;
+use crate::uri::{ConnectUri, Transport};
 use crate::xdr::{Procedure, Xdr};
 
 /// libvirt's feature number for the keepalive program (`VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`,
@@ -247,7 +247,10 @@ fn empty_call<P: Procedure>() -> Packet {
 
 impl Client {
     /// Connects to `qemu+tls://host[:port]/system` (or `/session`, or `test+tls://…/default`)
-    /// with mutual TLS, trusting only `ca`, and opens the connection.
+    /// with mutual TLS, trusting only `ca`, and opens the connection. Only TLS URIs: a unix
+    /// socket or plain TCP URI fails with [`Error::TransportMismatch`] (see
+    /// [`Client::connect_plain`]), so code that holds TLS material never falls back to clear
+    /// text.
     pub async fn connect(uri: &str, identity: &Identity, ca: &CaBundle) -> Result<Client> {
         Self::connect_with(uri, identity, ca, ClientOptions::default()).await
     }
@@ -260,6 +263,12 @@ impl Client {
         opts: ClientOptions,
     ) -> Result<Client> {
         let uri = ConnectUri::parse(uri)?;
+        if uri.transport != Transport::Tls {
+            return Err(Error::TransportMismatch {
+                scheme: uri.scheme(),
+                reason: "does not use TLS: open it with Client::connect_plain",
+            });
+        }
         let config = crate::tls::client_config(identity, ca)?;
         let name = crate::tls::server_name(&uri.host)?;
         let address = uri.address();
@@ -275,6 +284,60 @@ impl Client {
                 None => tls.await?,
             };
         Self::handshake_with(tls, &uri.server_uri(), opts).await
+    }
+
+    /// Connects without TLS: to the local daemon's unix socket (`qemu:///system`,
+    /// `qemu:///session`, `qemu+unix:///system?socket=PATH`) or over plain TCP
+    /// (`qemu+tcp://host[:port]/system`, for test setups: nothing is encrypted or
+    /// authenticated). A `+tls` URI fails with [`Error::TransportMismatch`]: it needs
+    /// [`Client::connect`] and TLS material.
+    pub async fn connect_plain(uri: &str) -> Result<Client> {
+        Self::connect_plain_with(uri, ClientOptions::default()).await
+    }
+
+    /// [`Client::connect_plain`] with explicit tunables; `connect_timeout` bounds opening the
+    /// socket.
+    pub async fn connect_plain_with(uri: &str, opts: ClientOptions) -> Result<Client> {
+        let uri = ConnectUri::parse(uri)?;
+        let address = uri.address();
+        let connect_error = |source| Error::Connect {
+            address: address.clone(),
+            source,
+        };
+        let deadline = |after| Error::ConnectTimeout {
+            address: address.clone(),
+            after,
+        };
+        let server_uri = uri.server_uri();
+        match &uri.transport {
+            Transport::Unix { socket } => {
+                let open = tokio::net::UnixStream::connect(socket);
+                let stream = match opts.connect_timeout {
+                    Some(after) => tokio::time::timeout(after, open)
+                        .await
+                        .map_err(|_| deadline(after))?,
+                    None => open.await,
+                }
+                .map_err(connect_error)?;
+                Self::handshake_with(stream, &server_uri, opts).await
+            }
+            Transport::Tcp => {
+                let open = tokio::net::TcpStream::connect(address.as_str());
+                let stream = match opts.connect_timeout {
+                    Some(after) => tokio::time::timeout(after, open)
+                        .await
+                        .map_err(|_| deadline(after))?,
+                    None => open.await,
+                }
+                .map_err(connect_error)?;
+                let _ = stream.set_nodelay(true);
+                Self::handshake_with(stream, &server_uri, opts).await
+            }
+            _ => Err(Error::TransportMismatch {
+                scheme: uri.scheme(),
+                reason: "needs TLS material: open it with Client::connect",
+            }),
+        }
     }
 
     /// TCP, TLS, and libvirtd's confirmation that it accepted the client certificate.

@@ -241,6 +241,24 @@ pub enum Error {
     /// The URI's scheme names a transport this client does not speak.
     #[error("scheme \"{0}\" is not supported")]
     UnsupportedScheme(String),
+    /// A URI parameter that does not apply to the URI's transport (`socket` on a TCP
+    /// transport, `pkipath` without TLS).
+    #[error("the URI parameter {name:?} does not apply to scheme \"{scheme}\"")]
+    UnsupportedUriParameter {
+        /// The parameter.
+        name: &'static str,
+        /// The URI's scheme.
+        scheme: String,
+    },
+    /// The URI's transport is not the one the connect function opens: TLS URIs go to
+    /// `Client::connect`, unix socket and plain TCP URIs to `Client::connect_plain`.
+    #[error("scheme \"{scheme}\" {reason}")]
+    TransportMismatch {
+        /// The URI's scheme.
+        scheme: String,
+        /// What to use instead.
+        reason: &'static str,
+    },
     /// The URI could not be parsed or names something the client refuses.
     #[error("invalid libvirt URI {uri:?}: {reason}")]
     InvalidUri {
@@ -261,10 +279,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// The connection was not up within `ClientOptions::connect_timeout`.
-    #[error("connect to {address}: no TLS session within {after:?}")]
+    /// The connection (with TLS: and its handshake) was not up within
+    /// `ClientOptions::connect_timeout`.
+    #[error("connect to {address}: not connected within {after:?}")]
     ConnectTimeout {
-        /// `host:port`.
+        /// `host:port` or a socket path.
         address: String,
         /// The deadline that passed.
         after: std::time::Duration,

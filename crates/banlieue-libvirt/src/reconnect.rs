@@ -154,6 +154,26 @@ impl Reconnecting {
         .await
     }
 
+    /// Connects to `uri` as [`Client::connect_plain_with`] does (a unix socket or plain TCP),
+    /// now and on every reconnect.
+    pub async fn connect_plain(
+        uri: &str,
+        opts: ClientOptions,
+        backoff: Backoff,
+    ) -> Result<Reconnecting> {
+        // Refuse a bad URI at once rather than retrying it.
+        crate::uri::ConnectUri::parse(uri)?;
+        let uri = uri.to_string();
+        Self::with_connector(
+            move || {
+                let (uri, opts) = (uri.clone(), opts.clone());
+                Box::pin(async move { Client::connect_plain_with(&uri, opts).await })
+            },
+            backoff,
+        )
+        .await
+    }
+
     /// Reconnects with any way of opening a connection (a Unix socket, plain TCP in tests).
     pub async fn with_connector<F>(connect: F, backoff: Backoff) -> Result<Reconnecting>
     where
