@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use banlieue_libvirt::flags;
 use banlieue_libvirt::proto::remote::procedures as rp;
 use banlieue_libvirt::{CaBundle, Client, ConnectUri, Identity, StoragePool, StorageVol};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
@@ -99,11 +100,13 @@ async fn worker(args: &[String]) {
         "upload" => {
             let mut f = tokio::fs::File::open(file).await.expect("open");
             let len = f.metadata().await.expect("stat").len();
-            vol.upload(&mut f, 0, len, false).await.expect("upload");
+            vol.upload(&mut f, 0, len, flags::StorageVolUploadFlags::empty())
+                .await
+                .expect("upload");
         }
         "download" => {
             let f = tokio::fs::File::create(file).await.expect("create");
-            vol.download_to_file(f, 0, 0, false)
+            vol.download_to_file(f, 0, 0, flags::StorageVolDownloadFlags::empty())
                 .await
                 .expect("download");
         }
@@ -329,11 +332,13 @@ async fn compare_volumes(d: &Libvirtd, c: &Client, uri: &str) {
         dir.display()
     );
     let pool = StoragePool::define_xml(c, &xml).await.expect("pool");
-    pool.create(0).await.expect("pool started");
+    pool.create(flags::StoragePoolCreateFlags::empty())
+        .await
+        .expect("pool started");
     let vol_xml = format!(
         "<volume><name>big.raw</name><capacity unit='bytes'>{VOLUME}</capacity><target><format type='raw'/></target></volume>"
     );
-    StorageVol::create_xml(&pool, &vol_xml, 0)
+    StorageVol::create_xml(&pool, &vol_xml, flags::StorageVolCreateFlags::empty())
         .await
         .expect("volume");
     let work = d.dir().join("bench-files");

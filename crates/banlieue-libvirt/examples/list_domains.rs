@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use banlieue_libvirt::flags::ConnectListAllDomainsFlags;
 use banlieue_libvirt::{CaBundle, Client, ConnectUri, Identity};
 
 #[tokio::main(flavor = "current_thread")]
@@ -25,7 +26,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let client = Client::connect(&uri, &identity, &ca).await?;
     println!("{:>4}  {:<32}  STATE", "ID", "NAME");
-    for dom in client.list_all_domains(0).await? {
+    for dom in client
+        .list_all_domains(ConnectListAllDomainsFlags::empty())
+        .await?
+    {
         let (state, _reason) = dom.get_state().await?;
         let id = if dom.id() < 0 {
             "-".to_string()

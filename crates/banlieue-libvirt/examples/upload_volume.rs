@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolUploadFlags};
 use banlieue_libvirt::{CaBundle, Client, ConnectUri, Identity, StoragePool, StorageVol};
 
 #[tokio::main(flavor = "current_thread")]
@@ -34,8 +35,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "<volume><name>{volume}</name><capacity unit='bytes'>{length}</capacity>\
          <allocation>0</allocation><target><format type='raw'/></target></volume>"
     );
-    let vol = StorageVol::create_xml(&pool, &xml, 0).await?;
-    let sent = vol.upload(&mut source, 0, length, true).await?;
+    let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty()).await?;
+    let sent = vol
+        .upload(&mut source, 0, length, StorageVolUploadFlags::SPARSE_STREAM)
+        .await?;
     let info = vol.get_info().await?;
     println!(
         "{}: {} bytes sent as data, {} as holes; capacity {}, allocated {} at {}",

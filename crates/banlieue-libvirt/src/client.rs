@@ -22,7 +22,7 @@ use crate::packet::{Packet, PacketCodec};
 use crate::proto::net::{VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType};
 use crate::proto::remote::{self, procedures as rp};
 use crate::tls::{CaBundle, Identity};
-use crate::uri::ConnectUri;
+use crate::uri::{ConnectUri, Transport};
 use crate::xdr::{Procedure, Xdr};
 
 /// libvirt's feature number for the keepalive program (`VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`,
@@ -146,6 +146,26 @@ impl Shared {
 
 /// A connection to libvirtd. Cheap to clone; all clones share the connection, which closes
 /// when the last clone is dropped.
+///
+/// ```no_run
+/// # async fn demo() -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::proto::remote::{self, procedures as rp};
+/// use banlieue_libvirt::{CaBundle, Client, Identity};
+///
+/// let identity = Identity::from_files("clientcert.pem".as_ref(), "clientkey.pem".as_ref())?;
+/// let ca = CaBundle::from_file("cacert.pem".as_ref())?;
+/// let client = Client::connect("qemu+tls://kvm-7.example/system", &identity, &ca).await?;
+/// // Any procedure, by its marker type, with typed arguments and reply:
+/// let hostname = client.call::<rp::ConnectGetHostname>(&()).await?.hostname;
+/// let dom = client
+///     .call::<rp::DomainLookupByName>(&remote::RemoteDomainLookupByNameArgs { name: "web-01".into() })
+///     .await;
+/// if let Err(e) = &dom {
+///     if e.is_not_found() { println!("no web-01 on {hostname}"); }
+/// }
+/// client.close().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Client {
     shared: Arc<Shared>,
@@ -227,7 +247,10 @@ fn empty_call<P: Procedure>() -> Packet {
 
 impl Client {
     /// Connects to `qemu+tls://host[:port]/system` (or `/session`, or `test+tls://…/default`)
-    /// with mutual TLS, trusting only `ca`, and opens the connection.
+    /// with mutual TLS, trusting only `ca`, and opens the connection. Only TLS URIs: a unix
+    /// socket or plain TCP URI fails with [`Error::TransportMismatch`] (see
+    /// [`Client::connect_plain`]), so code that holds TLS material never falls back to clear
+    /// text.
     pub async fn connect(uri: &str, identity: &Identity, ca: &CaBundle) -> Result<Client> {
         Self::connect_with(uri, identity, ca, ClientOptions::default()).await
     }
@@ -240,6 +263,12 @@ impl Client {
         opts: ClientOptions,
     ) -> Result<Client> {
         let uri = ConnectUri::parse(uri)?;
+        if uri.transport != Transport::Tls {
+            return Err(Error::TransportMismatch {
+                scheme: uri.scheme(),
+                reason: "does not use TLS: open it with Client::connect_plain",
+            });
+        }
         let config = crate::tls::client_config(identity, ca)?;
         let name = crate::tls::server_name(&uri.host)?;
         let address = uri.address();
@@ -255,6 +284,60 @@ impl Client {
                 None => tls.await?,
             };
         Self::handshake_with(tls, &uri.server_uri(), opts).await
+    }
+
+    /// Connects without TLS: to the local daemon's unix socket (`qemu:///system`,
+    /// `qemu:///session`, `qemu+unix:///system?socket=PATH`) or over plain TCP
+    /// (`qemu+tcp://host[:port]/system`, for test setups: nothing is encrypted or
+    /// authenticated). A `+tls` URI fails with [`Error::TransportMismatch`]: it needs
+    /// [`Client::connect`] and TLS material.
+    pub async fn connect_plain(uri: &str) -> Result<Client> {
+        Self::connect_plain_with(uri, ClientOptions::default()).await
+    }
+
+    /// [`Client::connect_plain`] with explicit tunables; `connect_timeout` bounds opening the
+    /// socket.
+    pub async fn connect_plain_with(uri: &str, opts: ClientOptions) -> Result<Client> {
+        let uri = ConnectUri::parse(uri)?;
+        let address = uri.address();
+        let connect_error = |source| Error::Connect {
+            address: address.clone(),
+            source,
+        };
+        let deadline = |after| Error::ConnectTimeout {
+            address: address.clone(),
+            after,
+        };
+        let server_uri = uri.server_uri();
+        match &uri.transport {
+            Transport::Unix { socket } => {
+                let open = tokio::net::UnixStream::connect(socket);
+                let stream = match opts.connect_timeout {
+                    Some(after) => tokio::time::timeout(after, open)
+                        .await
+                        .map_err(|_| deadline(after))?,
+                    None => open.await,
+                }
+                .map_err(connect_error)?;
+                Self::handshake_with(stream, &server_uri, opts).await
+            }
+            Transport::Tcp => {
+                let open = tokio::net::TcpStream::connect(address.as_str());
+                let stream = match opts.connect_timeout {
+                    Some(after) => tokio::time::timeout(after, open)
+                        .await
+                        .map_err(|_| deadline(after))?,
+                    None => open.await,
+                }
+                .map_err(connect_error)?;
+                let _ = stream.set_nodelay(true);
+                Self::handshake_with(stream, &server_uri, opts).await
+            }
+            _ => Err(Error::TransportMismatch {
+                scheme: uri.scheme(),
+                reason: "needs TLS material: open it with Client::connect",
+            }),
+        }
     }
 
     /// TCP, TLS, and libvirtd's confirmation that it accepted the client certificate.
@@ -304,6 +387,8 @@ impl Client {
         Self::handshake_with(io, server_uri, ClientOptions::default()).await
     }
 
+    /// [`Client::handshake`] with explicit tunables (`connect_timeout` does not apply: the
+    /// transport is already open).
     pub async fn handshake_with<IO>(io: IO, server_uri: &str, opts: ClientOptions) -> Result<Client>
     where
         IO: AsyncRead + AsyncWrite + Send + 'static,

@@ -128,10 +128,12 @@ impl<T> CallTable<T> {
     }
 
     /// Calls still owed a reply, tombstones included.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -5,145 +5,211 @@ use std::fmt;
 use crate::packet::PacketError;
 use crate::proto::net::VirNetMessageError;
 
-/// libvirt's error number (`virErrorNumber` in include/libvirt/virterror.h). A newtype, so
-/// numbers this version does not name are kept.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ErrorCode(pub i32);
-
-macro_rules! error_codes {
-    ($($name:ident = $value:literal,)*) => {
-        impl ErrorCode {
-            $(pub const $name: ErrorCode = ErrorCode($value);)*
-
-            /// libvirt's name for the code, without the `VIR_ERR_` prefix.
-            pub fn name(self) -> Option<&'static str> {
-                match self.0 {
-                    $($value => Some(stringify!($name)),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-// Values from include/libvirt/virterror.h (libvirt 11.3.0), enum virErrorNumber.
-error_codes! {
-    OK = 0,
-    INTERNAL_ERROR = 1,
-    NO_MEMORY = 2,
-    NO_SUPPORT = 3,
-    NO_CONNECT = 5,
-    INVALID_CONN = 6,
-    INVALID_DOMAIN = 7,
-    INVALID_ARG = 8,
-    OPERATION_FAILED = 9,
-    XML_ERROR = 27,
-    DOM_EXIST = 28,
-    OPERATION_DENIED = 29,
-    OPEN_FAILED = 30,
-    READ_FAILED = 31,
-    PARSE_FAILED = 32,
-    WRITE_FAILED = 34,
-    XML_DETAIL = 35,
-    INVALID_NETWORK = 36,
-    NETWORK_EXIST = 37,
-    SYSTEM_ERROR = 38,
-    RPC = 39,
-    NO_DOMAIN = 42,
-    NO_NETWORK = 43,
-    AUTH_FAILED = 45,
-    INVALID_STORAGE_POOL = 46,
-    INVALID_STORAGE_VOL = 47,
-    NO_STORAGE_POOL = 49,
-    NO_STORAGE_VOL = 50,
-    NO_NODE_DEVICE = 53,
-    OPERATION_INVALID = 55,
-    NO_INTERFACE = 57,
-    NO_NWFILTER = 62,
-    NO_SECRET = 66,
-    CONFIG_UNSUPPORTED = 67,
-    OPERATION_TIMEOUT = 68,
-    NO_DOMAIN_SNAPSHOT = 72,
-    STORAGE_POOL_BUILT = 76,
-    OPERATION_ABORTED = 78,
-    AGENT_UNRESPONSIVE = 86,
-    STORAGE_VOL_EXIST = 90,
-    NO_SERVER = 95,
-    NO_CLIENT = 96,
-    DEVICE_MISSING = 99,
-    NO_NWFILTER_BINDING = 101,
-    NO_DOMAIN_CHECKPOINT = 103,
-    NO_DOMAIN_BACKUP = 104,
-    NO_NETWORK_PORT = 107,
-    NO_HOSTNAME = 108,
-}
-
-impl fmt::Debug for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(n) => write!(f, "VIR_ERR_{n}"),
-            None => write!(f, "ErrorCode({})", self.0),
-        }
+open_enum! {
+    /// libvirt's error number (`virErrorNumber` in include/libvirt/virterror.h, libvirt
+    /// 11.3.0); `name()` is libvirt's name without the `VIR_ERR_` prefix. Numbers this
+    /// version does not name are kept as `Unknown`.
+    pub enum ErrorCode {
+        /// `VIR_ERR_OK`.
+        Ok = 0 => "OK",
+        /// `VIR_ERR_INTERNAL_ERROR`.
+        InternalError = 1 => "INTERNAL_ERROR",
+        /// `VIR_ERR_NO_MEMORY`.
+        NoMemory = 2 => "NO_MEMORY",
+        /// `VIR_ERR_NO_SUPPORT`.
+        NoSupport = 3 => "NO_SUPPORT",
+        /// `VIR_ERR_NO_CONNECT`.
+        NoConnect = 5 => "NO_CONNECT",
+        /// `VIR_ERR_INVALID_CONN`.
+        InvalidConn = 6 => "INVALID_CONN",
+        /// `VIR_ERR_INVALID_DOMAIN`.
+        InvalidDomain = 7 => "INVALID_DOMAIN",
+        /// `VIR_ERR_INVALID_ARG`.
+        InvalidArg = 8 => "INVALID_ARG",
+        /// `VIR_ERR_OPERATION_FAILED`.
+        OperationFailed = 9 => "OPERATION_FAILED",
+        /// `VIR_ERR_XML_ERROR`.
+        XmlError = 27 => "XML_ERROR",
+        /// `VIR_ERR_DOM_EXIST`.
+        DomExist = 28 => "DOM_EXIST",
+        /// `VIR_ERR_OPERATION_DENIED`.
+        OperationDenied = 29 => "OPERATION_DENIED",
+        /// `VIR_ERR_OPEN_FAILED`.
+        OpenFailed = 30 => "OPEN_FAILED",
+        /// `VIR_ERR_READ_FAILED`.
+        ReadFailed = 31 => "READ_FAILED",
+        /// `VIR_ERR_PARSE_FAILED`.
+        ParseFailed = 32 => "PARSE_FAILED",
+        /// `VIR_ERR_WRITE_FAILED`.
+        WriteFailed = 34 => "WRITE_FAILED",
+        /// `VIR_ERR_XML_DETAIL`.
+        XmlDetail = 35 => "XML_DETAIL",
+        /// `VIR_ERR_INVALID_NETWORK`.
+        InvalidNetwork = 36 => "INVALID_NETWORK",
+        /// `VIR_ERR_NETWORK_EXIST`.
+        NetworkExist = 37 => "NETWORK_EXIST",
+        /// `VIR_ERR_SYSTEM_ERROR`.
+        SystemError = 38 => "SYSTEM_ERROR",
+        /// `VIR_ERR_RPC`.
+        Rpc = 39 => "RPC",
+        /// `VIR_ERR_NO_DOMAIN`.
+        NoDomain = 42 => "NO_DOMAIN",
+        /// `VIR_ERR_NO_NETWORK`.
+        NoNetwork = 43 => "NO_NETWORK",
+        /// `VIR_ERR_AUTH_FAILED`.
+        AuthFailed = 45 => "AUTH_FAILED",
+        /// `VIR_ERR_INVALID_STORAGE_POOL`.
+        InvalidStoragePool = 46 => "INVALID_STORAGE_POOL",
+        /// `VIR_ERR_INVALID_STORAGE_VOL`.
+        InvalidStorageVol = 47 => "INVALID_STORAGE_VOL",
+        /// `VIR_ERR_NO_STORAGE_POOL`.
+        NoStoragePool = 49 => "NO_STORAGE_POOL",
+        /// `VIR_ERR_NO_STORAGE_VOL`.
+        NoStorageVol = 50 => "NO_STORAGE_VOL",
+        /// `VIR_ERR_NO_NODE_DEVICE`.
+        NoNodeDevice = 53 => "NO_NODE_DEVICE",
+        /// `VIR_ERR_OPERATION_INVALID`.
+        OperationInvalid = 55 => "OPERATION_INVALID",
+        /// `VIR_ERR_NO_INTERFACE`.
+        NoInterface = 57 => "NO_INTERFACE",
+        /// `VIR_ERR_NO_NWFILTER`.
+        NoNwfilter = 62 => "NO_NWFILTER",
+        /// `VIR_ERR_NO_SECRET`.
+        NoSecret = 66 => "NO_SECRET",
+        /// `VIR_ERR_CONFIG_UNSUPPORTED`.
+        ConfigUnsupported = 67 => "CONFIG_UNSUPPORTED",
+        /// `VIR_ERR_OPERATION_TIMEOUT`.
+        OperationTimeout = 68 => "OPERATION_TIMEOUT",
+        /// `VIR_ERR_NO_DOMAIN_SNAPSHOT`.
+        NoDomainSnapshot = 72 => "NO_DOMAIN_SNAPSHOT",
+        /// `VIR_ERR_STORAGE_POOL_BUILT`.
+        StoragePoolBuilt = 76 => "STORAGE_POOL_BUILT",
+        /// `VIR_ERR_OPERATION_ABORTED`.
+        OperationAborted = 78 => "OPERATION_ABORTED",
+        /// `VIR_ERR_AGENT_UNRESPONSIVE`.
+        AgentUnresponsive = 86 => "AGENT_UNRESPONSIVE",
+        /// `VIR_ERR_STORAGE_VOL_EXIST`.
+        StorageVolExist = 90 => "STORAGE_VOL_EXIST",
+        /// `VIR_ERR_NO_SERVER`.
+        NoServer = 95 => "NO_SERVER",
+        /// `VIR_ERR_NO_CLIENT`.
+        NoClient = 96 => "NO_CLIENT",
+        /// `VIR_ERR_DEVICE_MISSING`.
+        DeviceMissing = 99 => "DEVICE_MISSING",
+        /// `VIR_ERR_NO_NWFILTER_BINDING`.
+        NoNwfilterBinding = 101 => "NO_NWFILTER_BINDING",
+        /// `VIR_ERR_NO_DOMAIN_CHECKPOINT`.
+        NoDomainCheckpoint = 103 => "NO_DOMAIN_CHECKPOINT",
+        /// `VIR_ERR_NO_DOMAIN_BACKUP`.
+        NoDomainBackup = 104 => "NO_DOMAIN_BACKUP",
+        /// `VIR_ERR_NO_NETWORK_PORT`.
+        NoNetworkPort = 107 => "NO_NETWORK_PORT",
+        /// `VIR_ERR_NO_HOSTNAME`.
+        NoHostname = 108 => "NO_HOSTNAME",
     }
 }
 
-/// An error libvirtd reported, with every field of its `remote_error`.
+open_enum! {
+    /// How severe libvirt considers an error (`virErrorLevel`).
+    pub enum ErrorLevel {
+        /// `VIR_ERR_NONE`.
+        None = 0 => "none",
+        /// `VIR_ERR_WARNING`.
+        Warning = 1 => "warning",
+        /// `VIR_ERR_ERROR`.
+        Error = 2 => "error",
+    }
+}
+
+/// An error libvirtd reported, with every field of its `remote_error`. The struct mirrors the
+/// wire type, which libvirt cannot grow without breaking its own protocol, so it is not
+/// `#[non_exhaustive]`: tests may build one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteError {
+    /// What went wrong.
     pub code: ErrorCode,
     /// `virErrorDomain`: which part of libvirt raised it.
     pub domain: i32,
+    /// libvirt's message, for people.
     pub message: Option<String>,
-    /// `virErrorLevel`: 1 warning, 2 error.
-    pub level: i32,
+    /// How severe libvirt considers it.
+    pub level: ErrorLevel,
     /// The domain the error is about, by name.
     pub dom: Option<String>,
+    /// Extra information; its meaning depends on `code`.
     pub str1: Option<String>,
+    /// Extra information; its meaning depends on `code`.
     pub str2: Option<String>,
+    /// Extra information; its meaning depends on `code`.
     pub str3: Option<String>,
+    /// Extra information; its meaning depends on `code`.
     pub int1: i32,
+    /// Extra information; its meaning depends on `code`.
     pub int2: i32,
     /// The network the error is about, by name.
     pub net: Option<String>,
 }
 
+/// The codes [`RemoteError::is_not_found`] accepts.
+const NOT_FOUND: &[ErrorCode] = &[
+    ErrorCode::NoDomain,
+    ErrorCode::NoNetwork,
+    ErrorCode::NoStoragePool,
+    ErrorCode::NoStorageVol,
+    ErrorCode::NoNodeDevice,
+    ErrorCode::NoInterface,
+    ErrorCode::NoNwfilter,
+    ErrorCode::NoSecret,
+    ErrorCode::NoDomainSnapshot,
+    ErrorCode::NoDomainCheckpoint,
+    ErrorCode::NoDomainBackup,
+    ErrorCode::NoNetworkPort,
+    ErrorCode::NoNwfilterBinding,
+];
+
 impl RemoteError {
+    /// An error with `code` and `message` and every other field empty, as a server that says
+    /// no more would send it.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> RemoteError {
+        RemoteError {
+            code,
+            domain: 0,
+            message: Some(message.into()),
+            level: ErrorLevel::Error,
+            dom: None,
+            str1: None,
+            str2: None,
+            str3: None,
+            int1: 0,
+            int2: 0,
+            net: None,
+        }
+    }
+
     /// The object the call named does not exist (domain, network, pool, volume, secret, …).
     pub fn is_not_found(&self) -> bool {
-        matches!(
-            self.code,
-            ErrorCode::NO_DOMAIN
-                | ErrorCode::NO_NETWORK
-                | ErrorCode::NO_STORAGE_POOL
-                | ErrorCode::NO_STORAGE_VOL
-                | ErrorCode::NO_NODE_DEVICE
-                | ErrorCode::NO_INTERFACE
-                | ErrorCode::NO_NWFILTER
-                | ErrorCode::NO_SECRET
-                | ErrorCode::NO_DOMAIN_SNAPSHOT
-                | ErrorCode::NO_DOMAIN_CHECKPOINT
-                | ErrorCode::NO_DOMAIN_BACKUP
-                | ErrorCode::NO_NETWORK_PORT
-                | ErrorCode::NO_NWFILTER_BINDING
-        )
+        // By value, so a code built as `Unknown(42)` still counts.
+        NOT_FOUND.contains(&self.code)
     }
 
     /// The call tried to create something that is already there.
     pub fn is_already_exists(&self) -> bool {
-        matches!(
-            self.code,
-            ErrorCode::DOM_EXIST | ErrorCode::NETWORK_EXIST | ErrorCode::STORAGE_VOL_EXIST
-        )
+        [
+            ErrorCode::DomExist,
+            ErrorCode::NetworkExist,
+            ErrorCode::StorageVolExist,
+        ]
+        .contains(&self.code)
     }
 }
 
 impl From<VirNetMessageError> for RemoteError {
     fn from(e: VirNetMessageError) -> Self {
         RemoteError {
-            code: ErrorCode(e.code),
+            code: ErrorCode::from_raw(e.code),
             domain: e.domain,
             message: e.message,
-            level: e.level,
+            level: ErrorLevel::from_raw(e.level),
             dom: e.dom.map(|d| d.name),
             str1: e.str1,
             str2: e.str2,
@@ -160,83 +226,144 @@ impl fmt::Display for RemoteError {
         let message = self.message.as_deref().unwrap_or("(no message)");
         match self.code.name() {
             Some(n) => write!(f, "{message} (VIR_ERR_{n})"),
-            None => write!(f, "{message} (code {})", self.code.0),
+            None => write!(f, "{message} (code {})", self.code.raw()),
         }
     }
 }
 
 impl std::error::Error for RemoteError {}
 
-/// Everything the client can fail with.
+/// Everything the client can fail with. `#[non_exhaustive]`: new failure modes are added
+/// without a breaking change, so a `match` needs a wildcard arm; the `is_*` methods classify.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
+    /// The URI's scheme names a transport this client does not speak.
     #[error("scheme \"{0}\" is not supported")]
     UnsupportedScheme(String),
+    /// A URI parameter that does not apply to the URI's transport (`socket` on a TCP
+    /// transport, `pkipath` without TLS).
+    #[error("the URI parameter {name:?} does not apply to scheme \"{scheme}\"")]
+    UnsupportedUriParameter {
+        /// The parameter.
+        name: &'static str,
+        /// The URI's scheme.
+        scheme: String,
+    },
+    /// The URI's transport is not the one the connect function opens: TLS URIs go to
+    /// `Client::connect`, unix socket and plain TCP URIs to `Client::connect_plain`.
+    #[error("scheme \"{scheme}\" {reason}")]
+    TransportMismatch {
+        /// The URI's scheme.
+        scheme: String,
+        /// What to use instead.
+        reason: &'static str,
+    },
+    /// The URI could not be parsed or names something the client refuses.
     #[error("invalid libvirt URI {uri:?}: {reason}")]
-    InvalidUri { uri: String, reason: &'static str },
+    InvalidUri {
+        /// The URI, with any password redacted.
+        uri: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A certificate or key could not be read or used.
     #[error("read TLS material: {0}")]
     TlsMaterial(String),
+    /// The transport connection could not be opened.
     #[error("connect to {address}")]
     Connect {
+        /// `host:port` or a socket path.
         address: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
-    #[error("connect to {address}: no TLS session within {after:?}")]
+    /// The connection (with TLS: and its handshake) was not up within
+    /// `ClientOptions::connect_timeout`.
+    #[error("connect to {address}: not connected within {after:?}")]
     ConnectTimeout {
+        /// `host:port` or a socket path.
         address: String,
+        /// The deadline that passed.
         after: std::time::Duration,
     },
+    /// The TLS handshake failed.
     #[error("TLS handshake with {host}")]
     Tls {
+        /// The host the URI names.
         host: String,
+        /// rustls' error, wrapped in I/O.
         #[source]
         source: std::io::Error,
     },
     /// The server's certificate is valid and trusted but carries no subject alternative name
-    /// for the host the URI names (`kind` is "IP address" or "DNS name"). rustls, like
-    /// libvirt, matches an IP host only against IP-address SANs, never against DNS names or
-    /// the common name.
+    /// for the host the URI names. rustls, like libvirt, matches an IP host only against
+    /// IP-address SANs, never against DNS names or the common name.
     #[error(
         "the server certificate has no subject alternative name for {kind} {host} (it names: {presented}); reissue it with that SAN, or connect by a name it carries"
     )]
     ServerNameNotInCertificate {
+        /// The host the URI names.
         host: String,
+        /// "IP address" or "DNS name".
         kind: &'static str,
+        /// The names the certificate does carry.
         presented: String,
     },
+    /// libvirtd ended the connection after the TLS handshake: it refused the client
+    /// certificate.
     #[error(
         "the server refused the client certificate (it ended the connection after the TLS handshake: {detail})"
     )]
-    CertificateRefused { detail: String },
+    CertificateRefused {
+        /// How the connection ended.
+        detail: String,
+    },
+    /// The byte libvirtd sends after the TLS handshake was not 1.
     #[error("the server sent {0:#04x} instead of its TLS confirmation byte")]
     BadConfirmation(u8),
+    /// The server offers only authentication schemes this client does not implement
+    /// (`remote_auth_type` values).
     #[error(
         "the server requires authentication {0:?}; only auth \"none\" (a TLS client certificate) is supported"
     )]
     AuthUnsupported(Vec<i32>),
+    /// libvirtd answered the call with an error.
     #[error("libvirt: {0}")]
     Remote(Box<RemoteError>),
+    /// The connection went away (closed, keepalive gave up) while the call waited.
     #[error("connection lost: {0}")]
     ConnectionLost(String),
+    /// The call had no reply within its deadline.
     #[error("the call {procedure} timed out after {after:?}")]
     Timeout {
+        /// The procedure's name.
         procedure: &'static str,
+        /// The deadline that passed.
         after: std::time::Duration,
     },
+    /// The connection was closed before the call could be sent.
     #[error("the connection is closed")]
     Closed,
+    /// The server broke the protocol in a way the client cannot carry on from.
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// A packet from the server could not be decoded.
     #[error(transparent)]
     Packet(#[from] PacketError),
+    /// The call's arguments could not be encoded (a string or array over its bound).
     #[error("encode call arguments")]
     Encode(#[source] crate::xdr::Error),
+    /// Reading the source or writing the sink of a stream failed.
     #[error("stream I/O")]
     StreamIo(#[source] std::io::Error),
+    /// [`Reconnecting`](crate::Reconnecting) used up its attempts.
     #[error("reconnect gave up after {attempts} attempts")]
     ReconnectGaveUp {
+        /// How many connections were tried.
         attempts: u32,
+        /// The last attempt's error.
         #[source]
         last: Box<Error>,
     },
@@ -266,7 +393,7 @@ impl Error {
             | Error::ConnectionLost(_)
             | Error::Closed
             | Error::Timeout { .. } => true,
-            Error::Remote(e) => matches!(e.code, ErrorCode::NO_CONNECT | ErrorCode::RPC),
+            Error::Remote(e) => [ErrorCode::NoConnect, ErrorCode::Rpc].contains(&e.code),
             _ => false,
         }
     }
@@ -286,4 +413,5 @@ impl From<RemoteError> for Error {
     }
 }
 
+/// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -11,63 +11,187 @@ use crate::packet::Packet;
 use crate::proto::remote::{self, procedures as rp};
 use crate::xdr::{Procedure, Xdr};
 
-/// One lifecycle event: `event` is `virDomainEventType` (0 defined, 2 started, 5 stopped, …)
-/// and `detail` its reason.
+open_enum! {
+    /// `virDomainEventID`: which kind of domain event a callback is registered for.
+    pub enum DomainEventId {
+        /// `VIR_DOMAIN_EVENT_ID_LIFECYCLE`: [`DomainLifecycleEvent`].
+        Lifecycle = 0 => "lifecycle",
+        /// `VIR_DOMAIN_EVENT_ID_REBOOT`.
+        Reboot = 1 => "reboot",
+        /// `VIR_DOMAIN_EVENT_ID_RTC_CHANGE`.
+        RtcChange = 2 => "rtc-change",
+        /// `VIR_DOMAIN_EVENT_ID_WATCHDOG`.
+        Watchdog = 3 => "watchdog",
+        /// `VIR_DOMAIN_EVENT_ID_IO_ERROR`.
+        IoError = 4 => "io-error",
+        /// `VIR_DOMAIN_EVENT_ID_GRAPHICS`.
+        Graphics = 5 => "graphics",
+        /// `VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON`.
+        IoErrorReason = 6 => "io-error-reason",
+        /// `VIR_DOMAIN_EVENT_ID_CONTROL_ERROR`.
+        ControlError = 7 => "control-error",
+        /// `VIR_DOMAIN_EVENT_ID_BLOCK_JOB`.
+        BlockJob = 8 => "block-job",
+        /// `VIR_DOMAIN_EVENT_ID_DISK_CHANGE`.
+        DiskChange = 9 => "disk-change",
+        /// `VIR_DOMAIN_EVENT_ID_TRAY_CHANGE`.
+        TrayChange = 10 => "tray-change",
+        /// `VIR_DOMAIN_EVENT_ID_PMWAKEUP`.
+        PmWakeup = 11 => "pm-wakeup",
+        /// `VIR_DOMAIN_EVENT_ID_PMSUSPEND`.
+        PmSuspend = 12 => "pm-suspend",
+        /// `VIR_DOMAIN_EVENT_ID_BALLOON_CHANGE`.
+        BalloonChange = 13 => "balloon-change",
+        /// `VIR_DOMAIN_EVENT_ID_PMSUSPEND_DISK`.
+        PmSuspendDisk = 14 => "pm-suspend-disk",
+        /// `VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED`.
+        DeviceRemoved = 15 => "device-removed",
+        /// `VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2`.
+        BlockJob2 = 16 => "block-job-2",
+        /// `VIR_DOMAIN_EVENT_ID_TUNABLE`.
+        Tunable = 17 => "tunable",
+        /// `VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE`: [`AgentLifecycleEvent`].
+        AgentLifecycle = 18 => "agent-lifecycle",
+        /// `VIR_DOMAIN_EVENT_ID_DEVICE_ADDED`.
+        DeviceAdded = 19 => "device-added",
+        /// `VIR_DOMAIN_EVENT_ID_MIGRATION_ITERATION`.
+        MigrationIteration = 20 => "migration-iteration",
+        /// `VIR_DOMAIN_EVENT_ID_JOB_COMPLETED`.
+        JobCompleted = 21 => "job-completed",
+        /// `VIR_DOMAIN_EVENT_ID_DEVICE_REMOVAL_FAILED`.
+        DeviceRemovalFailed = 22 => "device-removal-failed",
+        /// `VIR_DOMAIN_EVENT_ID_METADATA_CHANGE`.
+        MetadataChange = 23 => "metadata-change",
+        /// `VIR_DOMAIN_EVENT_ID_BLOCK_THRESHOLD`.
+        BlockThreshold = 24 => "block-threshold",
+        /// `VIR_DOMAIN_EVENT_ID_MEMORY_FAILURE`.
+        MemoryFailure = 25 => "memory-failure",
+        /// `VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE`.
+        MemoryDeviceSizeChange = 26 => "memory-device-size-change",
+    }
+}
+
+open_enum! {
+    /// `virDomainEventType`: what happened to a domain; `name()` is virsh's word.
+    pub enum DomainEventType {
+        /// Defined or redefined.
+        Defined = 0 => "defined",
+        /// Undefined.
+        Undefined = 1 => "undefined",
+        /// Started.
+        Started = 2 => "started",
+        /// Paused.
+        Suspended = 3 => "suspended",
+        /// Unpaused.
+        Resumed = 4 => "resumed",
+        /// Stopped (shut off, destroyed, crashed, migrated away, …).
+        Stopped = 5 => "stopped",
+        /// The guest is shutting down.
+        Shutdown = 6 => "shutdown",
+        /// Suspended by guest power management.
+        PmSuspended = 7 => "pmsuspended",
+        /// The guest crashed.
+        Crashed = 8 => "crashed",
+    }
+}
+
+/// One lifecycle event (`VIR_DOMAIN_EVENT_ID_LIFECYCLE`). `#[non_exhaustive]`: build one with
+/// [`DomainLifecycleEvent::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DomainLifecycleEvent {
+    /// The domain's name.
     pub domain: String,
+    /// The domain's UUID.
     pub uuid: [u8; 16],
-    pub event: i32,
+    /// What happened.
+    pub event: DomainEventType,
+    /// Why: a `virDomainEvent<Type>DetailType` value, whose meaning depends on `event`.
     pub detail: i32,
 }
 
 impl DomainLifecycleEvent {
-    /// libvirt's name for `event` (`virDomainEventType` without its prefix, lower case).
-    pub fn event_name(&self) -> Option<&'static str> {
-        Some(match self.event {
-            0 => "defined",
-            1 => "undefined",
-            2 => "started",
-            3 => "suspended",
-            4 => "resumed",
-            5 => "stopped",
-            6 => "shutdown",
-            7 => "pmsuspended",
-            8 => "crashed",
-            _ => return None,
-        })
+    /// An event as the server would send it.
+    pub fn new(
+        domain: impl Into<String>,
+        uuid: [u8; 16],
+        event: DomainEventType,
+        detail: i32,
+    ) -> DomainLifecycleEvent {
+        DomainLifecycleEvent {
+            domain: domain.into(),
+            uuid,
+            event,
+            detail,
+        }
     }
 }
 
-/// The guest agent of a domain connected or disconnected: `virConnectDomainEventAgentLifecycleState`
-/// and its reason.
+open_enum! {
+    /// `virConnectDomainEventAgentLifecycleState`.
+    pub enum AgentLifecycleState {
+        /// The agent is connected.
+        Connected = 1 => "connected",
+        /// The agent is disconnected.
+        Disconnected = 2 => "disconnected",
+    }
+}
+
+open_enum! {
+    /// `virConnectDomainEventAgentLifecycleReason`.
+    pub enum AgentLifecycleReason {
+        /// `VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_REASON_UNKNOWN`: libvirt gives no reason.
+        Unspecified = 0 => "unknown",
+        /// The domain started.
+        DomainStarted = 1 => "domain started",
+        /// The agent channel changed state.
+        Channel = 2 => "channel event",
+    }
+}
+
+/// The guest agent of a domain connected or disconnected
+/// (`VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE`). `#[non_exhaustive]`: build one with
+/// [`AgentLifecycleEvent::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AgentLifecycleEvent {
+    /// The domain's name.
     pub domain: String,
+    /// The domain's UUID.
     pub uuid: [u8; 16],
-    /// 1 connected, 2 disconnected.
-    pub state: i32,
-    /// 0 unknown, 1 the domain started, 2 the channel's state changed.
-    pub reason: i32,
+    /// Connected or disconnected.
+    pub state: AgentLifecycleState,
+    /// Why.
+    pub reason: AgentLifecycleReason,
 }
 
 impl AgentLifecycleEvent {
-    /// `VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED`.
-    pub const CONNECTED: i32 = 1;
-    /// `VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_DISCONNECTED`.
-    pub const DISCONNECTED: i32 = 2;
+    /// An event as the server would send it.
+    pub fn new(
+        domain: impl Into<String>,
+        uuid: [u8; 16],
+        state: AgentLifecycleState,
+        reason: AgentLifecycleReason,
+    ) -> AgentLifecycleEvent {
+        AgentLifecycleEvent {
+            domain: domain.into(),
+            uuid,
+            state,
+            reason,
+        }
+    }
 
     /// The agent is now connected.
     pub fn connected(&self) -> bool {
-        self.state == Self::CONNECTED
+        self.state == AgentLifecycleState::Connected
     }
 }
 
 /// One kind of domain event: its event id, the procedure its messages arrive as, and how a
 /// message becomes the typed event.
 pub trait DomainEventKind: Sized + Send + 'static {
-    /// `virDomainEventID`.
-    const EVENT_ID: i32;
+    /// The event id to register for.
+    const EVENT_ID: DomainEventId;
     /// The MESSAGE procedure that carries it.
     const PROCEDURE: i32;
     /// The message body as sent.
@@ -77,38 +201,53 @@ pub trait DomainEventKind: Sized + Send + 'static {
 }
 
 impl DomainEventKind for DomainLifecycleEvent {
-    const EVENT_ID: i32 = crate::flags::DOMAIN_EVENT_ID_LIFECYCLE;
+    const EVENT_ID: DomainEventId = DomainEventId::Lifecycle;
     const PROCEDURE: i32 = rp::DomainEventCallbackLifecycle::NUMBER;
     type Message = remote::RemoteDomainEventCallbackLifecycleMsg;
 
     fn from_message(m: Self::Message) -> (i32, Self) {
-        let event = DomainLifecycleEvent {
-            domain: m.msg.dom.name,
-            uuid: m.msg.dom.uuid,
-            event: m.msg.event,
-            detail: m.msg.detail,
-        };
+        let event = DomainLifecycleEvent::new(
+            m.msg.dom.name,
+            m.msg.dom.uuid,
+            DomainEventType::from_raw(m.msg.event),
+            m.msg.detail,
+        );
         (m.callback_id, event)
     }
 }
 
 impl DomainEventKind for AgentLifecycleEvent {
-    const EVENT_ID: i32 = crate::flags::DOMAIN_EVENT_ID_AGENT_LIFECYCLE;
+    const EVENT_ID: DomainEventId = DomainEventId::AgentLifecycle;
     const PROCEDURE: i32 = rp::DomainEventCallbackAgentLifecycle::NUMBER;
     type Message = remote::RemoteDomainEventCallbackAgentLifecycleMsg;
 
     fn from_message(m: Self::Message) -> (i32, Self) {
-        let event = AgentLifecycleEvent {
-            domain: m.dom.name,
-            uuid: m.dom.uuid,
-            state: m.state,
-            reason: m.reason,
-        };
+        let event = AgentLifecycleEvent::new(
+            m.dom.name,
+            m.dom.uuid,
+            AgentLifecycleState::from_raw(m.state),
+            AgentLifecycleReason::from_raw(m.reason),
+        );
         (m.callback_id, event)
     }
 }
 
-/// Events of kind `E` for every domain on the connection.
+/// Events of kind `E` for every domain on the connection; also a `futures_core::Stream`.
+/// Dropping it deregisters the callback.
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::events::{DomainEventType, DomainEvents};
+///
+/// let mut events = DomainEvents::subscribe(&client).await?;
+/// while let Some(event) = events.next().await {
+///     let event = event?;
+///     if event.event == DomainEventType::Stopped {
+///         println!("{} stopped (detail {})", event.domain, event.detail);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct DomainEventStream<E> {
     client: Client,
@@ -124,13 +263,14 @@ pub type DomainEvents = DomainEventStream<DomainLifecycleEvent>;
 pub type AgentLifecycleEvents = DomainEventStream<AgentLifecycleEvent>;
 
 impl<E: DomainEventKind> DomainEventStream<E> {
-    /// Subscribes before registering, so no event between the two is lost.
+    /// Registers for events of kind `E` on `client`'s connection. Subscribes before
+    /// registering, so no event between the two is lost.
     pub async fn subscribe(client: &Client) -> Result<Self> {
         let packets = client.subscribe(E::PROCEDURE, 256);
         let ret = client
             .call::<rp::ConnectDomainEventCallbackRegisterAny>(
                 &remote::RemoteConnectDomainEventCallbackRegisterAnyArgs {
-                    event_id: E::EVENT_ID,
+                    event_id: E::EVENT_ID.raw(),
                     dom: None,
                 },
             )

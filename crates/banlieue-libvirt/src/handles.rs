@@ -5,30 +5,17 @@
 //!
 //! Lookups return `Ok(None)` when the object does not exist; every other failure is an error.
 //!
-//! ```no_run
-//! # async fn demo(client: banlieue_libvirt::Client, xml: String) -> banlieue_libvirt::Result<()> {
-//! use banlieue_libvirt::{flags, Domain, DomainState, StoragePool, StorageVol};
-//!
-//! let dom = Domain::define_xml(&client, &xml).await?;
-//! dom.create().await?;
-//! assert_eq!(dom.get_state().await?.0, DomainState::RUNNING);
-//! dom.destroy_if_running().await?;
-//! dom.undefine_flags(flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_TPM).await?;
-//! assert!(Domain::lookup_by_name(&client, dom.name()).await?.is_none());
-//!
-//! if let Some(pool) = StoragePool::lookup_by_name(&client, "images").await? {
-//!     if let Some(vol) = StorageVol::lookup_by_name(&pool, "base.qcow2").await? {
-//!         let mut out = Vec::new();
-//!         vol.download(&mut out, 0, 0, true).await?;
-//!     }
-//! }
-//! # Ok(()) }
-//! ```
+//! Each handle type carries an example.
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::client::Client;
 use crate::error::{ErrorCode, Result};
+use crate::flags::{
+    ConnectListAllDomainsFlags, ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags,
+    DomainUndefineFlags, DomainXmlFlags, StoragePoolCreateFlags, StorageVolCreateFlags,
+    StorageVolDownloadFlags, StorageVolUploadFlags, StorageXmlFlags,
+};
 use crate::proto::qemu::{self, procedures as qp};
 use crate::proto::remote::{self, procedures as rp};
 use crate::stream::{self, Transfer};
@@ -42,63 +29,117 @@ fn found<T>(r: Result<T>) -> Result<Option<T>> {
     }
 }
 
-/// `virDomainState`, a newtype so states this version does not name survive.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DomainState(pub i32);
-
-impl DomainState {
-    pub const NOSTATE: DomainState = DomainState(0);
-    pub const RUNNING: DomainState = DomainState(1);
-    pub const BLOCKED: DomainState = DomainState(2);
-    pub const PAUSED: DomainState = DomainState(3);
-    pub const SHUTDOWN: DomainState = DomainState(4);
-    pub const SHUTOFF: DomainState = DomainState(5);
-    pub const CRASHED: DomainState = DomainState(6);
-    pub const PMSUSPENDED: DomainState = DomainState(7);
-
-    /// virsh's word for the state (`running`, `shut off`, …).
-    pub fn name(self) -> Option<&'static str> {
-        Some(match self.0 {
-            0 => "no state",
-            1 => "running",
-            2 => "idle",
-            3 => "paused",
-            4 => "in shutdown",
-            5 => "shut off",
-            6 => "crashed",
-            7 => "pmsuspended",
-            _ => return None,
-        })
+open_enum! {
+    /// `virDomainState`; `name()` is virsh's word for it.
+    pub enum DomainState {
+        /// No state.
+        NoState = 0 => "no state",
+        /// Running.
+        Running = 1 => "running",
+        /// Blocked on a resource.
+        Blocked = 2 => "idle",
+        /// Paused by the user.
+        Paused = 3 => "paused",
+        /// Being shut down.
+        Shutdown = 4 => "in shutdown",
+        /// Shut off.
+        Shutoff = 5 => "shut off",
+        /// Crashed.
+        Crashed = 6 => "crashed",
+        /// Suspended by guest power management.
+        PmSuspended = 7 => "pmsuspended",
     }
 }
 
-impl std::fmt::Debug for DomainState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.name() {
-            Some(n) => write!(f, "DomainState({n})"),
-            None => write!(f, "DomainState({})", self.0),
+open_enum! {
+    /// `virIPAddrType`: the family of an [`IpAddress`].
+    pub enum IpAddressType {
+        /// `VIR_IP_ADDR_TYPE_IPV4`.
+        Ipv4 = 0 => "ipv4",
+        /// `VIR_IP_ADDR_TYPE_IPV6`.
+        Ipv6 = 1 => "ipv6",
+    }
+}
+
+open_enum! {
+    /// `virDomainInterfaceAddressesSource`: where [`Domain::interface_addresses`] looks.
+    pub enum InterfaceAddressesSource {
+        /// The DHCP leases of libvirt's own networks.
+        Lease = 0 => "lease",
+        /// The guest agent.
+        Agent = 1 => "agent",
+        /// The host's ARP table.
+        Arp = 2 => "arp",
+    }
+}
+
+/// One address of a guest interface (`virDomainIPAddress`). `#[non_exhaustive]`: build one
+/// with [`IpAddress::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IpAddress {
+    /// IPv4 or IPv6.
+    pub kind: IpAddressType,
+    /// The address as text.
+    pub addr: String,
+    /// The prefix length.
+    pub prefix: u32,
+}
+
+impl IpAddress {
+    /// An address as libvirt reports it.
+    pub fn new(kind: IpAddressType, addr: impl Into<String>, prefix: u32) -> IpAddress {
+        IpAddress {
+            kind,
+            addr: addr.into(),
+            prefix,
         }
     }
 }
 
-/// One address of a guest interface (`virDomainIPAddress`).
+/// One guest interface and its addresses (`virDomainInterface`). `#[non_exhaustive]`: build
+/// one with [`InterfaceAddresses::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpAddress {
-    /// `VIR_IP_ADDR_TYPE_IPV4` (0) or `VIR_IP_ADDR_TYPE_IPV6` (1).
-    pub kind: i32,
-    pub addr: String,
-    pub prefix: u32,
-}
-
-/// One guest interface and its addresses (`virDomainInterface`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InterfaceAddresses {
+    /// The interface's name (host side for leases and ARP, guest side for the agent).
     pub name: String,
+    /// Its MAC address, when known.
     pub hwaddr: Option<String>,
+    /// Its addresses.
     pub addrs: Vec<IpAddress>,
 }
 
+impl InterfaceAddresses {
+    /// An interface as libvirt reports it.
+    pub fn new(
+        name: impl Into<String>,
+        hwaddr: Option<String>,
+        addrs: Vec<IpAddress>,
+    ) -> InterfaceAddresses {
+        InterfaceAddresses {
+            name: name.into(),
+            hwaddr,
+            addrs,
+        }
+    }
+}
+
 /// A domain (`virDomainPtr`).
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client, xml: String) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::flags::DomainUndefineFlags;
+/// use banlieue_libvirt::{Domain, DomainState};
+///
+/// let dom = Domain::define_xml(&client, &xml).await?;
+/// dom.create().await?;
+/// assert_eq!(dom.get_state().await?.0, DomainState::Running);
+/// dom.destroy_if_running().await?;
+/// dom.undefine_flags(DomainUndefineFlags::NVRAM | DomainUndefineFlags::TPM).await?;
+/// assert!(Domain::lookup_by_name(&client, dom.name()).await?.is_none());
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Domain {
     client: Client,
@@ -106,6 +147,13 @@ pub struct Domain {
 }
 
 impl Domain {
+    /// `VIR_DOMAIN_AGENT_RESPONSE_TIMEOUT_BLOCK`: [`Domain::agent_command`] waits forever.
+    pub const AGENT_RESPONSE_TIMEOUT_BLOCK: i32 = -2;
+    /// `VIR_DOMAIN_AGENT_RESPONSE_TIMEOUT_DEFAULT`: libvirt's default wait.
+    pub const AGENT_RESPONSE_TIMEOUT_DEFAULT: i32 = -1;
+    /// `VIR_DOMAIN_AGENT_RESPONSE_TIMEOUT_NOWAIT`: do not wait for the reply.
+    pub const AGENT_RESPONSE_TIMEOUT_NOWAIT: i32 = 0;
+
     /// Wraps a reference the protocol returned.
     pub fn from_raw(client: &Client, raw: remote::RemoteNonnullDomain) -> Domain {
         Domain {
@@ -114,10 +162,12 @@ impl Domain {
         }
     }
 
+    /// The domain's name.
     pub fn name(&self) -> &str {
         &self.raw.name
     }
 
+    /// The domain's UUID.
     pub fn uuid(&self) -> [u8; 16] {
         self.raw.uuid
     }
@@ -132,10 +182,12 @@ impl Domain {
         self.raw.id
     }
 
+    /// libvirt's reference, for calls through [`Client::call`].
     pub fn raw(&self) -> &remote::RemoteNonnullDomain {
         &self.raw
     }
 
+    /// The connection the handle calls through.
     pub fn client(&self) -> &Client {
         &self.client
     }
@@ -160,12 +212,15 @@ impl Domain {
         Ok(Domain::from_raw(client, r.dom))
     }
 
-    /// `virConnectListAllDomains` with `flags` (`flags::CONNECT_LIST_DOMAINS_*`, 0 for all).
-    pub async fn list_all(client: &Client, flags: u32) -> Result<Vec<Domain>> {
+    /// `virConnectListAllDomains`; empty flags for all domains.
+    pub async fn list_all(
+        client: &Client,
+        flags: ConnectListAllDomainsFlags,
+    ) -> Result<Vec<Domain>> {
         let r = client
             .call::<rp::ConnectListAllDomains>(&remote::RemoteConnectListAllDomainsArgs {
                 need_results: 1,
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(r.domains
@@ -197,28 +252,28 @@ impl Domain {
     pub async fn destroy_if_running(&self) -> Result<bool> {
         match self.destroy().await {
             Ok(()) => Ok(true),
-            Err(e) if e.remote().map(|r| r.code) == Some(ErrorCode::OPERATION_INVALID) => Ok(false),
+            Err(e) if e.remote().map(|r| r.code) == Some(ErrorCode::OperationInvalid) => Ok(false),
             Err(e) => Err(e),
         }
     }
 
-    /// `virDomainUndefineFlags` (`flags::DOMAIN_UNDEFINE_*`).
-    pub async fn undefine_flags(&self, flags: u32) -> Result<()> {
+    /// `virDomainUndefineFlags`.
+    pub async fn undefine_flags(&self, flags: DomainUndefineFlags) -> Result<()> {
         self.client
             .call::<rp::DomainUndefineFlags>(&remote::RemoteDomainUndefineFlagsArgs {
                 dom: self.raw.clone(),
-                flags,
+                flags: flags.bits(),
             })
             .await
     }
 
-    /// `virDomainGetXMLDesc` (`flags::DOMAIN_XML_*`).
-    pub async fn get_xml_desc(&self, flags: u32) -> Result<String> {
+    /// `virDomainGetXMLDesc`.
+    pub async fn get_xml_desc(&self, flags: DomainXmlFlags) -> Result<String> {
         let r = self
             .client
             .call::<rp::DomainGetXmlDesc>(&remote::RemoteDomainGetXmlDescArgs {
                 dom: self.raw.clone(),
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(r.xml)
@@ -233,12 +288,16 @@ impl Domain {
                 flags: 0,
             })
             .await?;
-        Ok((DomainState(r.state), r.reason))
+        Ok((DomainState::from_raw(r.state), r.reason))
     }
 
-    /// `virDomainInterfaceAddresses` from `source`
-    /// (`flags::DOMAIN_INTERFACE_ADDRESSES_SRC_{LEASE,AGENT,ARP}`).
-    pub async fn interface_addresses(&self, source: u32) -> Result<Vec<InterfaceAddresses>> {
+    /// `virDomainInterfaceAddresses` from `source`.
+    pub async fn interface_addresses(
+        &self,
+        source: InterfaceAddressesSource,
+    ) -> Result<Vec<InterfaceAddresses>> {
+        // A negative source cannot be named; libvirt refuses it as it would any unknown one.
+        let source = u32::try_from(source.raw()).unwrap_or(u32::MAX);
         let r = self
             .client
             .call::<rp::DomainInterfaceAddresses>(&remote::RemoteDomainInterfaceAddressesArgs {
@@ -249,25 +308,20 @@ impl Domain {
             .await?;
         Ok(r.ifaces
             .into_iter()
-            .map(|i| InterfaceAddresses {
-                name: i.name,
-                hwaddr: i.hwaddr,
-                addrs: i
+            .map(|i| {
+                let addrs = i
                     .addrs
                     .into_iter()
-                    .map(|a| IpAddress {
-                        kind: a.r#type,
-                        addr: a.addr,
-                        prefix: a.prefix,
-                    })
-                    .collect(),
+                    .map(|a| IpAddress::new(IpAddressType::from_raw(a.r#type), a.addr, a.prefix))
+                    .collect();
+                InterfaceAddresses::new(i.name, i.hwaddr, addrs)
             })
             .collect())
     }
 
     /// `virDomainQemuAgentCommand`: sends one JSON command to the QEMU guest agent and returns
     /// its JSON reply. `timeout_secs` is libvirt's: a positive number of seconds, or
-    /// `flags::DOMAIN_AGENT_RESPONSE_TIMEOUT_{BLOCK,DEFAULT,NOWAIT}`.
+    /// [`Domain::AGENT_RESPONSE_TIMEOUT_BLOCK`], `_DEFAULT` or `_NOWAIT`.
     pub async fn agent_command(&self, json: &str, timeout_secs: i32) -> Result<String> {
         let r = self
             .client
@@ -283,6 +337,24 @@ impl Domain {
 }
 
 /// A storage pool (`virStoragePoolPtr`).
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client, xml: String) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::StoragePool;
+/// use banlieue_libvirt::flags::StoragePoolCreateFlags;
+///
+/// let pool = match StoragePool::lookup_by_name(&client, "images").await? {
+///     Some(pool) => pool,
+///     None => StoragePool::define_xml(&client, &xml).await?,
+/// };
+/// if !pool.is_active().await? {
+///     pool.create(StoragePoolCreateFlags::WITH_BUILD).await?;
+/// }
+/// for vol in pool.list_all_volumes().await? {
+///     println!("{}", vol.name());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct StoragePool {
     client: Client,
@@ -290,6 +362,7 @@ pub struct StoragePool {
 }
 
 impl StoragePool {
+    /// Wraps a reference the protocol returned.
     pub fn from_raw(client: &Client, raw: remote::RemoteNonnullStoragePool) -> StoragePool {
         StoragePool {
             client: client.clone(),
@@ -297,14 +370,17 @@ impl StoragePool {
         }
     }
 
+    /// The pool's name.
     pub fn name(&self) -> &str {
         &self.raw.name
     }
 
+    /// The pool's UUID.
     pub fn uuid(&self) -> [u8; 16] {
         self.raw.uuid
     }
 
+    /// libvirt's reference, for calls through [`Client::call`].
     pub fn raw(&self) -> &remote::RemoteNonnullStoragePool {
         &self.raw
     }
@@ -319,12 +395,15 @@ impl StoragePool {
         Ok(found(r)?.map(|r| StoragePool::from_raw(client, r.pool)))
     }
 
-    /// `virConnectListAllStoragePools` (`virConnectListAllStoragePoolsFlags`, 0 for all).
-    pub async fn list_all(client: &Client, flags: u32) -> Result<Vec<StoragePool>> {
+    /// `virConnectListAllStoragePools`; empty flags for all pools.
+    pub async fn list_all(
+        client: &Client,
+        flags: ConnectListAllStoragePoolsFlags,
+    ) -> Result<Vec<StoragePool>> {
         let r = client
             .call::<rp::ConnectListAllStoragePools>(&remote::RemoteConnectListAllStoragePoolsArgs {
                 need_results: 1,
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(r.pools
@@ -354,12 +433,12 @@ impl StoragePool {
             .await
     }
 
-    /// `virStoragePoolCreate`: starts a defined pool (`flags::STORAGE_POOL_CREATE_*`).
-    pub async fn create(&self, flags: u32) -> Result<()> {
+    /// `virStoragePoolCreate`: starts a defined pool.
+    pub async fn create(&self, flags: StoragePoolCreateFlags) -> Result<()> {
         self.client
             .call::<rp::StoragePoolCreate>(&remote::RemoteStoragePoolCreateArgs {
                 pool: self.raw.clone(),
-                flags,
+                flags: flags.bits(),
             })
             .await
     }
@@ -393,12 +472,12 @@ impl StoragePool {
     }
 
     /// `virStoragePoolGetXMLDesc`.
-    pub async fn get_xml_desc(&self, flags: u32) -> Result<String> {
+    pub async fn get_xml_desc(&self, flags: StorageXmlFlags) -> Result<String> {
         let r = self
             .client
             .call::<rp::StoragePoolGetXmlDesc>(&remote::RemoteStoragePoolGetXmlDescArgs {
                 pool: self.raw.clone(),
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(r.xml)
@@ -432,35 +511,29 @@ impl StoragePool {
     }
 }
 
-/// `virStorageVolType`, a newtype so types this version does not name survive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StorageVolType(pub i32);
-
-impl StorageVolType {
-    pub const FILE: StorageVolType = StorageVolType(0);
-    pub const BLOCK: StorageVolType = StorageVolType(1);
-    pub const DIR: StorageVolType = StorageVolType(2);
-    pub const NETWORK: StorageVolType = StorageVolType(3);
-    pub const NETDIR: StorageVolType = StorageVolType(4);
-    pub const PLOOP: StorageVolType = StorageVolType(5);
-
-    /// virsh's word for the type.
-    pub fn name(self) -> Option<&'static str> {
-        Some(match self.0 {
-            0 => "file",
-            1 => "block",
-            2 => "dir",
-            3 => "network",
-            4 => "netdir",
-            5 => "ploop",
-            _ => return None,
-        })
+open_enum! {
+    /// `virStorageVolType`; `name()` is virsh's word for it.
+    pub enum StorageVolType {
+        /// A regular file.
+        File = 0 => "file",
+        /// A block device.
+        Block = 1 => "block",
+        /// A directory.
+        Dir = 2 => "dir",
+        /// A network volume (RBD, …).
+        Network = 3 => "network",
+        /// A network-accessible directory.
+        Netdir = 4 => "netdir",
+        /// A ploop volume.
+        Ploop = 5 => "ploop",
     }
 }
 
-/// `virStorageVolInfo`.
+/// `virStorageVolInfo`. `#[non_exhaustive]`: returned by [`StorageVol::get_info`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StorageVolInfo {
+    /// What the volume is.
     pub kind: StorageVolType,
     /// Logical size in bytes.
     pub capacity: u64,
@@ -469,6 +542,20 @@ pub struct StorageVolInfo {
 }
 
 /// A storage volume (`virStorageVolPtr`).
+///
+/// ```no_run
+/// # async fn demo(pool: banlieue_libvirt::StoragePool, xml: String) -> Result<(), Box<dyn std::error::Error>> {
+/// use banlieue_libvirt::StorageVol;
+/// use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolDownloadFlags, StorageVolUploadFlags};
+///
+/// let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty()).await?;
+/// let mut image = tokio::fs::File::open("disk.raw").await?;
+/// vol.upload(&mut image, 0, 0, StorageVolUploadFlags::SPARSE_STREAM).await?;
+/// let mut head = Vec::new();
+/// vol.download(&mut head, 0, 512, StorageVolDownloadFlags::empty()).await?;
+/// println!("{:?}", vol.get_info().await?);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct StorageVol {
     client: Client,
@@ -476,6 +563,7 @@ pub struct StorageVol {
 }
 
 impl StorageVol {
+    /// Wraps a reference the protocol returned.
     pub fn from_raw(client: &Client, raw: remote::RemoteNonnullStorageVol) -> StorageVol {
         StorageVol {
             client: client.clone(),
@@ -483,6 +571,7 @@ impl StorageVol {
         }
     }
 
+    /// The volume's name.
     pub fn name(&self) -> &str {
         &self.raw.name
     }
@@ -497,6 +586,7 @@ impl StorageVol {
         &self.raw.key
     }
 
+    /// libvirt's reference, for calls through [`Client::call`] and [`crate::stream`].
     pub fn raw(&self) -> &remote::RemoteNonnullStorageVol {
         &self.raw
     }
@@ -513,14 +603,18 @@ impl StorageVol {
         Ok(found(r)?.map(|r| StorageVol::from_raw(&pool.client, r.vol)))
     }
 
-    /// `virStorageVolCreateXML` (`virStorageVolCreateFlags`).
-    pub async fn create_xml(pool: &StoragePool, xml: &str, flags: u32) -> Result<StorageVol> {
+    /// `virStorageVolCreateXML`.
+    pub async fn create_xml(
+        pool: &StoragePool,
+        xml: &str,
+        flags: StorageVolCreateFlags,
+    ) -> Result<StorageVol> {
         let r = pool
             .client
             .call::<rp::StorageVolCreateXml>(&remote::RemoteStorageVolCreateXmlArgs {
                 pool: pool.raw.clone(),
                 xml: xml.to_string(),
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(StorageVol::from_raw(&pool.client, r.vol))
@@ -545,7 +639,7 @@ impl StorageVol {
             })
             .await?;
         Ok(StorageVolInfo {
-            kind: StorageVolType(i32::from(r.r#type)),
+            kind: StorageVolType::from_raw(i32::from(r.r#type)),
             capacity: r.capacity,
             allocation: r.allocation,
         })
@@ -575,13 +669,14 @@ impl StorageVol {
     }
 
     /// `virStorageVolUpload`: writes what `source` yields, `length` bytes from `offset`
-    /// (`length` 0: to the end of `source`). With `sparse`, zero runs travel as holes.
+    /// (`length` 0: to the end of `source`). With [`StorageVolUploadFlags::SPARSE_STREAM`],
+    /// zero runs travel as holes.
     pub async fn upload<R: AsyncRead + Unpin>(
         &self,
         source: &mut R,
         offset: u64,
         length: u64,
-        sparse: bool,
+        flags: StorageVolUploadFlags,
     ) -> Result<Transfer> {
         stream::upload_range(
             &self.client,
@@ -589,42 +684,34 @@ impl StorageVol {
             source,
             offset,
             length,
-            sparse,
+            flags,
             |_| {},
         )
         .await
     }
 
     /// `virStorageVolDownload`: `length` bytes from `offset` (0: to the end) into `sink`.
-    /// With `sparse`, holes cross the network as lengths and are written here as zeros.
+    /// With [`StorageVolDownloadFlags::SPARSE_STREAM`], holes cross the network as lengths and
+    /// are written here as zeros.
     pub async fn download<W: AsyncWrite + Unpin>(
         &self,
         sink: &mut W,
         offset: u64,
         length: u64,
-        sparse: bool,
+        flags: StorageVolDownloadFlags,
     ) -> Result<Transfer> {
-        stream::download_range(
-            &self.client,
-            &self.raw,
-            sink,
-            offset,
-            length,
-            sparse,
-            |_| {},
-        )
-        .await
+        stream::download_range(&self.client, &self.raw, sink, offset, length, flags, |_| {}).await
     }
 
     /// [`StorageVol::download`] into a file, which it truncates first. A thread of its own
-    /// writes the file while the next packets arrive; with `sparse`, holes become holes in the
-    /// file rather than written zeros.
+    /// writes the file while the next packets arrive; sparse, holes become holes in the file
+    /// rather than written zeros.
     pub async fn download_to_file(
         &self,
         file: tokio::fs::File,
         offset: u64,
         length: u64,
-        sparse: bool,
+        flags: StorageVolDownloadFlags,
     ) -> Result<Transfer> {
         stream::download_range_to_file(
             &self.client,
@@ -632,7 +719,7 @@ impl StorageVol {
             file.into_std().await,
             offset,
             length,
-            sparse,
+            flags,
             |_| {},
         )
         .await
@@ -640,6 +727,20 @@ impl StorageVol {
 }
 
 /// A virtual network (`virNetworkPtr`).
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::Network;
+/// use banlieue_libvirt::flags::ConnectListAllNetworksFlags;
+///
+/// for net in Network::list_all(&client, ConnectListAllNetworksFlags::ACTIVE).await? {
+///     println!("{} is active", net.name());
+/// }
+/// if let Some(net) = Network::lookup_by_name(&client, "default").await? {
+///     println!("default network active: {}", net.is_active().await?);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Network {
     client: Client,
@@ -647,6 +748,7 @@ pub struct Network {
 }
 
 impl Network {
+    /// Wraps a reference the protocol returned.
     pub fn from_raw(client: &Client, raw: remote::RemoteNonnullNetwork) -> Network {
         Network {
             client: client.clone(),
@@ -654,14 +756,17 @@ impl Network {
         }
     }
 
+    /// The network's name.
     pub fn name(&self) -> &str {
         &self.raw.name
     }
 
+    /// The network's UUID.
     pub fn uuid(&self) -> [u8; 16] {
         self.raw.uuid
     }
 
+    /// libvirt's reference, for calls through [`Client::call`].
     pub fn raw(&self) -> &remote::RemoteNonnullNetwork {
         &self.raw
     }
@@ -676,12 +781,15 @@ impl Network {
         Ok(found(r)?.map(|r| Network::from_raw(client, r.net)))
     }
 
-    /// `virConnectListAllNetworks` (`virConnectListAllNetworksFlags`, 0 for all).
-    pub async fn list_all(client: &Client, flags: u32) -> Result<Vec<Network>> {
+    /// `virConnectListAllNetworks`; empty flags for all networks.
+    pub async fn list_all(
+        client: &Client,
+        flags: ConnectListAllNetworksFlags,
+    ) -> Result<Vec<Network>> {
         let r = client
             .call::<rp::ConnectListAllNetworks>(&remote::RemoteConnectListAllNetworksArgs {
                 need_results: 1,
-                flags,
+                flags: flags.bits(),
             })
             .await?;
         Ok(r.nets
@@ -729,17 +837,23 @@ impl Client {
     }
 
     /// [`Domain::list_all`].
-    pub async fn list_all_domains(&self, flags: u32) -> Result<Vec<Domain>> {
+    pub async fn list_all_domains(&self, flags: ConnectListAllDomainsFlags) -> Result<Vec<Domain>> {
         Domain::list_all(self, flags).await
     }
 
     /// [`StoragePool::list_all`].
-    pub async fn list_all_storage_pools(&self, flags: u32) -> Result<Vec<StoragePool>> {
+    pub async fn list_all_storage_pools(
+        &self,
+        flags: ConnectListAllStoragePoolsFlags,
+    ) -> Result<Vec<StoragePool>> {
         StoragePool::list_all(self, flags).await
     }
 
     /// [`Network::list_all`].
-    pub async fn list_all_networks(&self, flags: u32) -> Result<Vec<Network>> {
+    pub async fn list_all_networks(
+        &self,
+        flags: ConnectListAllNetworksFlags,
+    ) -> Result<Vec<Network>> {
         Network::list_all(self, flags).await
     }
 }
@@ -774,7 +888,9 @@ mod tests {
             0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0, 1, 2, 3, 4, 5, 6, 7,
         ];
         assert_eq!(uuid_string(&u), "12345678-9abc-def0-0001-020304050607");
-        assert_eq!(DomainState::SHUTOFF.name(), Some("shut off"));
-        assert_eq!(format!("{:?}", DomainState(42)), "DomainState(42)");
+        assert_eq!(DomainState::Shutoff.name(), Some("shut off"));
+        assert_eq!(DomainState::from_raw(5), DomainState::Shutoff);
+        assert_eq!(format!("{:?}", DomainState::from_raw(42)), "Unknown(42)");
+        assert_eq!(DomainState::from_raw(42).to_string(), "42");
     }
 }

@@ -1,37 +1,47 @@
-//! banlieue-libvirt: a first-party libvirt RPC client.
+#![doc = include_str!("../README.md")]
 //!
-//! The protocol layer is generated at build time from libvirt's own `.x` files (see
-//! `protocol/fetch`): every type of every program with its XDR encoding, and a table and a
-//! marker type per procedure. On top of it sit the sans-io packet codec ([`packet`]) and the
-//! XDR runtime ([`xdr`]).
+//! # Layout
 //!
-//! The tokio client ([`Client`]) calls any procedure by its marker type; [`handles`] names the
-//! common ones (`Domain::define_xml`, `StorageVol::upload`, …); [`stream`] moves volume data,
-//! [`events`] delivers lifecycle events, and [`reconnect`] re-opens a lost connection and
-//! re-registers its event subscriptions. See `docs/client.md`.
+//! The protocol layer is generated at build time from libvirt's own `.x` files: every type of
+//! every program with its XDR encoding, and a table and a marker type per procedure
+//! ([`proto`], over the XDR runtime in [`xdr`]).
+//!
+//! The tokio [`Client`] calls any procedure by its marker type; the handles ([`Domain`],
+//! [`StoragePool`], [`StorageVol`], [`Network`]) name the common ones after libvirt's C API,
+//! with typed flags ([`flags`]) and open enums ([`DomainState`], [`ErrorCode`], …) for
+//! libvirt's integers. [`stream`] moves volume data, [`events`] delivers domain events, and
+//! [`Reconnecting`] re-opens a lost connection and re-registers its event subscriptions.
+//!
+//! What is public and what is not is described in `docs/client.md` ("The public API"): the
+//! packet codec and the connection's sans-io core are internal; `#[doc(hidden)]` items exist
+//! for this crate's own tests and fuzzers and are not part of the API.
+#![deny(missing_docs)]
 
-pub mod client;
-pub mod dispatch;
-pub mod error;
+#[macro_use]
+mod macros;
+
+mod client;
+mod dispatch;
+mod error;
 pub mod events;
 pub mod flags;
-pub mod handles;
+mod handles;
+#[doc(hidden)]
 pub mod packet;
-pub mod reconnect;
+mod reconnect;
 pub mod stream;
-pub mod tls;
+mod tls;
 pub mod uri;
 pub mod xdr;
 
-include!("../protocol_files.rs");
-
 pub use client::{Client, ClientOptions};
-pub use error::{Error, ErrorCode, RemoteError, Result};
+pub use error::{Error, ErrorCode, ErrorLevel, RemoteError, Result};
 pub use handles::{
-    Domain, DomainState, InterfaceAddresses, IpAddress, Network, StoragePool, StorageVol,
-    StorageVolInfo, StorageVolType,
+    Domain, DomainState, InterfaceAddresses, InterfaceAddressesSource, IpAddress, IpAddressType,
+    Network, StoragePool, StorageVol, StorageVolInfo, StorageVolType, uuid_string, version_string,
 };
-pub use reconnect::{Backoff, LifecycleUpdate, LifecycleWatch, Reconnecting};
+pub use packet::PacketError;
+pub use reconnect::{Backoff, ConnectFuture, LifecycleUpdate, LifecycleWatch, Reconnecting};
 pub use tls::{CaBundle, Identity};
 pub use uri::ConnectUri;
 
@@ -51,6 +61,8 @@ pub mod proto {
     pub mod lxc { include!(concat!(env!("OUT_DIR"), "/protocol/lxc.rs")); }
     /// `admin_protocol.x`: the daemon administration program.
     pub mod admin { include!(concat!(env!("OUT_DIR"), "/protocol/admin.rs")); }
+
+    include!("../protocol_files.rs");
 
     /// Every program's procedure table, by program name.
     pub const PROGRAMS: &[(&str, &[crate::xdr::ProcedureInfo])] = &[

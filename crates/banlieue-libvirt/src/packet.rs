@@ -24,19 +24,32 @@ pub const MAX_BODY: usize = MAX_PACKET - HEADER_SIZE;
 
 /// Why bytes are not a packet, or a packet cannot be written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PacketError {
+    /// The length word is below the size of length word and header.
     #[error("packet length {0} is below the {min} bytes of length and header", min = LEN_SIZE + HEADER_SIZE)]
     TooShort(u32),
+    /// The length word is above libvirt's limit.
     #[error("packet length {0} exceeds libvirt's limit of {max} bytes", max = MAX_PACKET + LEN_SIZE)]
     TooLong(u64),
+    /// Fewer bytes are present than the length word claims.
     #[error("packet claims {claimed} bytes but {available} are present")]
-    Truncated { claimed: usize, available: usize },
+    Truncated {
+        /// Bytes the length word claims.
+        claimed: usize,
+        /// Bytes present.
+        available: usize,
+    },
+    /// The descriptor count is above libvirt's limit.
     #[error("packet carries {0} file descriptors, more than libvirt's limit of {max}", max = VIR_NET_MESSAGE_NUM_FDS_MAX)]
     TooManyFds(u32),
+    /// The header does not decode.
     #[error("decode packet header")]
     Header(#[source] xdr::Error),
+    /// The body does not decode as the type the call expects.
     #[error("decode packet body")]
     Body(#[source] xdr::Error),
+    /// The body does not encode.
     #[error("encode packet body")]
     Encode(#[source] xdr::Error),
 }
@@ -49,6 +62,7 @@ pub fn has_fds(kind: VirNetMessageType) -> bool {
 /// One packet, with its body still encoded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Packet {
+    /// The header: program, procedure, type, serial, status.
     pub header: VirNetMessageHeader,
     /// The number of descriptors passed alongside, for `*_WITH_FDS` types only.
     pub fds: Option<u32>,
@@ -194,8 +208,10 @@ impl tokio_util::codec::Encoder<&Packet> for PacketCodec {
 /// An error of the framed transport: I/O or a malformed packet.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
+    /// Reading or writing the transport failed.
     #[error("read or write the connection")]
     Io(#[from] std::io::Error),
+    /// A malformed packet.
     #[error(transparent)]
     Packet(#[from] PacketError),
 }

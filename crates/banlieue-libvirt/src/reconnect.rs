@@ -30,8 +30,11 @@ use crate::xdr::Procedure;
 /// not come back in step. After `attempts` failures the reconnect gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
+    /// The wait after the first failure.
     pub initial: Duration,
+    /// The longest wait.
     pub max: Duration,
+    /// How much the wait grows per failure.
     pub factor: u32,
     /// Connection attempts per reconnect, at least 1.
     pub attempts: u32,
@@ -71,7 +74,9 @@ fn jitter_unit() -> f64 {
     bits as f64 / (1u64 << 53) as f64
 }
 
-type ConnectFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;
+/// What the function given to [`Reconnecting::with_connector`] returns: a boxed future of a
+/// new connection.
+pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Client>> + Send>>;
 type Connector = Box<dyn Fn() -> ConnectFuture + Send + Sync>;
 
 struct Inner {
@@ -84,6 +89,32 @@ struct Inner {
 
 /// A libvirt connection that is re-opened when lost. Cheap to clone; clones share the
 /// connection.
+///
+/// ```no_run
+/// # async fn demo(identity: banlieue_libvirt::Identity, ca: banlieue_libvirt::CaBundle) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::proto::remote::procedures as rp;
+/// use banlieue_libvirt::{Backoff, ClientOptions, LifecycleUpdate, Reconnecting};
+///
+/// let conn = Reconnecting::connect(
+///     "qemu+tls://kvm-7.example/system",
+///     &identity,
+///     &ca,
+///     ClientOptions::default(),
+///     Backoff::default(),
+/// )
+/// .await?;
+/// let version = conn.call_retrying::<rp::ConnectGetLibVersion>(&()).await?.lib_ver;
+/// println!("libvirt {}", banlieue_libvirt::version_string(version));
+/// let mut watch = conn.lifecycle_events().await?;
+/// while let Some(update) = watch.next().await {
+///     match update? {
+///         LifecycleUpdate::Event(e) => println!("{}: {}", e.domain, e.event),
+///         LifecycleUpdate::Resubscribed { .. } => println!("reconnected; re-read state"),
+///         _ => {}
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Reconnecting {
     inner: Arc<Inner>,
@@ -117,6 +148,26 @@ impl Reconnecting {
                 let (uri, identity, ca, opts) =
                     (uri.clone(), identity.clone(), ca.clone(), opts.clone());
                 Box::pin(async move { Client::connect_with(&uri, &identity, &ca, opts).await })
+            },
+            backoff,
+        )
+        .await
+    }
+
+    /// Connects to `uri` as [`Client::connect_plain_with`] does (a unix socket or plain TCP),
+    /// now and on every reconnect.
+    pub async fn connect_plain(
+        uri: &str,
+        opts: ClientOptions,
+        backoff: Backoff,
+    ) -> Result<Reconnecting> {
+        // Refuse a bad URI at once rather than retrying it.
+        crate::uri::ConnectUri::parse(uri)?;
+        let uri = uri.to_string();
+        Self::with_connector(
+            move || {
+                let (uri, opts) = (uri.clone(), opts.clone());
+                Box::pin(async move { Client::connect_plain_with(&uri, opts).await })
             },
             backoff,
         )
@@ -222,13 +273,15 @@ impl Reconnecting {
     }
 }
 
-/// What a [`LifecycleWatch`] yields.
+/// What a [`LifecycleWatch`] yields. `#[non_exhaustive]`: a `match` needs a wildcard arm.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LifecycleUpdate {
+    /// A lifecycle event.
     Event(DomainLifecycleEvent),
-    /// The connection was lost and a new one carries the subscription from here on;
-    /// `generation` is [`Reconnecting::generation`] at that point.
+    /// The connection was lost and a new one carries the subscription from here on.
     Resubscribed {
+        /// [`Reconnecting::generation`] at that point.
         generation: u64,
     },
 }

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::client::Client;
 use crate::error::{Error, RemoteError, Result};
+use crate::flags::{StorageVolDownloadFlags, StorageVolUploadFlags};
 use crate::packet::Packet;
 use crate::proto::net::{
     VirNetMessageError, VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType,
@@ -27,8 +28,11 @@ const MIN_HOLE: usize = 64 * 1024;
 
 /// What one stream packet from the server means.
 #[derive(Debug, PartialEq)]
+#[non_exhaustive]
 pub enum StreamEvent {
+    /// Data, in order.
     Data(Bytes),
+    /// A run of zeros of this many bytes (sparse streams).
     Hole(u64),
     /// The server has no more data (an empty CONTINUE packet).
     Eof,
@@ -37,7 +41,7 @@ pub enum StreamEvent {
 }
 
 /// Interprets a stream packet from the server (sans-io).
-pub fn stream_event(p: &Packet) -> Result<StreamEvent> {
+pub(crate) fn stream_event(p: &Packet) -> Result<StreamEvent> {
     match (p.header.r#type, p.header.status) {
         (_, VirNetMessageStatus::ERROR) => {
             let err: VirNetMessageError = p.body()?;
@@ -58,7 +62,26 @@ pub fn stream_event(p: &Packet) -> Result<StreamEvent> {
     }
 }
 
-/// An open stream, tied to the serial of the call that opened it.
+/// An open stream, tied to the serial of the call that opened it. [`upload`] and
+/// [`download`] drive one for volumes; `open` is for the other stream procedures.
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client, vol: banlieue_libvirt::StorageVol) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::proto::remote::{self, procedures as rp};
+/// use banlieue_libvirt::stream::{DataStream, StreamEvent};
+///
+/// let args = remote::RemoteStorageVolDownloadArgs {
+///     vol: vol.raw().clone(),
+///     offset: 0,
+///     length: 4096,
+///     flags: 0,
+/// };
+/// let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(&client, &args).await?;
+/// while let StreamEvent::Data(chunk) = stream.recv().await? {
+///     println!("{} bytes", chunk.len());
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct DataStream {
     client: Client,
@@ -118,6 +141,7 @@ impl DataStream {
         Ok(())
     }
 
+    /// Sends a chunk of data (at most [`STREAM_CHUNK`] bytes for any libvirtd to take it).
     pub async fn send_data(&mut self, data: Bytes) -> Result<()> {
         self.pending_error()?;
         let p = self.packet(
@@ -128,6 +152,7 @@ impl DataStream {
         self.client.send(p).await
     }
 
+    /// Sends a hole of `length` bytes (the stream must have been opened sparse).
     pub async fn send_hole(&mut self, length: u64) -> Result<()> {
         self.pending_error()?;
         let hole = VirNetStreamHole {
@@ -261,19 +286,18 @@ impl Transfer {
     }
 }
 
-/// Uploads everything `source` yields into `vol` (STORAGE_VOL_UPLOAD). With `sparse`, runs of
-/// zeros of at least 64 KiB travel as holes; the volume must then be opened with
-/// `VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM`, which this sets. `progress` is called after
+/// Uploads everything `source` yields into `vol` (STORAGE_VOL_UPLOAD). With
+/// [`StorageVolUploadFlags::SPARSE_STREAM`], runs of zeros of at least 64 KiB travel as holes. `progress` is called after
 /// every packet with the running total.
 pub async fn upload<R: AsyncRead + Unpin>(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     source: &mut R,
     length: u64,
-    sparse: bool,
+    flags: StorageVolUploadFlags,
     progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
-    upload_range(client, vol, source, 0, length, sparse, progress).await
+    upload_range(client, vol, source, 0, length, flags, progress).await
 }
 
 /// [`upload`] into the volume from byte `offset`. A non-zero `length` is what the server is
@@ -284,21 +308,17 @@ pub async fn upload_range<R: AsyncRead + Unpin>(
     source: &mut R,
     offset: u64,
     length: u64,
-    sparse: bool,
+    flags: StorageVolUploadFlags,
     mut progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let mut limited = source.take(if length == 0 { u64::MAX } else { length });
     let source = &mut limited;
-    let flags = if sparse {
-        crate::flags::STORAGE_VOL_UPLOAD_SPARSE_STREAM
-    } else {
-        0
-    };
+    let sparse = flags.contains(StorageVolUploadFlags::SPARSE_STREAM);
     let args = remote::RemoteStorageVolUploadArgs {
         vol: vol.clone(),
         offset,
         length,
-        flags,
+        flags: flags.bits(),
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolUpload>(client, &args).await?;
     let mut total = Transfer::default();
@@ -338,16 +358,17 @@ pub async fn upload_range<R: AsyncRead + Unpin>(
     Ok(total)
 }
 
-/// Downloads `vol` (STORAGE_VOL_DOWNLOAD) into `sink`. With `sparse`, holes arrive as
-/// lengths and are written as zeros here, so they never cross the network.
+/// Downloads `vol` (STORAGE_VOL_DOWNLOAD) into `sink`. With
+/// [`StorageVolDownloadFlags::SPARSE_STREAM`], holes arrive as lengths and are written as
+/// zeros here, so they never cross the network.
 pub async fn download<W: AsyncWrite + Unpin>(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     sink: &mut W,
-    sparse: bool,
+    flags: StorageVolDownloadFlags,
     progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
-    download_range(client, vol, sink, 0, 0, sparse, progress).await
+    download_range(client, vol, sink, 0, 0, flags, progress).await
 }
 
 /// [`download`] of `length` bytes from byte `offset` (`length` 0: to the end of the volume).
@@ -359,11 +380,11 @@ pub async fn download_range<W: AsyncWrite + Unpin>(
     sink: &mut W,
     offset: u64,
     length: u64,
-    sparse: bool,
+    flags: StorageVolDownloadFlags,
     progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let mut sink = ZeroFill(sink);
-    download_into(client, vol, &mut sink, offset, length, sparse, progress).await
+    download_into(client, vol, &mut sink, offset, length, flags, progress).await
 }
 
 /// [`download_range`] into a seekable sink, such as a new or truncated file: holes become
@@ -375,32 +396,32 @@ pub async fn download_range_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
     sink: &mut W,
     offset: u64,
     length: u64,
-    sparse: bool,
+    flags: StorageVolDownloadFlags,
     progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let mut sink = Seeking {
         inner: sink,
         ends_in_hole: false,
     };
-    download_into(client, vol, &mut sink, offset, length, sparse, progress).await
+    download_into(client, vol, &mut sink, offset, length, flags, progress).await
 }
 
 /// [`download_range`] into a file, written by a blocking thread of its own so that disk
 /// writes overlap with receiving: data chunks move to it without a copy, holes become seeks
-/// (with `sparse`, the file is sparse where the volume is). The file is truncated first.
+/// (sparse, the file has holes where the volume does). The file is truncated first.
 pub async fn download_range_to_file(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     file: std::fs::File,
     offset: u64,
     length: u64,
-    sparse: bool,
+    flags: StorageVolDownloadFlags,
     progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
     let (tx, rx) = mpsc::channel::<FileOp>(FILE_QUEUE);
     let writer = tokio::task::spawn_blocking(move || write_file(file, rx));
     let mut sink = FileSink { ops: tx };
-    let received = download_into(client, vol, &mut sink, offset, length, sparse, progress).await;
+    let received = download_into(client, vol, &mut sink, offset, length, flags, progress).await;
     drop(sink);
     let written = writer
         .await
@@ -547,19 +568,14 @@ async fn download_into(
     sink: &mut impl DownloadSink,
     offset: u64,
     length: u64,
-    sparse: bool,
+    flags: StorageVolDownloadFlags,
     mut progress: impl FnMut(Transfer),
 ) -> Result<Transfer> {
-    let flags = if sparse {
-        crate::flags::STORAGE_VOL_DOWNLOAD_SPARSE_STREAM
-    } else {
-        0
-    };
     let args = remote::RemoteStorageVolDownloadArgs {
         vol: vol.clone(),
         offset,
         length,
-        flags,
+        flags: flags.bits(),
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(client, &args).await?;
     let mut total = Transfer::default();
@@ -602,7 +618,7 @@ async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::
 
 /// Splits `data` into alternating data and zero runs; zero runs shorter than `min_hole` are
 /// folded into the data around them. Sans-io, so the rule is tested on its own.
-pub fn split_holes(data: &[u8], min_hole: usize) -> Vec<(bool, std::ops::Range<usize>)> {
+pub(crate) fn split_holes(data: &[u8], min_hole: usize) -> Vec<(bool, std::ops::Range<usize>)> {
     const GRAIN: usize = 4096;
     let mut runs: Vec<(bool, std::ops::Range<usize>)> = Vec::new();
     let mut at = 0;

@@ -56,6 +56,7 @@ pub struct CaBundle {
 }
 
 impl CaBundle {
+    /// From PEM text holding one or more CERTIFICATE blocks.
     pub fn from_pem(pem: &[u8]) -> Result<CaBundle> {
         let roots = CertificateDer::pem_slice_iter(pem)
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -68,6 +69,7 @@ impl CaBundle {
         Ok(CaBundle { roots })
     }
 
+    /// From a PEM file.
     pub fn from_file(path: &std::path::Path) -> Result<CaBundle> {
         let pem = std::fs::read(path)
             .map_err(|e| Error::TlsMaterial(format!("{}: {e}", path.display())))?;
@@ -76,7 +78,10 @@ impl CaBundle {
 }
 
 /// A rustls client configuration trusting only `ca` and presenting `identity`.
-pub fn client_config(identity: &Identity, ca: &CaBundle) -> Result<Arc<rustls::ClientConfig>> {
+pub(crate) fn client_config(
+    identity: &Identity,
+    ca: &CaBundle,
+) -> Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in &ca.roots {
         roots
@@ -94,7 +99,7 @@ pub fn client_config(identity: &Identity, ca: &CaBundle) -> Result<Arc<rustls::C
 }
 
 /// The name the server's certificate must carry: a DNS name or an IP address SAN.
-pub fn server_name(host: &str) -> Result<ServerName<'static>> {
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(host.to_string())
         .map_err(|_| Error::TlsMaterial(format!("{host:?} is not a valid server name")))
 }

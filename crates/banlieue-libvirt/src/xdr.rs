@@ -4,47 +4,79 @@
 //! input and, via [`Reader::finish`], trailing data. Every length read off the wire is checked
 //! against the declared bound *and* against the bytes actually present before anything is
 //! allocated, so a hostile length prefix costs nothing: an array never reserves more memory up
-//! front than the input has bytes left (see [`initial_capacity`]).
+//! front than the input has bytes left.
 //!
 //! Strings decode lossily: bytes that are not UTF-8 become U+FFFD. libvirt's strings are C
 //! strings (names, XML, messages) that the daemon does not check for UTF-8, so one object with
 //! an odd name must not fail a whole listing.
+//!
+//! The traits, [`Reader`] and the procedure tables are public, for code that calls procedures
+//! by type; the `put_*` functions and the `Reader::get_*` methods are the vocabulary of the
+//! generated code, hidden from the documented API.
 
 use bytes::BufMut;
 pub use bytes::BytesMut;
 
 /// Why a value could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
+    /// The input ended before the value did.
     #[error("read past the end of input: needed {needed} bytes, {available} left")]
-    ShortInput { needed: usize, available: usize },
+    ShortInput {
+        /// Bytes the next item needs.
+        needed: usize,
+        /// Bytes left.
+        available: usize,
+    },
+    /// The value ended before the input did.
     #[error("decode left {0} trailing bytes")]
     TrailingData(usize),
+    /// A string, opaque or array is longer than its declared bound.
     #[error("encode {what}: length {len} exceeds its bound {max}")]
     EncodeBound {
+        /// The field.
         what: &'static str,
+        /// Its length.
         len: usize,
+        /// Its bound.
         max: u32,
     },
+    /// The input claims a length beyond the field's declared bound.
     #[error("decode {what}: length {len} exceeds its bound {max}")]
     DecodeBound {
+        /// The field.
         what: &'static str,
+        /// The length claimed.
         len: u32,
+        /// Its bound.
         max: u32,
     },
     /// Not produced by the generated decoders, which decode strings lossily; kept for callers
     /// that check strings themselves.
     #[error("decode {what}: string is not UTF-8")]
-    InvalidUtf8 { what: &'static str },
+    InvalidUtf8 {
+        /// The field.
+        what: &'static str,
+    },
+    /// A union's discriminant names no arm and the union has no default.
     #[error("decode union {union}: unknown discriminant {value}")]
-    UnknownDiscriminant { union: &'static str, value: i64 },
+    UnknownDiscriminant {
+        /// The union.
+        union: &'static str,
+        /// The discriminant read.
+        value: i64,
+    },
 }
 
+/// The result of encoding or decoding.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A type with an XDR encoding.
 pub trait Xdr: Sized {
+    /// Appends the encoding of `self`.
     fn encode(&self, out: &mut BytesMut) -> Result<()>;
+    /// Reads one value, leaving the reader after it.
     fn decode(r: &mut Reader<'_>) -> Result<Self>;
 
     /// Encodes into a fresh buffer.
@@ -84,32 +116,48 @@ pub enum StreamDirection {
 
 /// A procedure of a program, as a type: its identity and its argument and return types.
 pub trait Procedure {
+    /// The program number (`REMOTE_PROGRAM`, …).
     const PROGRAM: u32;
+    /// The program's protocol version.
     const VERSION: u32;
+    /// The procedure number.
     const NUMBER: i32;
+    /// libvirt's name for it (`REMOTE_PROC_CONNECT_GET_VERSION`).
     const NAME: &'static str;
     /// Set for procedures that open a data stream, with libvirt's parameter number.
     const STREAM: Option<(StreamDirection, u32)>;
+    /// The call's arguments (`()` for none).
     type Args: Xdr;
+    /// The reply's body (`()` for none).
     type Ret: Xdr;
 }
 
 /// A procedure the server uses to send unsolicited MESSAGE packets (events).
 pub trait Event: Procedure {
+    /// The body of the MESSAGE packets.
     type Message: Xdr;
 }
 
 /// A row of a program's procedure table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcedureInfo {
+    /// The program number.
     pub program: u32,
+    /// The program's protocol version.
     pub version: u32,
+    /// The procedure number.
     pub number: i32,
+    /// libvirt's name for it.
     pub name: &'static str,
+    /// The XDR name of the argument type, if any.
     pub args: Option<&'static str>,
+    /// The XDR name of the reply type, if any.
     pub ret: Option<&'static str>,
+    /// The XDR name of the event message type, for procedures that carry events.
     pub message: Option<&'static str>,
+    /// The stream it opens, with libvirt's parameter number.
     pub stream: Option<(StreamDirection, u32)>,
+    /// libvirt's `@priority: high` annotation: the daemon runs it even when its workers are busy.
     pub priority_high: bool,
 }
 
@@ -117,43 +165,54 @@ fn padding(len: usize) -> usize {
     (4 - len % 4) % 4
 }
 
+#[doc(hidden)]
 pub fn put_i32(out: &mut BytesMut, v: i32) -> Result<()> {
     out.put_i32(v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_u32(out: &mut BytesMut, v: u32) -> Result<()> {
     out.put_u32(v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_i64(out: &mut BytesMut, v: i64) -> Result<()> {
     out.put_i64(v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_u64(out: &mut BytesMut, v: u64) -> Result<()> {
     out.put_u64(v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_f32(out: &mut BytesMut, v: f32) -> Result<()> {
     out.put_u32(v.to_bits());
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_f64(out: &mut BytesMut, v: f64) -> Result<()> {
     out.put_u64(v.to_bits());
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_bool(out: &mut BytesMut, v: bool) -> Result<()> {
     put_u32(out, u32::from(v))
 }
+#[doc(hidden)]
 /// `char` is a 4-byte signed integer on the wire (rpcgen's `xdr_char`).
 pub fn put_char(out: &mut BytesMut, v: i8) -> Result<()> {
     put_i32(out, i32::from(v))
 }
+#[doc(hidden)]
 pub fn put_uchar(out: &mut BytesMut, v: u8) -> Result<()> {
     put_u32(out, u32::from(v))
 }
+#[doc(hidden)]
 pub fn put_short(out: &mut BytesMut, v: i16) -> Result<()> {
     put_i32(out, i32::from(v))
 }
+#[doc(hidden)]
 pub fn put_ushort(out: &mut BytesMut, v: u16) -> Result<()> {
     put_u32(out, u32::from(v))
 }
@@ -170,20 +229,24 @@ fn put_padded(out: &mut BytesMut, bytes: &[u8]) {
     out.put_bytes(0, padding(bytes.len()));
 }
 
+#[doc(hidden)]
 pub fn put_string(out: &mut BytesMut, v: &str, max: u32, what: &'static str) -> Result<()> {
     put_len(out, v.len(), max, what)?;
     put_padded(out, v.as_bytes());
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_opaque_var(out: &mut BytesMut, v: &[u8], max: u32, what: &'static str) -> Result<()> {
     put_len(out, v.len(), max, what)?;
     put_padded(out, v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_opaque_fixed(out: &mut BytesMut, v: &[u8]) -> Result<()> {
     put_padded(out, v);
     Ok(())
 }
+#[doc(hidden)]
 pub fn put_array<T>(
     out: &mut BytesMut,
     v: &[T],
@@ -194,6 +257,7 @@ pub fn put_array<T>(
     put_len(out, v.len(), max, what)?;
     v.iter().try_for_each(|x| put(out, x))
 }
+#[doc(hidden)]
 pub fn put_fixed_array<T>(
     out: &mut BytesMut,
     v: &[T],
@@ -201,6 +265,7 @@ pub fn put_fixed_array<T>(
 ) -> Result<()> {
     v.iter().try_for_each(|x| put(out, x))
 }
+#[doc(hidden)]
 pub fn put_option<T>(
     out: &mut BytesMut,
     v: Option<&T>,
@@ -215,6 +280,7 @@ pub fn put_option<T>(
     }
 }
 
+#[doc(hidden)]
 /// How many elements of `T` to reserve for an array that claims `claimed` elements when
 /// `remaining` bytes of input are left: never more memory than those bytes. A claim that passes
 /// the four-bytes-per-element check can still be far larger in memory than on the wire (a
@@ -235,14 +301,17 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// A reader at the start of `input`.
     pub fn new(input: &'a [u8]) -> Self {
         Reader { input, pos: 0 }
     }
 
+    /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
         self.input.len() - self.pos
     }
 
+    /// Bytes read so far.
     pub fn position(&self) -> usize {
         self.pos
     }
@@ -282,38 +351,49 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
+    #[doc(hidden)]
     pub fn get_u32(&mut self) -> Result<u32> {
         self.array::<4>().map(u32::from_be_bytes)
     }
+    #[doc(hidden)]
     pub fn get_i32(&mut self) -> Result<i32> {
         self.array::<4>().map(i32::from_be_bytes)
     }
+    #[doc(hidden)]
     pub fn get_u64(&mut self) -> Result<u64> {
         self.array::<8>().map(u64::from_be_bytes)
     }
+    #[doc(hidden)]
     pub fn get_i64(&mut self) -> Result<i64> {
         self.array::<8>().map(i64::from_be_bytes)
     }
+    #[doc(hidden)]
     pub fn get_f32(&mut self) -> Result<f32> {
         self.get_u32().map(f32::from_bits)
     }
+    #[doc(hidden)]
     pub fn get_f64(&mut self) -> Result<f64> {
         self.get_u64().map(f64::from_bits)
     }
+    #[doc(hidden)]
     /// Any non-zero word is true, as in C's `xdr_bool`.
     pub fn get_bool(&mut self) -> Result<bool> {
         self.get_u32().map(|v| v != 0)
     }
+    #[doc(hidden)]
     /// Truncates to 8 bits, as C's `xdr_char` does.
     pub fn get_char(&mut self) -> Result<i8> {
         self.get_i32().map(|v| v as i8)
     }
+    #[doc(hidden)]
     pub fn get_uchar(&mut self) -> Result<u8> {
         self.get_u32().map(|v| v as u8)
     }
+    #[doc(hidden)]
     pub fn get_short(&mut self) -> Result<i16> {
         self.get_i32().map(|v| v as i16)
     }
+    #[doc(hidden)]
     pub fn get_ushort(&mut self) -> Result<u16> {
         self.get_u32().map(|v| v as u16)
     }
@@ -342,21 +422,25 @@ impl<'a> Reader<'a> {
         Ok(bytes)
     }
 
+    #[doc(hidden)]
     pub fn get_string(&mut self, max: u32, what: &'static str) -> Result<String> {
         let len = self.get_len(max, 1, what)?;
         let bytes = self.padded(len)?;
         // Lossy rather than an error: see the module comment. Valid UTF-8 is copied as is.
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
+    #[doc(hidden)]
     pub fn get_opaque_var(&mut self, max: u32, what: &'static str) -> Result<Vec<u8>> {
         let len = self.get_len(max, 1, what)?;
         self.padded(len).map(<[u8]>::to_vec)
     }
+    #[doc(hidden)]
     pub fn get_opaque_fixed<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.padded(N)?);
         Ok(a)
     }
+    #[doc(hidden)]
     pub fn get_array<T>(
         &mut self,
         max: u32,
@@ -367,6 +451,7 @@ impl<'a> Reader<'a> {
         self.get_array_sized(max, what, 4, get)
     }
 
+    #[doc(hidden)]
     /// [`Reader::get_array`] of elements that each take at least `min_size` bytes on the
     /// wire (the generator works it out per type), so a count is refused at once unless the
     /// input can hold that many elements.
@@ -384,6 +469,7 @@ impl<'a> Reader<'a> {
         }
         Ok(v)
     }
+    #[doc(hidden)]
     pub fn get_fixed_array<T, const N: usize>(
         &mut self,
         mut get: impl FnMut(&mut Self) -> Result<T>,
@@ -404,6 +490,7 @@ impl<'a> Reader<'a> {
             Err(_) => unreachable!("exactly N elements were pushed"),
         }
     }
+    #[doc(hidden)]
     pub fn get_option<T>(&mut self, get: impl FnOnce(&mut Self) -> Result<T>) -> Result<Option<T>> {
         if self.get_bool()? {
             get(self).map(Some)

@@ -148,7 +148,7 @@ async fn missing_objects_are_typed_not_found() {
         .expect_err("no such domain");
     assert!(err.is_not_found(), "{err}");
     let remote = err.remote().expect("a libvirt error");
-    assert_eq!(remote.code, ErrorCode::NO_DOMAIN);
+    assert_eq!(remote.code, ErrorCode::NoDomain);
     assert!(
         remote
             .message
@@ -163,10 +163,7 @@ async fn missing_objects_are_typed_not_found() {
         })
         .await
         .expect_err("no such pool");
-    assert_eq!(
-        err.remote().map(|r| r.code),
-        Some(ErrorCode::NO_STORAGE_POOL)
-    );
+    assert_eq!(err.remote().map(|r| r.code), Some(ErrorCode::NoStoragePool));
     // The connection is still usable after errors.
     c.call::<rp::ConnectGetVersion>(&())
         .await
@@ -194,9 +191,16 @@ async fn pools_and_volumes_upload_download_and_agree_with_virsh() {
     let qcow = create_volume(&c, &pool, "disk.qcow2", "qcow2", 1 << 30).await;
     assert_eq!(qcow.name, "disk.qcow2");
 
-    let sent = stream::upload(&c, &raw, &mut &data[..], size as u64, false, |_| {})
-        .await
-        .expect("upload");
+    let sent = stream::upload(
+        &c,
+        &raw,
+        &mut &data[..],
+        size as u64,
+        flags::StorageVolUploadFlags::empty(),
+        |_| {},
+    )
+    .await
+    .expect("upload");
     assert_eq!(
         sent,
         Transfer {
@@ -206,9 +210,15 @@ async fn pools_and_volumes_upload_download_and_agree_with_virsh() {
     );
 
     let mut back = Vec::new();
-    let got = stream::download(&c, &raw, &mut back, false, |_| {})
-        .await
-        .expect("download");
+    let got = stream::download(
+        &c,
+        &raw,
+        &mut back,
+        flags::StorageVolDownloadFlags::empty(),
+        |_| {},
+    )
+    .await
+    .expect("download");
     assert_eq!(got.data + got.holes, size as u64);
     assert!(back == data, "downloaded bytes differ from uploaded ones");
 
@@ -239,18 +249,31 @@ async fn sparse_upload_skips_zeros_on_the_wire() {
     let size = 16 << 20;
     let data = payload(size);
     let vol = create_volume(&c, &pool, "sparse.raw", "raw", size as u64).await;
-    let sent = stream::upload(&c, &vol, &mut &data[..], size as u64, true, |_| {})
-        .await
-        .expect("sparse upload");
+    let sent = stream::upload(
+        &c,
+        &vol,
+        &mut &data[..],
+        size as u64,
+        flags::StorageVolUploadFlags::SPARSE_STREAM,
+        |_| {},
+    )
+    .await
+    .expect("sparse upload");
     assert_eq!(sent.data + sent.holes, size as u64);
     assert!(
         sent.holes >= (size as u64) / 4 - (1 << 20),
         "zero MiBs travel as holes: {sent:?}"
     );
     let mut back = Vec::new();
-    let got = stream::download(&c, &vol, &mut back, true, |_| {})
-        .await
-        .expect("sparse download");
+    let got = stream::download(
+        &c,
+        &vol,
+        &mut back,
+        flags::StorageVolDownloadFlags::SPARSE_STREAM,
+        |_| {},
+    )
+    .await
+    .expect("sparse download");
     assert!(back == data, "same content after a sparse round trip");
     assert!(got.holes > 0, "holes come back as holes: {got:?}");
 }
@@ -296,12 +319,12 @@ async fn a_domain_lifecycle_with_efi_and_tpm_and_its_events() {
     c.call::<rp::DomainDestroy>(&remote::RemoteDomainDestroyArgs { dom: dom.clone() })
         .await
         .expect("destroyed");
-    let undefine = flags::DOMAIN_UNDEFINE_NVRAM
-        | flags::DOMAIN_UNDEFINE_TPM
-        | flags::DOMAIN_UNDEFINE_MANAGED_SAVE;
+    let undefine = flags::DomainUndefineFlags::NVRAM
+        | flags::DomainUndefineFlags::TPM
+        | flags::DomainUndefineFlags::MANAGED_SAVE;
     c.call::<rp::DomainUndefineFlags>(&remote::RemoteDomainUndefineFlagsArgs {
         dom: dom.clone(),
-        flags: undefine,
+        flags: undefine.bits(),
     })
     .await
     .expect("undefined");
@@ -321,7 +344,7 @@ async fn a_domain_lifecycle_with_efi_and_tpm_and_its_events() {
             .expect("stream open")
             .expect("decodes");
         if e.domain == name {
-            seen.push(e.event);
+            seen.push(e.event.raw());
         }
     }
     let milestones: Vec<i32> = seen

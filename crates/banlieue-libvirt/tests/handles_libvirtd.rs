@@ -35,7 +35,9 @@ async fn dir_pool(c: &Client, d: &Libvirtd, name: &str) -> StoragePool {
         .await
         .expect("pool defined");
     pool.build().await.expect("built");
-    pool.create(0).await.expect("started");
+    pool.create(flags::StoragePoolCreateFlags::empty())
+        .await
+        .expect("started");
     pool
 }
 
@@ -81,30 +83,36 @@ async fn a_tiny_domain_is_defined_started_destroyed_and_undefined() {
     assert_eq!(dom.name(), name);
     assert_eq!(
         dom.get_state().await.expect("state").0,
-        DomainState::SHUTOFF
+        DomainState::Shutoff
     );
-    let listed = c.list_all_domains(0).await.expect("list");
+    let listed = c
+        .list_all_domains(flags::ConnectListAllDomainsFlags::empty())
+        .await
+        .expect("list");
     assert!(listed.iter().any(|x| x.uuid() == dom.uuid()));
     let inactive = c
-        .list_all_domains(flags::CONNECT_LIST_DOMAINS_ACTIVE)
+        .list_all_domains(flags::ConnectListAllDomainsFlags::ACTIVE)
         .await
         .expect("list active");
     assert!(inactive.iter().all(|x| x.name() != name), "not running yet");
 
     dom.create().await.expect("started");
     let (state, _) = dom.get_state().await.expect("state");
-    assert_eq!(state, DomainState::RUNNING);
+    assert_eq!(state, DomainState::Running);
     let running = Domain::lookup_by_name(&c, name)
         .await
         .expect("lookup")
         .expect("found");
     assert!(running.id() > 0, "a running domain has an id");
     assert_eq!(running.uuid_string(), dom.uuid_string());
-    let xml = dom.get_xml_desc(0).await.expect("xml");
+    let xml = dom
+        .get_xml_desc(flags::DomainXmlFlags::empty())
+        .await
+        .expect("xml");
     assert!(xml.contains(&format!("<name>{name}</name>")), "{xml}");
     assert!(xml.contains("52:54:00:12:34:56"), "{xml}");
     let inactive_xml = dom
-        .get_xml_desc(flags::DOMAIN_XML_INACTIVE)
+        .get_xml_desc(flags::DomainXmlFlags::INACTIVE)
         .await
         .expect("inactive xml");
     assert!(
@@ -115,7 +123,7 @@ async fn a_tiny_domain_is_defined_started_destroyed_and_undefined() {
     // A user-mode interface has no lease and no ARP entry: the call works and finds nothing
     // to report, or names only our MAC.
     let arp = dom
-        .interface_addresses(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_ARP)
+        .interface_addresses(banlieue_libvirt::InterfaceAddressesSource::Arp)
         .await
         .expect("ARP source");
     assert!(
@@ -124,12 +132,12 @@ async fn a_tiny_domain_is_defined_started_destroyed_and_undefined() {
         "{arp:?}"
     );
     let err = dom
-        .interface_addresses(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)
+        .interface_addresses(banlieue_libvirt::InterfaceAddressesSource::Agent)
         .await
         .expect_err("no agent in this guest");
     assert_eq!(
         err.remote().map(|r| r.code),
-        Some(ErrorCode::AGENT_UNRESPONSIVE),
+        Some(ErrorCode::AgentUnresponsive),
         "{err}"
     );
 
@@ -144,16 +152,18 @@ async fn a_tiny_domain_is_defined_started_destroyed_and_undefined() {
         .expect_err("raw destroy of a stopped domain");
     assert_eq!(
         err.remote().map(|r| r.code),
-        Some(ErrorCode::OPERATION_INVALID),
+        Some(ErrorCode::OperationInvalid),
         "{err}"
     );
     assert_eq!(
         dom.get_state().await.expect("state").0,
-        DomainState::SHUTOFF
+        DomainState::Shutoff
     );
-    dom.undefine_flags(flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_MANAGED_SAVE)
-        .await
-        .expect("undefined");
+    dom.undefine_flags(
+        flags::DomainUndefineFlags::NVRAM | flags::DomainUndefineFlags::MANAGED_SAVE,
+    )
+    .await
+    .expect("undefined");
     assert!(
         Domain::lookup_by_name(&c, name)
             .await
@@ -181,7 +191,7 @@ async fn the_agent_command_without_an_agent_is_a_typed_error() {
         .expect_err("not running");
     assert_eq!(
         err.remote().map(|r| r.code),
-        Some(ErrorCode::OPERATION_INVALID),
+        Some(ErrorCode::OperationInvalid),
         "{err}"
     );
     dom.create().await.expect("started");
@@ -191,7 +201,7 @@ async fn the_agent_command_without_an_agent_is_a_typed_error() {
         .await
         .expect_err("no agent");
     let remote = err.remote().expect("a libvirt error");
-    assert_eq!(remote.code, ErrorCode::AGENT_UNRESPONSIVE, "{err}");
+    assert_eq!(remote.code, ErrorCode::AgentUnresponsive, "{err}");
     assert!(
         remote
             .message
@@ -201,7 +211,9 @@ async fn the_agent_command_without_an_agent_is_a_typed_error() {
         "{remote:?}"
     );
     dom.destroy().await.expect("destroyed");
-    dom.undefine_flags(0).await.expect("undefined");
+    dom.undefine_flags(flags::DomainUndefineFlags::empty())
+        .await
+        .expect("undefined");
 }
 
 #[tokio::test]
@@ -223,9 +235,14 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
         .expect("lookup")
         .expect("found");
     assert_eq!(found.uuid(), pool.uuid());
-    let pools = StoragePool::list_all(&c, 0).await.expect("pools");
+    let pools = StoragePool::list_all(&c, flags::ConnectListAllStoragePoolsFlags::empty())
+        .await
+        .expect("pools");
     assert!(pools.iter().any(|p| p.name() == "vols"));
-    let pool_xml = pool.get_xml_desc(0).await.expect("pool xml");
+    let pool_xml = pool
+        .get_xml_desc(flags::StorageXmlFlags::empty())
+        .await
+        .expect("pool xml");
     let dir = d.create_pool_dir("vols").expect("same dir");
     assert!(pool_xml.contains(&dir.display().to_string()), "{pool_xml}");
 
@@ -236,11 +253,15 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
             .is_none()
     );
     let size: u64 = 6 << 20;
-    let vol = StorageVol::create_xml(&pool, &raw_volume_xml("disk.raw", size), 0)
-        .await
-        .expect("created");
+    let vol = StorageVol::create_xml(
+        &pool,
+        &raw_volume_xml("disk.raw", size),
+        flags::StorageVolCreateFlags::empty(),
+    )
+    .await
+    .expect("created");
     let info = vol.get_info().await.expect("info");
-    assert_eq!(info.kind, StorageVolType::FILE);
+    assert_eq!(info.kind, StorageVolType::File);
     assert_eq!(info.capacity, size);
     let path = vol.get_path().await.expect("path");
     assert_eq!(path, dir.join("disk.raw").display().to_string());
@@ -252,14 +273,24 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     // the end (a sparse upload leaves the file ending where the stream ended).
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
     let sent = vol
-        .upload(&mut &data[..], 2 << 20, data.len() as u64, false)
+        .upload(
+            &mut &data[..],
+            2 << 20,
+            data.len() as u64,
+            flags::StorageVolUploadFlags::empty(),
+        )
         .await
         .expect("upload at an offset");
     assert_eq!(sent.data, data.len() as u64);
     let mut mixed = vec![0u8; 1 << 20];
     mixed.extend_from_slice(&data);
     let sent = vol
-        .upload(&mut &mixed[..], 4 << 20, mixed.len() as u64, true)
+        .upload(
+            &mut &mixed[..],
+            4 << 20,
+            mixed.len() as u64,
+            flags::StorageVolUploadFlags::SPARSE_STREAM,
+        )
         .await
         .expect("sparse upload");
     assert_eq!(sent.data + sent.holes, mixed.len() as u64);
@@ -270,7 +301,7 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     );
 
     let mut whole = Vec::new();
-    vol.download(&mut whole, 0, 0, false)
+    vol.download(&mut whole, 0, 0, flags::StorageVolDownloadFlags::empty())
         .await
         .expect("download");
     assert_eq!(whole.len() as u64, size);
@@ -286,7 +317,7 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
         .await
         .expect("open");
     let got = vol
-        .download_to_file(file, 0, 0, true)
+        .download_to_file(file, 0, 0, flags::StorageVolDownloadFlags::SPARSE_STREAM)
         .await
         .expect("download to a sparse file");
     assert!(got.holes >= 3 << 20, "{got:?}");
@@ -298,9 +329,14 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
         "holes stay holes on disk: {allocated} bytes allocated for {size}"
     );
     let mut range = Vec::new();
-    vol.download(&mut range, (2 << 20) + 10, 100, true)
-        .await
-        .expect("ranged download");
+    vol.download(
+        &mut range,
+        (2 << 20) + 10,
+        100,
+        flags::StorageVolDownloadFlags::SPARSE_STREAM,
+    )
+    .await
+    .expect("ranged download");
     assert!(range == data[10..110], "100 bytes from the offset");
     assert!(
         std::fs::read(&path).expect("the file on the host") == whole,
@@ -334,7 +370,7 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     let err = vol.get_info().await.expect_err("a stale handle");
     assert_eq!(
         err.remote().map(|r| r.code),
-        Some(ErrorCode::NO_STORAGE_VOL),
+        Some(ErrorCode::NoStorageVol),
         "{err}"
     );
     pool.destroy().await.expect("pool stopped");
@@ -368,7 +404,9 @@ async fn networks_are_listed_and_missing_ones_are_none() {
         .expect("found");
     assert_eq!(net.uuid(), defined.uuid);
     assert!(!net.is_active().await.expect("is active"), "never started");
-    let nets = Network::list_all(&c, 0).await.expect("networks");
+    let nets = Network::list_all(&c, flags::ConnectListAllNetworksFlags::empty())
+        .await
+        .expect("networks");
     let virsh = d
         .virsh(["net-list", "--all", "--name"])
         .await

@@ -9,6 +9,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
+use banlieue_libvirt::flags;
 use banlieue_libvirt::packet::{Packet, PacketCodec, PacketError};
 use banlieue_libvirt::proto::net::{
     VirNetMessageError, VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType,
@@ -527,7 +528,10 @@ async fn array_counts_beyond_the_bytes_present_are_typed_errors() {
         .connect(&setup.good.uri("127.0.0.1"))
         .await
         .expect("connects");
-    let e = client.list_all_storage_pools(0).await.expect_err("short");
+    let e = client
+        .list_all_storage_pools(flags::ConnectListAllStoragePoolsFlags::empty())
+        .await
+        .expect_err("short");
     // Refused at the count, before any element: a pool takes at least 20 bytes on the wire
     // (an empty name and its UUID), so 16384 of them need 327680.
     assert!(
@@ -540,7 +544,10 @@ async fn array_counts_beyond_the_bytes_present_are_typed_errors() {
         ),
         "{e:?}"
     );
-    let e = client.list_all_networks(0).await.expect_err("bound");
+    let e = client
+        .list_all_networks(flags::ConnectListAllNetworksFlags::empty())
+        .await
+        .expect_err("bound");
     assert!(
         matches!(
             e,
@@ -560,7 +567,7 @@ async fn names_that_are_not_utf8_decode_lossily() {
         .await
         .expect("connects");
     let names: Vec<String> = client
-        .list_all_domains(0)
+        .list_all_domains(flags::ConnectListAllDomainsFlags::empty())
         .await
         .expect("the listing survives one bad name")
         .iter()
@@ -585,9 +592,17 @@ async fn a_download_refuses_more_than_it_asked_for() {
         .await
         .expect("connects");
     let mut sink = Vec::new();
-    let e = stream::download_range(&client, &volume(), &mut sink, 0, 4096, false, |_| {})
-        .await
-        .expect_err("4097 bytes for 4096 asked");
+    let e = stream::download_range(
+        &client,
+        &volume(),
+        &mut sink,
+        0,
+        4096,
+        flags::StorageVolDownloadFlags::empty(),
+        |_| {},
+    )
+    .await
+    .expect_err("4097 bytes for 4096 asked");
     assert!(
         e.to_string().contains("more than the 4096 asked for"),
         "{e}"
@@ -606,9 +621,17 @@ async fn hole_lengths_that_overflow_are_typed_errors() {
         .expect("connects");
     // A seeking sink: holes of 2^63 bytes are seeks, so the first two cost nothing here.
     let mut sink = std::io::Cursor::new(Vec::new());
-    let e = stream::download_range_seeking(&client, &volume(), &mut sink, 0, 0, true, |_| {})
-        .await
-        .expect_err("overflow");
+    let e = stream::download_range_seeking(
+        &client,
+        &volume(),
+        &mut sink,
+        0,
+        0,
+        flags::StorageVolDownloadFlags::SPARSE_STREAM,
+        |_| {},
+    )
+    .await
+    .expect_err("overflow");
     assert!(
         matches!(e, Error::Protocol(ref m) if m.contains("overflow")),
         "{e:?}"

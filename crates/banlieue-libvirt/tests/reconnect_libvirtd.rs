@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use banlieue_libvirt::flags;
 use banlieue_libvirt::proto::remote::procedures as rp;
 use banlieue_libvirt::{
     Backoff, ClientOptions, Domain, Error, LifecycleUpdate, LifecycleWatch, Reconnecting,
@@ -29,8 +30,7 @@ async fn wait_for(watch: &mut LifecycleWatch, name: &str, event: i32) -> Vec<Lif
             .unwrap_or_else(|_| panic!("event {event} of {name} in time; saw {seen:?}"))
             .expect("the watch is open")
             .expect("an update");
-        let done =
-            matches!(&update, LifecycleUpdate::Event(e) if e.domain == name && e.event == event);
+        let done = matches!(&update, LifecycleUpdate::Event(e) if e.domain == name && e.event.raw() == event);
         seen.push(update);
         if done {
             return seen;
@@ -91,9 +91,15 @@ async fn calls_and_events_continue_across_a_daemon_restart() {
         "the watch says it resubscribed before new events: {seen:?}"
     );
 
-    after.undefine_flags(0).await.expect("undefined");
+    after
+        .undefine_flags(flags::DomainUndefineFlags::empty())
+        .await
+        .expect("undefined");
     wait_for(&mut watch, "banlieue-reconnect-after", 1).await;
-    again.undefine_flags(0).await.expect("undefined");
+    again
+        .undefine_flags(flags::DomainUndefineFlags::empty())
+        .await
+        .expect("undefined");
 }
 
 #[tokio::test]
@@ -193,5 +199,7 @@ async fn a_frozen_daemon_is_left_and_rejoined_when_it_wakes() {
             .any(|u| matches!(u, LifecycleUpdate::Resubscribed { .. })),
         "{seen:?}"
     );
-    dom.undefine_flags(0).await.expect("undefined");
+    dom.undefine_flags(flags::DomainUndefineFlags::empty())
+        .await
+        .expect("undefined");
 }

@@ -190,6 +190,11 @@ mod tests {
         assert_eq!(e.to_string(), "scheme \"qemu+ssh\" is not supported");
         let e = check_endpoint("qemu+tcp://kvm-7/system").unwrap_err();
         assert_eq!(e.to_string(), "scheme \"qemu+tcp\" is not supported");
+        // The library also speaks the local socket; a Provider never does (ADR-0011).
+        let e = check_endpoint("qemu:///system").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"qemu\" is not supported");
+        let e = check_endpoint("qemu+unix:///system?socket=/run/libvirt/libvirt-sock").unwrap_err();
+        assert_eq!(e.to_string(), "scheme \"qemu+unix\" is not supported");
         let e = check_endpoint("test+tls://kvm-7/default").unwrap_err();
         assert_eq!(e.to_string(), "scheme \"test+tls\" is not supported");
         assert!(check_endpoint("qemu+tls://kvm-7.example/system").is_ok());

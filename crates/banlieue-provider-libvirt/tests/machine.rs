@@ -14,6 +14,7 @@ use banlieue_api::{
     Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference, Provider,
     SecretKeySelector,
 };
+use banlieue_libvirt::flags;
 use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
@@ -204,7 +205,7 @@ async fn volume_names(host: &Host) -> Result<Vec<String>> {
 async fn domain_names(host: &Host) -> Result<Vec<String>> {
     let client = host.client().await?;
     let names = client
-        .list_all_domains(0)
+        .list_all_domains(flags::ConnectListAllDomainsFlags::empty())
         .await?
         .iter()
         .map(|d| d.name().to_owned())
@@ -229,7 +230,8 @@ async fn seed_file(host: &Host, volume: &str, file: &str) -> Result<String> {
         .await?
         .context("the seed volume exists")?;
     let mut bytes = Vec::new();
-    vol.download(&mut bytes, 0, 0, false).await?;
+    vol.download(&mut bytes, 0, 0, flags::StorageVolDownloadFlags::empty())
+        .await?;
     let _ = client.close().await;
     let dir = tempfile::tempdir()?;
     let iso = dir.path().join("seed.iso");
@@ -294,12 +296,12 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
     let d = Domain::lookup_by_name(&client, &format!("{ns}-imm"))
         .await?
         .context("imm")?;
-    assert_eq!(d.get_state().await?.0, DomainState::RUNNING);
+    assert_eq!(d.get_state().await?.0, DomainState::Running);
     assert_eq!(
         Some(d.uuid_string()),
         imm.status.as_ref().unwrap().domain_uuid
     );
-    let xml = d.get_xml_desc(0).await?;
+    let xml = d.get_xml_desc(flags::DomainXmlFlags::empty()).await?;
     assert!(xml.contains("<domain type='qemu'"), "{xml}");
     assert!(
         xml.contains(&format!("volume='{ns}-imm-os.qcow2'")),
@@ -331,7 +333,7 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
         .await?
         .context("def")?;
     let def_uuid = d.uuid_string();
-    let xml = d.get_xml_desc(0).await?;
+    let xml = d.get_xml_desc(flags::DomainXmlFlags::empty()).await?;
     assert!(xml.contains("volume='installer.iso'"), "{xml}");
     assert!(
         xml.contains(&format!("volume='{ns}-def-cidata.iso'")),
@@ -618,7 +620,7 @@ async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() ->
         let d = Domain::lookup_by_name(&client, &domain)
             .await?
             .context("domain")?;
-        Ok((d.get_state().await?.0 == DomainState::RUNNING).then_some(d))
+        Ok((d.get_state().await?.0 == DomainState::Running).then_some(d))
     })
     .await?;
     assert_ne!(restarted.id(), first_id, "a new QEMU process");

@@ -4,14 +4,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use banlieue_libvirt::handles::{uuid_string, version_string};
+use banlieue_libvirt::flags::{
+    ConnectListAllDomainsFlags, ConnectListAllStoragePoolsFlags, StorageVolDownloadFlags,
+    StorageVolUploadFlags,
+};
 use banlieue_libvirt::proto::PROGRAMS;
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::stream::{self, Transfer};
 use banlieue_libvirt::xdr::StreamDirection;
 use banlieue_libvirt::{
     Backoff, CaBundle, Client, ClientOptions, ConnectUri, Domain, DomainState, Identity,
-    LifecycleUpdate, Reconnecting, StoragePool, StorageVol,
+    LifecycleUpdate, Reconnecting, StoragePool, StorageVol, uuid_string, version_string,
 };
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
@@ -122,6 +125,24 @@ pub struct Range {
     /// Move this many bytes (0: everything).
     #[arg(long, default_value_t = 0)]
     length: u64,
+}
+
+impl Range {
+    fn upload_flags(&self) -> StorageVolUploadFlags {
+        if self.sparse {
+            StorageVolUploadFlags::SPARSE_STREAM
+        } else {
+            StorageVolUploadFlags::empty()
+        }
+    }
+
+    fn download_flags(&self) -> StorageVolDownloadFlags {
+        if self.sparse {
+            StorageVolDownloadFlags::SPARSE_STREAM
+        } else {
+            StorageVolDownloadFlags::empty()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -309,7 +330,10 @@ async fn version(conn: &Connect) -> Result<(), BoxError> {
 async fn pools(conn: &Connect) -> Result<(), BoxError> {
     let c = conn.client().await?;
     let mut rows = Vec::new();
-    for pool in c.list_all_storage_pools(0).await? {
+    for pool in c
+        .list_all_storage_pools(ConnectListAllStoragePoolsFlags::empty())
+        .await?
+    {
         let active = pool.is_active().await?;
         let autostart = c
             .call::<rp::StoragePoolGetAutostart>(&remote::RemoteStoragePoolGetAutostartArgs {
@@ -407,7 +431,10 @@ async fn vols(conn: &Connect, pool: &str) -> Result<(), BoxError> {
 async fn domains(conn: &Connect) -> Result<(), BoxError> {
     let c = conn.client().await?;
     let mut rows: Vec<(Domain, DomainState)> = Vec::new();
-    for dom in c.list_all_domains(0).await? {
+    for dom in c
+        .list_all_domains(ConnectListAllDomainsFlags::empty())
+        .await?
+    {
         let (state, _) = dom.get_state().await?;
         rows.push((dom, state));
     }
@@ -423,7 +450,7 @@ async fn domains(conn: &Connect) -> Result<(), BoxError> {
             d.id().to_string()
         }
     };
-    let state = |s: DomainState| s.name().map_or_else(|| s.0.to_string(), str::to_string);
+    let state = |s: DomainState| s.to_string();
     match conn.output {
         Output::Table => print_table(
             &["ID", "NAME", "STATE"],
@@ -495,7 +522,7 @@ async fn vol_upload(
         &mut source,
         range.offset,
         length,
-        range.sparse,
+        range.upload_flags(),
         |_| {},
     )
     .await?;
@@ -516,7 +543,7 @@ async fn vol_download(
         .map_err(|e| format!("create {}: {e}", file.display()))?;
     // With --sparse the volume's holes stay holes in the file.
     let t = v
-        .download_to_file(sink, range.offset, range.length, range.sparse)
+        .download_to_file(sink, range.offset, range.length, range.download_flags())
         .await?;
     report_transfer(conn.output, "downloaded", &v, t)
 }
@@ -559,9 +586,7 @@ async fn events(
         match update? {
             LifecycleUpdate::Event(e) => {
                 seen += 1;
-                let name = e
-                    .event_name()
-                    .map_or_else(|| e.event.to_string(), str::to_string);
+                let name = e.event.to_string();
                 match conn.output {
                     Output::Table => {
                         writeln!(out, "{}\t{name}\t{}", e.domain, e.detail)?;
@@ -582,6 +607,7 @@ async fn events(
             LifecycleUpdate::Resubscribed { generation } => {
                 eprintln!("reconnected (connection {generation}); events in the gap are lost");
             }
+            other => eprintln!("{other:?}"),
         }
     }
     Ok(())

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use banlieue_xdrgen::model::Model;
 use banlieue_xdrgen::{HEADER_CONSTANTS, Input};
 
-pub use banlieue_libvirt::PROTOCOL_FILES;
+pub use banlieue_libvirt::proto::PROTOCOL_FILES;
 
 /// Files whose C code needs `remote_protocol.h` for the types they borrow.
 const USES_REMOTE: &[&str] = &["qemu_protocol.x", "lxc_protocol.x"];

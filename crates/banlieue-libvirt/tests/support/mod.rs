@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// libvirt's protocol files, in the order the build script reads them.
 pub fn protocol_inputs() -> Vec<banlieue_xdrgen::Input> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("protocol");
-    banlieue_libvirt::PROTOCOL_FILES
+    banlieue_libvirt::proto::PROTOCOL_FILES
         .iter()
         .map(|f| banlieue_xdrgen::Input::from_path(&dir.join(f)).expect("protocol/fetch has run"))
         .collect()

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use banlieue_api::{ImageSourceKind, Provider, VMImage};
+use banlieue_libvirt::flags::StorageVolUploadFlags;
 use banlieue_libvirt::stream::{self, Transfer};
 use banlieue_libvirt::{Client, ClientOptions};
 use kube::Api;
@@ -288,7 +289,12 @@ async fn import_into_pool(
     );
     let started = Instant::now();
     let mut last_log = started;
-    let transfer = stream::upload(libvirt, &vol, &mut reader, size, sparse, |t: Transfer| {
+    let flags = if sparse {
+        StorageVolUploadFlags::SPARSE_STREAM
+    } else {
+        StorageVolUploadFlags::empty()
+    };
+    let transfer = stream::upload(libvirt, &vol, &mut reader, size, flags, |t: Transfer| {
         if last_log.elapsed() >= PROGRESS_INTERVAL {
             last_log = Instant::now();
             log_progress(&Progress::at(t.data + t.holes, size, started.elapsed()));

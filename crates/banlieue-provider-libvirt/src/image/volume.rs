@@ -1,6 +1,7 @@
 //! The few storage calls an import needs, over `banlieue-libvirt`'s generated procedures.
 
 use banlieue_libvirt::Client;
+use banlieue_libvirt::flags::{StorageVolDownloadFlags, StorageVolUploadFlags};
 use banlieue_libvirt::proto::remote::{
     self, RemoteNonnullStoragePool, RemoteNonnullStorageVol, procedures as rp,
 };
@@ -95,9 +96,17 @@ pub async fn read_small(
     let mut bytes = Vec::with_capacity(size as usize);
     // Asking for exactly `size` bytes makes the download refuse anything past them, so a
     // server that lies about the capacity cannot grow this buffer beyond `max`.
-    stream::download_range(client, vol, &mut bytes, 0, size, false, |_| {})
-        .await
-        .map_err(|e| Error::libvirt(format!("download volume {}", vol.name), e))?;
+    stream::download_range(
+        client,
+        vol,
+        &mut bytes,
+        0,
+        size,
+        StorageVolDownloadFlags::empty(),
+        |_| {},
+    )
+    .await
+    .map_err(|e| Error::libvirt(format!("download volume {}", vol.name), e))?;
     Ok(bytes)
 }
 
@@ -110,8 +119,15 @@ pub async fn write_small(
 ) -> Result<()> {
     let vol = create_raw(client, pool, name, bytes.len() as u64).await?;
     let mut source = bytes;
-    stream::upload(client, &vol, &mut source, bytes.len() as u64, false, |_| {})
-        .await
-        .map_err(|e| Error::libvirt(format!("upload volume {name}"), e))?;
+    stream::upload(
+        client,
+        &vol,
+        &mut source,
+        bytes.len() as u64,
+        StorageVolUploadFlags::empty(),
+        |_| {},
+    )
+    .await
+    .map_err(|e| Error::libvirt(format!("upload volume {name}"), e))?;
     Ok(())
 }

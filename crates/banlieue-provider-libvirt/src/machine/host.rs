@@ -132,7 +132,7 @@ pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
                     let more = tokio::select! {
                         e = lifecycle.next() => e.map(|e| {
                             if let Ok(e) = e {
-                                tracing::debug!(domain = %e.domain, event = e.event, "domain event");
+                                tracing::debug!(domain = %e.domain, event = %e.event, "domain event");
                             }
                         }),
                         e = agent.next() => e.map(|e| {

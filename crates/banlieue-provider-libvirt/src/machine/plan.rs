@@ -357,7 +357,7 @@ pub fn condition_for(e: &Error, generation: Option<i64>) -> Condition {
 mod tests {
     use super::*;
     use banlieue_api::{LibvirtDisk, LibvirtMachineSpec, LocalObjectReference};
-    use banlieue_libvirt::IpAddress;
+    use banlieue_libvirt::{IpAddress, IpAddressType};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     pub(crate) fn machine(disk: LibvirtDisk, user_data: Option<&str>) -> LibvirtMachine {
@@ -618,36 +618,20 @@ mod tests {
     #[test]
     fn addresses_skip_loopback_and_link_local() {
         let ifaces = vec![
-            InterfaceAddresses {
-                name: "lo".into(),
-                hwaddr: None,
-                addrs: vec![IpAddress {
-                    kind: 0,
-                    addr: "127.0.0.1".into(),
-                    prefix: 8,
-                }],
-            },
-            InterfaceAddresses {
-                name: "eth0".into(),
-                hwaddr: Some("52:54:00:00:00:01".into()),
-                addrs: vec![
-                    IpAddress {
-                        kind: 0,
-                        addr: "10.0.0.5".into(),
-                        prefix: 24,
-                    },
-                    IpAddress {
-                        kind: 1,
-                        addr: "fe80::1".into(),
-                        prefix: 64,
-                    },
-                    IpAddress {
-                        kind: 1,
-                        addr: "fd00::5".into(),
-                        prefix: 64,
-                    },
+            InterfaceAddresses::new(
+                "lo",
+                None,
+                vec![IpAddress::new(IpAddressType::Ipv4, "127.0.0.1", 8)],
+            ),
+            InterfaceAddresses::new(
+                "eth0",
+                Some("52:54:00:00:00:01".into()),
+                vec![
+                    IpAddress::new(IpAddressType::Ipv4, "10.0.0.5", 24),
+                    IpAddress::new(IpAddressType::Ipv6, "fe80::1", 64),
+                    IpAddress::new(IpAddressType::Ipv6, "fd00::5", 64),
                 ],
-            },
+            ),
         ];
         let a = addresses(&ifaces);
         let got: Vec<&str> = a.iter().map(|a| a.address.as_str()).collect();

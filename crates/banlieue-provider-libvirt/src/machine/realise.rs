@@ -3,8 +3,10 @@
 //! interrupted anywhere resumes where it stopped.
 
 use banlieue_api::{LibvirtMachine, Provider};
-use banlieue_libvirt::flags;
-use banlieue_libvirt::{Client, Domain, DomainState, Network, StoragePool, StorageVol};
+use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolUploadFlags};
+use banlieue_libvirt::{
+    Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -43,7 +45,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         "read the state of domain {}",
         names.domain
     )))?;
-    if state == DomainState::SHUTOFF || state == DomainState::CRASHED {
+    if state == DomainState::Shutoff || state == DomainState::Crashed {
         domain
             .create()
             .await
@@ -53,7 +55,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         "read the state of domain {}",
         names.domain
     )))?;
-    let running = state == DomainState::RUNNING;
+    let running = state == DomainState::Running;
     if !running {
         return Ok(Observed {
             running,
@@ -86,11 +88,8 @@ async fn observe_addresses(
     domain: &Domain,
     agent_answers: bool,
 ) -> Vec<banlieue_api::MachineAddress> {
-    let agent = agent_answers.then_some(flags::DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT);
-    for source in agent
-        .into_iter()
-        .chain([flags::DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE])
-    {
+    let agent = agent_answers.then_some(InterfaceAddressesSource::Agent);
+    for source in agent.into_iter().chain([InterfaceAddressesSource::Lease]) {
         if let Ok(ifaces) = domain.interface_addresses(source).await {
             let found = plan::addresses(&ifaces);
             if !found.is_empty() {
@@ -161,7 +160,7 @@ async fn provision(
             None => None,
         };
         let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
-        let vol = StorageVol::create_xml(&pool, &xml, 0)
+        let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty())
             .await
             .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
         record_volume(&api, &name, &vol, &names.os_volume, &mut owned).await?;
@@ -187,7 +186,7 @@ async fn provision(
     let cidata = StorageVol::create_xml(
         &pool,
         &volume_xml::raw(&names.cidata_volume, seed.len() as u64),
-        0,
+        StorageVolCreateFlags::empty(),
     )
     .await
     .map_err(Error::libvirt(format!(
@@ -199,7 +198,12 @@ async fn provision(
     }
     let mut reader: &[u8] = &seed;
     cidata
-        .upload(&mut reader, 0, seed.len() as u64, false)
+        .upload(
+            &mut reader,
+            0,
+            seed.len() as u64,
+            StorageVolUploadFlags::empty(),
+        )
         .await
         .map_err(Error::libvirt(format!("upload {}", names.cidata_volume)))?;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use banlieue_api::LibvirtMachine;
 use banlieue_api::conditions::reasons;
 use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
-use banlieue_libvirt::{Domain, StoragePool, StorageVol, flags};
+use banlieue_libvirt::flags::DomainUndefineFlags;
+use banlieue_libvirt::{Domain, StoragePool, StorageVol};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -19,8 +20,9 @@ use banlieue_api::conditions::error_message;
 
 /// libvirt fails an undefine of a UEFI domain without NVRAM, and without TPM the swtpm state
 /// (the per-VM secret the vTPM exists to isolate) stays behind.
-pub const UNDEFINE_FLAGS: u32 =
-    flags::DOMAIN_UNDEFINE_NVRAM | flags::DOMAIN_UNDEFINE_TPM | flags::DOMAIN_UNDEFINE_MANAGED_SAVE;
+pub const UNDEFINE_FLAGS: DomainUndefineFlags = DomainUndefineFlags::NVRAM
+    .union(DomainUndefineFlags::TPM)
+    .union(DomainUndefineFlags::MANAGED_SAVE);
 
 pub(super) async fn run(
     machine: &LibvirtMachine,
@@ -179,6 +181,6 @@ mod tests {
     #[test]
     fn undefine_removes_nvram_tpm_and_managed_save() {
         // virDomainUndefineFlagsValues: MANAGED_SAVE 1<<0, NVRAM 1<<2, TPM 1<<5.
-        assert_eq!(super::UNDEFINE_FLAGS, 1 | 4 | 32);
+        assert_eq!(super::UNDEFINE_FLAGS.bits(), 1 | 4 | 32);
     }
 }

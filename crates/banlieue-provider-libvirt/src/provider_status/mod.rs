@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
 use banlieue_api::{FailureDomain, Provider, ProviderStatus};
+use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -164,13 +165,13 @@ async fn inventory(client: &Client) -> Result<HostInventory> {
         .hostname()
         .await
         .map_err(Error::libvirt("read the host name"))?;
-    let pools = StoragePool::list_all(client, 0)
+    let pools = StoragePool::list_all(client, ConnectListAllStoragePoolsFlags::empty())
         .await
         .map_err(Error::libvirt("list storage pools"))?
         .iter()
         .map(|p| p.name().to_owned())
         .collect();
-    let networks = Network::list_all(client, 0)
+    let networks = Network::list_all(client, ConnectListAllNetworksFlags::empty())
         .await
         .map_err(Error::libvirt("list networks"))?
         .iter()

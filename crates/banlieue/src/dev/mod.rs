@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
+use banlieue_libvirt::flags::{
+    StoragePoolCreateFlags, StorageVolCreateFlags, StorageVolUploadFlags,
+};
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::{
     CaBundle, Client as LibvirtClient, Identity, Network, StoragePool, StorageVol,
@@ -607,7 +610,7 @@ pub async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
 /// The storage pool, the isolated network and the image volume.
 async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Result<(), BoxError> {
     let pool = StoragePool::define_xml(host, &objects::storage_pool_xml(pool_dir)).await?;
-    pool.create(0).await?;
+    pool.create(StoragePoolCreateFlags::empty()).await?;
     let network = host
         .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
             xml: objects::network_xml(bridge),
@@ -619,11 +622,18 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
     let volume = StorageVol::create_xml(
         &pool,
         &banlieue_provider_libvirt::volume_xml::raw(objects::IMAGE_VOLUME, IMAGE_BYTES),
-        0,
+        StorageVolCreateFlags::empty(),
     )
     .await?;
     let mut zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), IMAGE_BYTES);
-    volume.upload(&mut zeros, 0, IMAGE_BYTES, true).await?;
+    volume
+        .upload(
+            &mut zeros,
+            0,
+            IMAGE_BYTES,
+            StorageVolUploadFlags::SPARSE_STREAM,
+        )
+        .await?;
     Ok(())
 }
 
@@ -649,11 +659,13 @@ pub async fn upload_volume(
     let volume = StorageVol::create_xml(
         &pool,
         &banlieue_provider_libvirt::volume_xml::raw(name, bytes),
-        0,
+        StorageVolCreateFlags::empty(),
     )
     .await?;
     let mut file = tokio::fs::File::open(file).await?;
-    volume.upload(&mut file, 0, bytes, true).await?;
+    volume
+        .upload(&mut file, 0, bytes, StorageVolUploadFlags::SPARSE_STREAM)
+        .await?;
     host.close().await?;
     Ok(())
 }
