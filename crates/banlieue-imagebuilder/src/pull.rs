@@ -140,7 +140,10 @@ impl Puller {
         let client = Client::try_from(config).map_err(|e| {
             BuildError::new(
                 Reason::RegistryUnreachable,
-                format!("no HTTPS client for {registry}: {}", crate::convert::error_chain(&e)),
+                format!(
+                    "no HTTPS client for {registry}: {}",
+                    crate::convert::error_chain(&e)
+                ),
             )
         })?;
         Ok(Puller { client, auth })

@@ -91,7 +91,8 @@ pub enum Command {
 pub struct Connect {
     /// `qemu+tls://HOST[:PORT]/system` (or `/session`). As for virsh, `?pkipath=DIR` names a
     /// directory holding cacert.pem, clientcert.pem and clientkey.pem; without it they are read
-    /// from ~/.config/banlieue/libvirt/.
+    /// from ~/.config/banlieue/libvirt/. Also `qemu:///system`, `qemu+unix:///system?socket=PATH`
+    /// (the local socket) and `qemu+tcp://HOST[:PORT]/system`, which need no files.
     #[arg(
         short = 'c',
         long = "connect",
@@ -258,7 +259,13 @@ impl Connect {
         Ok((identity, ca))
     }
 
+    /// TLS with the client's files for `qemu+tls`; the local socket or plain TCP otherwise,
+    /// where no files are read.
     async fn client(&self) -> Result<Client, BoxError> {
+        let uri = ConnectUri::parse(self.uri()?)?;
+        if uri.transport != banlieue_libvirt::uri::Transport::Tls {
+            return Ok(Client::connect_plain(self.uri()?).await?);
+        }
         let (identity, ca) = self.material()?;
         Ok(Client::connect(self.uri()?, &identity, &ca).await?)
     }

@@ -312,6 +312,14 @@ async fn credentials_come_from_pkipath_flags_or_the_default_dir() {
     assert_eq!(err, "error: scheme \"qemu+ssh\" is not supported");
     let err = one_line_error(&banlieue(&d, &["pools"]).await);
     assert!(err.contains("-c/--connect"), "{err}");
+    // The local socket needs no credentials: the TLS files are not even looked for (HOME's
+    // default dir is removed first).
+    std::fs::remove_dir_all(&dir).expect("remove the default dir");
+    let socket = format!(
+        "qemu+unix:///system?socket={}",
+        d.run_dir().join("libvirt-sock").display()
+    );
+    assert!(stdout_ok(&banlieue(&d, &["version", "-c", &socket]).await).contains("11.3.0"));
     // A port nothing listens on: the cause is on the same line.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
