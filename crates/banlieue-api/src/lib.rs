@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod image;
 pub mod machine;
 pub mod names;
+pub mod pods;
 pub mod pool;
 pub mod provider;
 pub mod render;

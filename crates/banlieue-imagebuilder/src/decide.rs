@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_VMIMAGE};
+use banlieue_api::pods;
 use banlieue_api::{ArtifactPhase, BuildArtifact, ImageSource, ImageSourceKind, VMImage};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
-    PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Container, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -26,7 +27,7 @@ pub const CONTAINER_NAME: &str = "build";
 /// Where a build Job mounts the artifacts PVC, as import Jobs do.
 pub const ARTIFACTS_MOUNT: &str = "/artifacts";
 /// The user the builder runs as (the image's `nonroot`); the artifacts volume must let it write.
-pub const BUILD_UID: i64 = 65532;
+pub const BUILD_UID: i64 = pods::NONROOT_UID;
 /// A build's deadline: pulling and converting tens of GiB fits in it; a stuck one ends Failed.
 pub const BUILD_DEADLINE_SECONDS: i64 = 6 * 3600;
 
@@ -287,18 +288,8 @@ pub fn build_job(
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     service_account_name: Some(settings.service_account.clone()),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(BUILD_UID),
-                        run_as_group: Some(BUILD_UID),
-                        // Volumes that honour it become writable by the builder.
-                        fs_group: Some(BUILD_UID),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..SeccompProfile::default()
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
+                    // Volumes that honour fsGroup become writable by the builder.
+                    security_context: Some(pods::restricted_pod(Some(BUILD_UID))),
                     containers: vec![Container {
                         name: CONTAINER_NAME.into(),
                         image: Some(settings.image.clone()),
@@ -315,16 +306,7 @@ pub fn build_job(
                             ])),
                             ..ResourceRequirements::default()
                         }),
-                        security_context: Some(SecurityContext {
-                            allow_privilege_escalation: Some(false),
-                            read_only_root_filesystem: Some(true),
-                            run_as_non_root: Some(true),
-                            capabilities: Some(Capabilities {
-                                drop: Some(vec!["ALL".into()]),
-                                ..Capabilities::default()
-                            }),
-                            ..SecurityContext::default()
-                        }),
+                        security_context: Some(pods::restricted_container()),
                         volume_mounts: Some(vec![VolumeMount {
                             name: "artifacts".into(),
                             mount_path: ARTIFACTS_MOUNT.into(),

@@ -133,6 +133,23 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
 }
 
 impl Env {
+    /// Pushes `disk` as a disk artifact (one layer of `format`, `compression`) to `repo:tag`;
+    /// returns the layout written under `dir` and the manifest digest.
+    async fn push_disk(
+        &self,
+        dir: &Path,
+        disk: &Path,
+        (format, compression): (DiskFormat, Compression),
+        (repo, tag): (&str, &str),
+    ) -> Result<(OciLayout, String)> {
+        let layout = OciLayout::builder()
+            .config(ARTIFACT_TYPE, b"{}".to_vec())
+            .layer(Layer::from_file(media_type(format, compression), disk))
+            .write(dir)?;
+        let digest = self.registry.push_layout(&layout, repo, tag).await?;
+        Ok((layout, digest))
+    }
+
     fn images(&self) -> Api<VMImage> {
         Api::namespaced(self.admin.clone(), NS)
     }
@@ -361,16 +378,13 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
     let expected = oracle(&qcow2, &work.join("oracle.raw"))?;
 
     // An OCI artifact whose layer is a qcow2 disk.
-    let layout = OciLayout::builder()
-        .config(ARTIFACT_TYPE, b"{}".to_vec())
-        .layer(Layer::from_file(
-            media_type(DiskFormat::Qcow2, Compression::None),
+    let (_, artifact_digest) = env
+        .push_disk(
+            &work.join("artifact"),
             &qcow2,
-        ))
-        .write(&work.join("artifact"))?;
-    let artifact_digest = env
-        .registry
-        .push_layout(&layout, "disks/qcow2", "v1")
+            (DiskFormat::Qcow2, Compression::None),
+            ("disks/qcow2", "v1"),
+        )
         .await?;
     // The same disk, raw and gzip-compressed.
     let gz = work.join("disk.raw.gz");
@@ -383,16 +397,13 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
         ))
         .status()?;
     assert!(status.success());
-    let layout = OciLayout::builder()
-        .config(ARTIFACT_TYPE, b"{}".to_vec())
-        .layer(Layer::from_file(
-            media_type(DiskFormat::Raw, Compression::Gzip),
+    let (_, gzip_digest) = env
+        .push_disk(
+            &work.join("gzip"),
             &gz,
-        ))
-        .write(&work.join("gzip"))?;
-    let gzip_digest = env
-        .registry
-        .push_layout(&layout, "disks/rawgz", "v1")
+            (DiskFormat::Raw, Compression::Gzip),
+            ("disks/rawgz", "v1"),
+        )
         .await?;
     // A KubeVirt containerDisk: the qcow2 under /disk/ in a container image.
     let layer = containerdisk_layer(&qcow2, &work.join("containerdisk.tar"))?;
@@ -474,16 +485,13 @@ async fn failures_say_why_and_leave_no_artifact() -> Result {
     };
     let work = env.dir.path();
     let (_, qcow2) = disks(work, 2)?;
-    let layout = OciLayout::builder()
-        .config(ARTIFACT_TYPE, b"{}".to_vec())
-        .layer(Layer::from_file(
-            media_type(DiskFormat::Qcow2, Compression::None),
+    let (layout, digest) = env
+        .push_disk(
+            &work.join("artifact"),
             &qcow2,
-        ))
-        .write(&work.join("artifact"))?;
-    let digest = env
-        .registry
-        .push_layout(&layout, "disks/fail", "v1")
+            (DiskFormat::Qcow2, Compression::None),
+            ("disks/fail", "v1"),
+        )
         .await?;
     let url = format!("oci://{}", env.registry.reference("disks/fail", "v1"));
 
@@ -569,22 +577,18 @@ async fn a_moved_tag_is_a_new_build_and_the_old_artifact_stays() -> Result {
     };
     let work = env.dir.path();
     let push = |seed: u8| {
-        let work = work.to_owned();
-        let registry = &env.registry;
+        let env = &env;
         async move {
-            let (_, qcow2) = disks(&work, seed)?;
-            let layout = OciLayout::builder()
-                .config(ARTIFACT_TYPE, b"{}".to_vec())
-                .layer(Layer::from_file(
-                    media_type(DiskFormat::Qcow2, Compression::None),
+            let (_, qcow2) = disks(work, seed)?;
+            let (_, digest) = env
+                .push_disk(
+                    &work.join(format!("layout-{seed}")),
                     &qcow2,
-                ))
-                .write(&work.join(format!("layout-{seed}")))?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
-                registry
-                    .push_layout(&layout, "disks/moving", "latest")
-                    .await?,
-            )
+                    (DiskFormat::Qcow2, Compression::None),
+                    ("disks/moving", "latest"),
+                )
+                .await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(digest)
         }
     };
     let first = push(3).await?;
@@ -650,16 +654,13 @@ async fn bench_build_against_skopeo_and_qemu_img() -> Result {
     assert!(status.success());
     std::fs::remove_file(&raw)?;
     let qcow2_bytes = std::fs::metadata(&qcow2)?.len();
-    let layout = OciLayout::builder()
-        .config(ARTIFACT_TYPE, b"{}".to_vec())
-        .layer(Layer::from_file(
-            media_type(DiskFormat::Qcow2, Compression::None),
+    let (layout, digest) = env
+        .push_disk(
+            &work.join("bench-layout"),
             &qcow2,
-        ))
-        .write(&work.join("bench-layout"))?;
-    let digest = env
-        .registry
-        .push_layout(&layout, "bench/disk", "v1")
+            (DiskFormat::Qcow2, Compression::None),
+            ("bench/disk", "v1"),
+        )
         .await?;
     let layer = layout.layers()[0].digest.clone();
     env.image(

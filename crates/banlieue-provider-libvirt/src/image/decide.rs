@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER, LABEL_VMIMAGE};
+use banlieue_api::pods;
 use banlieue_api::{
     ArtifactPhase, BuildArtifact, ImagePhase, ImageSource, ImageSourceKind, Provider,
     ProviderClass, ProviderImageStatus, VMImage, VMImageStatus, ZoneImageStatus, ZonePhase,
 };
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
-    PodTemplateSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Container, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -269,7 +270,7 @@ pub fn import_job_name(request: &ImportRequest<'_>, provider: &str) -> String {
 
 /// The user the importer runs as: the distroless `nonroot` user, owner of nothing on the
 /// node.
-pub const IMPORT_UID: i64 = 65532;
+pub const IMPORT_UID: i64 = pods::NONROOT_UID;
 
 /// Fixed part of an import's deadline, for pod start, image pull and the TLS handshake.
 pub const DEADLINE_BASE_SECONDS: u64 = 600;
@@ -351,16 +352,7 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
                     service_account_name: Some(settings.effective_service_account().to_owned()),
                     // The importer reads one file and talks TLS: it needs no privilege, no
                     // writable root and no capability.
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(IMPORT_UID),
-                        run_as_group: Some(IMPORT_UID),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..SeccompProfile::default()
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(pods::restricted_pod(None)),
                     containers: vec![Container {
                         name: CONTAINER_NAME.into(),
                         image: Some(class.spec.image.clone()),
@@ -368,16 +360,7 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
                             .then(|| class.spec.command.clone()),
                         args: Some(args),
                         resources: Some(import_resources()),
-                        security_context: Some(SecurityContext {
-                            allow_privilege_escalation: Some(false),
-                            read_only_root_filesystem: Some(true),
-                            run_as_non_root: Some(true),
-                            capabilities: Some(Capabilities {
-                                drop: Some(vec!["ALL".into()]),
-                                ..Capabilities::default()
-                            }),
-                            ..SecurityContext::default()
-                        }),
+                        security_context: Some(pods::restricted_container()),
                         volume_mounts: Some(vec![VolumeMount {
                             name: "artifacts".into(),
                             mount_path: ARTIFACTS_MOUNT.into(),

@@ -19,8 +19,8 @@ use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER};
 use banlieue_api::{Provider, ProviderClass};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
+    Container, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -159,34 +159,6 @@ fn service_account_subject(name: &str, namespace: &str) -> Subject {
     }
 }
 
-/// The container's securityContext, the same as the controller's (deploy/controller.yaml).
-pub fn hardened_container() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            add: None,
-        }),
-        ..SecurityContext::default()
-    }
-}
-
-/// The pod's securityContext: the image's non-root user, the runtime's default seccomp profile.
-pub fn hardened_pod() -> PodSecurityContext {
-    PodSecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(65532),
-        run_as_group: Some(65532),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            localhost_profile: None,
-        }),
-        ..PodSecurityContext::default()
-    }
-}
-
 fn default_resources() -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(
@@ -317,7 +289,8 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
                 spec: Some(PodSpec {
                     service_account_name: Some(wl.clone()),
                     automount_service_account_token: Some(true),
-                    security_context: Some(hardened_pod()),
+                    // The same as the controller's (deploy/controller.yaml).
+                    security_context: Some(banlieue_api::pods::restricted_pod(None)),
                     node_selector: (!pod_settings.node_selector.is_empty())
                         .then(|| pod_settings.node_selector.clone()),
                     tolerations: (!pod_settings.tolerations.is_empty())
@@ -346,7 +319,7 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
                                 .clone()
                                 .unwrap_or_else(default_resources),
                         ),
-                        security_context: Some(hardened_container()),
+                        security_context: Some(banlieue_api::pods::restricted_container()),
                         liveness_probe: Some(http_probe("/healthz")),
                         readiness_probe: Some(http_probe("/readyz")),
                         ..Container::default()
