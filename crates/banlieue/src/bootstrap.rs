@@ -1,5 +1,6 @@
-//! `banlieue bootstrap`: the namespace, CRDs, RBAC and controller Deployment, by server-side
-//! apply. `deploy/admission/` is deliberately not applied: it is a separate, mandatory step.
+//! `banlieue bootstrap`: the namespaces, CRDs, RBAC and the controller and image builder
+//! Deployments, by server-side apply. `deploy/admission/` is deliberately not applied: it is a
+//! separate, mandatory step.
 
 use std::time::Duration;
 

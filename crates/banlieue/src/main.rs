@@ -40,7 +40,8 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Apply the namespace, CRDs, RBAC and controller Deployment to the current kubeconfig.
+    /// Apply the namespaces, CRDs, RBAC and the controller and image builder Deployments to the
+    /// current kubeconfig.
     ///
     /// Server-side apply, idempotent; prints what changed. Does not apply deploy/admission/:
     /// that is a separate, mandatory step.

@@ -617,10 +617,10 @@ async fn a_moved_tag_is_a_new_build_and_the_old_artifact_stays() -> Result {
 /// the same TLS registry, in one run, with each side's peak RSS and the artifact's allocation.
 ///
 /// ```text
-/// cargo test --release -p banlieue --test imagebuild -- --ignored --nocapture
+/// cargo test --profile image -p banlieue --test imagebuild bench -- --ignored --nocapture
 /// ```
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: run with --release -- --ignored --nocapture"]
+#[ignore = "benchmark: run with --profile image -- --ignored --nocapture"]
 async fn bench_build_against_skopeo_and_qemu_img() -> Result {
     const ROUNDS: usize = 3;
     let Some(env) = env(Duration::from_secs(600)).await? else {
