@@ -45,7 +45,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 struct Env {
     _turn: tokio::sync::MutexGuard<'static, ()>,
-    cp: &'static ControlPlane,
     admin: Client,
     registry: Registry,
     dir: tempfile::TempDir,
@@ -122,7 +121,6 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
     });
     Ok(Some(Env {
         _turn: turn,
-        cp,
         admin,
         registry,
         dir,
@@ -563,10 +561,6 @@ async fn failures_say_why_and_leave_no_artifact() -> Result {
     let record = banlieue_imagebuilder::artifact::record_path(&artifact_path);
     assert!(!record.exists());
 
-    // The reconciler says when a Job died without a word: delete the status reason by
-    // failing the Job's pods is not possible here, so a Failed Job condition is written by
-    // hand (what the Job controller writes when the pod is killed).
-    let _ = env.cp;
     Ok(())
 }
 
