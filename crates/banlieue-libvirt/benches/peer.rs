@@ -100,13 +100,16 @@ async fn worker(args: &[String]) {
         "upload" => {
             let mut f = tokio::fs::File::open(file).await.expect("open");
             let len = f.metadata().await.expect("stat").len();
-            vol.upload(&mut f, 0, len, flags::StorageVolUploadFlags::empty())
-                .await
-                .expect("upload");
+            vol.upload(
+                &mut f,
+                banlieue_libvirt::stream::TransferOptions::new().length(len),
+            )
+            .await
+            .expect("upload");
         }
         "download" => {
             let f = tokio::fs::File::create(file).await.expect("create");
-            vol.download_to_file(f, 0, 0, flags::StorageVolDownloadFlags::empty())
+            vol.download_to_file(f, banlieue_libvirt::stream::TransferOptions::new())
                 .await
                 .expect("download");
         }

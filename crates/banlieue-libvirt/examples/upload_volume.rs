@@ -8,7 +8,8 @@
 
 use std::path::PathBuf;
 
-use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolUploadFlags};
+use banlieue_libvirt::flags::StorageVolCreateFlags;
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{CaBundle, Client, ConnectUri, Identity, StoragePool, StorageVol};
 
 #[tokio::main(flavor = "current_thread")]
@@ -37,7 +38,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty()).await?;
     let sent = vol
-        .upload(&mut source, 0, length, StorageVolUploadFlags::SPARSE_STREAM)
+        .upload(
+            &mut source,
+            TransferOptions::new().length(length).sparse(true),
+        )
         .await?;
     let info = vol.get_info().await?;
     println!(

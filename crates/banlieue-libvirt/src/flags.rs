@@ -183,20 +183,73 @@ flag_set! {
 }
 
 flag_set! {
-    /// `virStorageVolUploadFlags` (include/libvirt/libvirt-storage.h), for
-    /// [`StorageVol::upload`](crate::StorageVol::upload) and [`crate::stream::upload`].
-    pub struct StorageVolUploadFlags {
-        /// Zero runs of at least 64 KiB travel as holes rather than data.
-        const SPARSE_STREAM = 1 << 0;
+    /// `virDomainModificationImpact` (include/libvirt/libvirt-domain.h): which of a domain's
+    /// states a change applies to; empty (`CURRENT`) for the one it is in.
+    pub struct DomainModificationImpact {
+        /// The running domain.
+        const LIVE = 1 << 0;
+        /// The persistent definition.
+        const CONFIG = 1 << 1;
     }
 }
 
 flag_set! {
-    /// `virStorageVolDownloadFlags` (include/libvirt/libvirt-storage.h), for
-    /// [`StorageVol::download`](crate::StorageVol::download) and [`crate::stream::download`].
-    pub struct StorageVolDownloadFlags {
-        /// Holes travel as lengths rather than zeros.
-        const SPARSE_STREAM = 1 << 0;
+    /// `virDomainStatsTypes` (include/libvirt/libvirt-domain.h): the statistics groups of
+    /// [`Client::all_domain_stats`](crate::Client::all_domain_stats); empty for every group
+    /// the driver has.
+    pub struct DomainStatsTypes {
+        /// `state.*`: state and reason.
+        const STATE = 1 << 0;
+        /// `cpu.*`: CPU time.
+        const CPU_TOTAL = 1 << 1;
+        /// `balloon.*`: memory balloon.
+        const BALLOON = 1 << 2;
+        /// `vcpu.*`: virtual CPUs.
+        const VCPU = 1 << 3;
+        /// `net.*`: network interfaces.
+        const INTERFACE = 1 << 4;
+        /// `block.*`: block devices.
+        const BLOCK = 1 << 5;
+        /// `perf.*`: perf events.
+        const PERF = 1 << 6;
+        /// `iothread.*`: I/O threads.
+        const IOTHREAD = 1 << 7;
+        /// `memory.*`: memory bandwidth.
+        const MEMORY = 1 << 8;
+        /// `dirtyrate.*`: memory dirty rate.
+        const DIRTYRATE = 1 << 9;
+        /// `vm.*`: hypervisor statistics.
+        const VM = 1 << 10;
+    }
+}
+
+flag_set! {
+    /// `virConnectGetAllDomainStatsFlags` (include/libvirt/libvirt-domain.h), for
+    /// [`Client::all_domain_stats`](crate::Client::all_domain_stats). The domain-selecting
+    /// flags come in the groups of [`ConnectListAllDomainsFlags`].
+    pub struct ConnectGetAllDomainStatsFlags {
+        /// Running or paused domains.
+        const ACTIVE = 1 << 0;
+        /// Domains that are not running.
+        const INACTIVE = 1 << 1;
+        /// Domains with a persistent definition.
+        const PERSISTENT = 1 << 2;
+        /// Domains without one.
+        const TRANSIENT = 1 << 3;
+        /// Domains in state running.
+        const RUNNING = 1 << 4;
+        /// Domains in state paused.
+        const PAUSED = 1 << 5;
+        /// Domains in state shut off.
+        const SHUTOFF = 1 << 6;
+        /// Domains in any other state.
+        const OTHER = 1 << 7;
+        /// Skip statistics that would wait for a domain job.
+        const NOWAIT = 1 << 29;
+        /// Include the backing chain in block statistics.
+        const BACKING = 1 << 30;
+        /// Fail when a requested group is not supported.
+        const ENFORCE_STATS = 1 << 31;
     }
 }
 
@@ -216,6 +269,11 @@ mod tests {
         assert_eq!(ConnectListAllStoragePoolsFlags::ACTIVE.bits(), 2);
         assert_eq!(ConnectListAllNetworksFlags::ACTIVE.bits(), 2);
         assert_eq!(StorageVolCreateFlags::VALIDATE.bits(), 4);
+        assert_eq!(DomainStatsTypes::VM.bits(), 1024);
+        assert_eq!(
+            ConnectGetAllDomainStatsFlags::ENFORCE_STATS.bits(),
+            0x8000_0000
+        );
         assert_eq!(
             format!("{undefine:?}"),
             "DomainUndefineFlags(MANAGED_SAVE | NVRAM | TPM)"

@@ -7,18 +7,19 @@
 //!
 //! Each handle type carries an example.
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite};
 
 use crate::client::Client;
 use crate::error::{ErrorCode, Result};
+use crate::events::MetadataType;
 use crate::flags::{
     ConnectListAllDomainsFlags, ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags,
-    DomainUndefineFlags, DomainXmlFlags, StoragePoolCreateFlags, StorageVolCreateFlags,
-    StorageVolDownloadFlags, StorageVolUploadFlags, StorageXmlFlags,
+    DomainModificationImpact, DomainUndefineFlags, DomainXmlFlags, StoragePoolCreateFlags,
+    StorageVolCreateFlags, StorageXmlFlags,
 };
 use crate::proto::qemu::{self, procedures as qp};
 use crate::proto::remote::{self, procedures as rp};
-use crate::stream::{self, Transfer};
+use crate::stream::{self, Transfer, TransferOptions};
 
 /// `Ok(None)` for a libvirt "not found" error.
 fn found<T>(r: Result<T>) -> Result<Option<T>> {
@@ -291,6 +292,103 @@ impl Domain {
         Ok((DomainState::from_raw(r.state), r.reason))
     }
 
+    /// `virDomainReset`: resets the guest as a reset button would, without a shutdown.
+    pub async fn reset(&self) -> Result<()> {
+        self.client
+            .call::<rp::DomainReset>(&remote::RemoteDomainResetArgs {
+                dom: self.raw.clone(),
+                flags: 0,
+            })
+            .await
+    }
+
+    /// `virDomainSetMetadata`: sets (`Some`) or removes (`None`) the title, the description,
+    /// or (with `key` and `uri`) one element of `<metadata>`.
+    pub async fn set_metadata(
+        &self,
+        kind: MetadataType,
+        metadata: Option<&str>,
+        element: Option<(&str, &str)>,
+        flags: DomainModificationImpact,
+    ) -> Result<()> {
+        self.client
+            .call::<rp::DomainSetMetadata>(&remote::RemoteDomainSetMetadataArgs {
+                dom: self.raw.clone(),
+                r#type: kind.raw(),
+                metadata: metadata.map(str::to_string),
+                key: element.map(|(key, _)| key.to_string()),
+                uri: element.map(|(_, uri)| uri.to_string()),
+                flags: flags.bits(),
+            })
+            .await
+    }
+
+    /// `virDomainGetMetadata`: the title, the description, or (with `uri`) the element of
+    /// `<metadata>` in that namespace.
+    pub async fn get_metadata(
+        &self,
+        kind: MetadataType,
+        uri: Option<&str>,
+        flags: DomainModificationImpact,
+    ) -> Result<String> {
+        let r = self
+            .client
+            .call::<rp::DomainGetMetadata>(&remote::RemoteDomainGetMetadataArgs {
+                dom: self.raw.clone(),
+                r#type: kind.raw(),
+                uri: uri.map(str::to_string),
+                flags: flags.bits(),
+            })
+            .await?;
+        Ok(r.metadata)
+    }
+
+    /// `virDomainPinVcpuFlags`: lets virtual CPU `vcpu` run only on the host CPUs `cpus`.
+    pub async fn pin_vcpu(
+        &self,
+        vcpu: u32,
+        cpus: &[u32],
+        flags: DomainModificationImpact,
+    ) -> Result<()> {
+        let mut cpumap = vec![0u8; cpus.iter().max().map_or(0, |&m| m as usize / 8 + 1)];
+        for &cpu in cpus {
+            cpumap[cpu as usize / 8] |= 1 << (cpu % 8);
+        }
+        self.client
+            .call::<rp::DomainPinVcpuFlags>(&remote::RemoteDomainPinVcpuFlagsArgs {
+                dom: self.raw.clone(),
+                vcpu,
+                cpumap,
+                flags: flags.bits(),
+            })
+            .await
+    }
+
+    /// `virDomainAttachDeviceFlags`: adds the device `xml` describes, to the running domain
+    /// (LIVE), its definition (CONFIG) or both.
+    pub async fn attach_device(&self, xml: &str, flags: DomainModificationImpact) -> Result<()> {
+        self.client
+            .call::<rp::DomainAttachDeviceFlags>(&remote::RemoteDomainAttachDeviceFlagsArgs {
+                dom: self.raw.clone(),
+                xml: xml.to_string(),
+                flags: flags.bits(),
+            })
+            .await
+    }
+
+    /// `virDomainDetachDeviceFlags`: asks for the device `xml` describes to be removed. A
+    /// live removal may need the guest's cooperation; it is done when
+    /// [`DeviceRemovedEvent`](crate::events::DeviceRemovedEvent) arrives.
+    pub async fn detach_device(&self, xml: &str, flags: DomainModificationImpact) -> Result<()> {
+        self.client
+            .call::<rp::DomainDetachDeviceFlags>(&remote::RemoteDomainDetachDeviceFlagsArgs {
+                dom: self.raw.clone(),
+                xml: xml.to_string(),
+                flags: flags.bits(),
+            })
+            .await
+    }
+
     /// `virDomainInterfaceAddresses` from `source`.
     pub async fn interface_addresses(
         &self,
@@ -494,6 +592,17 @@ impl StoragePool {
         Ok(r.active != 0)
     }
 
+    /// `virStoragePoolGetAutostart`: whether the daemon starts the pool when it starts.
+    pub async fn get_autostart(&self) -> Result<bool> {
+        let r = self
+            .client
+            .call::<rp::StoragePoolGetAutostart>(&remote::RemoteStoragePoolGetAutostartArgs {
+                pool: self.raw.clone(),
+            })
+            .await?;
+        Ok(r.autostart != 0)
+    }
+
     /// `virStoragePoolListAllVolumes`.
     pub async fn list_all_volumes(&self) -> Result<Vec<StorageVol>> {
         let r = self
@@ -546,13 +655,14 @@ pub struct StorageVolInfo {
 /// ```no_run
 /// # async fn demo(pool: banlieue_libvirt::StoragePool, xml: String) -> Result<(), Box<dyn std::error::Error>> {
 /// use banlieue_libvirt::StorageVol;
-/// use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolDownloadFlags, StorageVolUploadFlags};
+/// use banlieue_libvirt::flags::StorageVolCreateFlags;
+/// use banlieue_libvirt::stream::TransferOptions;
 ///
 /// let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty()).await?;
 /// let mut image = tokio::fs::File::open("disk.raw").await?;
-/// vol.upload(&mut image, 0, 0, StorageVolUploadFlags::SPARSE_STREAM).await?;
+/// vol.upload(&mut image, TransferOptions::new().sparse(true)).await?;
 /// let mut head = Vec::new();
-/// vol.download(&mut head, 0, 512, StorageVolDownloadFlags::empty()).await?;
+/// vol.download(&mut head, TransferOptions::new().length(512)).await?;
 /// println!("{:?}", vol.get_info().await?);
 /// # Ok(()) }
 /// ```
@@ -668,61 +778,60 @@ impl StorageVol {
         Ok(r.xml)
     }
 
-    /// `virStorageVolUpload`: writes what `source` yields, `length` bytes from `offset`
-    /// (`length` 0: to the end of `source`). With [`StorageVolUploadFlags::SPARSE_STREAM`],
-    /// zero runs travel as holes.
+    /// `virStorageVolUpload`: writes what `source` yields into the volume, as `options` say
+    /// (from which byte, how many, sparse, progress).
     pub async fn upload<R: AsyncRead + Unpin>(
         &self,
         source: &mut R,
-        offset: u64,
-        length: u64,
-        flags: StorageVolUploadFlags,
+        options: TransferOptions<'_>,
     ) -> Result<Transfer> {
-        stream::upload_range(
-            &self.client,
-            &self.raw,
-            source,
-            offset,
-            length,
-            flags,
-            |_| {},
-        )
-        .await
+        stream::upload(&self.client, &self.raw, source, options).await
     }
 
-    /// `virStorageVolDownload`: `length` bytes from `offset` (0: to the end) into `sink`.
-    /// With [`StorageVolDownloadFlags::SPARSE_STREAM`], holes cross the network as lengths and
-    /// are written here as zeros.
+    /// `virStorageVolDownload` into `sink`, as `options` say. Sparse, holes cross the network
+    /// as lengths and are written here as zeros.
     pub async fn download<W: AsyncWrite + Unpin>(
         &self,
         sink: &mut W,
-        offset: u64,
-        length: u64,
-        flags: StorageVolDownloadFlags,
+        options: TransferOptions<'_>,
     ) -> Result<Transfer> {
-        stream::download_range(&self.client, &self.raw, sink, offset, length, flags, |_| {}).await
+        stream::download(&self.client, &self.raw, sink, options).await
+    }
+
+    /// [`StorageVol::download`] into a seekable sink that reads as zeros where it is skipped
+    /// (a new or truncated file): sparse, holes become seeks rather than written zeros.
+    pub async fn download_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
+        &self,
+        sink: &mut W,
+        options: TransferOptions<'_>,
+    ) -> Result<Transfer> {
+        stream::download_seeking(&self.client, &self.raw, sink, options).await
     }
 
     /// [`StorageVol::download`] into a file, which it truncates first. A thread of its own
-    /// writes the file while the next packets arrive; sparse, holes become holes in the file
-    /// rather than written zeros.
+    /// writes the file while the next packets arrive; sparse, holes become holes in the file.
     pub async fn download_to_file(
         &self,
         file: tokio::fs::File,
-        offset: u64,
-        length: u64,
-        flags: StorageVolDownloadFlags,
+        options: TransferOptions<'_>,
     ) -> Result<Transfer> {
-        stream::download_range_to_file(
-            &self.client,
-            &self.raw,
-            file.into_std().await,
-            offset,
-            length,
-            flags,
-            |_| {},
-        )
-        .await
+        stream::download_to_file(&self.client, &self.raw, file.into_std().await, options).await
+    }
+
+    /// Reads a small volume whole: `None` when its capacity passes `max` bytes. The download
+    /// asks for exactly the capacity, so a server that sends more cannot grow the buffer past
+    /// it.
+    pub async fn read_small(&self, max: u64) -> Result<Option<Vec<u8>>> {
+        let capacity = self.get_info().await?.capacity;
+        if capacity > max {
+            return Ok(None);
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+        if capacity > 0 {
+            self.download(&mut bytes, TransferOptions::new().length(capacity))
+                .await?;
+        }
+        Ok(Some(bytes))
     }
 }
 
@@ -798,6 +907,43 @@ impl Network {
             .collect())
     }
 
+    /// `virNetworkDefineXML`: defines (or redefines) a persistent network.
+    pub async fn define_xml(client: &Client, xml: &str) -> Result<Network> {
+        let r = client
+            .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
+                xml: xml.to_string(),
+            })
+            .await?;
+        Ok(Network::from_raw(client, r.net))
+    }
+
+    /// `virNetworkCreate`: starts a defined network.
+    pub async fn create(&self) -> Result<()> {
+        self.client
+            .call::<rp::NetworkCreate>(&remote::RemoteNetworkCreateArgs {
+                net: self.raw.clone(),
+            })
+            .await
+    }
+
+    /// `virNetworkDestroy`: stops a running network.
+    pub async fn destroy(&self) -> Result<()> {
+        self.client
+            .call::<rp::NetworkDestroy>(&remote::RemoteNetworkDestroyArgs {
+                net: self.raw.clone(),
+            })
+            .await
+    }
+
+    /// `virNetworkUndefine`: removes a network's persistent definition.
+    pub async fn undefine(&self) -> Result<()> {
+        self.client
+            .call::<rp::NetworkUndefine>(&remote::RemoteNetworkUndefineArgs {
+                net: self.raw.clone(),
+            })
+            .await
+    }
+
     /// `virNetworkIsActive`.
     pub async fn is_active(&self) -> Result<bool> {
         let r = self
@@ -829,6 +975,11 @@ impl Client {
             .call::<rp::ConnectGetCapabilities>(&())
             .await?
             .capabilities)
+    }
+
+    /// `virConnectGetType`: the hypervisor driver's name (`QEMU`, `Test`, …).
+    pub async fn hypervisor_type(&self) -> Result<String> {
+        Ok(self.call::<rp::ConnectGetType>(&()).await?.r#type)
     }
 
     /// `virConnectGetHostname`.

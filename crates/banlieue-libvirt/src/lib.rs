@@ -8,9 +8,10 @@
 //!
 //! The tokio [`Client`] calls any procedure by its marker type; the handles ([`Domain`],
 //! [`StoragePool`], [`StorageVol`], [`Network`]) name the common ones after libvirt's C API,
-//! with typed flags ([`flags`]) and open enums ([`DomainState`], [`ErrorCode`], …) for
-//! libvirt's integers. [`stream`] moves volume data, [`events`] delivers domain events, and
-//! [`Reconnecting`] re-opens a lost connection and re-registers its event subscriptions.
+//! with typed flags ([`flags`]), typed parameters ([`params`]) and open enums
+//! ([`DomainState`], [`ErrorCode`], …) for libvirt's integers. [`stream`] moves volume data,
+//! [`events`] delivers domain, storage pool and network events, and [`Reconnecting`] re-opens
+//! a lost connection and re-registers its event subscriptions.
 //!
 //! What is public and what is not is described in `docs/client.md` ("The public API"): the
 //! packet codec and the connection's sans-io core are internal; `#[doc(hidden)]` items exist
@@ -28,6 +29,7 @@ pub mod flags;
 mod handles;
 #[doc(hidden)]
 pub mod packet;
+pub mod params;
 mod reconnect;
 pub mod stream;
 mod tls;

@@ -10,7 +10,6 @@ use tokio::sync::mpsc;
 
 use crate::client::Client;
 use crate::error::{Error, RemoteError, Result};
-use crate::flags::{StorageVolDownloadFlags, StorageVolUploadFlags};
 use crate::packet::Packet;
 use crate::proto::net::{
     VirNetMessageError, VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType,
@@ -62,8 +61,8 @@ pub(crate) fn stream_event(p: &Packet) -> Result<StreamEvent> {
     }
 }
 
-/// An open stream, tied to the serial of the call that opened it. [`upload`] and
-/// [`download`] drive one for volumes; `open` is for the other stream procedures.
+/// An open stream, tied to the serial of the call that opened it. The volume transfers of
+/// [`StorageVol`](crate::StorageVol) drive one; `open` is for the other stream procedures.
 ///
 /// ```no_run
 /// # async fn demo(client: banlieue_libvirt::Client, vol: banlieue_libvirt::StorageVol) -> banlieue_libvirt::Result<()> {
@@ -286,39 +285,102 @@ impl Transfer {
     }
 }
 
-/// Uploads everything `source` yields into `vol` (STORAGE_VOL_UPLOAD). With
-/// [`StorageVolUploadFlags::SPARSE_STREAM`], runs of zeros of at least 64 KiB travel as holes. `progress` is called after
-/// every packet with the running total.
-pub async fn upload<R: AsyncRead + Unpin>(
-    client: &Client,
-    vol: &remote::RemoteNonnullStorageVol,
-    source: &mut R,
-    length: u64,
-    flags: StorageVolUploadFlags,
-    progress: impl FnMut(Transfer),
-) -> Result<Transfer> {
-    upload_range(client, vol, source, 0, length, flags, progress).await
-}
-
-/// [`upload`] into the volume from byte `offset`. A non-zero `length` is what the server is
-/// told to expect, and no more than that is read from `source`; 0 means to the end of `source`.
-pub async fn upload_range<R: AsyncRead + Unpin>(
-    client: &Client,
-    vol: &remote::RemoteNonnullStorageVol,
-    source: &mut R,
+/// How a volume transfer runs: which bytes it moves, whether runs of zeros travel as holes,
+/// and who hears of its progress. The one options value of
+/// [`StorageVol::upload`](crate::StorageVol::upload) and the downloads.
+///
+/// ```
+/// use banlieue_libvirt::stream::TransferOptions;
+///
+/// let mut moved = 0;
+/// let options = TransferOptions::new()
+///     .offset(1 << 20)
+///     .length(64 << 20)
+///     .sparse(true)
+///     .progress(|t| moved = t.data + t.holes);
+/// # drop(options);
+/// ```
+#[derive(Default)]
+pub struct TransferOptions<'a> {
     offset: u64,
     length: u64,
-    flags: StorageVolUploadFlags,
-    mut progress: impl FnMut(Transfer),
+    sparse: bool,
+    progress: Option<Box<dyn FnMut(Transfer) + Send + 'a>>,
+}
+
+impl std::fmt::Debug for TransferOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferOptions")
+            .field("offset", &self.offset)
+            .field("length", &self.length)
+            .field("sparse", &self.sparse)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl<'a> TransferOptions<'a> {
+    /// The whole volume from its first byte, not sparse, nobody told of progress.
+    pub fn new() -> TransferOptions<'a> {
+        TransferOptions::default()
+    }
+
+    /// Starts at byte `offset` of the volume.
+    pub fn offset(mut self, offset: u64) -> TransferOptions<'a> {
+        self.offset = offset;
+        self
+    }
+
+    /// Moves `length` bytes (0, the default: to the end). An upload tells the server to expect
+    /// exactly that many and reads no more from its source; a download fails, before its sink
+    /// sees them, on data or holes past it, so a read of a small volume stays small whatever
+    /// the server sends.
+    pub fn length(mut self, length: u64) -> TransferOptions<'a> {
+        self.length = length;
+        self
+    }
+
+    /// A sparse stream (`VIR_STORAGE_VOL_{UPLOAD,DOWNLOAD}_SPARSE_STREAM`): zero runs of at
+    /// least 64 KiB go up as holes; holes come down as lengths, written as zeros into a plain
+    /// sink and as holes into a file.
+    pub fn sparse(mut self, sparse: bool) -> TransferOptions<'a> {
+        self.sparse = sparse;
+        self
+    }
+
+    /// Calls `progress` after every packet with the running total.
+    pub fn progress(mut self, progress: impl FnMut(Transfer) + Send + 'a) -> TransferOptions<'a> {
+        self.progress = Some(Box::new(progress));
+        self
+    }
+
+    fn report(&mut self, total: Transfer) {
+        if let Some(progress) = self.progress.as_mut() {
+            progress(total);
+        }
+    }
+
+    fn flags(&self) -> u32 {
+        // Upload and download name the same bit: VIR_STORAGE_VOL_{UPLOAD,DOWNLOAD}_SPARSE_STREAM.
+        u32::from(self.sparse)
+    }
+}
+
+/// Uploads what `source` yields into `vol` (STORAGE_VOL_UPLOAD).
+pub(crate) async fn upload<R: AsyncRead + Unpin>(
+    client: &Client,
+    vol: &remote::RemoteNonnullStorageVol,
+    source: &mut R,
+    mut options: TransferOptions<'_>,
 ) -> Result<Transfer> {
+    let length = options.length;
     let mut limited = source.take(if length == 0 { u64::MAX } else { length });
     let source = &mut limited;
-    let sparse = flags.contains(StorageVolUploadFlags::SPARSE_STREAM);
     let args = remote::RemoteStorageVolUploadArgs {
         vol: vol.clone(),
-        offset,
+        offset: options.offset,
         length,
-        flags: flags.bits(),
+        flags: options.flags(),
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolUpload>(client, &args).await?;
     let mut total = Transfer::default();
@@ -338,7 +400,7 @@ pub async fn upload_range<R: AsyncRead + Unpin>(
         }
         buf.truncate(n);
         let chunk = buf.split().freeze();
-        if sparse {
+        if options.sparse {
             for (is_hole, range) in split_holes(&chunk, MIN_HOLE) {
                 if is_hole {
                     stream.send_hole(range.len() as u64).await?;
@@ -352,76 +414,51 @@ pub async fn upload_range<R: AsyncRead + Unpin>(
             total.data += chunk.len() as u64;
             stream.send_data(chunk).await?;
         }
-        progress(total);
+        options.report(total);
     }
     stream.finish().await?;
     Ok(total)
 }
 
-/// Downloads `vol` (STORAGE_VOL_DOWNLOAD) into `sink`. With
-/// [`StorageVolDownloadFlags::SPARSE_STREAM`], holes arrive as lengths and are written as
-/// zeros here, so they never cross the network.
-pub async fn download<W: AsyncWrite + Unpin>(
+/// Downloads `vol` (STORAGE_VOL_DOWNLOAD) into `sink`, holes written as zeros.
+pub(crate) async fn download<W: AsyncWrite + Unpin>(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     sink: &mut W,
-    flags: StorageVolDownloadFlags,
-    progress: impl FnMut(Transfer),
+    options: TransferOptions<'_>,
 ) -> Result<Transfer> {
-    download_range(client, vol, sink, 0, 0, flags, progress).await
+    download_into(client, vol, &mut ZeroFill(sink), options).await
 }
 
-/// [`download`] of `length` bytes from byte `offset` (`length` 0: to the end of the volume).
-/// With a non-zero `length`, data and holes past it fail the download before they reach
-/// `sink`: a read of a small volume into memory stays small whatever the server sends.
-pub async fn download_range<W: AsyncWrite + Unpin>(
+/// [`download`] into a seekable sink, such as a new or truncated file: holes become seeks, so
+/// the file on disk is sparse where the volume is. The sink must read as zeros where it is
+/// skipped (a fresh file does; one with old data does not).
+pub(crate) async fn download_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     sink: &mut W,
-    offset: u64,
-    length: u64,
-    flags: StorageVolDownloadFlags,
-    progress: impl FnMut(Transfer),
-) -> Result<Transfer> {
-    let mut sink = ZeroFill(sink);
-    download_into(client, vol, &mut sink, offset, length, flags, progress).await
-}
-
-/// [`download_range`] into a seekable sink, such as a new or truncated file: holes become
-/// seeks, so the file on disk is sparse where the volume is. The sink must read as zeros where
-/// it is skipped (a fresh file does; one with old data does not).
-pub async fn download_range_seeking<W: AsyncWrite + AsyncSeek + Unpin>(
-    client: &Client,
-    vol: &remote::RemoteNonnullStorageVol,
-    sink: &mut W,
-    offset: u64,
-    length: u64,
-    flags: StorageVolDownloadFlags,
-    progress: impl FnMut(Transfer),
+    options: TransferOptions<'_>,
 ) -> Result<Transfer> {
     let mut sink = Seeking {
         inner: sink,
         ends_in_hole: false,
     };
-    download_into(client, vol, &mut sink, offset, length, flags, progress).await
+    download_into(client, vol, &mut sink, options).await
 }
 
-/// [`download_range`] into a file, written by a blocking thread of its own so that disk
-/// writes overlap with receiving: data chunks move to it without a copy, holes become seeks
-/// (sparse, the file has holes where the volume does). The file is truncated first.
-pub async fn download_range_to_file(
+/// [`download`] into a file, written by a blocking thread of its own so that disk writes
+/// overlap with receiving: data chunks move to it without a copy, holes become seeks (sparse,
+/// the file has holes where the volume does). The file is truncated first.
+pub(crate) async fn download_to_file(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     file: std::fs::File,
-    offset: u64,
-    length: u64,
-    flags: StorageVolDownloadFlags,
-    progress: impl FnMut(Transfer),
+    options: TransferOptions<'_>,
 ) -> Result<Transfer> {
     let (tx, rx) = mpsc::channel::<FileOp>(FILE_QUEUE);
     let writer = tokio::task::spawn_blocking(move || write_file(file, rx));
     let mut sink = FileSink { ops: tx };
-    let received = download_into(client, vol, &mut sink, offset, length, flags, progress).await;
+    let received = download_into(client, vol, &mut sink, options).await;
     drop(sink);
     let written = writer
         .await
@@ -566,16 +603,14 @@ async fn download_into(
     client: &Client,
     vol: &remote::RemoteNonnullStorageVol,
     sink: &mut impl DownloadSink,
-    offset: u64,
-    length: u64,
-    flags: StorageVolDownloadFlags,
-    mut progress: impl FnMut(Transfer),
+    mut options: TransferOptions<'_>,
 ) -> Result<Transfer> {
+    let length = options.length;
     let args = remote::RemoteStorageVolDownloadArgs {
         vol: vol.clone(),
-        offset,
+        offset: options.offset,
         length,
-        flags: flags.bits(),
+        flags: options.flags(),
     };
     let ((), mut stream) = DataStream::open::<rp::StorageVolDownload>(client, &args).await?;
     let mut total = Transfer::default();
@@ -598,7 +633,7 @@ async fn download_into(
                 break;
             }
         }
-        progress(total);
+        options.report(total);
     }
     sink.end().await.map_err(Error::StreamIo)?;
     Ok(total)

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use banlieue_libvirt::events::DomainEvents;
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
-use banlieue_libvirt::stream::{self, Transfer};
-use banlieue_libvirt::{CaBundle, Client, ClientOptions, Error, ErrorCode, Identity, flags};
+use banlieue_libvirt::stream::{Transfer, TransferOptions};
+use banlieue_libvirt::{
+    CaBundle, Client, ClientOptions, Error, ErrorCode, Identity, StorageVol, flags,
+};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 
 async fn daemon(options: LibvirtdOptions) -> Option<Libvirtd> {
@@ -191,16 +193,11 @@ async fn pools_and_volumes_upload_download_and_agree_with_virsh() {
     let qcow = create_volume(&c, &pool, "disk.qcow2", "qcow2", 1 << 30).await;
     assert_eq!(qcow.name, "disk.qcow2");
 
-    let sent = stream::upload(
-        &c,
-        &raw,
-        &mut &data[..],
-        size as u64,
-        flags::StorageVolUploadFlags::empty(),
-        |_| {},
-    )
-    .await
-    .expect("upload");
+    let raw = StorageVol::from_raw(&c, raw);
+    let sent = raw
+        .upload(&mut &data[..], TransferOptions::new().length(size as u64))
+        .await
+        .expect("upload");
     assert_eq!(
         sent,
         Transfer {
@@ -210,15 +207,10 @@ async fn pools_and_volumes_upload_download_and_agree_with_virsh() {
     );
 
     let mut back = Vec::new();
-    let got = stream::download(
-        &c,
-        &raw,
-        &mut back,
-        flags::StorageVolDownloadFlags::empty(),
-        |_| {},
-    )
-    .await
-    .expect("download");
+    let got = raw
+        .download(&mut back, TransferOptions::new())
+        .await
+        .expect("download");
     assert_eq!(got.data + got.holes, size as u64);
     assert!(back == data, "downloaded bytes differ from uploaded ones");
 
@@ -249,31 +241,24 @@ async fn sparse_upload_skips_zeros_on_the_wire() {
     let size = 16 << 20;
     let data = payload(size);
     let vol = create_volume(&c, &pool, "sparse.raw", "raw", size as u64).await;
-    let sent = stream::upload(
-        &c,
-        &vol,
-        &mut &data[..],
-        size as u64,
-        flags::StorageVolUploadFlags::SPARSE_STREAM,
-        |_| {},
-    )
-    .await
-    .expect("sparse upload");
+    let vol = StorageVol::from_raw(&c, vol);
+    let sent = vol
+        .upload(
+            &mut &data[..],
+            TransferOptions::new().length(size as u64).sparse(true),
+        )
+        .await
+        .expect("sparse upload");
     assert_eq!(sent.data + sent.holes, size as u64);
     assert!(
         sent.holes >= (size as u64) / 4 - (1 << 20),
         "zero MiBs travel as holes: {sent:?}"
     );
     let mut back = Vec::new();
-    let got = stream::download(
-        &c,
-        &vol,
-        &mut back,
-        flags::StorageVolDownloadFlags::SPARSE_STREAM,
-        |_| {},
-    )
-    .await
-    .expect("sparse download");
+    let got = vol
+        .download(&mut back, TransferOptions::new().sparse(true))
+        .await
+        .expect("sparse download");
     assert!(back == data, "same content after a sparse round trip");
     assert!(got.holes > 0, "holes come back as holes: {got:?}");
 }

@@ -3,49 +3,15 @@
 //! guest-agent call without an agent.
 
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
+use banlieue_libvirt::stream::{STREAM_CHUNK, TransferOptions};
 use banlieue_libvirt::{
-    Client, Domain, DomainState, ErrorCode, Network, StoragePool, StorageVol, StorageVolType, flags,
+    Domain, DomainState, ErrorCode, Network, StoragePool, StorageVol, StorageVolType, flags,
 };
-use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::libvirtd::LibvirtdOptions;
 
 mod peer;
 
-use peer::{connect, daemon};
-
-/// A guest with no disk and no display: enough for define, start and destroy under TCG. It has
-/// a guest-agent channel that no agent will ever open.
-fn tiny_domain_xml(name: &str) -> String {
-    format!(
-        "<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>\
-         <os><type arch='x86_64' machine='pc'>hvm</type></os>\
-         <devices><video><model type='none'/></video>\
-         <interface type='user'><mac address='52:54:00:12:34:56'/><model type='virtio'/></interface>\
-         <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>\
-         </devices></domain>"
-    )
-}
-
-async fn dir_pool(c: &Client, d: &Libvirtd, name: &str) -> StoragePool {
-    let path = d.create_pool_dir(name).expect("pool dir");
-    let xml = format!(
-        "<pool type='dir'><name>{name}</name><target><path>{}</path></target></pool>",
-        path.display()
-    );
-    let pool = StoragePool::define_xml(c, &xml)
-        .await
-        .expect("pool defined");
-    pool.build().await.expect("built");
-    pool.create(flags::StoragePoolCreateFlags::empty())
-        .await
-        .expect("started");
-    pool
-}
-
-fn raw_volume_xml(name: &str, bytes: u64) -> String {
-    format!(
-        "<volume><name>{name}</name><capacity unit='bytes'>{bytes}</capacity><allocation>0</allocation><target><format type='raw'/></target></volume>"
-    )
-}
+use peer::{connect, daemon, dir_pool, raw_volume_xml, tiny_domain_xml};
 
 #[tokio::test]
 async fn connection_calls_name_the_hypervisor_and_host() {
@@ -275,24 +241,39 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     let sent = vol
         .upload(
             &mut &data[..],
-            2 << 20,
-            data.len() as u64,
-            flags::StorageVolUploadFlags::empty(),
+            TransferOptions::new()
+                .offset(2 << 20)
+                .length(data.len() as u64),
         )
         .await
         .expect("upload at an offset");
     assert_eq!(sent.data, data.len() as u64);
     let mut mixed = vec![0u8; 1 << 20];
     mixed.extend_from_slice(&data);
+    let mut reports = Vec::new();
     let sent = vol
         .upload(
             &mut &mixed[..],
-            4 << 20,
-            mixed.len() as u64,
-            flags::StorageVolUploadFlags::SPARSE_STREAM,
+            TransferOptions::new()
+                .offset(4 << 20)
+                .length(mixed.len() as u64)
+                .sparse(true)
+                .progress(|t| reports.push(t)),
         )
         .await
         .expect("sparse upload");
+    // One report per packet-sized chunk read, the last one the transfer's total.
+    assert_eq!(
+        reports.len(),
+        mixed.len().div_ceil(STREAM_CHUNK),
+        "{reports:?}"
+    );
+    assert_eq!(reports.last(), Some(&sent));
+    assert!(
+        reports
+            .windows(2)
+            .all(|w| w[0].data + w[0].holes < w[1].data + w[1].holes)
+    );
     assert_eq!(sent.data + sent.holes, mixed.len() as u64);
     // Holes are found within each packet's chunk, so a few bytes at a chunk edge go as data.
     assert!(
@@ -301,7 +282,7 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     );
 
     let mut whole = Vec::new();
-    vol.download(&mut whole, 0, 0, flags::StorageVolDownloadFlags::empty())
+    vol.download(&mut whole, TransferOptions::new())
         .await
         .expect("download");
     assert_eq!(whole.len() as u64, size);
@@ -317,7 +298,7 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
         .await
         .expect("open");
     let got = vol
-        .download_to_file(file, 0, 0, flags::StorageVolDownloadFlags::SPARSE_STREAM)
+        .download_to_file(file, TransferOptions::new().sparse(true))
         .await
         .expect("download to a sparse file");
     assert!(got.holes >= 3 << 20, "{got:?}");
@@ -331,13 +312,24 @@ async fn volumes_are_created_filled_read_back_and_deleted() {
     let mut range = Vec::new();
     vol.download(
         &mut range,
-        (2 << 20) + 10,
-        100,
-        flags::StorageVolDownloadFlags::SPARSE_STREAM,
+        TransferOptions::new()
+            .offset((2 << 20) + 10)
+            .length(100)
+            .sparse(true),
     )
     .await
     .expect("ranged download");
     assert!(range == data[10..110], "100 bytes from the offset");
+    assert_eq!(
+        vol.read_small(size - 1).await.expect("read_small"),
+        None,
+        "a volume over the limit is not read"
+    );
+    assert_eq!(
+        vol.read_small(size).await.expect("read_small").as_deref(),
+        Some(&whole[..]),
+        "a volume within the limit is read whole"
+    );
     assert!(
         std::fs::read(&path).expect("the file on the host") == whole,
         "the host file holds what was uploaded"

@@ -16,8 +16,9 @@ use banlieue_libvirt::proto::net::{
     VirNetStreamHole,
 };
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::xdr::{self, Procedure, Xdr};
-use banlieue_libvirt::{CaBundle, Client, ConnectUri, Error, Identity, stream};
+use banlieue_libvirt::{CaBundle, Client, ConnectUri, Error, Identity, StorageVol};
 use bytes::{Bytes, BytesMut};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -592,17 +593,10 @@ async fn a_download_refuses_more_than_it_asked_for() {
         .await
         .expect("connects");
     let mut sink = Vec::new();
-    let e = stream::download_range(
-        &client,
-        &volume(),
-        &mut sink,
-        0,
-        4096,
-        flags::StorageVolDownloadFlags::empty(),
-        |_| {},
-    )
-    .await
-    .expect_err("4097 bytes for 4096 asked");
+    let e = StorageVol::from_raw(&client, volume())
+        .download(&mut sink, TransferOptions::new().length(4096))
+        .await
+        .expect_err("4097 bytes for 4096 asked");
     assert!(
         e.to_string().contains("more than the 4096 asked for"),
         "{e}"
@@ -621,17 +615,10 @@ async fn hole_lengths_that_overflow_are_typed_errors() {
         .expect("connects");
     // A seeking sink: holes of 2^63 bytes are seeks, so the first two cost nothing here.
     let mut sink = std::io::Cursor::new(Vec::new());
-    let e = stream::download_range_seeking(
-        &client,
-        &volume(),
-        &mut sink,
-        0,
-        0,
-        flags::StorageVolDownloadFlags::SPARSE_STREAM,
-        |_| {},
-    )
-    .await
-    .expect_err("overflow");
+    let e = StorageVol::from_raw(&client, volume())
+        .download_seeking(&mut sink, TransferOptions::new().sparse(true))
+        .await
+        .expect_err("overflow");
     assert!(
         matches!(e, Error::Protocol(ref m) if m.contains("overflow")),
         "{e:?}"

@@ -15,6 +15,7 @@ use banlieue_api::{
     SecretKeySelector,
 };
 use banlieue_libvirt::flags;
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
@@ -230,8 +231,7 @@ async fn seed_file(host: &Host, volume: &str, file: &str) -> Result<String> {
         .await?
         .context("the seed volume exists")?;
     let mut bytes = Vec::new();
-    vol.download(&mut bytes, 0, 0, flags::StorageVolDownloadFlags::empty())
-        .await?;
+    vol.download(&mut bytes, TransferOptions::new()).await?;
     let _ = client.close().await;
     let dir = tempfile::tempdir()?;
     let iso = dir.path().join("seed.iso");

@@ -4,13 +4,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use banlieue_libvirt::flags::{
-    ConnectListAllDomainsFlags, ConnectListAllStoragePoolsFlags, StorageVolDownloadFlags,
-    StorageVolUploadFlags,
-};
+use banlieue_libvirt::flags::{ConnectListAllDomainsFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::proto::PROGRAMS;
-use banlieue_libvirt::proto::remote::{self, procedures as rp};
-use banlieue_libvirt::stream::{self, Transfer};
+use banlieue_libvirt::stream::{Transfer, TransferOptions};
 use banlieue_libvirt::xdr::StreamDirection;
 use banlieue_libvirt::{
     Backoff, CaBundle, Client, ClientOptions, ConnectUri, Domain, DomainState, Identity,
@@ -129,20 +125,12 @@ pub struct Range {
 }
 
 impl Range {
-    fn upload_flags(&self) -> StorageVolUploadFlags {
-        if self.sparse {
-            StorageVolUploadFlags::SPARSE_STREAM
-        } else {
-            StorageVolUploadFlags::empty()
-        }
-    }
-
-    fn download_flags(&self) -> StorageVolDownloadFlags {
-        if self.sparse {
-            StorageVolDownloadFlags::SPARSE_STREAM
-        } else {
-            StorageVolDownloadFlags::empty()
-        }
+    /// The transfer these flags ask for; an upload's length is the file's when none is given.
+    fn transfer(&self, length: u64) -> TransferOptions<'static> {
+        TransferOptions::new()
+            .offset(self.offset)
+            .length(length)
+            .sparse(self.sparse)
     }
 }
 
@@ -314,7 +302,7 @@ async fn version(conn: &Connect) -> Result<(), BoxError> {
     let c = conn.client().await?;
     let lib = c.lib_version().await?;
     let hv = c.version().await?;
-    let kind = c.call::<rp::ConnectGetType>(&()).await?.r#type;
+    let kind = c.hypervisor_type().await?;
     let host = c.hostname().await?;
     match conn.output {
         Output::Table => {
@@ -342,13 +330,7 @@ async fn pools(conn: &Connect) -> Result<(), BoxError> {
         .await?
     {
         let active = pool.is_active().await?;
-        let autostart = c
-            .call::<rp::StoragePoolGetAutostart>(&remote::RemoteStoragePoolGetAutostartArgs {
-                pool: pool.raw().clone(),
-            })
-            .await?
-            .autostart
-            != 0;
+        let autostart = pool.get_autostart().await?;
         rows.push((pool.name().to_string(), active, autostart));
     }
     rows.sort();
@@ -523,16 +505,7 @@ async fn vol_upload(
     };
     let c = conn.client().await?;
     let v = vol_named(&c, pool, vol).await?;
-    let t = stream::upload_range(
-        &c,
-        v.raw(),
-        &mut source,
-        range.offset,
-        length,
-        range.upload_flags(),
-        |_| {},
-    )
-    .await?;
+    let t = v.upload(&mut source, range.transfer(length)).await?;
     report_transfer(conn.output, "uploaded", &v, t)
 }
 
@@ -550,7 +523,7 @@ async fn vol_download(
         .map_err(|e| format!("create {}: {e}", file.display()))?;
     // With --sparse the volume's holes stay holes in the file.
     let t = v
-        .download_to_file(sink, range.offset, range.length, range.download_flags())
+        .download_to_file(sink, range.transfer(range.length))
         .await?;
     report_transfer(conn.output, "downloaded", &v, t)
 }

@@ -13,9 +13,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use banlieue_api::{ImageSourceKind, Provider, VMImage};
-use banlieue_libvirt::flags::StorageVolUploadFlags;
-use banlieue_libvirt::stream::{self, Transfer};
-use banlieue_libvirt::{Client, ClientOptions};
+use banlieue_libvirt::flags::StorageVolCreateFlags;
+use banlieue_libvirt::stream::{Transfer, TransferOptions};
+use banlieue_libvirt::{Client, ClientOptions, StoragePool, StorageVol};
 use kube::Api;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -25,7 +25,6 @@ use super::decide;
 use super::error::{Error, Result};
 use super::marker::{self, Completeness, Marker};
 use super::progress::Progress;
-use super::volume;
 
 /// How often progress is logged during an upload.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
@@ -230,18 +229,25 @@ async fn import_into_pool(
         path: args.source.display().to_string(),
         source,
     };
-    let pool = volume::lookup_pool(libvirt, &args.pool)
-        .await?
+    let pool = StoragePool::lookup_by_name(libvirt, &args.pool)
+        .await
+        .map_err(|e| Error::libvirt(format!("look up storage pool {}", args.pool), e))?
         .ok_or_else(|| Error::StoragePoolNotFound(args.pool.clone()))?;
     let marker_name = marker::marker_volume_name(volume_name);
-    let existing = volume::lookup_volume(libvirt, &pool, volume_name).await?;
-    let existing_marker = volume::lookup_volume(libvirt, &pool, &marker_name).await?;
+    let existing = lookup_volume(&pool, volume_name).await?;
+    let existing_marker = lookup_volume(&pool, &marker_name).await?;
     let capacity = match &existing {
-        Some(vol) => Some(volume::capacity(libvirt, vol).await?),
+        Some(vol) => Some(volume_capacity(vol).await?),
         None => None,
     };
     let marker_bytes = match &existing_marker {
-        Some(vol) => Some(volume::read_small(libvirt, vol, marker::MAX_MARKER_BYTES).await?),
+        // A record too large to be one reads as empty: not a valid record, so incomplete.
+        Some(vol) => Some(
+            vol.read_small(marker::MAX_MARKER_BYTES)
+                .await
+                .map_err(|e| Error::libvirt(format!("download volume {}", vol.name()), e))?
+                .unwrap_or_default(),
+        ),
         None => None,
     };
     match marker::completeness(volume_name, capacity, marker_bytes.as_deref(), size) {
@@ -267,17 +273,17 @@ async fn import_into_pool(
             // The record goes first: a crash between the two deletes leaves a volume without
             // a record, which is still judged incomplete.
             if let Some(vol) = &existing_marker {
-                volume::delete(libvirt, vol).await?;
+                delete(vol).await?;
             }
             if let Some(vol) = &existing {
-                volume::delete(libvirt, vol).await?;
+                delete(vol).await?;
             }
         }
         Completeness::Conflict(why) => return Err(Error::CompleteVolumeDiffers(why)),
         Completeness::Absent => {}
     }
 
-    let vol = volume::create_raw(libvirt, &pool, volume_name, size).await?;
+    let vol = create_raw(&pool, volume_name, size).await?;
     let mut reader = HashingReader::new(file);
     info!(
         volume = volume_name,
@@ -289,25 +295,25 @@ async fn import_into_pool(
     );
     let started = Instant::now();
     let mut last_log = started;
-    let flags = if sparse {
-        StorageVolUploadFlags::SPARSE_STREAM
-    } else {
-        StorageVolUploadFlags::empty()
-    };
-    let transfer = stream::upload(libvirt, &vol, &mut reader, size, flags, |t: Transfer| {
-        if last_log.elapsed() >= PROGRESS_INTERVAL {
-            last_log = Instant::now();
-            log_progress(&Progress::at(t.data + t.holes, size, started.elapsed()));
-        }
-    })
-    .await
-    .map_err(|e| Error::libvirt(format!("upload into volume {volume_name}"), e))?;
+    let options = TransferOptions::new()
+        .length(size)
+        .sparse(sparse)
+        .progress(|t: Transfer| {
+            if last_log.elapsed() >= PROGRESS_INTERVAL {
+                last_log = Instant::now();
+                log_progress(&Progress::at(t.data + t.holes, size, started.elapsed()));
+            }
+        });
+    let transfer = vol
+        .upload(&mut reader, options)
+        .await
+        .map_err(|e| Error::libvirt(format!("upload into volume {volume_name}"), e))?;
     let elapsed = started.elapsed();
 
     // The server confirmed the end of the stream; the record is written only if what was
     // sent and what the volume holds both equal the source.
     let sent = transfer.data + transfer.holes;
-    let capacity = volume::capacity(libvirt, &vol).await?;
+    let capacity = volume_capacity(&vol).await?;
     if sent != size || capacity != size {
         return Err(Error::Verification {
             volume: volume_name.to_owned(),
@@ -319,7 +325,7 @@ async fn import_into_pool(
         size_bytes: size,
         sha256: reader.hex_digest(),
     };
-    volume::write_small(libvirt, &pool, &marker_name, &marker.to_bytes()).await?;
+    write_small(&pool, &marker_name, &marker.to_bytes()).await?;
     log_progress(&Progress::at(sent, size, elapsed));
     info!(
         volume = volume_name,
@@ -387,6 +393,52 @@ impl<R: AsyncRead + Unpin> AsyncRead for HashingReader<R> {
         }
         poll
     }
+}
+
+/// Looks a volume up in `pool`; `None` when it is not there.
+pub(crate) async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageVol>> {
+    StorageVol::lookup_by_name(pool, name)
+        .await
+        .map_err(|e| Error::libvirt(format!("look up volume {name} in pool {}", pool.name()), e))
+}
+
+async fn volume_capacity(vol: &StorageVol) -> Result<u64> {
+    vol.get_info()
+        .await
+        .map(|info| info.capacity)
+        .map_err(|e| Error::libvirt(format!("read volume {}", vol.name()), e))
+}
+
+/// Creates a raw volume of `capacity` bytes with nothing allocated, so holes the upload skips
+/// stay holes.
+async fn create_raw(pool: &StoragePool, name: &str, capacity: u64) -> Result<StorageVol> {
+    let xml = crate::volume_xml::raw(name, capacity);
+    StorageVol::create_xml(pool, &xml, StorageVolCreateFlags::empty())
+        .await
+        .map_err(|e| Error::libvirt(format!("create volume {name} in pool {}", pool.name()), e))
+}
+
+/// Deletes a volume; one already gone counts as deleted.
+async fn delete(vol: &StorageVol) -> Result<()> {
+    match vol.delete().await {
+        Err(e) if !e.is_not_found() => {
+            Err(Error::libvirt(format!("delete volume {}", vol.name()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Creates a volume holding exactly `bytes`.
+async fn write_small(pool: &StoragePool, name: &str, bytes: &[u8]) -> Result<()> {
+    let vol = create_raw(pool, name, bytes.len() as u64).await?;
+    let mut source = bytes;
+    vol.upload(
+        &mut source,
+        TransferOptions::new().length(bytes.len() as u64),
+    )
+    .await
+    .map_err(|e| Error::libvirt(format!("upload volume {name}"), e))?;
+    Ok(())
 }
 
 #[cfg(test)]

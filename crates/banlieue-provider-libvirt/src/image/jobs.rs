@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
-use banlieue_libvirt::Client as LibvirtClient;
+use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::decide::{self, ArtifactState, ImportSettings, Presence};
 use super::error::{Error, Result, api_status};
-use super::volume;
+
 use banlieue_api::conditions::error_message;
 
 /// Which Provider this reconcile serves.
@@ -214,12 +214,15 @@ impl ImageReconciler {
                 return Presence::Unknown(format!("cannot reach the host: {}", error_message(&e)));
             }
         };
-        let pool_handle = match volume::lookup_pool(&client, pool).await {
+        let pool_handle = match StoragePool::lookup_by_name(&client, pool).await {
             Ok(Some(p)) => p,
             Ok(None) => return Presence::Unknown(format!("storage pool {pool} does not exist")),
-            Err(e) => return Presence::Unknown(error_message(&e)),
+            Err(e) => {
+                let e = Error::libvirt(format!("look up storage pool {pool}"), e);
+                return Presence::Unknown(error_message(&e));
+            }
         };
-        match volume::lookup_volume(&client, &pool_handle, name).await {
+        match super::import::lookup_volume(&pool_handle, name).await {
             Ok(Some(_)) => Presence::Present,
             Ok(None) => Presence::Absent,
             Err(e) => Presence::Unknown(error_message(&e)),

@@ -6,8 +6,8 @@
 //!   `status.perProvider[]`, and checks BackingFile volumes;
 //! - [`import`]: the command those Jobs run, which streams the artifact into a volume.
 //!
-//! The decisions are pure functions in [`decide`] and [`marker`]; [`volume`] is the thin
-//! libvirt layer they need. TLS material comes from [`crate::connection`], shared with the
+//! The decisions are pure functions in [`decide`] and [`marker`]; libvirt calls go through
+//! `banlieue-libvirt`'s handles. TLS material comes from [`crate::connection`], shared with the
 //! Provider reconcile.
 
 pub mod decide;
@@ -16,7 +16,6 @@ pub mod import;
 pub mod jobs;
 pub mod marker;
 pub mod progress;
-pub mod volume;
 
 pub use error::{Error, Result};
 pub use import::{ImportArgs, ImportOutcome, run_import};

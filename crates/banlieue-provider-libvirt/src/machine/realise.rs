@@ -3,7 +3,8 @@
 //! interrupted anywhere resumes where it stopped.
 
 use banlieue_api::{LibvirtMachine, Provider};
-use banlieue_libvirt::flags::{StorageVolCreateFlags, StorageVolUploadFlags};
+use banlieue_libvirt::flags::StorageVolCreateFlags;
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
 };
@@ -200,9 +201,7 @@ async fn provision(
     cidata
         .upload(
             &mut reader,
-            0,
-            seed.len() as u64,
-            StorageVolUploadFlags::empty(),
+            TransferOptions::new().length(seed.len() as u64),
         )
         .await
         .map_err(Error::libvirt(format!("upload {}", names.cidata_volume)))?;

@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
-use banlieue_libvirt::flags::{
-    StoragePoolCreateFlags, StorageVolCreateFlags, StorageVolUploadFlags,
-};
-use banlieue_libvirt::proto::remote::{self, procedures as rp};
+use banlieue_libvirt::flags::{StoragePoolCreateFlags, StorageVolCreateFlags};
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     CaBundle, Client as LibvirtClient, Identity, Network, StoragePool, StorageVol,
 };
@@ -598,10 +596,7 @@ async fn connect(libvirtd: &Libvirtd) -> Result<LibvirtClient, BoxError> {
 pub async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
     let host = connect(libvirtd).await?;
     if let Some(network) = Network::lookup_by_name(&host, objects::NETWORK).await? {
-        host.call::<rp::NetworkDestroy>(&remote::RemoteNetworkDestroyArgs {
-            net: network.raw().clone(),
-        })
-        .await?;
+        network.destroy().await?;
     }
     host.close().await?;
     Ok(())
@@ -611,13 +606,9 @@ pub async fn release_host(libvirtd: &Libvirtd) -> Result<(), BoxError> {
 async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Result<(), BoxError> {
     let pool = StoragePool::define_xml(host, &objects::storage_pool_xml(pool_dir)).await?;
     pool.create(StoragePoolCreateFlags::empty()).await?;
-    let network = host
-        .call::<rp::NetworkDefineXml>(&remote::RemoteNetworkDefineXmlArgs {
-            xml: objects::network_xml(bridge),
-        })
+    Network::define_xml(host, &objects::network_xml(bridge))
         .await?
-        .net;
-    host.call::<rp::NetworkCreate>(&remote::RemoteNetworkCreateArgs { net: network })
+        .create()
         .await?;
     let volume = StorageVol::create_xml(
         &pool,
@@ -629,9 +620,7 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
     volume
         .upload(
             &mut zeros,
-            0,
-            IMAGE_BYTES,
-            StorageVolUploadFlags::SPARSE_STREAM,
+            TransferOptions::new().length(IMAGE_BYTES).sparse(true),
         )
         .await?;
     Ok(())
@@ -664,7 +653,7 @@ pub async fn upload_volume(
     .await?;
     let mut file = tokio::fs::File::open(file).await?;
     volume
-        .upload(&mut file, 0, bytes, StorageVolUploadFlags::SPARSE_STREAM)
+        .upload(&mut file, TransferOptions::new().length(bytes).sparse(true))
         .await?;
     host.close().await?;
     Ok(())
