@@ -126,6 +126,24 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How [`ControlPlane::start_with`] starts the API server.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ControlPlaneOptions {
+    /// A structured `AuthenticationConfiguration` (YAML), passed as `--authentication-config`
+    /// (JWT issuers beside the client certificates and service account tokens).
+    pub authentication_config: Option<String>,
+}
+
+impl ControlPlaneOptions {
+    /// Accept JWTs as `config` (an `apiserver.config.k8s.io/v1` AuthenticationConfiguration)
+    /// says.
+    pub fn authentication_config(mut self, config: impl Into<String>) -> Self {
+        self.authentication_config = Some(config.into());
+        self
+    }
+}
+
 /// A Kubernetes control plane for tests: local processes, or an existing cluster.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -200,20 +218,25 @@ impl ControlPlane {
     /// Starts an owned local control plane; dropping it stops every process by PID and
     /// removes its state directory.
     pub async fn start() -> Result<ControlPlane> {
+        Self::start_with(ControlPlaneOptions::default()).await
+    }
+
+    /// [`start`](Self::start) with options.
+    pub async fn start_with(options: ControlPlaneOptions) -> Result<ControlPlane> {
         // The free ports are released before the processes bind them, so a parallel test
         // binary can take one in between; the process then exits, and a fresh attempt with
         // fresh ports is the cure.
         const ATTEMPTS: u32 = 3;
         let mut attempt = 1;
         loop {
-            match Self::start_once().await {
+            match Self::start_once(&options).await {
                 Err(Error::Exited { .. }) if attempt < ATTEMPTS => attempt += 1,
                 result => return result,
             }
         }
     }
 
-    async fn start_once() -> Result<ControlPlane> {
+    async fn start_once(options: &ControlPlaneOptions) -> Result<ControlPlane> {
         install_crypto_provider();
         let bin = bin_dir();
         let binary = |name: &str| bin.join(name);
@@ -235,11 +258,16 @@ impl ControlPlane {
             &binary("etcd"),
             &etcd_args(&dir, etcd_client, etcd_peer),
         )?;
-        processes.spawn(
-            "kube-apiserver",
-            &binary("kube-apiserver"),
-            &apiserver_args(&dir, &pki, &kubelet_client, etcd_client, apiserver),
-        )?;
+        let mut args = apiserver_args(&dir, &pki, &kubelet_client, etcd_client, apiserver);
+        if let Some(config) = &options.authentication_config {
+            let path = dir.join("authentication-config.yaml");
+            std::fs::write(&path, config).map_err(|source| Error::Io {
+                what: format!("write {}", path.display()),
+                source,
+            })?;
+            args.push(path_arg("authentication-config", &path));
+        }
+        processes.spawn("kube-apiserver", &binary("kube-apiserver"), &args)?;
 
         let server = format!("https://127.0.0.1:{apiserver}");
         let mut kubeconfigs = BTreeMap::new();
@@ -364,9 +392,16 @@ impl ControlPlane {
     pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
         // A day: `dev up` runs its roles with these tokens for as long as it stays up.
         let token = self.service_account_token(namespace, name, 86_400).await?;
+        self.client_with_token(&token)
+    }
+
+    /// A client presenting `token` as its bearer token (a service account token, or an OIDC
+    /// ID token the API server is configured to accept), trusting the API server as the admin
+    /// client does.
+    pub fn client_with_token(&self, token: &str) -> Result<Client> {
         let mut config = self.admin.clone();
         config.auth_info = AuthInfo {
-            token: Some(token.into()),
+            token: Some(token.to_owned().into()),
             ..AuthInfo::default()
         };
         Ok(Client::try_from(config)?)

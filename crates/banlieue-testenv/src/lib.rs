@@ -8,5 +8,6 @@ pub mod guest_agent;
 pub mod guest_image;
 pub mod libvirtd;
 pub mod node;
+pub mod oidc;
 pub mod poll;
 pub mod registry;

@@ -25,9 +25,9 @@
 //! `--preserve-digests` makes it fail rather than rewrite, and [`Registry::push_layout`]
 //! compares the digest it reports with the layout's anyway.
 
-mod http;
+pub(crate) mod http;
 mod layout;
-mod pki;
+pub(crate) mod pki;
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt as _;

@@ -32,7 +32,8 @@ pub async fn control_plane() -> &'static ControlPlane {
         .await
 }
 
-async fn install_crds(client: &Client) {
+/// Applies every CRD from the types and waits until each is established.
+pub async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for crd in banlieue_api::crds() {
