@@ -316,6 +316,98 @@ impl Issuer {
         })
     }
 
+    /// What a browser does after a user opens `authorize_url` (this issuer's authorization
+    /// endpoint) and types `email` and `password` into Dex's login form: follows the issuer's
+    /// redirects, posts the form, and finally requests the client's `http://localhost:PORT`
+    /// callback. Returns the callback's status and body.
+    pub async fn browser_login(
+        &self,
+        authorize_url: &str,
+        email: &str,
+        password: &str,
+    ) -> Result<(StatusCode, String)> {
+        let prefix = format!("https://127.0.0.1:{}", self.port);
+        let mut target = authorize_url
+            .strip_prefix(&prefix)
+            .ok_or_else(|| Error::Malformed {
+                what: "authorize URL",
+                reason: format!("{authorize_url} is not at {prefix}"),
+            })?
+            .to_owned();
+        let mut posted = false;
+        // The login is a handful of hops: /auth, /auth/local, /auth/local/login (form),
+        // /approval, the callback.
+        for _ in 0..10 {
+            let form_body = form(&[("login", email), ("password", password)]);
+            let response = if posted {
+                self.client
+                    .send(Method::GET, &target, &[], None, Bytes::new())
+                    .await?
+            } else {
+                let page = self
+                    .client
+                    .send(Method::GET, &target, &[], None, Bytes::new())
+                    .await?;
+                if page.status == StatusCode::OK
+                    && String::from_utf8_lossy(&page.body).contains("name=\"password\"")
+                {
+                    posted = true;
+                    self.client
+                        .send(
+                            Method::POST,
+                            &target,
+                            &[("content-type", "application/x-www-form-urlencoded")],
+                            None,
+                            Bytes::from(form_body),
+                        )
+                        .await?
+                } else {
+                    page
+                }
+            };
+            if !response.status.is_redirection() {
+                return Err(Error::Status {
+                    what: format!("follow the login at {target}"),
+                    status: response.status,
+                    body: String::from_utf8_lossy(&response.body)
+                        .chars()
+                        .take(2000)
+                        .collect(),
+                });
+            }
+            let location = response.header("location").unwrap_or_default().to_owned();
+            if let Some(rest) = location.strip_prefix("http://localhost:") {
+                // The client's callback: plain HTTP on loopback.
+                let (port, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+                let port: u16 = port.parse().map_err(|_| Error::Malformed {
+                    what: "callback URL",
+                    reason: location.clone(),
+                })?;
+                let callback = https::Client::new(port, None)?
+                    .send(Method::GET, path, &[], None, Bytes::new())
+                    .await?;
+                return Ok((
+                    callback.status,
+                    String::from_utf8_lossy(&callback.body).into_owned(),
+                ));
+            }
+            target = match location.strip_prefix(&prefix) {
+                Some(path) => path.to_owned(),
+                None if location.starts_with('/') => location,
+                None => {
+                    return Err(Error::Malformed {
+                        what: "redirect",
+                        reason: location,
+                    });
+                }
+            };
+        }
+        Err(Error::Malformed {
+            what: "login",
+            reason: "more than 10 redirects".into(),
+        })
+    }
+
     /// A `jwt` entry of an `apiserver.config.k8s.io/v1` AuthenticationConfiguration that
     /// accepts this issuer's ID tokens for [`CLIENT_ID`], with usernames `<prefix><sub>`.
     pub fn authentication_jwt(&self, username_prefix: &str) -> String {

@@ -5,5 +5,6 @@ pub mod bootstrap;
 pub mod cidata;
 pub mod dev;
 pub mod libvirt;
+pub mod login;
 pub mod observe;
 pub mod roles;

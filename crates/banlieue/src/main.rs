@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue::roles::{self, Roles};
-use banlieue::{bootstrap, cidata, dev, libvirt, observe};
+use banlieue::{bootstrap, cidata, dev, libvirt, login, observe};
 use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
 use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
@@ -59,6 +59,9 @@ enum Command {
     Libvirt(libvirt::Command),
     /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
     Cidata(cidata::CidataArgs),
+    /// Log in at an OIDC issuer for kubectl: an exec credential plugin printing an
+    /// ExecCredential (cached ID token, refresh, or a browser login with PKCE).
+    Login(login::LoginArgs),
     /// The image builder: VMImage Url sources into raw disk artifacts (ADR-0010, ADR-0064).
     #[command(subcommand)]
     Imagebuild(ImagebuildCommand),
@@ -312,6 +315,9 @@ fn main() -> ExitCode {
         Command::Dev(command) => block_on(dev::run(command)),
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
         Command::Cidata(args) => return cidata::run(&args),
+        Command::Login(args) => {
+            login::run(&args).map_err(|e| banlieue_api::conditions::error_message(&e).into())
+        }
         Command::Imagebuild(ImagebuildCommand::Controller(args)) => {
             let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
                 namespace: args.namespace,
