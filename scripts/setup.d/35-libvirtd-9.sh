@@ -30,7 +30,7 @@ root="$BANLIEUE_CACHE/roots/libvirt-9.0"
 stamp="$root/.banlieue-root"
 # What the stamp must say for the root to be reused; a change to the package list rebuilds it.
 # (Bump the layout number when the preparation below changes.)
-wanted="suite=$suite packages=${packages[*]} layout=2"
+wanted="suite=$suite packages=${packages[*]} layout=3"
 
 if [[ -f $stamp && -x $root/usr/sbin/libvirtd ]] && grep -qxF "$wanted" "$stamp"; then
     echo "libvirt root $root: $(sed -n 's/^libvirt-daemon=//p' "$stamp"), already built"
@@ -83,6 +83,9 @@ in_namespace chroot "$building" sh -ec '
     # instance and mounts the instance over; the daemon makes what it needs below them.
     mkdir -p /etc/libvirt /var/lib/libvirt /var/log/libvirt /var/cache/libvirt
     chmod 0700 /var/log/libvirt
+    # Where the machine'"'"'s own /etc/hosts is mounted: the daemon resolves its host name,
+    # and without the machine'"'"'s entry for it waits on DNS for seconds per call.
+    touch /etc/hosts /etc/resolv.conf
     umount /proc
 ' banlieue-root "${packages[@]}"
 echo "apt: done in $((SECONDS - start)) s"
