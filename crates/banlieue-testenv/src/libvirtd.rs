@@ -265,7 +265,13 @@ impl Libvirtd {
     }
 
     /// Starts a daemon and waits until it accepts clients.
-    pub async fn start(options: LibvirtdOptions) -> Result<Self> {
+    pub async fn start(mut options: LibvirtdOptions) -> Result<Self> {
+        // The namespace script mounts at ROOT + absolute paths and chroots there.
+        if let Some(root) = &options.root {
+            let absolute = fs::canonicalize(root)
+                .with_context(|| format!("the libvirt root {}", root.display()))?;
+            options.root = Some(absolute);
+        }
         match &options.root {
             None => ensure!(
                 Path::new(LIBVIRTD_BINARY).exists(),
