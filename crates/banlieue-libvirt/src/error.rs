@@ -201,7 +201,57 @@ impl RemoteError {
         ]
         .contains(&self.code)
     }
+
+    /// The daemon does not support what the call asked: its libvirt predates the procedure
+    /// (see [`RemoteError::unknown_procedure`]), or its driver does not implement the API
+    /// (`VIR_ERR_NO_SUPPORT`, "this function is not supported by the connection driver").
+    pub fn is_unsupported(&self) -> bool {
+        self.code == ErrorCode::NoSupport || self.unknown_procedure().is_some()
+    }
+
+    /// The procedure number the daemon did not know. libvirtd's RPC dispatcher answers a
+    /// number it has no procedure for with `VIR_ERR_RPC` and the message
+    /// `unknown procedure: N` (libvirt 9.0 and 11.3 alike). The code alone does not tell it
+    /// from other RPC failures, so the message is read; it is the daemon's, in the daemon's
+    /// locale, and under a translation this is `None` (and the error counts as an RPC
+    /// failure, which [`Error::is_transient`] takes for transient).
+    pub fn unknown_procedure(&self) -> Option<i32> {
+        if self.code != ErrorCode::Rpc {
+            return None;
+        }
+        self.message
+            .as_deref()?
+            .strip_prefix(UNKNOWN_PROCEDURE)?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The `remote` program's name for [`RemoteError::unknown_procedure`]'s number, when the
+    /// number can only be one of that program's. The error does not say which program the
+    /// call was for; the `qemu` and `lxc` programs number their few procedures from 1 and
+    /// every daemon that speaks them knows the `remote` procedures with those numbers, so a
+    /// number above theirs is a `remote` one.
+    fn unknown_remote_procedure(&self) -> Option<&'static str> {
+        let number = self.unknown_procedure()?;
+        let others = crate::proto::qemu::PROCEDURES
+            .iter()
+            .chain(crate::proto::lxc::PROCEDURES)
+            .map(|p| p.number)
+            .max()
+            .unwrap_or(0);
+        if number <= others {
+            return None;
+        }
+        crate::proto::remote::PROCEDURES
+            .iter()
+            .find(|p| p.number == number)
+            .map(|p| p.name)
+    }
 }
+
+/// How libvirtd's RPC dispatcher words the error for a procedure number it does not know.
+const UNKNOWN_PROCEDURE: &str = "unknown procedure:";
 
 impl From<VirNetMessageError> for RemoteError {
     fn from(e: VirNetMessageError) -> Self {
@@ -225,9 +275,15 @@ impl fmt::Display for RemoteError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let message = self.message.as_deref().unwrap_or("(no message)");
         match self.code.name() {
-            Some(n) => write!(f, "{message} (VIR_ERR_{n})"),
-            None => write!(f, "{message} (code {})", self.code.raw()),
+            Some(n) => write!(f, "{message} (VIR_ERR_{n}")?,
+            None => write!(f, "{message} (code {}", self.code.raw())?,
         }
+        // The daemon names only the number; the procedure's name tells a reader which
+        // feature the daemon's libvirt is too old for.
+        if let Some(name) = self.unknown_remote_procedure() {
+            write!(f, "; the daemon's libvirt predates {name}")?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -380,6 +436,14 @@ impl Error {
         matches!(self, Error::Remote(e) if e.is_already_exists())
     }
 
+    /// A libvirt "unsupported by this daemon" error: the daemon's libvirt predates the
+    /// procedure (`unknown procedure: N`, see [`RemoteError::unknown_procedure`]) or its
+    /// driver does not implement the API. Not transient: the same daemon answers the same,
+    /// so a caller falls back or reports the daemon too old rather than retrying.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Remote(e) if e.is_unsupported())
+    }
+
     /// A failure that trying again later may cure: the peer is unreachable, restarting or
     /// went away. Bad input (URI, TLS material, a certificate either side refuses,
     /// authentication) is not transient.
@@ -393,7 +457,11 @@ impl Error {
             | Error::ConnectionLost(_)
             | Error::Closed
             | Error::Timeout { .. } => true,
-            Error::Remote(e) => [ErrorCode::NoConnect, ErrorCode::Rpc].contains(&e.code),
+            // A procedure the daemon does not know stays unknown however often it is asked.
+            Error::Remote(e) => {
+                [ErrorCode::NoConnect, ErrorCode::Rpc].contains(&e.code)
+                    && e.unknown_procedure().is_none()
+            }
             _ => false,
         }
     }
@@ -415,3 +483,75 @@ impl From<RemoteError> for Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What libvirtd 9.0 sent for `REMOTE_PROC_NETWORK_SET_METADATA` (444).
+    fn unknown_444() -> RemoteError {
+        RemoteError {
+            domain: 7, // VIR_FROM_RPC
+            str1: Some("%s".into()),
+            str2: Some("unknown procedure: 444".into()),
+            int1: -1,
+            int2: -1,
+            ..RemoteError::new(ErrorCode::Rpc, "unknown procedure: 444")
+        }
+    }
+
+    #[test]
+    fn an_unknown_procedure_is_unsupported_not_transient_and_named() {
+        let e = unknown_444();
+        assert!(e.is_unsupported());
+        assert_eq!(e.unknown_procedure(), Some(444));
+        assert_eq!(
+            e.to_string(),
+            "unknown procedure: 444 (VIR_ERR_RPC; the daemon's libvirt predates \
+             REMOTE_PROC_NETWORK_SET_METADATA)"
+        );
+        let e = Error::from(e);
+        assert!(e.is_unsupported());
+        assert!(!e.is_transient() && !e.is_not_found());
+        // Other RPC failures stay transient.
+        let e = Error::from(RemoteError::new(ErrorCode::Rpc, "cannot write data"));
+        assert!(e.is_transient() && !e.is_unsupported());
+    }
+
+    #[test]
+    fn a_driver_without_the_api_is_unsupported_in_libvirts_words() {
+        let e = RemoteError::new(
+            ErrorCode::NoSupport,
+            "this function is not supported by the connection driver: virDomainGraphicsReload",
+        );
+        assert!(e.is_unsupported());
+        assert_eq!(e.unknown_procedure(), None);
+        assert_eq!(
+            e.to_string(),
+            "this function is not supported by the connection driver: virDomainGraphicsReload \
+             (VIR_ERR_NO_SUPPORT)"
+        );
+        assert!(!Error::from(e).is_transient());
+    }
+
+    #[test]
+    fn only_the_dispatchers_words_under_its_code_name_a_procedure() {
+        // A number the qemu program also uses could be either program's: no name.
+        let e = RemoteError::new(ErrorCode::Rpc, "unknown procedure: 7");
+        assert_eq!(e.unknown_procedure(), Some(7));
+        assert_eq!(e.to_string(), "unknown procedure: 7 (VIR_ERR_RPC)");
+        // Past the end of this client's table.
+        let e = RemoteError::new(ErrorCode::Rpc, "unknown procedure: 9999");
+        assert_eq!(e.unknown_procedure(), Some(9999));
+        assert_eq!(e.to_string(), "unknown procedure: 9999 (VIR_ERR_RPC)");
+        // Not a number, another code, a translated message.
+        for e in [
+            RemoteError::new(ErrorCode::Rpc, "unknown procedure: many"),
+            RemoteError::new(ErrorCode::InternalError, "unknown procedure: 444"),
+            RemoteError::new(ErrorCode::Rpc, "procédure inconnue : 444"),
+        ] {
+            assert_eq!(e.unknown_procedure(), None, "{e:?}");
+            assert!(!e.to_string().contains("predates"), "{e}");
+        }
+    }
+}

@@ -5,6 +5,10 @@
 //! configuration, state, run and log directories are the instance's temp dir. Two instances run
 //! side by side; dropping one stops its guests and the daemon by PID and removes the temp dir.
 //!
+//! [`LibvirtdOptions::root`] starts another libvirt instead, installed in a private system
+//! tree ([`LibvirtRoot`], e.g. Debian 12's libvirt 9.0), chrooted there with the same
+//! configuration, listeners and clean-up.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
@@ -82,6 +86,9 @@ pub struct LibvirtdOptions {
     /// How long a (re)start may take until the daemon accepts clients. The first start on a
     /// machine probes QEMU's capabilities (~8 s on two cores); later starts use the cache.
     pub ready_timeout: Duration,
+    /// A private system tree to run the daemon from (chrooted), instead of the machine's own
+    /// libvirt; see [`LibvirtRoot`]. `None`: the machine's `/usr/sbin/libvirtd`.
+    pub root: Option<PathBuf>,
 }
 
 impl Default for LibvirtdOptions {
@@ -94,6 +101,7 @@ impl Default for LibvirtdOptions {
             extra_config: Vec::new(),
             extra_qemu_config: Vec::new(),
             ready_timeout: Duration::from_secs(120),
+            root: None,
         }
     }
 }
@@ -119,6 +127,100 @@ impl LibvirtdOptions {
     pub fn with_config_line(mut self, line: impl Into<String>) -> Self {
         self.extra_config.push(line.into());
         self
+    }
+
+    /// Runs the daemon installed in `root` (chrooted) instead of the machine's own.
+    pub fn with_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// The system tree the daemon comes from: the private root, else `/`.
+    fn system_root(&self) -> &Path {
+        self.root.as_deref().unwrap_or(Path::new("/"))
+    }
+
+    /// Where the daemon's binary is, seen from the host.
+    fn binary_on_host(&self) -> PathBuf {
+        self.system_root()
+            .join(LIBVIRTD_BINARY.trim_start_matches('/'))
+    }
+}
+
+/// A libvirt installed by a setup script in a private system tree under the build cache, to
+/// test against another libvirt version than the machine's. The script writes
+/// [`LibvirtRoot::STAMP`] last; a root without it is incomplete.
+#[derive(Debug, Clone)]
+pub struct LibvirtRoot {
+    path: PathBuf,
+    /// The `scripts/setup` part that builds it, by its file name.
+    setup_part: &'static str,
+}
+
+impl LibvirtRoot {
+    /// The file in the root, written last by its setup script, that records what it holds:
+    /// the script's key line, then `package=version` lines.
+    pub const STAMP: &'static str = ".banlieue-root";
+
+    /// Debian 12's own libvirt 9.0 and QEMU 7.2 (bookworm, not backports), built by
+    /// `scripts/setup.d/35-libvirtd-9.sh` into `<cache>/roots/libvirt-9.0`.
+    pub fn debian_12() -> Self {
+        Self {
+            path: crate::control_plane::banlieue_cache().join("roots/libvirt-9.0"),
+            setup_part: "35-libvirtd-9",
+        }
+    }
+
+    /// The root's path on the host.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Options that start the daemon from this root.
+    pub fn options(&self) -> LibvirtdOptions {
+        LibvirtdOptions::default().with_root(&self.path)
+    }
+
+    /// Whether tests can run against this root's daemon: `Ok(true)` when the root is
+    /// complete; `Ok(false)` (after a loud message on stderr) when it is not and
+    /// `BANLIEUE_ALLOW_MISSING_PEERS=1`; otherwise an error naming the setup script.
+    pub fn available(&self) -> Result<bool> {
+        if self.is_complete() {
+            return Ok(true);
+        }
+        if std::env::var(ALLOW_MISSING_PEERS_ENV).as_deref() == Ok("1") {
+            eprintln!(
+                "\n!!!!! SKIPPED: {} (and {ALLOW_MISSING_PEERS_ENV}=1) !!!!!\n",
+                self.missing_message()
+            );
+            return Ok(false);
+        }
+        bail!(self.missing_message())
+    }
+
+    /// The version of `package` the setup script installed, as its stamp records it (a
+    /// Debian version string, e.g. `9.0.0-4+deb12u2`).
+    pub fn package_version(&self, package: &str) -> Result<String> {
+        let stamp = self.path.join(Self::STAMP);
+        let text = fs::read_to_string(&stamp)
+            .with_context(|| format!("read {}: {}", stamp.display(), self.missing_message()))?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(package)?.strip_prefix('='))
+            .map(str::to_owned)
+            .with_context(|| format!("{} names no version of {package}", stamp.display()))
+    }
+
+    fn is_complete(&self) -> bool {
+        self.path.join(Self::STAMP).is_file() && self.options().binary_on_host().exists()
+    }
+
+    fn missing_message(&self) -> String {
+        format!(
+            "no complete libvirt root at {}: build it with scripts/setup {} (scripts/setup.d/{}.sh)",
+            self.path.display(),
+            self.setup_part,
+            self.setup_part
+        )
     }
 }
 
@@ -163,17 +265,31 @@ impl Libvirtd {
     }
 
     /// Starts a daemon and waits until it accepts clients.
-    pub async fn start(options: LibvirtdOptions) -> Result<Self> {
-        ensure!(
-            Path::new(LIBVIRTD_BINARY).exists(),
-            missing_daemon_message()
-        );
+    pub async fn start(mut options: LibvirtdOptions) -> Result<Self> {
+        // The namespace script mounts at ROOT + absolute paths and chroots there.
+        if let Some(root) = &options.root {
+            let absolute = fs::canonicalize(root)
+                .with_context(|| format!("the libvirt root {}", root.display()))?;
+            options.root = Some(absolute);
+        }
+        match &options.root {
+            None => ensure!(
+                Path::new(LIBVIRTD_BINARY).exists(),
+                missing_daemon_message()
+            ),
+            Some(root) => ensure!(
+                options.binary_on_host().exists(),
+                "no libvirtd in {}: build the root with its setup script (scripts/setup.d/35-libvirtd-9.sh for Debian 12's)",
+                root.display()
+            ),
+        }
         let dir = tempfile::Builder::new()
             .prefix("banlieue-libvirtd-")
             .tempdir()
             .context("create the instance's temp dir")?;
         let layout = Layout {
             root: dir.path().to_owned(),
+            system: options.system_root().to_owned(),
         };
         let janitor = spawn_janitor(&layout.root)?;
         layout
@@ -291,7 +407,13 @@ impl Libvirtd {
             .join(format!("{domain}.log"))
     }
 
-    /// The daemon's PID (the same process through setpriv, unshare and the wrapper's `exec`).
+    /// The private system tree the daemon runs from, if not the machine's own.
+    pub fn root(&self) -> Option<&Path> {
+        self.options.root.as_deref()
+    }
+
+    /// The daemon's PID (the same process through setpriv, unshare, the wrapper's `exec` and,
+    /// with a private root, `chroot`'s).
     pub fn pid(&self) -> u32 {
         self.daemon.as_ref().map_or(0, Child::id)
     }
@@ -421,6 +543,7 @@ impl Libvirtd {
             .args(["unshare", "--mount", "--propagation", "private", "--"])
             .args(["sh", "-c", NAMESPACE_SCRIPT, "banlieue-libvirtd-namespace"])
             .arg(self.dir())
+            .arg(self.options.system_root())
             .arg(LIBVIRTD_BINARY)
             .args(["--listen", "-f", "/etc/libvirt/libvirtd.conf"])
             .args(["-p", "/run/libvirt/libvirtd.pid"])

@@ -15,6 +15,9 @@ use super::LibvirtdOptions;
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
     pub(crate) root: PathBuf,
+    /// The system tree the daemon comes from: `/`, or a private root with another libvirt.
+    /// Its `/etc/libvirt`, `/var/lib/libvirt` and `/var/log/libvirt` seed the instance's.
+    pub(crate) system: PathBuf,
 }
 
 impl Layout {
@@ -63,13 +66,22 @@ impl Layout {
         self.libvirt_run_dir().join("libvirt-sock")
     }
 
-    /// Creates the tree: a copy of `/etc/libvirt`, the directory skeletons of
-    /// `/var/lib/libvirt` and `/var/log/libvirt` with their owners and modes (QEMU and swtpm run
-    /// as unprivileged users and need them), and an empty `/run`.
+    /// A path of the system tree the daemon comes from.
+    fn system_path(&self, absolute: &str) -> PathBuf {
+        self.system.join(absolute.trim_start_matches('/'))
+    }
+
+    /// Creates the tree: a copy of the system's `/etc/libvirt`, the directory skeletons of its
+    /// `/var/lib/libvirt` and `/var/log/libvirt` with their owners and modes (QEMU and swtpm
+    /// run as unprivileged users and need them), and an empty `/run`.
     pub(crate) fn create(&self) -> Result<()> {
         // Guests run as libvirt-qemu and must traverse to volumes in pools under the root.
         fs::set_permissions(&self.root, fs::Permissions::from_mode(0o711))?;
-        copy_tree(Path::new("/etc/libvirt"), &self.etc_dir(), Contents::All)?;
+        copy_tree(
+            &self.system_path("/etc/libvirt"),
+            &self.etc_dir(),
+            Contents::All,
+        )?;
         // A copied network definition could start dnsmasq and a bridge on the host network;
         // tests use no libvirt network unless they define one.
         for autostart in ["qemu/networks/autostart", "storage/autostart"] {
@@ -81,7 +93,7 @@ impl Layout {
             }
         }
         copy_tree(
-            Path::new("/var/lib/libvirt"),
+            &self.system_path("/var/lib/libvirt"),
             &self.lib_dir(),
             Contents::DirsOnly,
         )?;
@@ -89,7 +101,7 @@ impl Layout {
         fs::create_dir_all(self.log_dir())?;
         fs::set_permissions(self.log_dir(), fs::Permissions::from_mode(0o755))?;
         copy_tree(
-            Path::new("/var/log/libvirt"),
+            &self.system_path("/var/log/libvirt"),
             &self.log_dir().join("libvirt"),
             Contents::DirsOnly,
         )?;
