@@ -15,6 +15,7 @@ use banlieue_libvirt::events::{
     AgentLifecycleEvents, AgentLifecycleReason, AgentLifecycleState, DomainEventType, DomainEvents,
 };
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
+use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, ClientOptions, Domain, DomainState, Error, StoragePool, StorageVol, flags,
 };
@@ -297,9 +298,7 @@ async fn pools_and_volumes(version: Version, transport: Transport) {
     let sent = vol
         .upload(
             &mut &data[..],
-            0,
-            size as u64,
-            flags::StorageVolUploadFlags::SPARSE_STREAM,
+            TransferOptions::new().length(size as u64).sparse(true),
         )
         .await
         .expect("sparse upload");
@@ -315,18 +314,13 @@ async fn pools_and_volumes(version: Version, transport: Transport) {
     assert!(std::fs::read(&path).expect("the volume's file") == data);
 
     let mut back = Vec::new();
-    vol.download(&mut back, 0, 0, flags::StorageVolDownloadFlags::empty())
+    vol.download(&mut back, TransferOptions::new())
         .await
         .expect("download");
     assert!(back == data, "downloaded bytes differ from uploaded ones");
     let mut sparse = Vec::new();
     let got = vol
-        .download(
-            &mut sparse,
-            0,
-            0,
-            flags::StorageVolDownloadFlags::SPARSE_STREAM,
-        )
+        .download(&mut sparse, TransferOptions::new().sparse(true))
         .await
         .expect("sparse download");
     assert!(sparse == data && got.holes > 0, "{got:?}");
