@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use banlieue_testenv::control_plane::wait_for;
-use common::{apply_file, claim, claims, control_plane, create, refusal};
+use common::{apply_file, claim, claims, control_plane, create, forbidden, refusal, try_claim};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
@@ -71,23 +71,6 @@ async fn grant_claims(client: &Client, namespace: &str) {
         .expect("create the RoleBinding");
 }
 
-/// A dry-run create: admission runs in full, nothing is stored.
-async fn try_claim(
-    api: &Api<DynamicObject>,
-    issuer: &str,
-    id: &str,
-) -> Result<DynamicObject, Error> {
-    let object: DynamicObject = serde_json::from_value(claim("probe", issuer, id)).expect("object");
-    api.create(
-        &PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        },
-        &object,
-    )
-    .await
-}
-
 /// Waits until `(issuer, id)` created through `api` is allowed (`true`) or refused (`false`).
 async fn wait_until(api: &Api<DynamicObject>, issuer: &str, id: &str, allowed: bool, what: &str) {
     wait_for(what, TAKES_EFFECT, || async {
@@ -107,12 +90,6 @@ fn denied_for_missing_params(result: Result<DynamicObject, Error>) {
         message.contains("denied request") && message.contains("no params found"),
         "{message}"
     );
-}
-
-fn forbidden(result: Result<DynamicObject, Error>) -> String {
-    let (code, message) = refusal(result);
-    assert_eq!(code, 403, "{message}");
-    message
 }
 
 async fn put_policy_configmap(client: &Client, data: Value) {

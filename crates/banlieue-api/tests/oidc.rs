@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use banlieue_testenv::control_plane::{ControlPlane, ControlPlaneOptions, wait_for};
 use banlieue_testenv::oidc::{Issuer, IssuerOptions, Tokens, authentication_config};
-use common::{apply_file, claim, claims, create, refusal};
+use common::{apply_file, claim, claims, create, forbidden, refusal, try_claim};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
-use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Error};
 use serde_json::json;
 
@@ -41,29 +41,6 @@ async fn whoami(client: &Client) -> Result<String, Error> {
         .and_then(|s| s.user_info)
         .and_then(|u| u.username)
         .unwrap_or_default())
-}
-
-/// A dry-run create of a claim naming `(issuer, id)`: admission runs in full.
-async fn try_claim(
-    api: &Api<DynamicObject>,
-    issuer: &str,
-    id: &str,
-) -> Result<DynamicObject, Error> {
-    let object: DynamicObject = serde_json::from_value(claim("probe", issuer, id)).expect("object");
-    api.create(
-        &PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        },
-        &object,
-    )
-    .await
-}
-
-fn forbidden(result: Result<DynamicObject, Error>) -> String {
-    let (code, message) = refusal(result);
-    assert_eq!(code, 403, "{message}");
-    message
 }
 
 async fn put_policy(admin: &Client, issuers: &str, brokers: &str) {

@@ -16,9 +16,7 @@ use banlieue_libvirt::events::{
 };
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::stream::TransferOptions;
-use banlieue_libvirt::{
-    Client, ClientOptions, Domain, DomainState, Error, StoragePool, StorageVol, flags,
-};
+use banlieue_libvirt::{Client, ClientOptions, Domain, DomainState, Error, StorageVol, flags};
 use banlieue_testenv::libvirtd::{LibvirtRoot, Libvirtd, LibvirtdOptions};
 
 mod peer;
@@ -268,26 +266,13 @@ async fn pools_and_volumes(version: Version, transport: Transport) {
         return;
     };
     let c = connect(&d, transport).await;
+    let pool = peer::dir_pool(&c, &d, "compat").await;
     let dir = d.create_pool_dir("compat").expect("pool dir");
-    let xml = format!(
-        "<pool type='dir'><name>compat</name><target><path>{}</path></target></pool>",
-        dir.display()
-    );
-    let pool = StoragePool::define_xml(&c, &xml)
-        .await
-        .expect("pool defined");
-    pool.build().await.expect("built");
-    pool.create(flags::StoragePoolCreateFlags::empty())
-        .await
-        .expect("started");
     assert!(pool.is_active().await.expect("active"));
     let size = 3 << 20;
     let vol = StorageVol::create_xml(
         &pool,
-        &format!(
-            "<volume><name>disk.raw</name><capacity unit='bytes'>{size}</capacity>\
-             <allocation>0</allocation><target><format type='raw'/></target></volume>"
-        ),
+        &peer::raw_volume_xml("disk.raw", size as u64),
         flags::StorageVolCreateFlags::empty(),
     )
     .await

@@ -162,3 +162,27 @@ pub fn refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> (u16, String) {
         other => panic!("expected the API server to refuse, got {other:?}"),
     }
 }
+
+/// A dry-run create of a claim naming `(issuer, id)`: admission runs in full, nothing is stored.
+pub async fn try_claim(
+    api: &Api<DynamicObject>,
+    issuer: &str,
+    id: &str,
+) -> Result<DynamicObject, Error> {
+    let object: DynamicObject = serde_json::from_value(claim("probe", issuer, id)).expect("object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        &object,
+    )
+    .await
+}
+
+/// The message of a 403 refusal (a failed validation). Panics on anything else.
+pub fn forbidden(result: Result<DynamicObject, Error>) -> String {
+    let (code, message) = refusal(result);
+    assert_eq!(code, 403, "{message}");
+    message
+}
