@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::reservations::Reservations;
+use crate::spread::RecentPlacements;
 
 /// Read-only caches, filled by reflectors.
 #[derive(Clone)]
@@ -81,6 +82,8 @@ pub(crate) struct Context {
     pub reservations: Reservations,
     pub expectations: Expectations,
     pub backoff: ErrorBackoff,
+    /// Placements of pool members this process made that the cache may not show yet.
+    pub placements: RecentPlacements,
     /// Claim uid → member name for binds this process committed, so a claim whose status write
     /// failed is completed with its member even before the cache shows the bind.
     assignments: Mutex<HashMap<String, String>>,
@@ -116,6 +119,7 @@ impl Context {
             reservations: Reservations::default(),
             expectations: Expectations::default(),
             backoff: ErrorBackoff::default(),
+            placements: RecentPlacements::default(),
             assignments: Mutex::default(),
         }
     }

@@ -22,6 +22,7 @@ mod pool_reconcile;
 mod reservations;
 pub mod revision;
 pub mod scheduling;
+mod spread;
 mod virtualmachine;
 
 use std::future::Future;

@@ -57,10 +57,14 @@ pub struct ScheduleInput<'a> {
     pub providers: &'a [&'a Provider],
     /// ProviderClasses by name.
     pub provider_classes: &'a BTreeMap<String, &'a ProviderClass>,
+    /// Members of the VirtualMachine's pool already placed, by (provider, failure domain);
+    /// empty for a VirtualMachine outside a pool.
+    pub spread: &'a BTreeMap<(String, String), usize>,
 }
 
-/// Chooses the first failure domain, in Provider-name order, that satisfies the
-/// VirtualMachine; when none does, says why in the words of the guides.
+/// Chooses, among the failure domains that satisfy the VirtualMachine, the one with the fewest
+/// members of its pool (`spread`), ties going to the first in Provider-name order; when none
+/// satisfies it, says why in the words of the guides.
 pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
     let spec = &input.vm.spec;
     let Some(class) = input.class else {
@@ -93,6 +97,7 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         });
     }
 
+    let mut candidates: Vec<Placement> = Vec::new();
     let mut furthest: Option<(Stage, Unschedulable)> = None;
     let mut note = |stage: Stage, failure: Unschedulable| {
         if furthest.as_ref().is_none_or(|(s, _)| stage > *s) {
@@ -183,8 +188,8 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                     size,
                 },
             };
-            return Ok(Placement {
-                provider: provider_name,
+            candidates.push(Placement {
+                provider: provider_name.clone(),
                 provider_class: class_name.clone(),
                 machine_kind,
                 failure_domain: domain.name.clone(),
@@ -194,6 +199,16 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                 image_revision: image_revision(image),
             });
         }
+    }
+    // `min_by_key` keeps the first of equals: the Provider-name order breaks ties.
+    if let Some(best) = candidates.into_iter().min_by_key(|c| {
+        input
+            .spread
+            .get(&(c.provider.clone(), c.failure_domain.clone()))
+            .copied()
+            .unwrap_or(0)
+    }) {
+        return Ok(best);
     }
     Err(furthest.map(|(_, f)| f).unwrap_or_else(|| Unschedulable {
         reason: reasons::NO_MATCHING_FAILURE_DOMAIN,
@@ -353,6 +368,15 @@ mod tests {
         image: &VMImage,
         providers: &[&Provider],
     ) -> Result<Placement, Unschedulable> {
+        run_spread(class, image, providers, &BTreeMap::new())
+    }
+
+    fn run_spread(
+        class: &VMClass,
+        image: &VMImage,
+        providers: &[&Provider],
+        spread: &BTreeMap<(String, String), usize>,
+    ) -> Result<Placement, Unschedulable> {
         let pc = libvirt_class();
         let classes: BTreeMap<String, &ProviderClass> = [("libvirt".to_owned(), &pc)].into();
         schedule(ScheduleInput {
@@ -361,6 +385,7 @@ mod tests {
             image: Some(image),
             providers,
             provider_classes: &classes,
+            spread,
         })
     }
 
@@ -434,6 +459,56 @@ mod tests {
             .expect_err("not imported");
         assert_eq!(failure.reason, "ImageNotReady");
         assert!(failure.message.contains("nvme"), "{}", failure.message);
+    }
+
+    #[test]
+    fn members_spread_to_the_domain_with_the_fewest_ties_by_name() {
+        let zones = serde_json::json!([
+            {"provider": "h1", "zones": [{"pool": "nvme", "phase": "Ready", "volume": "v"}]},
+            {"provider": "h2", "zones": [{"pool": "nvme", "phase": "Ready", "volume": "v"}]},
+            {"provider": "h3", "zones": [{"pool": "nvme", "phase": "Ready", "volume": "v"}]},
+        ]);
+        let image = image("Immediate", zones);
+        let (h1, h2, h3) = (
+            provider("h1", "libvirt", &[], true),
+            provider("h2", "libvirt", &[], true),
+            provider("h3", "libvirt", &[], true),
+        );
+        let providers = [&h3, &h1, &h2];
+        let at = |counts: &[(&str, usize)]| {
+            let spread = counts
+                .iter()
+                .map(|(p, n)| (((*p).to_owned(), (*p).to_owned()), *n))
+                .collect();
+            run_spread(&class(false, None), &image, &providers, &spread)
+                .expect("placed")
+                .provider
+        };
+        assert_eq!(at(&[]), "h1", "no members yet: the first by name");
+        assert_eq!(at(&[("h1", 1)]), "h2");
+        assert_eq!(at(&[("h1", 1), ("h2", 1)]), "h3");
+        assert_eq!(at(&[("h1", 2), ("h2", 1), ("h3", 1)]), "h2");
+        // A domain that does not satisfy the VirtualMachine is never chosen, however empty.
+        let narrow = image_with_one_ready_provider(&["h3"]);
+        let spread = [
+            (("h1".to_owned(), "h1".to_owned()), 0),
+            (("h3".to_owned(), "h3".to_owned()), 9),
+        ]
+        .into();
+        assert_eq!(
+            run_spread(&class(false, None), &narrow, &providers, &spread)
+                .expect("placed")
+                .provider,
+            "h3"
+        );
+    }
+
+    fn image_with_one_ready_provider(ready: &[&str]) -> VMImage {
+        let zones: Vec<serde_json::Value> = ready
+            .iter()
+            .map(|p| serde_json::json!({"provider": p, "zones": [{"pool": "nvme", "phase": "Ready", "volume": "v"}]}))
+            .collect();
+        image("Immediate", serde_json::Value::Array(zones))
     }
 
     #[test]

@@ -177,13 +177,31 @@ fn schedule(
         .iter()
         .map(|c| (c.name_any(), c.as_ref()))
         .collect();
-    let placement = scheduling::schedule(ScheduleInput {
-        vm,
-        class: class.as_deref(),
-        image: image.as_deref(),
-        providers: &provider_refs,
-        provider_classes: &provider_classes,
-    })?;
+    let vms = ctx.stores.vms.state();
+    let pool = vm
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(banlieue_api::names::LABEL_POOL));
+    let placement = ctx.placements.place(
+        namespace,
+        &vm.name_any(),
+        pool.map(String::as_str),
+        &vms,
+        std::time::Instant::now(),
+        |spread| {
+            let placement = scheduling::schedule(ScheduleInput {
+                vm,
+                class: class.as_deref(),
+                image: image.as_deref(),
+                providers: &provider_refs,
+                provider_classes: &provider_classes,
+                spread,
+            })?;
+            let domain = (placement.provider.clone(), placement.failure_domain.clone());
+            Ok((placement, domain))
+        },
+    )?;
     let class = class.ok_or_else(|| scheduling::Unschedulable {
         reason: banlieue_api::conditions::reasons::CLASS_NOT_FOUND,
         message: format!("vmclass {} does not exist", vm.spec.class_ref.name),

@@ -288,6 +288,13 @@ async fn current_revision_first_and_stale_when_nothing_fresher() -> TestResult {
         .filter(|n| !old.contains(n))
         .collect();
     assert_eq!(fresh.len(), 1, "{fresh:?}");
+    // The pool's count may still be the one from before c1 bound: wait for the refill itself.
+    h.wait_vm(&fresh[0], "the refill InfrastructureReady", |vm| {
+        vm.status.as_ref().is_some_and(|s| {
+            banlieue_api::conditions::is_true(&s.conditions, types::INFRASTRUCTURE_READY)
+        })
+    })
+    .await?;
     h.create_claim("c2", "p", 3600).await?;
     let c2 = h.wait_claim("c2", "Bound", is_bound).await?;
     assert_eq!(member_name(&c2), Some(fresh[0].clone()));

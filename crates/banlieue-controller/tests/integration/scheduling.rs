@@ -172,3 +172,57 @@ async fn a_machine_created_before_a_lost_status_write_is_adopted_not_rewritten()
     controller.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_pools_members_spread_across_providers() -> TestResult {
+    let h = Harness::new().await?;
+    let hosts = ["host-1", "host-2", "host-3"];
+    for host in hosts {
+        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+    }
+    h.apply_image_on(IMAGE, "r1", true, &hosts).await?;
+    let controller = h.start_controller().await?;
+    h.create_pool("spread", 6, "InfrastructureReady", serde_json::json!({}))
+        .await?;
+    let vms = h.api::<VirtualMachine>();
+    let selector = format!("{}=spread", banlieue_api::names::LABEL_POOL);
+    let placed = wait_for("six members placed", DEADLINE, || {
+        let (vms, selector) = (vms.clone(), selector.clone());
+        async move {
+            let members = vms
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items;
+            let placed: Vec<String> = members
+                .iter()
+                .filter_map(|vm| Some(vm.status.as_ref()?.provider_ref.as_ref()?.name.clone()))
+                .collect();
+            Ok((placed.len() == 6).then_some(placed))
+        }
+    })
+    .await?;
+    for host in hosts {
+        assert_eq!(
+            placed.iter().filter(|p| *p == host).count(),
+            2,
+            "two members on {host}: {placed:?}"
+        );
+    }
+    // The machines agree with the statuses.
+    let machines: Vec<LibvirtMachine> = h
+        .api::<LibvirtMachine>()
+        .list(&Default::default())
+        .await?
+        .items;
+    for host in hosts {
+        assert_eq!(
+            machines
+                .iter()
+                .filter(|m| m.spec.provider_ref.name == host)
+                .count(),
+            2,
+            "{host}"
+        );
+    }
+    controller.stop().await
+}

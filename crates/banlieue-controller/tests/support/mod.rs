@@ -163,6 +163,18 @@ impl Harness {
 
     /// An Immediate image with revision `revision`, Ready on the provider's pool or not.
     pub async fn apply_image(&self, name: &str, revision: &str, ready: bool) -> TestResult {
+        self.apply_image_on(name, revision, ready, &[PROVIDER])
+            .await
+    }
+
+    /// [`apply_image`](Self::apply_image) on each of `providers`' pools.
+    pub async fn apply_image_on(
+        &self,
+        name: &str,
+        revision: &str,
+        ready: bool,
+        providers: &[&str],
+    ) -> TestResult {
         let images: Api<VMImage> = self.api();
         let image = json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
@@ -181,7 +193,9 @@ impl Harness {
         let status = json!({"status": {
             "phase": phase,
             "revision": revision,
-            "perProvider": [{"provider": PROVIDER, "zones": [{"pool": HOST_POOL, "phase": phase, "volume": IMAGE_VOLUME}]}]
+            "perProvider": providers.iter().map(|p| json!(
+                {"provider": p, "zones": [{"pool": HOST_POOL, "phase": phase, "volume": IMAGE_VOLUME}]}
+            )).collect::<Vec<_>>()
         }});
         images
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))

@@ -1,0 +1,213 @@
+//! Where each pool's members already are, by failure domain: what scheduling spreads a new
+//! member by (topology-spread style: the domain with the fewest members of the same pool).
+//!
+//! The VirtualMachine cache says where a member is once its status is written, which is a
+//! moment after the machine was created; a burst of members scheduled in that moment would all
+//! see the same counts and land in one domain. So this process also remembers the placements
+//! it made until the cache shows them, and counting, choosing and remembering happen under one
+//! lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use banlieue_api::VirtualMachine;
+use banlieue_api::names::LABEL_POOL;
+
+/// A failure domain: (provider, failure domain name).
+pub type Domain = (String, String);
+
+/// How long a placement is remembered when the cache never shows it (its VirtualMachine was
+/// deleted, or its status write failed and a retry will place it again).
+const REMEMBER: Duration = Duration::from_secs(300);
+
+#[derive(Debug)]
+struct Recent {
+    domain: Domain,
+    at: Instant,
+}
+
+/// Placements made by this process, by (namespace, VirtualMachine name).
+#[derive(Debug, Default)]
+pub struct RecentPlacements {
+    recent: Mutex<HashMap<(String, String), Recent>>,
+}
+
+impl RecentPlacements {
+    /// Counts the members of `pool` in `namespace` by failure domain (from `vms`, the cached
+    /// VirtualMachines, and the placements this process made that the cache does not show
+    /// yet), lets `choose` pick a domain, and remembers the choice for `vm`. One lock around
+    /// the three, so concurrent reconciles see each other's choices.
+    pub fn place<T, E>(
+        &self,
+        namespace: &str,
+        vm: &str,
+        pool: Option<&str>,
+        vms: &[std::sync::Arc<VirtualMachine>],
+        now: Instant,
+        choose: impl FnOnce(&BTreeMap<Domain, usize>) -> Result<(T, Domain), E>,
+    ) -> Result<T, E> {
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.retain(|_, r| now.duration_since(r.at) < REMEMBER);
+        let counts = match pool {
+            Some(pool) => count(namespace, vm, pool, vms, &mut recent),
+            None => BTreeMap::new(),
+        };
+        let (chosen, domain) = choose(&counts)?;
+        if pool.is_some() {
+            recent.insert(
+                (namespace.to_owned(), vm.to_owned()),
+                Recent { domain, at: now },
+            );
+        }
+        Ok(chosen)
+    }
+}
+
+/// Members of `pool` by domain, `vm` itself left out. A member whose status names its domain
+/// counts there (and its remembered placement is forgotten: the cache has caught up); one
+/// without counts where this process placed it.
+fn count(
+    namespace: &str,
+    vm: &str,
+    pool: &str,
+    vms: &[std::sync::Arc<VirtualMachine>],
+    recent: &mut HashMap<(String, String), Recent>,
+) -> BTreeMap<Domain, usize> {
+    let mut counts = BTreeMap::new();
+    for member in vms {
+        let name = member.metadata.name.as_deref().unwrap_or_default();
+        let in_pool = member
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_POOL))
+            .is_some_and(|p| p == pool);
+        if !in_pool || name == vm || member.metadata.namespace.as_deref() != Some(namespace) {
+            continue;
+        }
+        let key = (namespace.to_owned(), name.to_owned());
+        let status = member.status.as_ref();
+        let from_status = status.and_then(|s| {
+            Some((
+                s.provider_ref.as_ref()?.name.clone(),
+                s.failure_domain.clone()?,
+            ))
+        });
+        let domain = match from_status {
+            Some(domain) => {
+                recent.remove(&key);
+                Some(domain)
+            }
+            None => recent.get(&key).map(|r| r.domain.clone()),
+        };
+        if let Some(domain) = domain {
+            *counts.entry(domain).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn member(name: &str, pool: &str, placed: Option<(&str, &str)>) -> Arc<VirtualMachine> {
+        let mut vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": "ns", "labels": {LABEL_POOL: pool}},
+            "spec": {"classRef": {"name": "c"}, "imageRef": {"name": "i"},
+                     "storageClassName": "s", "networkClassName": "n"}
+        }))
+        .expect("vm");
+        if let Some((provider, domain)) = placed {
+            vm.status = Some(
+                serde_json::from_value(serde_json::json!({
+                    "providerRef": {"name": provider}, "failureDomain": domain
+                }))
+                .expect("status"),
+            );
+        }
+        Arc::new(vm)
+    }
+
+    fn domain(p: &str) -> Domain {
+        (p.to_owned(), p.to_owned())
+    }
+
+    /// Places `vm`, choosing the least-loaded of `domains` (first on ties), and returns it.
+    fn place(
+        placements: &RecentPlacements,
+        vm: &str,
+        vms: &[Arc<VirtualMachine>],
+        domains: &[&str],
+    ) -> String {
+        placements
+            .place("ns", vm, Some("p"), vms, Instant::now(), |counts| {
+                let best = domains
+                    .iter()
+                    .min_by_key(|d| counts.get(&domain(d)).copied().unwrap_or(0))
+                    .expect("a domain");
+                Ok::<_, ()>((best.to_string(), domain(best)))
+            })
+            .expect("placed")
+    }
+
+    #[test]
+    fn a_burst_spreads_before_the_cache_shows_it() {
+        let placements = RecentPlacements::default();
+        let vms: Vec<_> = (0..6)
+            .map(|i| member(&format!("m{i}"), "p", None))
+            .collect();
+        let chosen: Vec<String> = (0..6)
+            .map(|i| place(&placements, &format!("m{i}"), &vms, &["a", "b", "c"]))
+            .collect();
+        assert_eq!(chosen, ["a", "b", "c", "a", "b", "c"]);
+    }
+
+    #[test]
+    fn statuses_count_and_other_pools_do_not() {
+        let placements = RecentPlacements::default();
+        let vms = vec![
+            member("m0", "p", Some(("a", "a"))),
+            member("m1", "p", Some(("a", "a"))),
+            member("m2", "p", Some(("b", "b"))),
+            member("x0", "other", Some(("c", "c"))),
+            member("x1", "other", Some(("c", "c"))),
+            member("new", "p", None),
+        ];
+        assert_eq!(place(&placements, "new", &vms, &["a", "b", "c"]), "c");
+        // A member scheduled again (its status lost) does not count against itself.
+        assert_eq!(place(&placements, "m2", &vms, &["a", "b"]), "b");
+    }
+
+    #[test]
+    fn remembered_placements_expire_and_give_way_to_the_status() {
+        let placements = RecentPlacements::default();
+        let vms = vec![member("m0", "p", None), member("m1", "p", None)];
+        let start = Instant::now();
+        placements
+            .place("ns", "m0", Some("p"), &vms, start, |_| {
+                Ok::<_, ()>(((), domain("a")))
+            })
+            .expect("placed");
+        let seen = |at| {
+            let mut counts = BTreeMap::new();
+            placements
+                .place("ns", "m1", Some("p"), &vms, at, |c| {
+                    counts = c.clone();
+                    Err::<((), Domain), ()>(())
+                })
+                .expect_err("nothing chosen");
+            counts
+        };
+        assert_eq!(seen(start).get(&domain("a")), Some(&1));
+        assert_eq!(seen(start + REMEMBER).get(&domain("a")), None, "forgotten");
+        // A failed choice is not remembered.
+        assert!(seen(start).is_empty());
+    }
+}
