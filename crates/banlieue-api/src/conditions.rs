@@ -48,6 +48,9 @@ pub mod reasons {
     pub const NO_PROVIDER_WITH_FEATURE: &str = "NoProviderWithFeature";
     pub const NO_MATCHING_FAILURE_DOMAIN: &str = "NoMatchingFailureDomain";
     pub const NO_BUILDER_FOR_CLASS: &str = "NoBuilderForClass";
+    /// Every satisfying failure domain would pass its memory limit (the host's memory times
+    /// the Provider's memoryOvercommitPercent) with this VirtualMachine.
+    pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
     pub const MACHINE_READY: &str = "MachineReady";
     pub const MACHINE_NOT_READY: &str = "MachineNotReady";
     /// InfrastructureReady=False: the machine runs, but its class is tpmEnabled and the vTPM's

@@ -12,6 +12,7 @@ pub mod names;
 pub mod pods;
 pub mod pool;
 pub mod provider;
+pub mod quantity;
 pub mod render;
 
 pub use common::{
@@ -33,9 +34,10 @@ pub use pool::{
     VirtualMachinePoolSpec, VirtualMachinePoolStatus, VirtualMachineTemplate,
 };
 pub use provider::{
-    FailureDomain, ImportJobSettings, MachineKind, NetworkClassMapping, NetworkTarget, PodSettings,
-    Provider, ProviderAttestation, ProviderCapabilities, ProviderClass, ProviderClassSpec,
-    ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping, StorageTarget,
+    DomainCapacity, FailureDomain, ImportJobSettings, MachineKind, NetworkClassMapping,
+    NetworkTarget, PodSettings, Provider, ProviderAttestation, ProviderCapabilities, ProviderClass,
+    ProviderClassSpec, ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping,
+    StorageTarget,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{

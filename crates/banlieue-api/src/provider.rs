@@ -76,7 +76,16 @@ pub struct ProviderCapabilities {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub features: Vec<String>,
+    /// How much memory the scheduler may promise on each failure domain, as a percentage of the
+    /// memory the host reports (`status.failureDomains[].capacity`). 100 (the default): never
+    /// more than the host has; above 100 overcommits. Unset capacity is not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub memory_overcommit_percent: Option<u32>,
 }
+
+/// The default of `memoryOvercommitPercent`: no overcommit.
+pub const DEFAULT_MEMORY_OVERCOMMIT_PERCENT: u32 = 100;
 
 /// A storage class name and the host pool that realises it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -157,6 +166,21 @@ pub struct FailureDomain {
     /// Declared features, copied as declared.
     #[serde(default)]
     pub features: Vec<String>,
+    /// What the host reports it has (libvirt: NODE_GET_INFO), once the provider has read it.
+    /// Measured, not declared: the scheduler never promises more memory than this times the
+    /// Provider's `memoryOvercommitPercent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<DomainCapacity>,
+}
+
+/// A failure domain's size.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainCapacity {
+    /// Memory, in bytes.
+    pub memory_bytes: u64,
+    /// Logical CPUs.
+    pub cpus: u32,
 }
 
 /// The kind of machine a ProviderClass realises.

@@ -5,11 +5,15 @@ use std::collections::BTreeMap;
 
 use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::names;
+use banlieue_api::provider::DEFAULT_MEMORY_OVERCOMMIT_PERCENT;
+use banlieue_api::quantity;
 use banlieue_api::{
     InstallMode, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference,
     MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, ZonePhase,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::spread::Occupancy;
 
 /// Disk size when neither the class nor the image sets one.
 pub const DEFAULT_DISK_SIZE: &str = "10Gi";
@@ -45,6 +49,7 @@ enum Stage {
     Feature,
     Builder,
     Image,
+    Capacity,
 }
 
 /// Everything scheduling reads, as snapshots.
@@ -57,14 +62,14 @@ pub struct ScheduleInput<'a> {
     pub providers: &'a [&'a Provider],
     /// ProviderClasses by name.
     pub provider_classes: &'a BTreeMap<String, &'a ProviderClass>,
-    /// Members of the VirtualMachine's pool already placed, by (provider, failure domain);
-    /// empty for a VirtualMachine outside a pool.
-    pub spread: &'a BTreeMap<(String, String), usize>,
+    /// What each (provider, failure domain) already holds: members of the VirtualMachine's
+    /// pool (empty outside a pool) and memory promised.
+    pub occupancy: &'a Occupancy,
 }
 
-/// Chooses, among the failure domains that satisfy the VirtualMachine, the one with the fewest
-/// members of its pool (`spread`), ties going to the first in Provider-name order; when none
-/// satisfies it, says why in the words of the guides.
+/// Chooses, among the failure domains that satisfy the VirtualMachine and have its memory to
+/// spare, the one with the fewest members of its pool, ties going to the first in
+/// Provider-name order; when none does, says why in the words of the guides.
 pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
     let spec = &input.vm.spec;
     let Some(class) = input.class else {
@@ -97,7 +102,9 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         });
     }
 
+    let requested = quantity::to_bytes(&class.spec.memory.0).unwrap_or(0);
     let mut candidates: Vec<Placement> = Vec::new();
+    let mut short: Vec<String> = Vec::new();
     let mut furthest: Option<(Stage, Unschedulable)> = None;
     let mut note = |stage: Stage, failure: Unschedulable| {
         if furthest.as_ref().is_none_or(|(s, _)| stage > *s) {
@@ -170,6 +177,33 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                 );
                 continue;
             };
+            let key = (provider_name.clone(), domain.name.clone());
+            if let Some(capacity) = &domain.capacity {
+                let percent = provider
+                    .spec
+                    .capabilities
+                    .memory_overcommit_percent
+                    .unwrap_or(DEFAULT_MEMORY_OVERCOMMIT_PERCENT);
+                let limit =
+                    u64::try_from(u128::from(capacity.memory_bytes) * u128::from(percent) / 100)
+                        .unwrap_or(u64::MAX);
+                let used = input.occupancy.memory.get(&key).copied().unwrap_or(0);
+                if used.saturating_add(requested) > limit {
+                    short.push(format!(
+                        "{provider_name} has {} of {} free",
+                        gib(limit.saturating_sub(used)),
+                        gib(limit)
+                    ));
+                    note(
+                        Stage::Capacity,
+                        Unschedulable {
+                            reason: reasons::INSUFFICIENT_CAPACITY,
+                            message: String::new(),
+                        },
+                    );
+                    continue;
+                }
+            }
             let size = class
                 .spec
                 .disk_size
@@ -203,17 +237,31 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
     // `min_by_key` keeps the first of equals: the Provider-name order breaks ties.
     if let Some(best) = candidates.into_iter().min_by_key(|c| {
         input
-            .spread
+            .occupancy
+            .members
             .get(&(c.provider.clone(), c.failure_domain.clone()))
             .copied()
             .unwrap_or(0)
     }) {
         return Ok(best);
     }
+    if let Some((Stage::Capacity, failure)) = &mut furthest {
+        failure.message = format!(
+            "class {} needs {} of memory and no failure domain has it to spare: {}",
+            spec.class_ref.name,
+            gib(requested),
+            short.join("; ")
+        );
+    }
     Err(furthest.map(|(_, f)| f).unwrap_or_else(|| Unschedulable {
         reason: reasons::NO_MATCHING_FAILURE_DOMAIN,
         message: "no Ready provider publishes a failure domain".to_owned(),
     }))
+}
+
+/// Bytes as GiB with one decimal, for messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
 /// The machine kind a ProviderClass is built into, when banlieue has a builder for it. A
@@ -377,6 +425,19 @@ mod tests {
         providers: &[&Provider],
         spread: &BTreeMap<(String, String), usize>,
     ) -> Result<Placement, Unschedulable> {
+        let occupancy = Occupancy {
+            members: spread.clone(),
+            memory: BTreeMap::new(),
+        };
+        run_with(class, image, providers, &occupancy)
+    }
+
+    fn run_with(
+        class: &VMClass,
+        image: &VMImage,
+        providers: &[&Provider],
+        occupancy: &Occupancy,
+    ) -> Result<Placement, Unschedulable> {
         let pc = libvirt_class();
         let classes: BTreeMap<String, &ProviderClass> = [("libvirt".to_owned(), &pc)].into();
         schedule(ScheduleInput {
@@ -385,7 +446,7 @@ mod tests {
             image: Some(image),
             providers,
             provider_classes: &classes,
-            spread,
+            occupancy,
         })
     }
 
@@ -500,6 +561,78 @@ mod tests {
                 .expect("placed")
                 .provider,
             "h3"
+        );
+    }
+
+    /// A provider whose host has `gib` GiB, overcommitted to `percent`.
+    fn sized(name: &str, gib: u64, percent: Option<u32>) -> Provider {
+        let mut p = provider(name, "libvirt", &[], true);
+        p.spec.capabilities.memory_overcommit_percent = percent;
+        if let Some(status) = p.status.as_mut() {
+            status.failure_domains[0].capacity = Some(banlieue_api::DomainCapacity {
+                memory_bytes: gib << 30,
+                cpus: 4,
+            });
+        }
+        p
+    }
+
+    #[test]
+    fn memory_is_never_promised_beyond_the_limit() {
+        let image = image_with_one_ready_provider(&["h1", "h2", "h3"]);
+        let (h1, h2) = (sized("h1", 4, None), sized("h2", 3, Some(150)));
+        let h3 = provider("h3", "libvirt", &[], true); // capacity not read yet: not limited
+        let occupancy = |used: &[(&str, u64)]| Occupancy {
+            members: BTreeMap::new(),
+            memory: used
+                .iter()
+                .map(|(p, gib)| (((*p).to_owned(), (*p).to_owned()), gib << 30))
+                .collect(),
+        };
+        let two_gib = class(false, None);
+        // h1 has 2 of 4 GiB free: the 2 GiB class fits exactly.
+        let placed = run_with(&two_gib, &image, &[&h1, &h2], &occupancy(&[("h1", 2)]));
+        assert_eq!(placed.expect("fits").provider, "h1");
+        // h1 full; h2's 3 GiB at 150% is 4.5 GiB, 2.5 used: 2 GiB fits.
+        let placed = run_with(
+            &two_gib,
+            &image,
+            &[&h1, &h2],
+            &occupancy(&[("h1", 3), ("h2", 2)]),
+        );
+        assert_eq!(placed.expect("overcommitted h2").provider, "h2");
+        // Both full: the reason names each host and what it has.
+        let e = run_with(
+            &two_gib,
+            &image,
+            &[&h1, &h2],
+            &occupancy(&[("h1", 3), ("h2", 3)]),
+        )
+        .expect_err("nothing fits");
+        assert_eq!(e.reason, reasons::INSUFFICIENT_CAPACITY);
+        assert_eq!(
+            e.message,
+            "class small needs 2.0 GiB of memory and no failure domain has it to spare: \
+             h1 has 1.0 GiB of 4.0 GiB free; h2 has 1.5 GiB of 4.5 GiB free"
+        );
+        // A host whose capacity is unknown is not limited.
+        let placed = run_with(
+            &two_gib,
+            &image,
+            &[&h1, &h3],
+            &occupancy(&[("h1", 4), ("h3", 99)]),
+        );
+        assert_eq!(placed.expect("unlimited").provider, "h3");
+        // A more specific failure elsewhere does not hide the capacity reason, and vice versa:
+        // an image not ready on a full host is still ImageNotReady only if no host is fuller.
+        let narrow = image_with_one_ready_provider(&["h2"]);
+        let e = run_with(&two_gib, &narrow, &[&h1, &h2], &occupancy(&[("h2", 3)]))
+            .expect_err("h1 lacks the image, h2 the memory");
+        assert_eq!(e.reason, reasons::INSUFFICIENT_CAPACITY);
+        assert!(
+            e.message.contains("h2 has 1.5 GiB") && !e.message.contains("h1"),
+            "{}",
+            e.message
         );
     }
 

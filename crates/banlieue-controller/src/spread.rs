@@ -1,5 +1,7 @@
-//! Where each pool's members already are, by failure domain: what scheduling spreads a new
-//! member by (topology-spread style: the domain with the fewest members of the same pool).
+//! What each failure domain already holds: the members of each pool (what scheduling spreads a
+//! new member by, topology-spread style: the domain with the fewest members of the same pool)
+//! and the memory promised to every VirtualMachine placed there (what a domain's capacity
+//! limits).
 //!
 //! The VirtualMachine cache says where a member is once its status is written, which is a
 //! moment after the machine was created; a burst of members scheduled in that moment would all
@@ -27,6 +29,15 @@ struct Recent {
     at: Instant,
 }
 
+/// What the VirtualMachines placed so far hold, by failure domain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// Members of the pool being scheduled for (empty outside a pool).
+    pub members: BTreeMap<Domain, usize>,
+    /// Memory, in bytes, of every VirtualMachine of the namespace placed there.
+    pub memory: BTreeMap<Domain, u64>,
+}
+
 /// Placements made by this process, by (namespace, VirtualMachine name).
 #[derive(Debug, Default)]
 pub struct RecentPlacements {
@@ -34,59 +45,52 @@ pub struct RecentPlacements {
 }
 
 impl RecentPlacements {
-    /// Counts the members of `pool` in `namespace` by failure domain (from `vms`, the cached
-    /// VirtualMachines, and the placements this process made that the cache does not show
-    /// yet), lets `choose` pick a domain, and remembers the choice for `vm`. One lock around
-    /// the three, so concurrent reconciles see each other's choices.
+    /// Counts what each domain holds in `namespace` (from `vms`, the cached VirtualMachines,
+    /// and the placements this process made that the cache does not show yet; `memory_of`
+    /// says what a VirtualMachine holds), lets `choose` pick a domain for `vm`, and remembers
+    /// the choice. One lock around the three, so concurrent reconciles see each other's
+    /// choices.
+    #[allow(clippy::too_many_arguments)]
     pub fn place<T, E>(
         &self,
         namespace: &str,
         vm: &str,
         pool: Option<&str>,
         vms: &[std::sync::Arc<VirtualMachine>],
+        memory_of: impl Fn(&VirtualMachine) -> u64,
         now: Instant,
-        choose: impl FnOnce(&BTreeMap<Domain, usize>) -> Result<(T, Domain), E>,
+        choose: impl FnOnce(&Occupancy) -> Result<(T, Domain), E>,
     ) -> Result<T, E> {
         let mut recent = self
             .recent
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         recent.retain(|_, r| now.duration_since(r.at) < REMEMBER);
-        let counts = match pool {
-            Some(pool) => count(namespace, vm, pool, vms, &mut recent),
-            None => BTreeMap::new(),
-        };
-        let (chosen, domain) = choose(&counts)?;
-        if pool.is_some() {
-            recent.insert(
-                (namespace.to_owned(), vm.to_owned()),
-                Recent { domain, at: now },
-            );
-        }
+        let occupancy = occupancy(namespace, vm, pool, vms, &memory_of, &mut recent);
+        let (chosen, domain) = choose(&occupancy)?;
+        recent.insert(
+            (namespace.to_owned(), vm.to_owned()),
+            Recent { domain, at: now },
+        );
         Ok(chosen)
     }
 }
 
-/// Members of `pool` by domain, `vm` itself left out. A member whose status names its domain
-/// counts there (and its remembered placement is forgotten: the cache has caught up); one
-/// without counts where this process placed it.
-fn count(
+/// What each domain holds, `vm` itself left out. A VirtualMachine whose status names its
+/// domain counts there (and its remembered placement is forgotten: the cache has caught up);
+/// one without counts where this process placed it.
+fn occupancy(
     namespace: &str,
     vm: &str,
-    pool: &str,
+    pool: Option<&str>,
     vms: &[std::sync::Arc<VirtualMachine>],
+    memory_of: &impl Fn(&VirtualMachine) -> u64,
     recent: &mut HashMap<(String, String), Recent>,
-) -> BTreeMap<Domain, usize> {
-    let mut counts = BTreeMap::new();
+) -> Occupancy {
+    let mut occupancy = Occupancy::default();
     for member in vms {
         let name = member.metadata.name.as_deref().unwrap_or_default();
-        let in_pool = member
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_POOL))
-            .is_some_and(|p| p == pool);
-        if !in_pool || name == vm || member.metadata.namespace.as_deref() != Some(namespace) {
+        if name == vm || member.metadata.namespace.as_deref() != Some(namespace) {
             continue;
         }
         let key = (namespace.to_owned(), name.to_owned());
@@ -100,15 +104,27 @@ fn count(
         let domain = match from_status {
             Some(domain) => {
                 recent.remove(&key);
-                Some(domain)
+                domain
             }
-            None => recent.get(&key).map(|r| r.domain.clone()),
+            None => match recent.get(&key) {
+                Some(r) => r.domain.clone(),
+                None => continue,
+            },
         };
-        if let Some(domain) = domain {
-            *counts.entry(domain).or_insert(0) += 1;
+        let in_pool = pool.is_some_and(|pool| {
+            member
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_POOL))
+                .is_some_and(|p| p == pool)
+        });
+        if in_pool {
+            *occupancy.members.entry(domain.clone()).or_insert(0) += 1;
         }
+        *occupancy.memory.entry(domain).or_insert(0) += memory_of(member);
     }
-    counts
+    occupancy
 }
 
 #[cfg(test)]
@@ -135,6 +151,8 @@ mod tests {
         Arc::new(vm)
     }
 
+    const GIB: u64 = 1 << 30;
+
     fn domain(p: &str) -> Domain {
         (p.to_owned(), p.to_owned())
     }
@@ -147,13 +165,21 @@ mod tests {
         domains: &[&str],
     ) -> String {
         placements
-            .place("ns", vm, Some("p"), vms, Instant::now(), |counts| {
-                let best = domains
-                    .iter()
-                    .min_by_key(|d| counts.get(&domain(d)).copied().unwrap_or(0))
-                    .expect("a domain");
-                Ok::<_, ()>((best.to_string(), domain(best)))
-            })
+            .place(
+                "ns",
+                vm,
+                Some("p"),
+                vms,
+                |_| GIB,
+                Instant::now(),
+                |o| {
+                    let best = domains
+                        .iter()
+                        .min_by_key(|d| o.members.get(&domain(d)).copied().unwrap_or(0))
+                        .expect("a domain");
+                    Ok::<_, ()>((best.to_string(), domain(best)))
+                },
+            )
             .expect("placed")
     }
 
@@ -181,6 +207,28 @@ mod tests {
             member("new", "p", None),
         ];
         assert_eq!(place(&placements, "new", &vms, &["a", "b", "c"]), "c");
+        // Memory counts every placed VirtualMachine, whatever its pool.
+        let mut memory = BTreeMap::new();
+        placements
+            .place(
+                "ns",
+                "new",
+                Some("p"),
+                &vms,
+                |_| GIB,
+                Instant::now(),
+                |o| {
+                    memory = o.memory.clone();
+                    Err::<((), Domain), ()>(())
+                },
+            )
+            .expect_err("nothing chosen");
+        assert_eq!(memory.get(&domain("a")), Some(&(2 * GIB)));
+        assert_eq!(
+            memory.get(&domain("c")),
+            Some(&(2 * GIB)),
+            "the other pool's two"
+        );
         // A member scheduled again (its status lost) does not count against itself.
         assert_eq!(place(&placements, "m2", &vms, &["a", "b"]), "b");
     }
@@ -191,17 +239,31 @@ mod tests {
         let vms = vec![member("m0", "p", None), member("m1", "p", None)];
         let start = Instant::now();
         placements
-            .place("ns", "m0", Some("p"), &vms, start, |_| {
-                Ok::<_, ()>(((), domain("a")))
-            })
+            .place(
+                "ns",
+                "m0",
+                Some("p"),
+                &vms,
+                |_| GIB,
+                start,
+                |_| Ok::<_, ()>(((), domain("a"))),
+            )
             .expect("placed");
         let seen = |at| {
             let mut counts = BTreeMap::new();
             placements
-                .place("ns", "m1", Some("p"), &vms, at, |c| {
-                    counts = c.clone();
-                    Err::<((), Domain), ()>(())
-                })
+                .place(
+                    "ns",
+                    "m1",
+                    Some("p"),
+                    &vms,
+                    |_| GIB,
+                    at,
+                    |o| {
+                        counts = o.members.clone();
+                        Err::<((), Domain), ()>(())
+                    },
+                )
                 .expect_err("nothing chosen");
             counts
         };

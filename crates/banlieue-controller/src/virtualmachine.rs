@@ -183,20 +183,28 @@ fn schedule(
         .labels
         .as_ref()
         .and_then(|l| l.get(banlieue_api::names::LABEL_POOL));
+    // What a placed VirtualMachine holds: its class's memory (a class since deleted holds
+    // nothing this scheduler can name).
+    let memory_of = |other: &VirtualMachine| {
+        cached(&ctx.stores.classes, namespace, &other.spec.class_ref.name)
+            .and_then(|c| banlieue_api::quantity::to_bytes(&c.spec.memory.0))
+            .unwrap_or(0)
+    };
     let placement = ctx.placements.place(
         namespace,
         &vm.name_any(),
         pool.map(String::as_str),
         &vms,
+        memory_of,
         std::time::Instant::now(),
-        |spread| {
+        |occupancy| {
             let placement = scheduling::schedule(ScheduleInput {
                 vm,
                 class: class.as_deref(),
                 image: image.as_deref(),
                 providers: &provider_refs,
                 provider_classes: &provider_classes,
-                spread,
+                occupancy,
             })?;
             let domain = (placement.provider.clone(), placement.failure_domain.clone());
             Ok((placement, domain))

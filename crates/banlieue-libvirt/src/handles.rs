@@ -956,6 +956,28 @@ impl Network {
     }
 }
 
+/// `virNodeInfo`: what [`Client::node_info`] returns. `#[non_exhaustive]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeInfo {
+    /// The CPU model (`x86_64`).
+    pub model: String,
+    /// Memory, in KiB.
+    pub memory_kib: u64,
+    /// Active logical CPUs.
+    pub cpus: u32,
+    /// Expected CPU frequency, in MHz (0 when unknown).
+    pub mhz: u32,
+    /// NUMA cells (1 for uniform memory access).
+    pub numa_nodes: u32,
+    /// Sockets per NUMA cell.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
 /// Connection-level calls.
 impl Client {
     /// `virConnectGetVersion`: the hypervisor's version as `major * 1,000,000 + minor * 1,000
@@ -980,6 +1002,29 @@ impl Client {
     /// `virConnectGetType`: the hypervisor driver's name (`QEMU`, `Test`, …).
     pub async fn hypervisor_type(&self) -> Result<String> {
         Ok(self.call::<rp::ConnectGetType>(&()).await?.r#type)
+    }
+
+    /// `virNodeGetInfo`: the host's memory and CPUs.
+    pub async fn node_info(&self) -> Result<NodeInfo> {
+        let r = self.call::<rp::NodeGetInfo>(&()).await?;
+        // `model` is a NUL-padded C string of at most 32 bytes.
+        let model: Vec<u8> = r
+            .model
+            .iter()
+            .map(|&c| c as u8)
+            .take_while(|&c| c != 0)
+            .collect();
+        let count = |n: i32| u32::try_from(n).unwrap_or(0);
+        Ok(NodeInfo {
+            model: String::from_utf8_lossy(&model).into_owned(),
+            memory_kib: r.memory,
+            cpus: count(r.cpus),
+            mhz: count(r.mhz),
+            numa_nodes: count(r.nodes),
+            sockets: count(r.sockets),
+            cores: count(r.cores),
+            threads: count(r.threads),
+        })
     }
 
     /// `virConnectGetHostname`.

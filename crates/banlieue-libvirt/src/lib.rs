@@ -40,7 +40,8 @@ pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorCode, ErrorLevel, RemoteError, Result};
 pub use handles::{
     Domain, DomainState, InterfaceAddresses, InterfaceAddressesSource, IpAddress, IpAddressType,
-    Network, StoragePool, StorageVol, StorageVolInfo, StorageVolType, uuid_string, version_string,
+    Network, NodeInfo, StoragePool, StorageVol, StorageVolInfo, StorageVolType, uuid_string,
+    version_string,
 };
 pub use packet::PacketError;
 pub use reconnect::{Backoff, ConnectFuture, LifecycleUpdate, LifecycleWatch, Reconnecting};

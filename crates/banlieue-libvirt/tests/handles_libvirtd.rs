@@ -27,6 +27,22 @@ async fn connection_calls_name_the_hypervisor_and_host() {
     let host = c.hostname().await.expect("hostname");
     let virsh = d.virsh(["hostname"]).await.expect("virsh hostname");
     assert_eq!(host, virsh.trim(), "the same host name as virsh");
+    let node = c.node_info().await.expect("node info");
+    let nodeinfo = d.virsh(["nodeinfo"]).await.expect("virsh nodeinfo");
+    let field = |name: &str| -> u64 {
+        nodeinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {nodeinfo}"))
+    };
+    assert_eq!(
+        node.memory_kib,
+        field("Memory size:"),
+        "the same memory as virsh"
+    );
+    assert_eq!(u64::from(node.cpus), field("CPU(s):"));
+    assert_eq!(node.model, "x86_64");
 }
 
 #[tokio::test]

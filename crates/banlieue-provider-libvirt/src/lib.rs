@@ -16,7 +16,7 @@ pub mod machine;
 pub mod metrics;
 pub mod operator;
 pub mod provider_status;
-pub mod quantity;
+pub use banlieue_api::quantity;
 pub mod volume_xml;
 
 pub use error::{Error, Result};

@@ -141,6 +141,21 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     assert_eq!(fd.storage_classes, host.capabilities().storage_classes);
     assert_eq!(fd.network_classes, host.capabilities().network_classes);
     assert_eq!(fd.features, vec!["vtpm".to_owned()]);
+    // The host's size as libvirt reports it, read independently with virsh.
+    let nodeinfo = host.libvirtd.virsh(["nodeinfo"]).await?;
+    let field = |name: &str| -> u64 {
+        nodeinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {nodeinfo}"))
+    };
+    let capacity = fd
+        .capacity
+        .clone()
+        .expect("the provider publishes the host's capacity");
+    assert_eq!(capacity.memory_bytes, field("Memory size:") * 1024);
+    assert_eq!(u64::from(capacity.cpus), field("CPU(s):"));
 
     // The transition was recorded as an Event on the Provider.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(kube.clone(), &ns);

@@ -226,3 +226,76 @@ async fn a_pools_members_spread_across_providers() -> TestResult {
     }
     controller.stop().await
 }
+
+#[tokio::test]
+async fn a_full_host_takes_no_more_and_the_member_says_which_hosts_lack_what() -> TestResult {
+    let h = Harness::new().await?;
+    let hosts = ["host-1", "host-2"];
+    for host in hosts {
+        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+        // Room for two members of the harness class (2 GiB each), no overcommit.
+        h.set_capacity(host, 4 << 30).await?;
+    }
+    h.apply_image_on(IMAGE, "r1", true, &hosts).await?;
+    let controller = h.start_controller().await?;
+    h.create_pool("full", 5, "InfrastructureReady", serde_json::json!({}))
+        .await?;
+    let vms = h.api::<VirtualMachine>();
+    let selector = format!("{}=full", banlieue_api::names::LABEL_POOL);
+    let (placed, refused) = wait_for("four placed and one refused", DEADLINE, || {
+        let (vms, selector) = (vms.clone(), selector.clone());
+        async move {
+            let members = vms
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items;
+            let placed: Vec<String> = members
+                .iter()
+                .filter_map(|vm| Some(vm.status.as_ref()?.provider_ref.as_ref()?.name.clone()))
+                .collect();
+            let refused: Vec<String> = members
+                .iter()
+                .filter_map(scheduled_reason)
+                .filter(|(s, r, _)| s == "False" && r == reasons::INSUFFICIENT_CAPACITY)
+                .map(|(_, _, m)| m)
+                .collect();
+            Ok((placed.len() == 4 && refused.len() == 1).then_some((placed, refused)))
+        }
+    })
+    .await?;
+    for host in hosts {
+        assert_eq!(
+            placed.iter().filter(|p| *p == host).count(),
+            2,
+            "{placed:?}"
+        );
+    }
+    assert_eq!(
+        refused[0],
+        "class small needs 2.0 GiB of memory and no failure domain has it to spare: \
+         host-1 has 0.0 GiB of 4.0 GiB free; host-2 has 0.0 GiB of 4.0 GiB free"
+    );
+    // A host that grows takes the waiting member.
+    h.set_capacity("host-2", 6 << 30).await?;
+    wait_for("the fifth member placed on host-2", DEADLINE, || {
+        let (vms, selector) = (vms.clone(), selector.clone());
+        async move {
+            let members = vms
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items;
+            let on_2 = members
+                .iter()
+                .filter(|vm| {
+                    vm.status
+                        .as_ref()
+                        .and_then(|s| s.provider_ref.as_ref())
+                        .is_some_and(|p| p.name == "host-2")
+                })
+                .count();
+            Ok((on_2 == 3).then_some(()))
+        }
+    })
+    .await?;
+    controller.stop().await
+}

@@ -144,6 +144,25 @@ impl Harness {
         Ok(())
     }
 
+    /// Publishes the host size of a Provider's failure domain, as its workload does after
+    /// NODE_GET_INFO.
+    pub async fn set_capacity(&self, provider: &str, memory_bytes: u64) -> TestResult {
+        let providers: Api<banlieue_api::Provider> = self.api();
+        let mut current = providers.get_status(provider).await?;
+        let status = current.status.get_or_insert_with(Default::default);
+        for domain in &mut status.failure_domains {
+            domain.capacity = Some(banlieue_api::DomainCapacity {
+                memory_bytes,
+                cpus: 4,
+            });
+        }
+        let patch = json!({"status": {"failureDomains": status.failure_domains}});
+        providers
+            .patch_status(provider, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     pub async fn apply_class(&self, name: &str, tpm: bool) -> TestResult {
         let classes: Api<VMClass> = self.api();
         let class = json!({

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{FailureDomain, Provider, ProviderStatus};
+use banlieue_api::{DomainCapacity, FailureDomain, Provider, ProviderStatus};
 use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
 use futures::StreamExt;
@@ -177,10 +177,18 @@ async fn inventory(client: &Client) -> Result<HostInventory> {
         .iter()
         .map(|n| n.name().to_owned())
         .collect();
+    let node = client
+        .node_info()
+        .await
+        .map_err(Error::libvirt("read the host's memory and CPUs"))?;
     Ok(HostInventory {
         hostname,
         pools,
         networks,
+        capacity: Some(DomainCapacity {
+            memory_bytes: node.memory_kib.saturating_mul(1024),
+            cpus: node.cpus,
+        }),
     })
 }
 

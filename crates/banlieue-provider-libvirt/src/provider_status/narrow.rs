@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
-use banlieue_api::{FailureDomain, ProviderCapabilities};
+use banlieue_api::{DomainCapacity, FailureDomain, ProviderCapabilities};
 
 /// What the probe found on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -13,6 +13,8 @@ pub struct HostInventory {
     pub hostname: String,
     pub pools: BTreeSet<String>,
     pub networks: BTreeSet<String>,
+    /// NODE_GET_INFO: the host's memory and CPUs.
+    pub capacity: Option<DomainCapacity>,
 }
 
 /// The single failure domain and what was declared but not found.
@@ -63,6 +65,7 @@ pub fn narrow(declared: &ProviderCapabilities, host: &HostInventory) -> Narrowed
             storage_classes,
             network_classes,
             features: declared.features.clone(),
+            capacity: host.capacity.clone(),
         },
         missing,
     }
@@ -124,6 +127,7 @@ mod tests {
                 },
             }],
             features: vec!["vtpm".into()],
+            memory_overcommit_percent: None,
         }
     }
 
@@ -133,6 +137,10 @@ mod tests {
             hostname: "kvm-7".into(),
             pools: ["default".to_owned()].into(),
             networks: ["br-prod".to_owned(), "other".to_owned()].into(),
+            capacity: Some(DomainCapacity {
+                memory_bytes: 16 << 30,
+                cpus: 8,
+            }),
         };
         let n = narrow(&declared(), &host);
         assert_eq!(n.failure_domain.name, "kvm-7");
@@ -140,6 +148,11 @@ mod tests {
         assert_eq!(n.failure_domain.storage_classes[0].name, "standard");
         assert_eq!(n.failure_domain.network_classes.len(), 1);
         assert_eq!(n.failure_domain.features, vec!["vtpm".to_owned()]);
+        assert_eq!(
+            n.failure_domain.capacity.as_ref().map(|c| c.memory_bytes),
+            Some(16 << 30),
+            "the measured capacity is published as measured"
+        );
         let c = ready_condition(&n, Some(3));
         assert_eq!(c.status, "False");
         assert_eq!(c.reason, "CapabilitiesIncomplete");
@@ -153,6 +166,7 @@ mod tests {
             hostname: "kvm-7".into(),
             pools: ["default".to_owned(), "nvme-pool".to_owned()].into(),
             networks: ["br-prod".to_owned()].into(),
+            capacity: None,
         };
         let n = narrow(&declared(), &host);
         assert!(n.missing.is_empty());
@@ -169,6 +183,7 @@ mod tests {
             hostname: "h".into(),
             pools: ["default".to_owned(), "nvme-pool".to_owned()].into(),
             networks: BTreeSet::new(),
+            capacity: None,
         };
         let n = narrow(&declared(), &host);
         assert_eq!(

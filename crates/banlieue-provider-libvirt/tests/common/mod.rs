@@ -221,6 +221,7 @@ impl Host {
                 },
             }],
             features: vec!["vtpm".into()],
+            memory_overcommit_percent: None,
         }
     }
 }
