@@ -1,9 +1,9 @@
 //! The async client: a thin tokio shell around [`crate::dispatch`]. One reader task routes
 //! what arrives; senders write their own packets when the connection is free to write (see
-//! [`Outbox`]), with a writer task that takes over when the socket would block; a keepalive
+//! `Outbox`), with a writer task that takes over when the socket would block; a keepalive
 //! task pings a silent peer and declares it dead after `interval × count`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -176,9 +176,16 @@ impl Shared {
 /// the transport free writes the queue out: on the common path the sender itself, in its own
 /// task, so that a call reaches the socket without a hand-off to another task. A sender that
 /// finds the transport taken leaves its packet to the holder, which writes what was queued
-/// meanwhile before it lets go (so calls in flight still go out in batches). The transport is
-/// always polled with the writer task's waker: when the socket would block, the writer task is
-/// what the socket wakes, and it writes the rest.
+/// meanwhile before it lets go. The transport is always polled with the writer task's waker:
+/// when the socket would block, the writer task is what the socket wakes, and it writes the
+/// rest.
+///
+/// Each packet is written by a write of its own, so that with TLS no record holds the end of
+/// one packet and the start of the next. libvirtd reads one packet at a time and stops reading
+/// a client whose stream queue or request limit is full; bytes of a next packet already
+/// decrypted into its TLS library's buffer are then invisible to its event loop (it checks
+/// SASL and SSH sessions for cached data, not TLS) and wait for more bytes to arrive: an
+/// upload's end, written together with its last data, waited for the next keepalive.
 struct Outbox {
     queue: Mutex<Queue>,
     wire: Mutex<Wire>,
@@ -187,16 +194,16 @@ struct Outbox {
 }
 
 struct Queue {
-    bytes: BytesMut,
-    /// Packets in `bytes`; senders wait while there are `limit` of them.
-    packets: usize,
+    /// Encoded packets, oldest first.
+    packets: VecDeque<Bytes>,
+    /// Senders wait while this many packets are queued.
     limit: usize,
 }
 
 struct Wire {
     io: std::pin::Pin<Box<dyn AsyncWrite + Send>>,
-    /// Bytes taken from the queue that the transport has not accepted yet.
-    writing: BytesMut,
+    /// What the transport has not accepted yet of the packet being written.
+    writing: Bytes,
     /// The writer task's waker, once it has run.
     writer: Option<Waker>,
 }
@@ -205,13 +212,12 @@ impl Outbox {
     fn new(io: impl AsyncWrite + Send + 'static, limit: usize) -> Outbox {
         Outbox {
             queue: Mutex::new(Queue {
-                bytes: BytesMut::new(),
-                packets: 0,
+                packets: VecDeque::new(),
                 limit: limit.max(1),
             }),
             wire: Mutex::new(Wire {
                 io: Box::pin(io),
-                writing: BytesMut::new(),
+                writing: Bytes::new(),
                 writer: None,
             }),
             room: tokio::sync::Notify::new(),
@@ -222,29 +228,34 @@ impl Outbox {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn encode(packet: &Packet) -> std::result::Result<Bytes, PacketError> {
+        let mut frame = BytesMut::with_capacity(packet.encoded_len());
+        packet.encode(&mut frame)?;
+        Ok(frame.freeze())
+    }
+
     /// Queues `packet` whole, however full the queue is (keepalives, the close of a dropped
     /// client: tiny and rare).
     fn push(&self, packet: &Packet) -> std::result::Result<(), PacketError> {
-        let mut q = self.queue();
-        packet.encode(&mut q.bytes)?;
-        q.packets += 1;
+        let frame = Self::encode(packet)?;
+        self.queue().packets.push_back(frame);
         Ok(())
     }
 
     /// Waits until the queue has room, then queues `packet` whole. Cancel-safe: a sender
     /// dropped while it waits has queued nothing.
     async fn push_when_room(&self, packet: &Packet) -> std::result::Result<(), PacketError> {
+        let frame = Self::encode(packet)?;
         loop {
             let room = self.room.notified();
             let mut room = std::pin::pin!(room);
-            // Registered before the check, so that a drain between the check and the wait
-            // still wakes it.
+            // Registered before the check, so that a packet taken between the check and the
+            // wait still wakes it.
             room.as_mut().enable();
             {
                 let mut q = self.queue();
-                if q.packets < q.limit {
-                    packet.encode(&mut q.bytes)?;
-                    q.packets += 1;
+                if q.packets.len() < q.limit {
+                    q.packets.push_back(frame);
                     return Ok(());
                 }
             }
@@ -257,14 +268,14 @@ impl Outbox {
     /// it can take more). Never waits.
     fn pump(&self) -> std::io::Result<()> {
         loop {
-            let Ok(mut t) = self.wire.try_lock() else {
+            let Ok(mut wire) = self.wire.try_lock() else {
                 return Ok(());
             };
             let Wire {
                 io,
                 writing,
                 writer,
-            } = &mut *t;
+            } = &mut *wire;
             // Before the writer task's first run: that run writes the queue.
             let Some(waker) = writer.as_ref() else {
                 return Ok(());
@@ -273,31 +284,29 @@ impl Outbox {
                 Poll::Pending => return Ok(()),
                 Poll::Ready(r) => r?,
             }
-            drop(t);
+            drop(wire);
             // A sender whose try_lock failed while we wrote relies on us for its packet.
-            if self.queue().bytes.is_empty() {
+            if self.queue().packets.is_empty() {
                 return Ok(());
             }
         }
     }
 
-    /// Moves the queue into `writing` and writes until both are empty, then flushes.
+    /// Writes queued packets, one write each, until none is left, then flushes.
     fn write_out(
         &self,
         mut io: std::pin::Pin<&mut (dyn AsyncWrite + Send)>,
-        writing: &mut BytesMut,
+        writing: &mut Bytes,
         cx: &mut Context<'_>,
     ) -> Poll<std::io::Result<()>> {
         loop {
             if writing.is_empty() {
                 let mut q = self.queue();
-                if q.bytes.is_empty() {
+                let was_full = q.packets.len() >= q.limit;
+                let Some(next) = q.packets.pop_front() else {
                     break;
-                }
-                // `writing` is empty: the queue takes over its allocation.
-                std::mem::swap(writing, &mut q.bytes);
-                let was_full = q.packets >= q.limit;
-                q.packets = 0;
+                };
+                *writing = next;
                 drop(q);
                 if was_full {
                     self.room.notify_waiters();
@@ -911,7 +920,7 @@ async fn write_loop(shared: std::sync::Weak<Shared>) {
                 }
             }
             // As in `Outbox::pump`: what was queued while the transport was held is ours.
-            if outbox.queue().bytes.is_empty() {
+            if outbox.queue().packets.is_empty() {
                 return Poll::Pending;
             }
         }
@@ -947,6 +956,81 @@ mod tests {
             fan_out(&mut subscribers, &event);
         }
         assert_eq!(subscribers.len(), 2);
+    }
+
+    /// A transport that records each write and never has anything to read.
+    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.0.lock().unwrap().push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Packets queued together still go out one write each, so that no TLS record spans two
+    /// of them (see `Outbox`).
+    #[tokio::test]
+    async fn queued_packets_are_written_one_write_each() {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let client = Client::start(Recorder(writes.clone()), ClientOptions::default());
+        tokio::task::yield_now().await;
+        let packets: Vec<Packet> = (1..=3)
+            .map(|serial| Packet {
+                header: header(
+                    rp::ConnectGetLibVersion::PROGRAM,
+                    rp::ConnectGetLibVersion::VERSION,
+                    rp::ConnectGetLibVersion::NUMBER,
+                    VirNetMessageType::CALL,
+                    serial,
+                    VirNetMessageStatus::OK,
+                ),
+                fds: None,
+                body: Bytes::from(vec![0u8; 4 * serial as usize]),
+            })
+            .collect();
+        let outbox = &client.shared.outbox;
+        for p in &packets {
+            outbox.push(p).expect("queued");
+        }
+        outbox.pump().expect("written");
+        let expected: Vec<Vec<u8>> = packets
+            .iter()
+            .map(|p| {
+                let mut b = BytesMut::new();
+                p.encode(&mut b).expect("encode");
+                b.to_vec()
+            })
+            .collect();
+        assert_eq!(*writes.lock().unwrap(), expected);
     }
 
     /// The next packet the client wrote; a frame left half written fails the test rather
