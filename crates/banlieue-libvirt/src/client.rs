@@ -146,10 +146,16 @@ impl Shared {
     }
 
     /// Queues `packet` once the send queue has room and writes it out if the connection is
-    /// free to write. Cancel-safe: a sender dropped while it waits for room has sent nothing.
+    /// free to write; a large packet (stream data) is left to the writer task, so that the
+    /// sender prepares its next one (reads the next chunk of a file) while this one goes out.
+    /// Cancel-safe: a sender dropped while it waits for room has sent nothing.
     async fn send(&self, packet: &Packet) -> Result<()> {
         self.outbox.push_when_room(packet).await?;
-        self.flush();
+        if packet.body.len() <= WRITE_IN_PLACE_MAX {
+            self.flush();
+        } else {
+            self.outbox.wake_writer();
+        }
         Ok(())
     }
 
@@ -169,12 +175,17 @@ impl Shared {
     }
 }
 
+/// Packets with bodies up to this size are written by their sender (calls, small stream
+/// packets); larger ones by the writer task.
+const WRITE_IN_PLACE_MAX: usize = 16 * 1024;
+
 /// The sending side of a connection, shared by every sender.
 ///
 /// A packet is encoded whole into the queue under a lock, with no await in between: it is
 /// queued entirely or not at all, whatever becomes of the sender's future. Whoever then finds
-/// the transport free writes the queue out: on the common path the sender itself, in its own
-/// task, so that a call reaches the socket without a hand-off to another task. A sender that
+/// the transport free writes the queue out: for calls the sender itself, in its own task, so
+/// that a call reaches the socket without a hand-off to another task (stream data is left to
+/// the writer task, see `Shared::send`). A sender that
 /// finds the transport taken leaves its packet to the holder, which writes what was queued
 /// meanwhile before it lets go. The transport is always polled with the writer task's waker:
 /// when the socket would block, the writer task is what the socket wakes, and it writes the
@@ -260,6 +271,16 @@ impl Outbox {
                 }
             }
             room.await;
+        }
+    }
+
+    /// Has the writer task write what is queued. If the transport is held, its holder writes
+    /// it before letting go.
+    fn wake_writer(&self) {
+        if let Ok(wire) = self.wire.try_lock()
+            && let Some(writer) = &wire.writer
+        {
+            writer.wake_by_ref();
         }
     }
 
