@@ -1,24 +1,26 @@
 //! The async client: a thin tokio shell around [`crate::dispatch`]. One reader task routes
-//! what arrives, one writer task drains a bounded send queue, and a keepalive task pings a
-//! silent peer and declares it dead after `interval × count`.
+//! what arrives; senders write their own packets when the connection is free to write (see
+//! `Outbox`), with a writer task that takes over when the socket would block; a keepalive
+//! task pings a silent peer and declares it dead after `interval × count`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::codec::FramedRead;
 use tracing::{debug, warn};
 
 use crate::dispatch::{
     CallTable, Completion, Incoming, Keepalive, KeepaliveAction, classify, keepalive_packet,
 };
 use crate::error::{Error, RemoteError, Result};
-use crate::packet::{Packet, PacketCodec};
+use crate::packet::{Packet, PacketCodec, PacketError};
 use crate::proto::net::{VirNetMessageHeader, VirNetMessageStatus, VirNetMessageType};
 use crate::proto::remote::{self, procedures as rp};
 use crate::tls::{CaBundle, Identity};
@@ -41,7 +43,7 @@ pub struct ClientOptions {
     pub keepalive_interval: Duration,
     /// Give the peer up after `interval × count` of silence.
     pub keepalive_count: u32,
-    /// Packets queued for sending before callers wait (backpressure).
+    /// Packets queued for sending before senders wait (backpressure).
     pub send_queue: usize,
     /// Stream packets buffered per open stream before the reader waits.
     pub stream_buffer: usize,
@@ -73,7 +75,7 @@ struct State {
 }
 
 pub(crate) struct Shared {
-    outgoing: mpsc::Sender<Packet>,
+    outbox: Outbox,
     /// Packets dropped as answering nothing or not meant for a client; see
     /// [`Client::ignored_packets`].
     ignored: AtomicU64,
@@ -142,6 +144,203 @@ impl Shared {
     fn dead_reason(&self) -> Option<String> {
         self.lock().dead.clone()
     }
+
+    /// Queues `packet` once the send queue has room and writes it out if the connection is
+    /// free to write; a large packet (stream data) is left to the writer task, so that the
+    /// sender prepares its next one (reads the next chunk of a file) while this one goes out.
+    /// Cancel-safe: a sender dropped while it waits for room has sent nothing.
+    async fn send(&self, packet: &Packet) -> Result<()> {
+        self.outbox.push_when_room(packet).await?;
+        if packet.body.len() <= WRITE_IN_PLACE_MAX {
+            self.flush();
+        } else {
+            self.outbox.wake_writer();
+        }
+        Ok(())
+    }
+
+    /// Queues `packet` whatever the queue holds, and writes it out if the connection is free
+    /// to write: for keepalives and the close of a dropped client, tiny and rare, from places
+    /// that cannot wait.
+    fn send_now(&self, packet: &Packet) {
+        if self.outbox.push(packet).is_ok() {
+            self.flush();
+        }
+    }
+
+    fn flush(&self) {
+        if let Err(e) = self.outbox.pump() {
+            self.kill(format!("write: {e}"));
+        }
+    }
+}
+
+/// Packets with bodies up to this size are written by their sender (calls, small stream
+/// packets); larger ones by the writer task.
+const WRITE_IN_PLACE_MAX: usize = 16 * 1024;
+
+/// The sending side of a connection, shared by every sender.
+///
+/// A packet is encoded whole into the queue under a lock, with no await in between: it is
+/// queued entirely or not at all, whatever becomes of the sender's future. Whoever then finds
+/// the transport free writes the queue out: for calls the sender itself, in its own task, so
+/// that a call reaches the socket without a hand-off to another task (stream data is left to
+/// the writer task, see `Shared::send`). A sender that
+/// finds the transport taken leaves its packet to the holder, which writes what was queued
+/// meanwhile before it lets go. The transport is always polled with the writer task's waker:
+/// when the socket would block, the writer task is what the socket wakes, and it writes the
+/// rest.
+///
+/// Each packet is written by a write of its own, so that with TLS no record holds the end of
+/// one packet and the start of the next. libvirtd reads one packet at a time and stops reading
+/// a client whose stream queue or request limit is full; bytes of a next packet already
+/// decrypted into its TLS library's buffer are then invisible to its event loop (it checks
+/// SASL and SSH sessions for cached data, not TLS) and wait for more bytes to arrive: an
+/// upload's end, written together with its last data, waited for the next keepalive.
+struct Outbox {
+    queue: Mutex<Queue>,
+    wire: Mutex<Wire>,
+    /// Wakes senders waiting for room in a full queue.
+    room: tokio::sync::Notify,
+}
+
+struct Queue {
+    /// Encoded packets, oldest first.
+    packets: VecDeque<Bytes>,
+    /// Senders wait while this many packets are queued.
+    limit: usize,
+}
+
+struct Wire {
+    io: std::pin::Pin<Box<dyn AsyncWrite + Send>>,
+    /// What the transport has not accepted yet of the packet being written.
+    writing: Bytes,
+    /// The writer task's waker, once it has run.
+    writer: Option<Waker>,
+}
+
+impl Outbox {
+    fn new(io: impl AsyncWrite + Send + 'static, limit: usize) -> Outbox {
+        Outbox {
+            queue: Mutex::new(Queue {
+                packets: VecDeque::new(),
+                limit: limit.max(1),
+            }),
+            wire: Mutex::new(Wire {
+                io: Box::pin(io),
+                writing: Bytes::new(),
+                writer: None,
+            }),
+            room: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn encode(packet: &Packet) -> std::result::Result<Bytes, PacketError> {
+        let mut frame = BytesMut::with_capacity(packet.encoded_len());
+        packet.encode(&mut frame)?;
+        Ok(frame.freeze())
+    }
+
+    /// Queues `packet` whole, however full the queue is (keepalives, the close of a dropped
+    /// client: tiny and rare).
+    fn push(&self, packet: &Packet) -> std::result::Result<(), PacketError> {
+        let frame = Self::encode(packet)?;
+        self.queue().packets.push_back(frame);
+        Ok(())
+    }
+
+    /// Waits until the queue has room, then queues `packet` whole. Cancel-safe: a sender
+    /// dropped while it waits has queued nothing.
+    async fn push_when_room(&self, packet: &Packet) -> std::result::Result<(), PacketError> {
+        let frame = Self::encode(packet)?;
+        loop {
+            let room = self.room.notified();
+            let mut room = std::pin::pin!(room);
+            // Registered before the check, so that a packet taken between the check and the
+            // wait still wakes it.
+            room.as_mut().enable();
+            {
+                let mut q = self.queue();
+                if q.packets.len() < q.limit {
+                    q.packets.push_back(frame);
+                    return Ok(());
+                }
+            }
+            room.await;
+        }
+    }
+
+    /// Has the writer task write what is queued. If the transport is held, its holder writes
+    /// it before letting go.
+    fn wake_writer(&self) {
+        if let Ok(wire) = self.wire.try_lock()
+            && let Some(writer) = &wire.writer
+        {
+            writer.wake_by_ref();
+        }
+    }
+
+    /// Writes out what is queued, unless another sender holds the transport (it writes what
+    /// we queued before letting go) or the socket would block (the writer task resumes when
+    /// it can take more). Never waits.
+    fn pump(&self) -> std::io::Result<()> {
+        loop {
+            let Ok(mut wire) = self.wire.try_lock() else {
+                return Ok(());
+            };
+            let Wire {
+                io,
+                writing,
+                writer,
+            } = &mut *wire;
+            // Before the writer task's first run: that run writes the queue.
+            let Some(waker) = writer.as_ref() else {
+                return Ok(());
+            };
+            match self.write_out(io.as_mut(), writing, &mut Context::from_waker(waker)) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(r) => r?,
+            }
+            drop(wire);
+            // A sender whose try_lock failed while we wrote relies on us for its packet.
+            if self.queue().packets.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes queued packets, one write each, until none is left, then flushes.
+    fn write_out(
+        &self,
+        mut io: std::pin::Pin<&mut (dyn AsyncWrite + Send)>,
+        writing: &mut Bytes,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            if writing.is_empty() {
+                let mut q = self.queue();
+                let was_full = q.packets.len() >= q.limit;
+                let Some(next) = q.packets.pop_front() else {
+                    break;
+                };
+                *writing = next;
+                drop(q);
+                if was_full {
+                    self.room.notify_waiters();
+                }
+            }
+            let n = std::task::ready!(io.as_mut().poll_write(cx, writing))?;
+            if n == 0 {
+                return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+            }
+            writing.advance(n);
+        }
+        io.poll_flush(cx)
+    }
 }
 
 /// A connection to libvirtd. Cheap to clone; all clones share the connection, which closes
@@ -183,8 +382,7 @@ impl Drop for Closer {
         if shared.dead_reason().is_some() {
             return;
         }
-        let close = empty_call::<rp::ConnectClose>();
-        let _ = shared.outgoing.try_send(close);
+        shared.send_now(&empty_call::<rp::ConnectClose>());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -421,9 +619,8 @@ impl Client {
         IO: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (read, write) = tokio::io::split(io);
-        let (tx, rx) = mpsc::channel(opts.send_queue.max(1));
         let shared = Arc::new(Shared {
-            outgoing: tx,
+            outbox: Outbox::new(write, opts.send_queue),
             ignored: AtomicU64::new(0),
             state: Mutex::new(State::default()),
             opts,
@@ -433,11 +630,7 @@ impl Client {
             Arc::downgrade(&shared),
             FramedRead::new(read, PacketCodec),
         ));
-        let writer = tokio::spawn(write_loop(
-            Arc::downgrade(&shared),
-            FramedWrite::new(write, PacketCodec),
-            rx,
-        ));
+        let writer = tokio::spawn(write_loop(Arc::downgrade(&shared)));
         shared
             .tasks
             .lock()
@@ -467,7 +660,7 @@ impl Client {
                 match rule.decide(last, Instant::now()) {
                     KeepaliveAction::Nothing => {}
                     KeepaliveAction::SendPing => {
-                        let _ = shared.outgoing.try_send(keepalive_packet(false));
+                        shared.send_now(&keepalive_packet(false));
                     }
                     KeepaliveAction::Dead => {
                         let silent = rule.interval * rule.count;
@@ -559,11 +752,13 @@ impl Client {
             body,
         };
         let wait = async {
-            self.shared
-                .outgoing
-                .send(packet)
-                .await
-                .map_err(|_| Error::Closed)?;
+            if let Err(e) = self.shared.send(&packet).await {
+                // Never sent, so no reply will come for a tombstone to wait for.
+                let mut st = self.shared.lock();
+                st.calls.complete(P::PROGRAM, serial);
+                st.streams.remove(&serial);
+                return Err(e);
+            }
             rx.await.map_err(|_| Error::Closed)?
         };
         let reply = match timeout {
@@ -595,11 +790,7 @@ impl Client {
         if let Some(reason) = self.shared.dead_reason() {
             return Err(Error::ConnectionLost(reason));
         }
-        self.shared
-            .outgoing
-            .send(packet)
-            .await
-            .map_err(|_| Error::Closed)
+        self.shared.send(&packet).await
     }
 
     pub(crate) fn options(&self) -> &ClientOptions {
@@ -664,9 +855,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         };
         shared.lock().last_heard = Some(Instant::now());
         match classify(&packet) {
-            Incoming::KeepalivePing => {
-                let _ = shared.outgoing.send(keepalive_packet(true)).await;
-            }
+            Incoming::KeepalivePing => shared.send_now(&keepalive_packet(true)),
             Incoming::KeepalivePong => {}
             Incoming::Reply => {
                 let completion = shared
@@ -725,35 +914,41 @@ async fn read_loop<R: AsyncRead + Unpin>(
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(
-    shared: std::sync::Weak<Shared>,
-    mut frames: FramedWrite<W, PacketCodec>,
-    mut rx: mpsc::Receiver<Packet>,
-) {
-    use futures_sink::Sink;
-    let reason = loop {
-        let Some(packet) = rx.recv().await else {
-            return;
+/// Writes when the socket takes more after it would have blocked: every write, by a sender or
+/// by this task, polls the transport with this task's waker. Ends the connection on a write
+/// error.
+async fn write_loop(shared: std::sync::Weak<Shared>) {
+    let failed = std::future::poll_fn(|cx| {
+        let Some(shared) = shared.upgrade() else {
+            return Poll::Ready(None);
         };
-        let mut sink = std::pin::Pin::new(&mut frames);
-        let sent = async {
-            let mut sink: std::pin::Pin<&mut FramedWrite<W, PacketCodec>> = sink.as_mut();
-            std::future::poll_fn(|cx| Sink::<Packet>::poll_ready(sink.as_mut(), cx)).await?;
-            Sink::<Packet>::start_send(sink.as_mut(), packet)?;
-            // Batch whatever else is already queued before flushing.
-            while let Ok(more) = rx.try_recv() {
-                std::future::poll_fn(|cx| Sink::<Packet>::poll_ready(sink.as_mut(), cx)).await?;
-                Sink::<Packet>::start_send(sink.as_mut(), more)?;
+        let outbox = &shared.outbox;
+        loop {
+            {
+                let mut t = outbox.wire.lock().unwrap_or_else(|p| p.into_inner());
+                let Wire {
+                    io,
+                    writing,
+                    writer,
+                } = &mut *t;
+                if !writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *writer = Some(cx.waker().clone());
+                }
+                match outbox.write_out(io.as_mut(), writing, cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Some(e)),
+                    Poll::Ready(Ok(())) => {}
+                }
             }
-            std::future::poll_fn(|cx| Sink::<Packet>::poll_flush(sink.as_mut(), cx)).await?;
-            Ok::<(), crate::packet::CodecError>(())
-        };
-        if let Err(e) = sent.await {
-            break format!("write: {e}");
+            // As in `Outbox::pump`: what was queued while the transport was held is ours.
+            if outbox.queue().packets.is_empty() {
+                return Poll::Pending;
+            }
         }
-    };
-    if let Some(shared) = shared.upgrade() {
-        shared.kill(reason);
+    })
+    .await;
+    if let (Some(e), Some(shared)) = (failed, shared.upgrade()) {
+        shared.kill(format!("write: {e}"));
     }
 }
 
@@ -782,5 +977,166 @@ mod tests {
             fan_out(&mut subscribers, &event);
         }
         assert_eq!(subscribers.len(), 2);
+    }
+
+    /// A transport that records each write and never has anything to read.
+    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.0.lock().unwrap().push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Packets queued together still go out one write each, so that no TLS record spans two
+    /// of them (see `Outbox`).
+    #[tokio::test]
+    async fn queued_packets_are_written_one_write_each() {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let client = Client::start(Recorder(writes.clone()), ClientOptions::default());
+        tokio::task::yield_now().await;
+        let packets: Vec<Packet> = (1..=3)
+            .map(|serial| Packet {
+                header: header(
+                    rp::ConnectGetLibVersion::PROGRAM,
+                    rp::ConnectGetLibVersion::VERSION,
+                    rp::ConnectGetLibVersion::NUMBER,
+                    VirNetMessageType::CALL,
+                    serial,
+                    VirNetMessageStatus::OK,
+                ),
+                fds: None,
+                body: Bytes::from(vec![0u8; 4 * serial as usize]),
+            })
+            .collect();
+        let outbox = &client.shared.outbox;
+        for p in &packets {
+            outbox.push(p).expect("queued");
+        }
+        outbox.pump().expect("written");
+        let expected: Vec<Vec<u8>> = packets
+            .iter()
+            .map(|p| {
+                let mut b = BytesMut::new();
+                p.encode(&mut b).expect("encode");
+                b.to_vec()
+            })
+            .collect();
+        assert_eq!(*writes.lock().unwrap(), expected);
+    }
+
+    /// The next packet the client wrote; a frame left half written fails the test rather
+    /// than hanging it.
+    async fn next_frame<R: AsyncRead + Unpin>(frames: &mut FramedRead<R, PacketCodec>) -> Packet {
+        use futures_core::Stream;
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut *frames).poll_next(cx));
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the frame is written out")
+            .expect("a frame")
+            .expect("a whole packet")
+    }
+
+    /// A call dropped while its frame is half written still leaves the whole frame on the
+    /// wire, then the next call's: frames are written whole or not at all, and the writer task
+    /// finishes what a sender started.
+    #[tokio::test]
+    async fn a_call_cancelled_mid_frame_still_writes_the_whole_frame() {
+        use tokio::io::AsyncWriteExt;
+        // 16 bytes of pipe: any frame blocks after its first 16 bytes until the peer reads.
+        let (ours, theirs) = tokio::io::duplex(16);
+        let client = Client::start(ours, ClientOptions::default());
+        // Let the writer task run once, so that the sender writes in its own task.
+        tokio::task::yield_now().await;
+        let name = "x".repeat(1000);
+        let args = remote::RemoteDomainLookupByNameArgs { name: name.clone() };
+        {
+            let call = client.call::<rp::DomainLookupByName>(&args);
+            let mut call = std::pin::pin!(call);
+            let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "the call waits for its reply");
+        }
+        let second = tokio::spawn({
+            let client = client.clone();
+            async move { client.call::<rp::ConnectGetLibVersion>(&()).await }
+        });
+        let (read, mut write) = tokio::io::split(theirs);
+        let mut frames = FramedRead::new(read, PacketCodec);
+        let first = next_frame(&mut frames).await;
+        assert_eq!(first.header.r#proc, rp::DomainLookupByName::NUMBER);
+        let sent: remote::RemoteDomainLookupByNameArgs = first.body().expect("whole arguments");
+        assert_eq!(sent.name, name);
+        let next = next_frame(&mut frames).await;
+        assert_eq!(next.header.r#proc, rp::ConnectGetLibVersion::NUMBER);
+        assert_ne!(next.header.serial, first.header.serial);
+
+        // The cancelled call's late reply first (expected, not a stray), then the answer.
+        let reply = |header: &VirNetMessageHeader, body: &dyn Fn(&mut BytesMut)| {
+            let mut header = header.clone();
+            header.r#type = VirNetMessageType::REPLY;
+            let mut wire = BytesMut::new();
+            let mut encoded = BytesMut::new();
+            body(&mut encoded);
+            Packet {
+                header,
+                fds: None,
+                body: encoded.freeze(),
+            }
+            .encode(&mut wire)
+            .expect("encode");
+            wire
+        };
+        let late = reply(&first.header, &|b| {
+            remote::RemoteDomainLookupByNameRet {
+                dom: remote::RemoteNonnullDomain {
+                    name: name.clone(),
+                    uuid: [0; 16],
+                    id: -1,
+                },
+            }
+            .encode(b)
+            .expect("encode")
+        });
+        let answer = reply(&next.header, &|b| {
+            remote::RemoteConnectGetLibVersionRet {
+                lib_ver: 11_003_000,
+            }
+            .encode(b)
+            .expect("encode")
+        });
+        write.write_all(&late).await.expect("late reply sent");
+        write.write_all(&answer).await.expect("reply sent");
+        let answer = second.await.expect("joined").expect("answered");
+        assert_eq!(answer.lib_ver, 11_003_000);
+        assert_eq!(client.ignored_packets(), 0);
     }
 }
