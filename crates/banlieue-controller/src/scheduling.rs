@@ -103,7 +103,9 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
     }
 
     let requested = quantity::to_bytes(&class.spec.memory.0).unwrap_or(0);
-    let mut candidates: Vec<Placement> = Vec::new();
+    // Each satisfying domain, with the memory it has to spare (0 when its capacity is
+    // unknown: such a domain is never preferred for room it may not have).
+    let mut candidates: Vec<(Placement, u64)> = Vec::new();
     let mut short: Vec<String> = Vec::new();
     let mut furthest: Option<(Stage, Unschedulable)> = None;
     let mut note = |stage: Stage, failure: Unschedulable| {
@@ -178,6 +180,7 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                 continue;
             };
             let key = (provider_name.clone(), domain.name.clone());
+            let mut spare = 0;
             if let Some(capacity) = &domain.capacity {
                 let percent = provider
                     .spec
@@ -203,6 +206,7 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                     );
                     continue;
                 }
+                spare = limit - used - requested;
             }
             let size = class
                 .spec
@@ -222,26 +226,31 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                     size,
                 },
             };
-            candidates.push(Placement {
-                provider: provider_name.clone(),
-                provider_class: class_name.clone(),
-                machine_kind,
-                failure_domain: domain.name.clone(),
-                pool: pool.clone(),
-                network: network.target.network.clone(),
-                disk,
-                image_revision: image_revision(image),
-            });
+            candidates.push((
+                Placement {
+                    provider: provider_name.clone(),
+                    provider_class: class_name.clone(),
+                    machine_kind,
+                    failure_domain: domain.name.clone(),
+                    pool: pool.clone(),
+                    network: network.target.network.clone(),
+                    disk,
+                    image_revision: image_revision(image),
+                },
+                spare,
+            ));
         }
     }
-    // `min_by_key` keeps the first of equals: the Provider-name order breaks ties.
-    if let Some(best) = candidates.into_iter().min_by_key(|c| {
-        input
+    // Fewest members of the pool, then the most memory to spare; `min_by_key` keeps the first
+    // of equals, so the Provider-name order breaks the remaining ties.
+    if let Some((best, _)) = candidates.into_iter().min_by_key(|(c, spare)| {
+        let members = input
             .occupancy
             .members
             .get(&(c.provider.clone(), c.failure_domain.clone()))
             .copied()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (members, std::cmp::Reverse(*spare))
     }) {
         return Ok(best);
     }
@@ -590,8 +599,13 @@ mod tests {
                 .collect(),
         };
         let two_gib = class(false, None);
-        // h1 has 2 of 4 GiB free: the 2 GiB class fits exactly.
-        let placed = run_with(&two_gib, &image, &[&h1, &h2], &occupancy(&[("h1", 2)]));
+        // h1 has 2 of 4 GiB free: the 2 GiB class fits exactly (h2 has 1.5 of 4.5).
+        let placed = run_with(
+            &two_gib,
+            &image,
+            &[&h1, &h2],
+            &occupancy(&[("h1", 2), ("h2", 3)]),
+        );
         assert_eq!(placed.expect("fits").provider, "h1");
         // h1 full; h2's 3 GiB at 150% is 4.5 GiB, 2.5 used: 2 GiB fits.
         let placed = run_with(
@@ -614,6 +628,34 @@ mod tests {
             e.message,
             "class small needs 2.0 GiB of memory and no failure domain has it to spare: \
              h1 has 1.0 GiB of 4.0 GiB free; h2 has 1.5 GiB of 4.5 GiB free"
+        );
+        // Equal members: the domain with more memory to spare goes first, whatever its name.
+        let big = sized("h2", 8, None);
+        let placed = run_with(
+            &two_gib,
+            &image,
+            &[&h1, &big],
+            &occupancy(&[("h1", 1), ("h2", 1)]),
+        );
+        assert_eq!(
+            placed.expect("fits both").provider,
+            "h2",
+            "5 GiB spare beats 1 GiB"
+        );
+        let spread = Occupancy {
+            members: [(("h1".to_owned(), "h1".to_owned()), 0)].into(),
+            memory: [(("h2".to_owned(), "h2".to_owned()), 1 << 30)].into(),
+        };
+        let mut one_member_on_h2 = spread.clone();
+        one_member_on_h2
+            .members
+            .insert(("h2".to_owned(), "h2".to_owned()), 1);
+        assert_eq!(
+            run_with(&two_gib, &image, &[&h1, &big], &one_member_on_h2)
+                .expect("fits")
+                .provider,
+            "h1",
+            "fewer members first, spare room second"
         );
         // A host whose capacity is unknown is not limited.
         let placed = run_with(
