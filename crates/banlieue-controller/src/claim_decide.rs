@@ -3,7 +3,8 @@
 
 use std::cmp::Ordering;
 
-use banlieue_api::ClaimPhase;
+use banlieue_api::conditions::{self, reasons, types};
+use banlieue_api::{ClaimPhase, VirtualMachineClaimStatus};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::member::MemberView;
@@ -76,6 +77,20 @@ pub fn no_member_message(pool: &str, pool_reason: &str, pool_message: &str) -> S
 /// The message of `Bound=False, PoolNotFound`.
 pub fn pool_not_found_message(pool: &str) -> String {
     format!("pool {pool} does not exist")
+}
+
+/// Whether a claim found its member waiting: `warm` when it was bound without ever waiting (a
+/// pool hit), `cold` when it first recorded that no member was available (a miss). Judged by
+/// the claim's own status rather than by timestamps, which the API server keeps to the second.
+pub fn start_of(status: &VirtualMachineClaimStatus) -> &'static str {
+    let waited = conditions::find(&status.conditions, types::BOUND).is_some_and(|c| {
+        c.status == conditions::status::FALSE && c.reason == reasons::NO_MEMBER_AVAILABLE
+    });
+    if waited {
+        crate::metrics::START_COLD
+    } else {
+        crate::metrics::START_WARM
+    }
 }
 
 #[cfg(test)]
@@ -195,5 +210,27 @@ mod tests {
             pool_not_found_message("sandbox-pool"),
             "pool sandbox-pool does not exist"
         );
+    }
+
+    #[test]
+    fn a_claim_is_cold_only_when_it_waited_for_a_member() {
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH);
+        let mut status = VirtualMachineClaimStatus::default();
+        assert_eq!(start_of(&status), crate::metrics::START_WARM);
+        let waiting = |reason: &str| {
+            conditions::new(types::BOUND, conditions::status::FALSE, reason, "", None)
+        };
+        conditions::set(
+            &mut status.conditions,
+            waiting(reasons::POOL_NOT_FOUND),
+            at.clone(),
+        );
+        assert_eq!(start_of(&status), crate::metrics::START_WARM);
+        conditions::set(
+            &mut status.conditions,
+            waiting(reasons::NO_MEMBER_AVAILABLE),
+            at,
+        );
+        assert_eq!(start_of(&status), crate::metrics::START_COLD);
     }
 }

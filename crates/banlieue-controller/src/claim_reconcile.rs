@@ -25,6 +25,7 @@ use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::crash::{CrashPoint, crash_at};
 use crate::error::{Result, is_conflict, is_not_found};
 use crate::member::{MemberView, is_bound_to, is_unclaimed_member};
+use crate::metrics::BindLabels;
 use crate::revision::pool_revision;
 use crate::scheduling::{controller_owner_reference, image_revision};
 
@@ -332,26 +333,23 @@ async fn complete_bind(
     ctx.patch_status(&this.api, &this.name, &next).await?;
     if let Some(created) = &this.claim.metadata.creation_timestamp {
         let latency = bound_at.duration_since(created.0);
-        ctx.metrics
-            .claim_bind_latency
-            .observe(latency.as_secs_f64().max(0.0));
+        let labels = BindLabels {
+            namespace: this.claim.namespace().unwrap_or_default(),
+            pool: this.claim.spec.pool_ref.name.clone(),
+            start: claim_decide::start_of(status),
+        };
+        ctx.metrics.bound(labels, latency.as_secs_f64());
     }
     crash_at(CrashPoint::AfterClaimStatus);
-    // The two Events are independent writes: publish them together.
-    futures::join!(
-        ctx.event(
-            this.claim,
-            EventType::Normal,
-            reasons::BOUND,
-            format!("bound to member {member_name}"),
-        ),
-        ctx.event(
-            member,
-            EventType::Normal,
-            reasons::BOUND,
-            format!("bound to claim {}", this.name),
-        ),
-    );
+    // One Event, on the claim: the member's own bind is its `banlieue.io/claim` label and
+    // annotations, and an Event there would be one more write per claim.
+    ctx.event(
+        this.claim,
+        EventType::Normal,
+        reasons::BOUND,
+        format!("bound to member {member_name}"),
+    )
+    .await;
     Ok(Action::requeue(until(expires_at).min(ctx.config.resync)))
 }
 

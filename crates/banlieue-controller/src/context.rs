@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use banlieue_api::conditions;
 use banlieue_api::{
@@ -18,6 +19,7 @@ use serde_json::json;
 
 use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
+use crate::event_window::{EventWindows, Offer};
 use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::reservations::Reservations;
@@ -87,6 +89,10 @@ pub(crate) struct Context {
     /// Claim uid → member name for binds this process committed, so a claim whose status write
     /// failed is completed with its member even before the cache shows the bind.
     assignments: Mutex<HashMap<String, String>>,
+    /// Routine Events held back and counted ([`Context::routine_event`]).
+    event_windows: Arc<Mutex<EventWindows>>,
+    /// When each pool's status was last written by this process.
+    pub status_writes: LastWrites,
 }
 
 impl std::fmt::Debug for Context {
@@ -121,6 +127,8 @@ impl Context {
             backoff: ErrorBackoff::default(),
             placements: RecentPlacements::default(),
             assignments: Mutex::default(),
+            event_windows: Arc::default(),
+            status_writes: LastWrites::default(),
         }
     }
 
@@ -162,6 +170,48 @@ impl Context {
         let event = event_of(type_, reason, note);
         if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
             tracing::debug!(%error, reason, "could not publish an event");
+        }
+    }
+
+    /// Publishes a routine Event on `object` through a window per object and reason: the
+    /// first at once, the repeats within [`crate::event_window::EVENT_WINDOW`] as one summary when it closes.
+    pub async fn routine_event<K>(&self, object: &K, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        let key = format!(
+            "{}/{}/{}/{reason}",
+            reference.kind.as_deref().unwrap_or_default(),
+            reference.namespace.as_deref().unwrap_or_default(),
+            reference.name.as_deref().unwrap_or_default(),
+        );
+        let offer = self
+            .event_windows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .offer(&key, &note, Instant::now());
+        match offer {
+            Offer::Publish => self.event(object, EventType::Normal, reason, note).await,
+            Offer::Held { flush_at: None } => {}
+            Offer::Held { flush_at: Some(at) } => {
+                let windows = self.event_windows.clone();
+                let recorder = self.recorder.clone();
+                let reason = reason.to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(at.into()).await;
+                    let summary = windows
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .close(&key);
+                    if let Some(summary) = summary {
+                        let event = event_of(EventType::Normal, &reason, summary.note());
+                        if let Err(error) = recorder.publish(&event, &reference).await {
+                            tracing::debug!(%error, reason, "could not publish an event");
+                        }
+                    }
+                });
+            }
         }
     }
 
@@ -258,6 +308,29 @@ where
     K: Resource<DynamicType = ()> + Clone,
 {
     store.get(&ObjectRef::new(name).within(namespace))
+}
+
+/// When this process last wrote each object's status, kept for
+/// [`crate::pool_decide::STATUS_COUNTS_INTERVAL`] only: older writes no longer delay a new one.
+#[derive(Debug, Default)]
+pub(crate) struct LastWrites {
+    at: Mutex<HashMap<String, Instant>>,
+}
+
+impl LastWrites {
+    /// How long ago `key` was last written, if recently enough to matter.
+    pub fn since_last(&self, key: &str, now: Instant) -> Option<std::time::Duration> {
+        let at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
+        at.get(key).map(|t| now.saturating_duration_since(*t))
+    }
+
+    pub fn wrote(&self, key: &str, now: Instant) {
+        let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
+        at.retain(|_, t| {
+            now.saturating_duration_since(*t) < crate::pool_decide::STATUS_COUNTS_INTERVAL
+        });
+        at.insert(key.to_owned(), now);
+    }
 }
 
 /// Per-object retry delays after failed reconciles: doubling from the minimum to the maximum,

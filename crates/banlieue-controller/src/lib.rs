@@ -13,6 +13,7 @@ pub mod config;
 mod context;
 pub mod crash;
 pub mod error;
+mod event_window;
 mod expectations;
 pub mod machine_status;
 pub mod member;

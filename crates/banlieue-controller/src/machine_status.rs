@@ -72,10 +72,40 @@ pub fn scheduled(
             ),
             generation,
         ),
-        now,
+        now.clone(),
     );
+    // What the first mirror of a machine the provider has not reported on would write, written
+    // now: that mirror is then no change and costs no write.
+    if conditions::find(&next.conditions, types::INFRASTRUCTURE_READY).is_none() {
+        set_not_reported(&mut next, generation, now);
+    }
     next
 }
+
+fn set_not_reported(next: &mut VirtualMachineStatus, generation: Option<i64>, now: Time) {
+    conditions::set(
+        &mut next.conditions,
+        conditions::new(
+            types::INFRASTRUCTURE_READY,
+            status::FALSE,
+            reasons::MACHINE_NOT_READY,
+            NOT_REPORTED,
+            generation,
+        ),
+        now.clone(),
+    );
+    set_ready(
+        next,
+        false,
+        reasons::MACHINE_NOT_READY,
+        NOT_REPORTED,
+        generation,
+        now,
+    );
+}
+
+/// The message of InfrastructureReady=False before the provider has said anything.
+const NOT_REPORTED: &str = "the provider has not reported yet";
 
 /// The status with the machine's state mirrored: addresses, certificates, guest phase,
 /// InfrastructureReady (= the machine is ready), GuestReady (copied when the provider
@@ -111,7 +141,7 @@ pub fn mirror_machine(
             reasons::MACHINE_NOT_READY,
             machine_ready
                 .map(|c| format!("{}: {}", c.reason, c.message))
-                .unwrap_or_else(|| "the provider has not reported yet".to_owned()),
+                .unwrap_or_else(|| NOT_REPORTED.to_owned()),
         )
     };
     conditions::set(
@@ -225,6 +255,30 @@ mod tests {
             ..Default::default()
         });
         m
+    }
+
+    #[test]
+    fn the_first_mirror_after_scheduling_changes_nothing() {
+        let placement = Placement {
+            provider: "p".into(),
+            provider_class: "libvirt".into(),
+            machine_kind: Default::default(),
+            failure_domain: "host-1".into(),
+            pool: "default".into(),
+            network: "n".into(),
+            disk: banlieue_api::LibvirtDisk {
+                backing_volume: Some("v".into()),
+                install_media: None,
+                size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+            },
+            image_revision: None,
+        };
+        let s = scheduled(&Default::default(), "m", &placement, Some(1), at(10));
+        let mut unreported = machine(false);
+        unreported.status = None;
+        assert_eq!(mirror_machine(&s, &unreported, Some(1), at(20)), s);
+        // Once the provider reports, the mirror does change it.
+        assert_ne!(mirror_machine(&s, &machine(true), Some(1), at(20)), s);
     }
 
     #[test]

@@ -79,7 +79,44 @@ impl MemberView {
             resource_version: vm.metadata.resource_version.clone(),
         }
     }
+
+    /// The member's phase, as the `pool_members` metric counts it.
+    pub fn phase(&self) -> &'static str {
+        if self.deleting {
+            PHASE_DELETING
+        } else if self.failed {
+            PHASE_FAILED
+        } else if self.available {
+            PHASE_AVAILABLE
+        } else if self.infrastructure_ready {
+            PHASE_WAITING_FOR_GUEST
+        } else {
+            PHASE_PROVISIONING
+        }
+    }
 }
+
+/// An unclaimed member being built: scheduled, or its machine not ready yet.
+pub const PHASE_PROVISIONING: &str = "Provisioning";
+/// Its machine is ready; the guest has not said it is (GuestReady pools).
+pub const PHASE_WAITING_FOR_GUEST: &str = "WaitingForGuest";
+/// A claim may take it now.
+pub const PHASE_AVAILABLE: &str = "Available";
+/// It can never become available; the pool replaces it.
+pub const PHASE_FAILED: &str = "Failed";
+/// Its deletion was requested.
+pub const PHASE_DELETING: &str = "Deleting";
+/// Bound to a claim (counted from the pool's Bound claims).
+pub const PHASE_CLAIMED: &str = "Claimed";
+/// Every phase, so a phase no member is in is reported as zero rather than left stale.
+pub const PHASES: [&str; 6] = [
+    PHASE_PROVISIONING,
+    PHASE_WAITING_FOR_GUEST,
+    PHASE_AVAILABLE,
+    PHASE_FAILED,
+    PHASE_DELETING,
+    PHASE_CLAIMED,
+];
 
 /// Whether `vm` is an unclaimed member of the pool with uid `pool_uid`: labelled with the pool,
 /// controlled by it, and carrying no claim.

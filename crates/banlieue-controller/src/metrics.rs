@@ -7,12 +7,45 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+/// 1 ms to ~65 s: a warm bind is milliseconds, a bind that waited for capacity minutes.
+fn bind_latency_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
 /// Labels naming one pool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub namespace: String,
     pub pool: String,
 }
+
+/// Labels of a bound claim: its pool, and whether a warm member was waiting for it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BindLabels {
+    pub namespace: String,
+    pub pool: String,
+    /// `warm`: the member was available before the claim was created (a pool hit); `cold`:
+    /// the claim waited for a member to be built or to become available (a miss).
+    pub start: &'static str,
+}
+
+/// [`BindLabels::start`] of a claim whose member was waiting for it.
+pub const START_WARM: &str = "warm";
+/// [`BindLabels::start`] of a claim that waited for its member.
+pub const START_COLD: &str = "cold";
+
+/// Labels of a count of members in one phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub namespace: String,
+    pub pool: String,
+    pub phase: &'static str,
+}
+
+/// A histogram family's constructor: the bind-latency buckets.
+pub type HistogramConstructor = fn() -> Histogram;
 
 /// Labels of a reconcile error: which controller and why.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -24,8 +57,12 @@ pub struct ErrorLabels {
 /// The controller's metrics. Cloning shares the underlying series.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// Seconds from a claim's creation to its Bound status being written.
-    pub claim_bind_latency: Histogram,
+    /// Seconds from a claim's creation to its Bound status being written, by pool and start.
+    pub claim_bind_latency: Family<BindLabels, Histogram, HistogramConstructor>,
+    /// Bound claims by pool and start: `warm` is a pool hit, `cold` a miss.
+    pub pool_claims: Family<BindLabels, Counter>,
+    /// Members of each pool by phase (see `member::MemberView::phase`), and `Claimed`.
+    pub pool_members: Family<PhaseLabels, Gauge>,
     /// Bind patches the API server rejected with 409 Conflict.
     pub bind_conflicts: Counter,
     /// Unclaimed members a claim could take now, per pool.
@@ -45,8 +82,18 @@ impl Metrics {
         let registry = registry.sub_registry_with_prefix("banlieue_controller");
         registry.register(
             "claim_bind_latency_seconds",
-            "Seconds from a claim's creation to Bound",
+            "Seconds from a claim's creation to Bound, by pool and by warm (a member was waiting) or cold start",
             metrics.claim_bind_latency.clone(),
+        );
+        registry.register(
+            "pool_claims",
+            "Bound claims by pool: start=warm is a pool hit, start=cold a miss",
+            metrics.pool_claims.clone(),
+        );
+        registry.register(
+            "pool_members",
+            "Members of each pool by phase",
+            metrics.pool_members.clone(),
         );
         registry.register(
             "bind_conflicts",
@@ -78,16 +125,24 @@ impl Metrics {
 
     /// Metrics that are recorded but exported nowhere (for embedding without a registry).
     pub fn unregistered() -> Self {
-        // 1 ms to ~65 s: a warm bind is milliseconds, a bind that waited for capacity minutes.
-        let buckets = prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17);
         Self {
-            claim_bind_latency: Histogram::new(buckets),
+            claim_bind_latency: Family::new_with_constructor(bind_latency_histogram),
+            pool_claims: Family::default(),
+            pool_members: Family::default(),
             bind_conflicts: Counter::default(),
             pool_warm: Family::default(),
             pool_claimed: Family::default(),
             pool_filling: Family::default(),
             reconcile_errors: Family::default(),
         }
+    }
+
+    /// Records a bind: its latency and whether it was a pool hit.
+    pub(crate) fn bound(&self, labels: BindLabels, latency_seconds: f64) {
+        self.claim_bind_latency
+            .get_or_create(&labels)
+            .observe(latency_seconds.max(0.0));
+        self.pool_claims.get_or_create(&labels).inc();
     }
 
     pub(crate) fn reconcile_error(&self, controller: &str, reason: &str) {

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use banlieue_api::conditions::{reasons, status};
-use banlieue_api::{PoolReadiness, PoolUpdateType};
+use banlieue_api::conditions::{self, reasons, status, types};
+use banlieue_api::{PoolReadiness, PoolUpdateType, VirtualMachinePoolStatus};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::member::MemberView;
@@ -220,6 +220,39 @@ fn verdict(
         reason: reasons::FILLING,
         message: format!("{available}/{replicas} members available, {starting} starting"),
     }
+}
+
+/// The least time between two status writes of one pool that change only its counts. Under a
+/// steady stream of claims every bind and every refill changes a count; written each time, the
+/// pool's status alone cost three writes per claim.
+pub const STATUS_COUNTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a changed pool status should be written: `None` now, else after the delay. A change
+/// of meaning (Ready's status or reason, the revision, the observed generation) is written at
+/// once; a change of counts waits until [`STATUS_COUNTS_INTERVAL`] has passed since the pool's
+/// last write, and the reconcile is requeued for then.
+pub fn status_write_delay(
+    current: &VirtualMachinePoolStatus,
+    next: &VirtualMachinePoolStatus,
+    since_last_write: Option<Duration>,
+) -> Option<Duration> {
+    let meaning = |s: &VirtualMachinePoolStatus| {
+        let ready = conditions::find(&s.conditions, types::READY)
+            .map(|c| (c.status.clone(), c.reason.clone()));
+        (
+            ready,
+            s.current_revision.clone(),
+            s.observed_generation,
+            s.selector.clone(),
+        )
+    };
+    if meaning(current) != meaning(next) {
+        return None;
+    }
+    let since = since_last_write?;
+    STATUS_COUNTS_INTERVAL
+        .checked_sub(since)
+        .filter(|d| !d.is_zero())
 }
 
 #[cfg(test)]
@@ -439,5 +472,57 @@ mod tests {
         );
         let plan = decide(&p);
         assert_eq!(plan.deletes, vec!["b".to_owned(), "a".to_owned()]);
+    }
+
+    fn pool_status(available: i32, reason: &str) -> VirtualMachinePoolStatus {
+        let mut s = VirtualMachinePoolStatus {
+            available_replicas: available,
+            current_revision: Some("r1".into()),
+            observed_generation: Some(1),
+            ..Default::default()
+        };
+        conditions::set(
+            &mut s.conditions,
+            conditions::new(
+                types::READY,
+                status::TRUE,
+                reason,
+                format!("{available} available"),
+                Some(1),
+            ),
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        );
+        s
+    }
+
+    #[test]
+    fn count_changes_are_written_at_most_once_per_interval_and_meaning_at_once() {
+        let current = pool_status(5, reasons::AT_CAPACITY);
+        let counts = pool_status(4, reasons::AT_CAPACITY);
+        // Never written by this process: write now.
+        assert_eq!(status_write_delay(&current, &counts, None), None);
+        // Written 300 ms ago: the counts wait out the rest of the interval.
+        assert_eq!(
+            status_write_delay(&current, &counts, Some(Duration::from_millis(300))),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(
+            status_write_delay(&current, &counts, Some(STATUS_COUNTS_INTERVAL)),
+            None
+        );
+        // A new reason is written at once, however recent the last write.
+        let filling = pool_status(4, reasons::FILLING);
+        assert_eq!(
+            status_write_delay(&current, &filling, Some(Duration::ZERO)),
+            None
+        );
+        let mut new_revision = counts.clone();
+        new_revision.current_revision = Some("r2".into());
+        assert_eq!(
+            status_write_delay(&current, &new_revision, Some(Duration::ZERO)),
+            None
+        );
     }
 }

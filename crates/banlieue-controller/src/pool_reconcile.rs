@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use banlieue_api::conditions::{self, status, types};
 use banlieue_api::names;
@@ -17,8 +17,8 @@ use kube::runtime::events::EventType;
 
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::error::{Result, is_conflict, is_not_found};
-use crate::member::{MemberView, is_unclaimed_member};
-use crate::metrics::PoolLabels;
+use crate::member::{self, MemberView, is_unclaimed_member};
+use crate::metrics::{PhaseLabels, PoolLabels};
 use crate::pool_decide::{self, PoolSnapshot};
 use crate::revision::pool_revision;
 use crate::scheduling::{controller_owner_reference, image_revision};
@@ -109,9 +109,8 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         let created = vms.create(&PostParams::default(), &member).await?;
         let member_name = created.name_any();
         ctx.expectations.created(&pool_key, &member_name);
-        ctx.event(
+        ctx.routine_event(
             pool.as_ref(),
-            EventType::Normal,
             "MemberCreated",
             format!("created member {member_name} (revision {revision})"),
         )
@@ -156,11 +155,20 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         ),
         now,
     );
+    let mut status_pending = None;
     if next != current {
+        status_pending = pool_decide::status_write_delay(
+            &current,
+            &next,
+            ctx.status_writes.since_last(&pool_key, Instant::now()),
+        );
+    }
+    if next != current && status_pending.is_none() {
         let previous_reason =
             conditions::find(&current.conditions, types::READY).map(|c| c.reason.clone());
         ctx.patch_status(&ctx.api::<VirtualMachinePool>(&namespace), &name, &next)
             .await?;
+        ctx.status_writes.wrote(&pool_key, Instant::now());
         if previous_reason.as_deref() != Some(plan.ready.reason) {
             let kind = if filling {
                 EventType::Warning
@@ -188,10 +196,28 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         .pool_filling
         .get_or_create(&labels)
         .set((plan.replicas - plan.available_replicas).max(0).into());
+    let mut by_phase: BTreeMap<&'static str, i64> =
+        member::PHASES.iter().map(|p| (*p, 0)).collect();
+    for view in &snapshot.members {
+        *by_phase.entry(view.phase()).or_default() += 1;
+    }
+    by_phase.insert(member::PHASE_CLAIMED, claimed.into());
+    for (phase, count) in by_phase {
+        ctx.metrics
+            .pool_members
+            .get_or_create(&PhaseLabels {
+                namespace: namespace.clone(),
+                pool: name.clone(),
+                phase,
+            })
+            .set(count);
+    }
 
     let wait = plan
         .revisit_after
-        .map_or(ctx.config.resync, |d| d.min(ctx.config.resync));
+        .into_iter()
+        .chain(status_pending)
+        .fold(ctx.config.resync, Duration::min);
     Ok(Action::requeue(wait))
 }
 
@@ -224,9 +250,8 @@ async fn reap(
     drop(held);
     match result {
         Ok(_) => {
-            ctx.event(
+            ctx.routine_event(
                 pool,
-                EventType::Normal,
                 "MemberDeleted",
                 format!("deleted unclaimed member {member_name}"),
             )

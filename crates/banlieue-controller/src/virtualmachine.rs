@@ -101,16 +101,8 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
                 machines
                     .patch(&name, &params, &Patch::Apply(&machine))
                     .await?;
-                ctx.event(
-                    vm.as_ref(),
-                    EventType::Normal,
-                    "Scheduled",
-                    format!(
-                        "created LibvirtMachine {name} on provider {} pool {}",
-                        placement.provider, placement.pool
-                    ),
-                )
-                .await;
+                // No Event: the Scheduled condition says the same, and a pool refilled behind
+                // every claim would pay one more write per member for it.
                 machine_status::scheduled(&current, &name, &placement, generation, now)
             }
         },

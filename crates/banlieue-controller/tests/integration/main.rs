@@ -6,6 +6,7 @@ mod support;
 
 mod crash;
 mod lifecycle;
+mod metrics;
 mod quick_start;
 mod race;
 mod scheduling;

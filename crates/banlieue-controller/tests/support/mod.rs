@@ -434,6 +434,13 @@ pub struct RunningController {
 }
 
 impl RunningController {
+    /// The metrics as the controller's `/metrics` serves them.
+    pub fn encoded_metrics(&self) -> TestResult<String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+
     pub async fn stop(mut self) -> TestResult {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -450,6 +457,16 @@ impl Drop for RunningController {
 }
 
 /// Short grace periods so tests are quick.
+/// Waits until `ok` holds of in-process state (the controller's metrics, a fake's counters).
+pub async fn wait_until(what: &str, ok: impl Fn() -> bool) -> TestResult {
+    wait_for(what, DEADLINE, || {
+        let done = ok();
+        async move { Ok(done.then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
+
 pub fn test_config(namespace: &str) -> ControllerConfig {
     ControllerConfig {
         namespace: Some(namespace.to_owned()),
