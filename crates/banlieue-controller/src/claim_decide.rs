@@ -112,6 +112,7 @@ mod tests {
             published_guest_ready: false,
             deleting: false,
             failed: false,
+            host: Default::default(),
             resource_version: None,
         }
     }

@@ -133,10 +133,11 @@ async fn pending(
         })
         .map(|vm| vm.as_ref().clone())
         .collect();
+    let hosts = ctx.host_states(&this.namespace);
     for _ in 0..MAX_BIND_ATTEMPTS {
         let views: Vec<MemberView> = members
             .iter()
-            .map(|vm| MemberView::of(vm, pool.spec.readiness))
+            .map(|vm| MemberView::of(vm, pool.spec.readiness).on_host(hosts.of(vm)))
             .collect();
         let candidates = claim_decide::candidates(&views, &revision, |member| {
             ctx.reservations.is_held(&this.namespace, member)

@@ -10,6 +10,9 @@ pub struct ControllerConfig {
     /// How long GuestReady pool members may be infrastructure-ready without any of them
     /// publishing `GuestReady` before the pool reports `ReadinessSignalAbsent`.
     pub readiness_signal_grace: Duration,
+    /// How long a Provider may stay not Ready before its host counts as lost and pools replace
+    /// their unclaimed members on it elsewhere (their deletion completes when the host is back).
+    pub provider_lost_after: Duration,
     /// How often every object is looked at again without a watch event, so time-based
     /// decisions (Pending retries, expiry, idle members) never depend on an event arriving.
     pub resync: Duration,
@@ -31,6 +34,7 @@ impl Default for ControllerConfig {
         Self {
             namespace: None,
             readiness_signal_grace: Duration::from_secs(300),
+            provider_lost_after: Duration::from_secs(300),
             resync: Duration::from_secs(300),
             min_error_backoff: Duration::from_millis(200),
             max_error_backoff: Duration::from_secs(60),

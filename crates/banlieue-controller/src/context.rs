@@ -21,6 +21,7 @@ use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
 use crate::event_window::{EventWindows, Offer};
 use crate::expectations::Expectations;
+use crate::hosts::HostStates;
 use crate::metrics::Metrics;
 use crate::reservations::Reservations;
 use crate::spread::RecentPlacements;
@@ -137,6 +138,19 @@ impl Context {
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// The hosts of `namespace`'s Providers as of now ([`crate::hosts`]).
+    pub fn host_states(&self, namespace: &str) -> HostStates {
+        let providers = self.stores.providers.state();
+        HostStates::judge(
+            providers
+                .iter()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+                .map(Arc::as_ref),
+            k8s_openapi::jiff::Timestamp::now(),
+            self.config.provider_lost_after,
+        )
     }
 
     pub fn assignment(&self, claim_uid: &str) -> Option<String> {

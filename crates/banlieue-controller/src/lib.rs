@@ -15,6 +15,7 @@ pub mod crash;
 pub mod error;
 mod event_window;
 mod expectations;
+pub mod hosts;
 pub mod machine_status;
 pub mod member;
 pub mod metrics;

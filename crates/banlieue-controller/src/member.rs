@@ -6,6 +6,7 @@ use banlieue_api::{PoolReadiness, VirtualMachine};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::hosts::HostState;
 use crate::machine_status::MACHINE_DELETED;
 
 /// A snapshot of one member, with only what pool and claim decisions read.
@@ -32,6 +33,8 @@ pub struct MemberView {
     pub deleting: bool,
     /// It can never become available (its machine was deleted).
     pub failed: bool,
+    /// What its Provider says about its host ([`MemberView::on_host`]).
+    pub host: HostState,
     pub resource_version: Option<String>,
 }
 
@@ -76,8 +79,24 @@ impl MemberView {
             published_guest_ready: guest.is_some_and(|c| c.status != conditions::status::UNKNOWN),
             deleting,
             failed,
+            host: HostState::Ready,
             resource_version: vm.metadata.resource_version.clone(),
         }
+    }
+
+    /// The view with its host's state: a member on a host that is not Ready is not available,
+    /// whatever its last mirrored status says (nobody can update that status meanwhile).
+    pub fn on_host(mut self, host: HostState) -> Self {
+        self.host = host;
+        if host != HostState::Ready {
+            self.available = false;
+        }
+        self
+    }
+
+    /// Its host has been unready past the grace: the pool replaces it.
+    pub fn host_lost(&self) -> bool {
+        self.host == HostState::Lost
     }
 
     /// The member's phase, as the `pool_members` metric counts it.
@@ -86,6 +105,8 @@ impl MemberView {
             PHASE_DELETING
         } else if self.failed {
             PHASE_FAILED
+        } else if self.host != HostState::Ready {
+            PHASE_HOST_NOT_READY
         } else if self.available {
             PHASE_AVAILABLE
         } else if self.infrastructure_ready {
@@ -104,16 +125,19 @@ pub const PHASE_WAITING_FOR_GUEST: &str = "WaitingForGuest";
 pub const PHASE_AVAILABLE: &str = "Available";
 /// It can never become available; the pool replaces it.
 pub const PHASE_FAILED: &str = "Failed";
+/// Its Provider is not Ready: not handed out; replaced once the host is lost.
+pub const PHASE_HOST_NOT_READY: &str = "HostNotReady";
 /// Its deletion was requested.
 pub const PHASE_DELETING: &str = "Deleting";
 /// Bound to a claim (counted from the pool's Bound claims).
 pub const PHASE_CLAIMED: &str = "Claimed";
 /// Every phase, so a phase no member is in is reported as zero rather than left stale.
-pub const PHASES: [&str; 6] = [
+pub const PHASES: [&str; 7] = [
     PHASE_PROVISIONING,
     PHASE_WAITING_FOR_GUEST,
     PHASE_AVAILABLE,
     PHASE_FAILED,
+    PHASE_HOST_NOT_READY,
     PHASE_DELETING,
     PHASE_CLAIMED,
 ];

@@ -66,7 +66,8 @@ fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
 
 /// Decides the pool's next step.
 ///
-/// - Members that failed or vanished are replaced (they no longer count).
+/// - Members that failed or vanished, or whose host is lost, are replaced (they no longer
+///   count) and the failed and lost ones deleted.
 /// - Creates never overshoot: pending creates count as members.
 /// - Stale members (an older revision under `Replace`, or idle for longer than `maxIdleSeconds`)
 ///   are replaced with at most `maxSurge` extra members, and an available stale member is
@@ -78,7 +79,7 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     let live: Vec<&MemberView> = pool
         .members
         .iter()
-        .filter(|m| !m.deleting && !m.failed)
+        .filter(|m| !m.deleting && !m.failed && !m.host_lost())
         .collect();
     let is_idle = |m: &MemberView| {
         m.available
@@ -109,7 +110,7 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     let mut deletes: Vec<String> = pool
         .members
         .iter()
-        .filter(|m| m.failed && !m.deleting && !reserved(m))
+        .filter(|m| (m.failed || m.host_lost()) && !m.deleting && !reserved(m))
         .map(|m| m.name.clone())
         .collect();
 
@@ -278,6 +279,7 @@ mod tests {
             published_guest_ready: available_since.is_some(),
             deleting: false,
             failed: false,
+            host: Default::default(),
             resource_version: Some("1".to_owned()),
         }
     }
@@ -318,6 +320,17 @@ mod tests {
         p.members.push(member("b", CURRENT, None));
         p.members.push(member("c", CURRENT, None));
         assert_eq!(decide(&p).creates, 0);
+    }
+
+    #[test]
+    fn members_of_a_lost_host_are_replaced_and_deleted_and_an_unready_one_only_waits() {
+        let lost = member("a", CURRENT, Some(5)).on_host(crate::hosts::HostState::Lost);
+        let unready = member("b", CURRENT, Some(5)).on_host(crate::hosts::HostState::Unready);
+        let plan = decide(&pool(3, vec![lost, unready, member("c", CURRENT, Some(5))]));
+        assert_eq!(plan.creates, 1, "only the lost member is replaced");
+        assert_eq!(plan.deletes, vec!["a".to_owned()]);
+        assert_eq!(plan.replicas, 2);
+        assert_eq!(plan.available_replicas, 1, "b is not handed out meanwhile");
     }
 
     #[test]

@@ -64,9 +64,10 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
                 && is_unclaimed_member(vm, &name, &uid)
         })
         .collect();
+    let hosts = ctx.host_states(&namespace);
     let views: Vec<MemberView> = members
         .iter()
-        .map(|vm| MemberView::of(vm, pool.spec.readiness))
+        .map(|vm| MemberView::of(vm, pool.spec.readiness).on_host(hosts.of(vm)))
         .collect();
     let seen: BTreeSet<&str> = views.iter().map(|m| m.name.as_str()).collect();
     let pool_key = format!("{namespace}/{name}");
@@ -217,6 +218,7 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         .revisit_after
         .into_iter()
         .chain(status_pending)
+        .chain(hosts.next_change)
         .fold(ctx.config.resync, Duration::min);
     Ok(Action::requeue(wait))
 }

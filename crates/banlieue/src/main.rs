@@ -188,6 +188,14 @@ struct ControllerArgs {
         env = "BANLIEUE_READINESS_SIGNAL_GRACE_SECONDS"
     )]
     readiness_signal_grace_seconds: u64,
+    /// How long a Provider may stay not Ready before pools replace their unclaimed members on
+    /// it with members on other hosts.
+    #[arg(
+        long,
+        default_value_t = 300,
+        env = "BANLIEUE_PROVIDER_LOST_AFTER_SECONDS"
+    )]
+    provider_lost_after_seconds: u64,
 }
 
 #[derive(Debug, Args)]
@@ -262,6 +270,7 @@ fn main() -> ExitCode {
                 readiness_signal_grace: Some(Duration::from_secs(
                     args.readiness_signal_grace_seconds,
                 )),
+                provider_lost_after: Some(Duration::from_secs(args.provider_lost_after_seconds)),
                 ..Roles::default()
             },
             args.serve,

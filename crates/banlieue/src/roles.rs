@@ -29,6 +29,8 @@ pub struct Roles {
     pub domain_type: Option<DomainType>,
     /// The controller's ReadinessSignalAbsent grace, instead of its default.
     pub readiness_signal_grace: Option<std::time::Duration>,
+    /// The controller's lost-host grace, instead of its default.
+    pub provider_lost_after: Option<std::time::Duration>,
     /// The image builder's reconciler: build Jobs for VMImages with Url sources.
     pub imagebuilder: Option<ReconcilerConfig>,
 }
@@ -48,6 +50,9 @@ pub fn spawn_all(
         let mut config = ControllerConfig::default();
         if let Some(grace) = roles.readiness_signal_grace {
             config.readiness_signal_grace = grace;
+        }
+        if let Some(grace) = roles.provider_lost_after {
+            config.provider_lost_after = grace;
         }
         tasks.push(supervise("controller", shutdown, async move {
             banlieue_controller::run(kube, config, metrics, stop.cancelled_owned())

@@ -184,21 +184,14 @@ async fn a_pools_members_spread_across_providers() -> TestResult {
     let controller = h.start_controller().await?;
     h.create_pool("spread", 6, "InfrastructureReady", serde_json::json!({}))
         .await?;
-    let vms = h.api::<VirtualMachine>();
-    let selector = format!("{}=spread", banlieue_api::names::LABEL_POOL);
-    let placed = wait_for("six members placed", DEADLINE, || {
-        let (vms, selector) = (vms.clone(), selector.clone());
-        async move {
-            let members = vms
-                .list(&kube::api::ListParams::default().labels(&selector))
-                .await?
-                .items;
-            let placed: Vec<String> = members
-                .iter()
-                .filter_map(|vm| Some(vm.status.as_ref()?.provider_ref.as_ref()?.name.clone()))
-                .collect();
-            Ok((placed.len() == 6).then_some(placed))
-        }
+    let placed = wait_for("six members placed", DEADLINE, || async {
+        let placed: Vec<String> = h
+            .placements("spread")
+            .await?
+            .into_iter()
+            .filter_map(|m| m.provider)
+            .collect();
+        Ok((placed.len() == 6).then_some(placed))
     })
     .await?;
     for host in hosts {
@@ -277,25 +270,122 @@ async fn a_full_host_takes_no_more_and_the_member_says_which_hosts_lack_what() -
     );
     // A host that grows takes the waiting member.
     h.set_capacity("host-2", 6 << 30).await?;
-    wait_for("the fifth member placed on host-2", DEADLINE, || {
-        let (vms, selector) = (vms.clone(), selector.clone());
-        async move {
-            let members = vms
-                .list(&kube::api::ListParams::default().labels(&selector))
-                .await?
-                .items;
-            let on_2 = members
-                .iter()
-                .filter(|vm| {
-                    vm.status
-                        .as_ref()
-                        .and_then(|s| s.provider_ref.as_ref())
-                        .is_some_and(|p| p.name == "host-2")
-                })
-                .count();
-            Ok((on_2 == 3).then_some(()))
-        }
+    wait_for("the fifth member placed on host-2", DEADLINE, || async {
+        let on_2 = h
+            .placements("full")
+            .await?
+            .iter()
+            .filter(|m| m.provider.as_deref() == Some("host-2"))
+            .count();
+        Ok((on_2 == 3).then_some(()))
     })
     .await?;
+    controller.stop().await
+}
+
+#[tokio::test]
+async fn a_lost_hosts_unclaimed_members_are_replaced_elsewhere_and_its_claims_stay_bound()
+-> TestResult {
+    let h = Harness::new().await?;
+    let hosts = ["host-1", "host-2", "host-3"];
+    for host in hosts {
+        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+    }
+    h.apply_image_on(IMAGE, "r1", true, &hosts).await?;
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    // test_config: a Provider not Ready for 3 s is lost.
+    let controller = h.start_controller().await?;
+    h.create_pool("lost", 6, "InfrastructureReady", serde_json::json!({}))
+        .await?;
+    h.wait_available("lost", 6).await?;
+    h.create_claim("kept", "lost", 3600).await?;
+    let kept = h.wait_claim("kept", "Bound", is_bound).await?;
+    let kept_member = member_name(&kept).ok_or("no member")?;
+    // A bound member leaves its pool's selector; its placement is on the VM itself.
+    let kept_vm = h.api::<VirtualMachine>().get(&kept_member).await?;
+    let down = kept_vm
+        .status
+        .and_then(|s| s.provider_ref)
+        .map(|p| p.name)
+        .ok_or("the bound member has no provider")?;
+    h.wait_available("lost", 6).await?;
+    let on_down = |placed: &[Placed]| -> Vec<String> {
+        placed
+            .iter()
+            .filter(|m| !m.claimed && m.provider.as_deref() == Some(down.as_str()))
+            .map(|m| m.name.clone())
+            .collect()
+    };
+    let stranded = on_down(&h.placements("lost").await?);
+    assert!(
+        !stranded.is_empty(),
+        "an unclaimed member shares the claimed one's host"
+    );
+
+    // The host goes away (its workload says so, as a real one does when libvirtd is gone);
+    // the fake provider can no longer tear anything down there either.
+    provider
+        .controls
+        .hold_teardown
+        .store(true, Ordering::SeqCst);
+    h.set_provider_ready(&down, false).await?;
+    // Within the grace, nothing is replaced, but a claim is not handed a member of that host.
+    h.create_claim("meanwhile", "lost", 3600).await?;
+    let meanwhile = h.wait_claim("meanwhile", "Bound", is_bound).await?;
+    let meanwhile_member = member_name(&meanwhile).ok_or("no member")?;
+    assert!(
+        !stranded.contains(&meanwhile_member),
+        "bound {meanwhile_member} on the unready host"
+    );
+
+    // Past the grace: the stranded members are being deleted and replaced on the other hosts.
+    wait_for("replacements on the other hosts", DEADLINE, || async {
+        let placed = h.placements("lost").await?;
+        let live: Vec<&Placed> = placed
+            .iter()
+            .filter(|m| !m.claimed && !m.deleting)
+            .collect();
+        let deleting: Vec<String> = placed
+            .iter()
+            .filter(|m| m.deleting)
+            .map(|m| m.name.clone())
+            .collect();
+        let done = live.len() == 6
+            && live
+                .iter()
+                .all(|m| m.provider.as_deref().is_some_and(|p| p != down))
+            && stranded.iter().all(|s| deleting.contains(s));
+        Ok(done.then_some(()))
+    })
+    .await?;
+    h.wait_available("lost", 6).await?;
+    // The claim on the lost host is still Bound: its member exists, only its host is away.
+    let kept = h
+        .api::<banlieue_api::VirtualMachineClaim>()
+        .get("kept")
+        .await?;
+    assert!(is_bound(&kept), "{:?}", kept.status);
+    let kept_vm = h.api::<VirtualMachine>().get(&kept_member).await?;
+    assert!(kept_vm.metadata.deletion_timestamp.is_none());
+
+    // The host comes back: the provider tears the stranded members down, and they are gone.
+    h.set_provider_ready(&down, true).await?;
+    provider
+        .controls
+        .hold_teardown
+        .store(false, Ordering::SeqCst);
+    wait_for("the stranded members gone", DEADLINE, || async {
+        let placed = h.placements("lost").await?;
+        Ok(stranded
+            .iter()
+            .all(|s| !placed.iter().any(|m| &m.name == s))
+            .then_some(()))
+    })
+    .await?;
+    let kept = h
+        .api::<banlieue_api::VirtualMachineClaim>()
+        .get("kept")
+        .await?;
+    assert!(is_bound(&kept), "{:?}", kept.status);
     controller.stop().await
 }

@@ -17,7 +17,7 @@ use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -41,6 +41,15 @@ pub const HOST_NETWORK: &str = "br-prod";
 pub const IMAGE_VOLUME: &str = "img.qcow2";
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Where one pool member was placed ([`Harness::placements`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub name: String,
+    pub provider: Option<String>,
+    pub claimed: bool,
+    pub deleting: bool,
+}
 
 /// A namespace with everything a pool needs, served by the controller under test.
 pub struct Harness {
@@ -142,6 +151,49 @@ impl Harness {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await?;
         Ok(())
+    }
+
+    /// Publishes a Provider's Ready condition as its workload does: True when it reaches its
+    /// host, False (`ConnectFailed`) when it cannot, from now.
+    pub async fn set_provider_ready(&self, provider: &str, ready: bool) -> TestResult {
+        let providers: Api<banlieue_api::Provider> = self.api();
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = if ready {
+            json!({"type": "Ready", "status": "True", "reason": "Connected", "message": "",
+                   "lastTransitionTime": now})
+        } else {
+            json!({"type": "Ready", "status": "False", "reason": "ConnectFailed",
+                   "message": "dial 127.0.0.1:16514: connection refused", "lastTransitionTime": now})
+        };
+        let patch = json!({"status": {"conditions": [condition]}});
+        providers
+            .patch_status(provider, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// The pool's members with the Provider each was placed on (`None` before scheduling) and
+    /// whether its deletion was requested.
+    pub async fn placements(&self, pool: &str) -> Result<Vec<Placed>, kube::Error> {
+        let selector = format!("{}={pool}", banlieue_api::names::LABEL_POOL);
+        let members = self
+            .api::<VirtualMachine>()
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        Ok(members
+            .iter()
+            .map(|vm| Placed {
+                name: vm.name_any(),
+                provider: vm
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.provider_ref.as_ref())
+                    .map(|p| p.name.clone()),
+                claimed: vm.labels().contains_key(banlieue_api::names::LABEL_CLAIM),
+                deleting: vm.metadata.deletion_timestamp.is_some(),
+            })
+            .collect())
     }
 
     /// Publishes the host size of a Provider's failure domain, as its workload does after
@@ -456,7 +508,6 @@ impl Drop for RunningController {
     }
 }
 
-/// Short grace periods so tests are quick.
 /// Waits until `ok` holds of in-process state (the controller's metrics, a fake's counters).
 pub async fn wait_until(what: &str, ok: impl Fn() -> bool) -> TestResult {
     wait_for(what, DEADLINE, || {
@@ -467,10 +518,12 @@ pub async fn wait_until(what: &str, ok: impl Fn() -> bool) -> TestResult {
     Ok(())
 }
 
+/// Short grace periods so tests are quick.
 pub fn test_config(namespace: &str) -> ControllerConfig {
     ControllerConfig {
         namespace: Some(namespace.to_owned()),
         readiness_signal_grace: Duration::from_secs(2),
+        provider_lost_after: Duration::from_secs(3),
         resync: Duration::from_secs(5),
         ..ControllerConfig::default()
     }
