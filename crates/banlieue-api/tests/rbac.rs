@@ -24,6 +24,8 @@ async fn install_controller(client: &Client) {
     )
     .await;
     for file in [
+        "deploy/rbac/controller-leader-election-role.yaml",
+        "deploy/rbac/controller-leader-election-rolebinding.yaml",
         "deploy/rbac/controller-workloads-clusterrole.yaml",
         "deploy/rbac/controller-workloads-rolebindings.yaml",
         "deploy/rbac/provider-base-clusterrole.yaml",
@@ -48,6 +50,23 @@ async fn install_controller(client: &Client) {
         assert!(
             std::time::Instant::now() < deadline,
             "the controller's ClusterRoleBinding never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let lease = access::Request {
+        verb: "update",
+        group: "coordination.k8s.io",
+        resource: "leases",
+        name: Some("banlieue-controller"),
+        namespace: Some("banlieue-system"),
+    };
+    while !access::service_account_may(client, CONTROLLER, &lease)
+        .await
+        .expect("SubjectAccessReview")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller's leader election RoleBinding never took effect"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -239,6 +258,55 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
         if allowed(&admin, CONTROLLER, verb, group, resource, ns).await != want {
             wrong.push(format!(
                 "{verb} {group}/{resource}: expected {}",
+                if want { "allowed" } else { "denied" }
+            ));
+        }
+    }
+    // Leader election (ADR-0067): its own Lease, in its own namespace, by name; `create`
+    // cannot be narrowed by name, so it covers any Lease of that namespace, and no other.
+    let coordination = "coordination.k8s.io";
+    for (verb, lease, namespace, want) in [
+        ("get", Some("banlieue-controller"), "banlieue-system", true),
+        (
+            "update",
+            Some("banlieue-controller"),
+            "banlieue-system",
+            true,
+        ),
+        ("create", None, "banlieue-system", true),
+        ("update", Some("kube-scheduler"), "banlieue-system", false),
+        ("get", Some("banlieue-controller"), ns, false),
+        ("update", Some("banlieue-controller"), "kube-system", false),
+        ("create", None, ns, false),
+        ("create", None, "kube-system", false),
+        (
+            "delete",
+            Some("banlieue-controller"),
+            "banlieue-system",
+            false,
+        ),
+        (
+            "patch",
+            Some("banlieue-controller"),
+            "banlieue-system",
+            false,
+        ),
+        ("list", None, "banlieue-system", false),
+        ("watch", None, "banlieue-system", false),
+    ] {
+        let request = access::Request {
+            verb,
+            group: coordination,
+            resource: "leases",
+            name: lease,
+            namespace: Some(namespace),
+        };
+        let answer = access::service_account_may(&admin, CONTROLLER, &request)
+            .await
+            .expect("SubjectAccessReview");
+        if answer != want {
+            wrong.push(format!(
+                "{verb} leases {lease:?} in {namespace}: expected {}",
                 if want { "allowed" } else { "denied" }
             ));
         }
@@ -574,5 +642,25 @@ async fn the_controller_deployment_runs_banlieue_controller_as_the_bound_service
     assert_eq!(
         pod.containers[0].args.as_deref(),
         Some(&["controller".to_owned()][..])
+    );
+    // Two replicas, one acting (ADR-0067): each names itself on the Lease by its pod name and
+    // finds the Lease in its pod's namespace.
+    assert_eq!(deployment.spec.replicas, Some(2));
+    let strategy = deployment.spec.strategy.as_ref().expect("a strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let field_of = |name: &str| {
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.clone())
+    };
+    assert_eq!(field_of("POD_NAME").as_deref(), Some("metadata.name"));
+    assert_eq!(
+        field_of("POD_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
     );
 }

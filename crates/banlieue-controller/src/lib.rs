@@ -54,6 +54,10 @@ use context::{Context, Readiness, Stores};
 /// The field manager of server-side applies and the reporting controller of Events.
 pub const FIELD_MANAGER: &str = "banlieue-controller";
 
+/// The `coordination.k8s.io` Lease whose holder is the one controller replica that acts
+/// (ADR-0067); it lives in the controller's own namespace.
+pub const LEASE_NAME: &str = "banlieue-controller";
+
 /// Runs the VirtualMachine, VirtualMachinePool and VirtualMachineClaim reconcilers until
 /// `shutdown` completes, then lets reconciles in flight finish.
 pub async fn run(

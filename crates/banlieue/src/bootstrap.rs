@@ -313,6 +313,41 @@ mod tests {
     }
 
     #[test]
+    fn the_controller_keeps_a_replica_through_disruptions() {
+        let objects = bootstrap_objects().unwrap();
+        let of_kind = |kind: &str| {
+            objects
+                .iter()
+                .find(|o| {
+                    o.types.as_ref().is_some_and(|t| t.kind == kind)
+                        && o.metadata.name.as_deref() == Some(CONTROLLER_DEPLOYMENT)
+                })
+                .unwrap_or_else(|| panic!("no {kind} {CONTROLLER_DEPLOYMENT}"))
+        };
+        let budget = of_kind("PodDisruptionBudget");
+        let deployment = of_kind("Deployment");
+        assert_eq!(
+            budget.metadata.namespace.as_deref(),
+            Some(CONTROLLER_NAMESPACE)
+        );
+        assert_eq!(budget.data.pointer("/spec/minAvailable"), Some(&1.into()));
+        assert_eq!(deployment.data.pointer("/spec/replicas"), Some(&2.into()));
+        // The budget's selector picks the Deployment's pods.
+        let selector = budget
+            .data
+            .pointer("/spec/selector/matchLabels")
+            .and_then(|s| s.as_object())
+            .unwrap();
+        let labels = deployment
+            .data
+            .pointer("/spec/template/metadata/labels")
+            .and_then(|l| l.as_object())
+            .unwrap();
+        assert!(!selector.is_empty());
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    }
+
+    #[test]
     fn crds_precede_what_uses_them() {
         let objects = bootstrap_objects().unwrap();
         let kinds: Vec<&str> = objects

@@ -9,6 +9,7 @@ use std::time::Duration;
 use banlieue::roles::{self, Roles};
 use banlieue::{bootstrap, cidata, dev, libvirt, login, observe};
 use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
+use banlieue_runtime::leader::{self, LeaderElector, LeaseConfig};
 use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -180,6 +181,8 @@ enum LibvirtProviderCommand {
 struct ControllerArgs {
     #[command(flatten)]
     serve: ServeArgs,
+    #[command(flatten)]
+    election: ElectionArgs,
     /// How long the members of a GuestReady pool may run without any of them publishing
     /// GuestReady before the pool reports ReadinessSignalAbsent.
     #[arg(
@@ -196,6 +199,51 @@ struct ControllerArgs {
         env = "BANLIEUE_PROVIDER_LOST_AFTER_SECONDS"
     )]
     provider_lost_after_seconds: u64,
+}
+
+/// Leader election on the Lease `banlieue-controller` (ADR-0067).
+#[derive(Debug, Args)]
+struct ElectionArgs {
+    /// Take the Lease `banlieue-controller` in the pod's namespace (POD_NAMESPACE, else the
+    /// in-cluster namespace, else banlieue-system) before acting, so that of several replicas
+    /// one acts; exit with status 1 when it is lost. The holder identity is POD_NAME, else the
+    /// host name and pid.
+    #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    leader_elect: bool,
+    /// Act without leader election: for a single replica, or a controller run in a test.
+    #[arg(long, conflicts_with = "leader_elect")]
+    no_leader_elect: bool,
+    /// How long a replica's hold on the Lease lasts after its last renewal, as the others
+    /// count it.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    leader_elect_lease_duration: u64,
+    /// How long the leader keeps acting without a successful renewal; less than the lease
+    /// duration.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    leader_elect_renew_deadline: u64,
+    /// How often the leader renews and a standby tries to acquire.
+    #[arg(long, default_value_t = 2, value_name = "SECONDS")]
+    leader_elect_retry_period: u64,
+}
+
+impl ElectionArgs {
+    /// The Lease to take, or `None` without leader election.
+    fn lease(&self) -> Option<LeaseConfig> {
+        if !self.leader_elect || self.no_leader_elect {
+            return None;
+        }
+        Some(LeaseConfig {
+            lease_duration: Duration::from_secs(self.leader_elect_lease_duration),
+            renew_deadline: Duration::from_secs(self.leader_elect_renew_deadline),
+            retry_period: Duration::from_secs(self.leader_elect_retry_period),
+            ..LeaseConfig::new(
+                leader::namespace_from_environment(),
+                banlieue_controller::LEASE_NAME,
+                leader::identity_from_environment(),
+            )
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -218,11 +266,31 @@ where
         .block_on(future)
 }
 
-/// Runs `roles` until SIGTERM or Ctrl-C, serving metrics and health meanwhile.
-async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
+/// Runs `roles` until SIGTERM or Ctrl-C, serving metrics and health meanwhile. With `lease`,
+/// first waits to hold it, exits at once (status 1) if it is lost, and releases it once the
+/// roles have stopped.
+async fn serve(roles: Roles, args: ServeArgs, lease: Option<LeaseConfig>) -> Result<(), BoxError> {
     // Before anything can announce the process, so an early SIGTERM is a stop, not a miss.
     let stop = roles::stop_requested();
     let kube = kube::Client::try_default().await?;
+    let leadership = match lease {
+        Some(lease) => {
+            let elector = LeaderElector::new(kube.clone(), lease)?;
+            tokio::select! {
+                leadership = elector.acquire() => Some(leadership),
+                _ = stop.cancelled() => return Ok(()),
+            }
+        }
+        None => None,
+    };
+    let lost = leadership.as_ref().map(leader::Leadership::lost);
+    let lost = async move {
+        match lost {
+            Some(lost) => lost.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let tasks = roles::spawn_all(&kube, &mut registry, &shutdown, roles)?;
@@ -234,14 +302,31 @@ async fn serve(roles: Roles, args: ServeArgs) -> Result<(), BoxError> {
     tokio::select! {
         _ = stop.cancelled() => shutdown.cancel(),
         _ = shutdown.cancelled() => {}
+        _ = &mut lost => fence(),
     }
     readiness.set(false);
-    roles::join_all(tasks).await;
+    // Still the leader while the roles drain, and still fenced if that ends meanwhile.
+    tokio::select! {
+        _ = roles::join_all(tasks) => {}
+        _ = &mut lost => fence(),
+    }
+    if let Some(leadership) = leadership {
+        leadership.release().await?;
+    }
     if stop.is_cancelled() {
         Ok(())
     } else {
         Err("a role failed; see the log above".into())
     }
+}
+
+/// Leadership was lost: another replica may take the Lease over once the lease duration has
+/// passed since the last renewal, and this one must have stopped writing by then. Exiting at
+/// once, with reconciles in flight, is the simplest stop that cannot be late (as
+/// kube-controller-manager does); the Deployment restarts the pod as a standby.
+fn fence() -> ! {
+    tracing::error!("lost leadership; exiting");
+    std::process::exit(1)
 }
 
 fn crds(out: Option<PathBuf>) -> Result<(), BoxError> {
@@ -274,6 +359,7 @@ fn main() -> ExitCode {
                 ..Roles::default()
             },
             args.serve,
+            args.election.lease(),
         )),
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
             provider,
@@ -285,6 +371,7 @@ fn main() -> ExitCode {
                 ..Roles::default()
             },
             args,
+            None,
         )),
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
             vmimage,
@@ -343,6 +430,7 @@ fn main() -> ExitCode {
                     ..Roles::default()
                 },
                 args.serve,
+                None,
             ))
         }
         Command::Imagebuild(ImagebuildCommand::Run {
@@ -389,5 +477,45 @@ fn main() -> ExitCode {
             );
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn election(args: &[&str]) -> Result<Option<LeaseConfig>, clap::Error> {
+        let cli = Cli::try_parse_from(["banlieue", "controller"].iter().chain(args))?;
+        match cli.command {
+            Command::Controller(args) => Ok(args.election.lease()),
+            _ => unreachable!("parsed a controller command"),
+        }
+    }
+
+    #[test]
+    fn the_controller_elects_a_leader_unless_told_not_to() {
+        let lease = election(&[]).unwrap().expect("leader election by default");
+        assert_eq!(lease.name, "banlieue-controller");
+        assert_eq!(
+            (
+                lease.lease_duration,
+                lease.renew_deadline,
+                lease.retry_period
+            ),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2)
+            )
+        );
+        assert!(election(&["--leader-elect"]).unwrap().is_some());
+        assert!(election(&["--leader-elect=true"]).unwrap().is_some());
+        assert!(election(&["--leader-elect=false"]).unwrap().is_none());
+        assert!(election(&["--no-leader-elect"]).unwrap().is_none());
+        assert!(election(&["--leader-elect", "--no-leader-elect"]).is_err());
+        let short = election(&["--leader-elect-lease-duration", "6"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(short.lease_duration, Duration::from_secs(6));
     }
 }

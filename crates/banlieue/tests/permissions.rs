@@ -54,6 +54,7 @@ struct Ask(
 
 const B: &str = "banlieue.io";
 const RBAC: &str = "rbac.authorization.k8s.io";
+const COORDINATION: &str = "coordination.k8s.io";
 
 const ASKS: &[Ask] = &[
     Ask("get", "", "secrets", None, false),
@@ -90,6 +91,21 @@ const ASKS: &[Ask] = &[
     Ask("escalate", RBAC, "clusterroles", None, true),
     Ask("create", RBAC, "clusterroles", None, true),
     Ask("create", RBAC, "clusterrolebindings", None, true),
+    Ask(
+        "update",
+        COORDINATION,
+        "leases",
+        Some("banlieue-controller"),
+        false,
+    ),
+    Ask(
+        "update",
+        COORDINATION,
+        "leases",
+        Some("another-lease"),
+        false,
+    ),
+    Ask("create", COORDINATION, "leases", None, false),
     Ask("create", B, "virtualmachineclaims", None, false),
     Ask("update", B, "virtualmachineclaims", None, false),
     Ask("patch", B, "virtualmachineclaims", None, false),
@@ -256,6 +272,18 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
             SYSTEM,
         ),
         (import, Ask("get", "", "secrets", None, false), SYSTEM),
+        // Bootstrap's own RoleBinding, which the authorizer learns of like the others.
+        (
+            IDENTITIES[0].1,
+            Ask(
+                "update",
+                COORDINATION,
+                "leases",
+                Some("banlieue-controller"),
+                false,
+            ),
+            SYSTEM,
+        ),
     ] {
         let ns = (!ask.4).then_some(ns);
         while !allowed(&admin, user, &ask, ns).await {

@@ -3,36 +3,89 @@
 //!
 //! ```text
 //! cargo run -p banlieue-controller --bin banlieue-controller-standalone -- KUBECONFIG [NAMESPACE]
+//!     [--leader-elect[=true|false] | --no-leader-elect]
+//!     [--lease-duration-seconds S] [--renew-deadline-seconds S] [--retry-period-seconds S]
 //! ```
 //!
-//! `BANLIEUE_CRASH_AT=<point>` aborts it at that step of a bind or release (see
-//! `banlieue_controller::crash`). SIGTERM or SIGINT stops it gracefully.
+//! As `banlieue controller`, it first takes the Lease `banlieue-controller` (in NAMESPACE when
+//! given, else the pod's namespace) and exits with status 1 as soon as it loses it; the holder
+//! identity is `POD_NAME`, else host name and pid. `BANLIEUE_CRASH_AT=<point>` aborts it at that
+//! step of a bind or release (see `banlieue_controller::crash`). SIGTERM or SIGINT stops it
+//! gracefully and releases the Lease.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use banlieue_controller::{ControllerConfig, Metrics, run};
+use banlieue_controller::{ControllerConfig, LEASE_NAME, Metrics, run};
+use banlieue_runtime::leader::{self, LeaderElector, LeaseConfig};
+use futures::FutureExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::signal::unix::{SignalKind, signal};
+
+const USAGE: &str = "usage: controller KUBECONFIG [NAMESPACE] [--leader-elect[=BOOL] | --no-leader-elect] \
+     [--lease-duration-seconds S] [--renew-deadline-seconds S] [--retry-period-seconds S]";
+
+#[derive(Debug)]
+struct Args {
+    kubeconfig: PathBuf,
+    namespace: Option<String>,
+    leader_elect: bool,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut positional = Vec::new();
+    let mut parsed = Args {
+        kubeconfig: PathBuf::new(),
+        namespace: None,
+        leader_elect: true,
+        lease_duration: leader::DEFAULT_LEASE_DURATION,
+        renew_deadline: leader::DEFAULT_RENEW_DEADLINE,
+        retry_period: leader::DEFAULT_RETRY_PERIOD,
+    };
+    let seconds = |value: Option<String>| -> Result<Duration, String> {
+        let value = value.ok_or(USAGE)?;
+        value
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or_else(|| format!("not a number of seconds: {value}"))
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--leader-elect" | "--leader-elect=true" => parsed.leader_elect = true,
+            "--no-leader-elect" | "--leader-elect=false" => parsed.leader_elect = false,
+            "--lease-duration-seconds" => parsed.lease_duration = seconds(args.next())?,
+            "--renew-deadline-seconds" => parsed.renew_deadline = seconds(args.next())?,
+            "--retry-period-seconds" => parsed.retry_period = seconds(args.next())?,
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}; {USAGE}")),
+            _ => positional.push(arg),
+        }
+    }
+    let mut positional = positional.into_iter();
+    parsed.kubeconfig = PathBuf::from(positional.next().ok_or(USAGE)?);
+    parsed.namespace = positional.next();
+    if positional.next().is_some() {
+        return Err(USAGE.into());
+    }
+    Ok(parsed)
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,banlieue_controller=info".into()),
+                .unwrap_or_else(|_| "warn,banlieue_controller=info,banlieue_runtime=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let mut args = std::env::args().skip(1);
-    let kubeconfig = PathBuf::from(
-        args.next()
-            .ok_or("usage: controller KUBECONFIG [NAMESPACE]")?,
-    );
-    let namespace = args.next();
+    let args = parse_args(std::env::args().skip(1))?;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = kube::Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(&kubeconfig)?,
+        Kubeconfig::read_from(&args.kubeconfig)?,
         &KubeConfigOptions::default(),
     )
     .await?;
@@ -43,13 +96,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ = terminate.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
+    }
+    .shared();
+
+    let leadership = if args.leader_elect {
+        let lease = LeaseConfig {
+            lease_duration: args.lease_duration,
+            renew_deadline: args.renew_deadline,
+            retry_period: args.retry_period,
+            ..LeaseConfig::new(
+                args.namespace
+                    .clone()
+                    .unwrap_or_else(leader::namespace_from_environment),
+                LEASE_NAME,
+                leader::identity_from_environment(),
+            )
+        };
+        let elector = LeaderElector::new(client.clone(), lease)?;
+        tokio::select! {
+            leadership = elector.acquire() => Some(leadership),
+            _ = shutdown.clone() => return Ok(()),
+        }
+    } else {
+        None
     };
+
     let config = ControllerConfig {
-        namespace,
+        namespace: args.namespace,
         readiness_signal_grace: Duration::from_secs(2),
         resync: Duration::from_secs(5),
         ..ControllerConfig::default()
     };
-    run(client, config, Metrics::unregistered(), shutdown).await?;
+    let lost = match &leadership {
+        Some(leadership) => leadership.lost().boxed(),
+        None => futures::future::pending().boxed(),
+    };
+    tokio::select! {
+        result = run(client, config, Metrics::unregistered(), shutdown) => result?,
+        // Fencing: another replica may take the Lease over once the lease duration has passed
+        // since the last renewal; exit now, with reconciles in flight, rather than drain.
+        _ = lost => {
+            tracing::error!("lost leadership; exiting");
+            std::process::exit(1);
+        }
+    }
+    if let Some(leadership) = leadership {
+        leadership.release().await?;
+    }
     Ok(())
 }

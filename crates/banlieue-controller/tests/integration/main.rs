@@ -5,6 +5,7 @@
 mod support;
 
 mod crash;
+mod leader;
 mod lifecycle;
 mod metrics;
 mod quick_start;

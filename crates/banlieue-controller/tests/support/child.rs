@@ -21,7 +21,31 @@ fn binary() -> TestResult<PathBuf> {
     )))
 }
 
+/// Leader election timing for a candidate, in seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub lease_duration: f64,
+    pub renew_deadline: f64,
+    pub retry_period: f64,
+}
+
+impl Timing {
+    /// What `banlieue controller` runs with (client-go's defaults).
+    pub const DEFAULT: Timing = Timing {
+        lease_duration: 15.0,
+        renew_deadline: 10.0,
+        retry_period: 2.0,
+    };
+    /// The same proportions, shorter, for tests that wait out many takeovers.
+    pub const SHORT: Timing = Timing {
+        lease_duration: 6.0,
+        renew_deadline: 4.0,
+        retry_period: 1.0,
+    };
+}
+
 impl ChildController {
+    /// The controller alone, without leader election (one process: nothing to elect).
     pub fn spawn(
         kubeconfig: &Path,
         namespace: &str,
@@ -29,20 +53,77 @@ impl ChildController {
         run: u32,
     ) -> TestResult<Self> {
         let log = std::env::temp_dir().join(format!("banlieue-controller-{namespace}-{run}.log"));
+        let mut command = Self::command(kubeconfig, namespace, crash_at, &log)?;
+        command.arg("--no-leader-elect");
+        Ok(Self {
+            child: command.spawn()?,
+            log,
+        })
+    }
+
+    /// A replica that takes the Lease `banlieue-controller` in `namespace` as `identity` (its
+    /// POD_NAME) before acting.
+    pub fn spawn_candidate(
+        kubeconfig: &Path,
+        namespace: &str,
+        identity: &str,
+        crash_at: Option<&str>,
+        timing: Timing,
+    ) -> TestResult<Self> {
+        let log =
+            std::env::temp_dir().join(format!("banlieue-controller-{namespace}-{identity}.log"));
+        let mut command = Self::command(kubeconfig, namespace, crash_at, &log)?;
+        command
+            .env("POD_NAME", identity)
+            .arg("--leader-elect")
+            .arg("--lease-duration-seconds")
+            .arg(timing.lease_duration.to_string())
+            .arg("--renew-deadline-seconds")
+            .arg(timing.renew_deadline.to_string())
+            .arg("--retry-period-seconds")
+            .arg(timing.retry_period.to_string());
+        Ok(Self {
+            child: command.spawn()?,
+            log,
+        })
+    }
+
+    fn command(
+        kubeconfig: &Path,
+        namespace: &str,
+        crash_at: Option<&str>,
+        log: &Path,
+    ) -> TestResult<Command> {
         let mut command = Command::new(binary()?);
         command
             .arg(kubeconfig)
             .arg(namespace)
             .env_remove(CRASH_AT_ENV)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?);
+            .stderr(std::fs::File::create(log)?);
         if let Some(point) = crash_at {
             command.env(CRASH_AT_ENV, point);
         }
-        Ok(Self {
-            child: command.spawn()?,
-            log,
-        })
+        Ok(command)
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> TestResult<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// SIGTERM: a graceful stop (which releases the Lease).
+    pub fn terminate(&mut self) -> TestResult {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill -TERM {} failed", self.child.id()).into());
+        }
+        Ok(())
     }
 
     /// Waits for the process to exit by itself (a crash point).

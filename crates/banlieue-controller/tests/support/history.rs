@@ -15,6 +15,8 @@ use kube::{Api, Client, ResourceExt};
 pub struct Seen {
     pub claims_of_member: BTreeMap<String, BTreeSet<String>>,
     pub members_of_claim: BTreeMap<String, BTreeSet<String>>,
+    /// Every VirtualMachine ever seen, by name.
+    pub vms: BTreeSet<String>,
     pub events: usize,
 }
 
@@ -45,6 +47,7 @@ impl History {
                 };
                 let mut seen = s1.lock().unwrap_or_else(|e| e.into_inner());
                 seen.events += 1;
+                seen.vms.insert(vm.name_any());
                 if let Some(claim) = vm.labels().get(names::LABEL_CLAIM) {
                     seen.claims_of_member
                         .entry(vm.name_any())

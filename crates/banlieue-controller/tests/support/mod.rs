@@ -466,6 +466,79 @@ impl Harness {
         })
     }
 
+    /// The shipped leader election Role and RoleBinding
+    /// (deploy/rbac/controller-leader-election-*.yaml), moved from `banlieue-system` into this
+    /// namespace, where the controller under test runs and keeps its Lease; returns once the
+    /// authorizer applies them.
+    pub async fn grant_leader_election(&self) -> TestResult {
+        for file in [
+            "controller-leader-election-role.yaml",
+            "controller-leader-election-rolebinding.yaml",
+        ] {
+            let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../deploy/rbac")
+                .join(file);
+            let text = std::fs::read_to_string(&shipped)?;
+            let moved = std::env::temp_dir().join(format!("{}-{file}", self.namespace));
+            std::fs::write(&moved, text.replace("banlieue-system", &self.namespace))?;
+            self.cp.apply_yaml(&moved).await?;
+        }
+        self.wait_lease_access(true).await
+    }
+
+    /// Deletes the leader election RoleBinding; returns once the authorizer refuses the
+    /// controller its Lease.
+    pub async fn revoke_leader_election(&self) -> TestResult {
+        self.api::<k8s_openapi::api::rbac::v1::RoleBinding>()
+            .delete(
+                "banlieue-controller-leader-election",
+                &kube::api::DeleteParams::default(),
+            )
+            .await?;
+        self.wait_lease_access(false).await
+    }
+
+    async fn wait_lease_access(&self, want: bool) -> TestResult {
+        let user = format!("system:serviceaccount:{}:{CONTROLLER_SA}", self.namespace);
+        let request = banlieue_testenv::access::Request {
+            verb: "update",
+            group: "coordination.k8s.io",
+            resource: "leases",
+            name: Some(banlieue_controller::LEASE_NAME),
+            namespace: Some(&self.namespace),
+        };
+        let admin = &self.admin;
+        wait_for("the leader election grant to apply", DEADLINE, || {
+            let request = &request;
+            let user = &user;
+            async move {
+                let allowed =
+                    banlieue_testenv::access::service_account_may(admin, user, request).await?;
+                Ok((allowed == want).then_some(()))
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The controller's Lease in this namespace, if any.
+    pub async fn lease(&self) -> TestResult<Option<k8s_openapi::api::coordination::v1::LeaseSpec>> {
+        Ok(self
+            .api::<k8s_openapi::api::coordination::v1::Lease>()
+            .get_opt(banlieue_controller::LEASE_NAME)
+            .await?
+            .map(|l| l.spec.unwrap_or_default()))
+    }
+
+    /// Who holds the controller's Lease in this namespace, if anyone.
+    pub async fn lease_holder(&self) -> TestResult<Option<String>> {
+        Ok(self
+            .lease()
+            .await?
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()))
+    }
+
     /// Writes a kubeconfig holding a token of the controller's service account, for a
     /// controller run as a child process.
     pub async fn controller_kubeconfig(&self, dir: &Path) -> TestResult<PathBuf> {
