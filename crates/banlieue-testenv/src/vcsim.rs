@@ -17,7 +17,7 @@
 //! The inventory is named by vcsim's scheme: datacenters `DC0`, `DC1`, …; in each, clusters
 //! `DC0_C0`, `DC0_C1`, … with hosts `DC0_C0_H0`, …, a root resource pool `Resources` and
 //! VMs `DC0_C0_RP0_VM0`, …; datastores `LocalDS_0`, …, shared by every host; a VM folder
-//! `/DC0/vm` holding the VMs. Every model VM is powered off unless `autostart` is set.
+//! `/DC0/vm` holding the VMs. The model's VMs start powered on, each with one NIC.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

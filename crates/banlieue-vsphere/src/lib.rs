@@ -20,6 +20,8 @@
 //! ```
 
 mod client;
+#[cfg(test)]
+mod decode_tests;
 mod error;
 pub mod methods;
 mod moref;

@@ -121,3 +121,45 @@ async fn dropping_vcsim_stops_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_inventory_matches_the_shape_vcsim_was_started_with() {
+    let Some(vcsim) = start().await else { return };
+    let client = connect(&vcsim).await;
+    let mut found = Vec::new();
+    for dc in client.datacenters().await.expect("datacenters") {
+        assert_eq!(dc.vm_folder.kind, "Folder");
+        for cluster in client.clusters(&dc.moref).await.expect("clusters") {
+            assert_eq!(cluster.resource_pool.kind, "ResourcePool");
+            found.push(format!("{}/{}", dc.name, cluster.name));
+        }
+    }
+    assert_eq!(
+        found,
+        ["DC0/DC0_C0", "DC0/DC0_C1", "DC1/DC1_C0", "DC1/DC1_C1"]
+    );
+
+    let by_path = client
+        .find_by_inventory_path("DC1/vm/DC1_C1_RP0_VM0")
+        .await
+        .expect("find by path")
+        .expect("the model VM exists");
+    let by_name = client.vm_by_name("DC1_C1_RP0_VM0").await.expect("by name");
+    assert_eq!(by_name.as_ref(), Some(&by_path));
+    let cluster = client
+        .find_by_inventory_path("DC0/host/DC0_C1")
+        .await
+        .expect("find by path");
+    assert_eq!(
+        cluster.map(|c| c.kind).as_deref(),
+        Some("ClusterComputeResource")
+    );
+    assert_eq!(
+        client
+            .find_by_inventory_path("DC9/vm/nothing")
+            .await
+            .expect("find"),
+        None
+    );
+    assert_eq!(client.vm_by_name("nothing").await.expect("by name"), None);
+}
