@@ -41,7 +41,9 @@ const TASK_POLL_MAX: Duration = Duration::from_secs(1);
 /// A user name and password for `SessionManager.Login`.
 #[derive(Clone)]
 pub struct Credentials {
+    /// E.g. `administrator@vsphere.local`.
     pub username: String,
+    /// Never printed by `Debug`.
     pub password: String,
 }
 

@@ -39,40 +39,72 @@ pub enum Error {
     /// The server answered a call with a SOAP fault.
     #[error("call {method}")]
     Fault {
+        /// The vim25 method called.
         method: &'static str,
+        /// What the server said.
         #[source]
         fault: Fault,
     },
     /// A task ran and ended in `error`.
     #[error("task {task} failed")]
     Task {
+        /// The task.
         task: ManagedObjectRef,
+        /// Its `info.error`.
         #[source]
         fault: Fault,
     },
+    /// The CA bundle holds no usable certificate.
     #[error("read the CA bundle: {0}")]
     CaBundle(String),
+    /// The HTTPS client could not be built.
     #[error("set up the HTTPS client")]
     HttpClient(#[source] reqwest::Error),
+    /// The request did not get an answer (connection, TLS, timeout).
     #[error("send {method} to {url}")]
     Http {
+        /// The vim25 method called.
         method: &'static str,
+        /// The SDK URL.
         url: String,
+        /// Why.
         #[source]
         source: reqwest::Error,
     },
+    /// The server answered with an HTTP error and no SOAP envelope.
     #[error("{method}: HTTP {status} without a SOAP answer: {body}")]
     Status {
+        /// The vim25 method called.
         method: &'static str,
+        /// The HTTP status.
         status: u16,
+        /// The start of the body.
         body: String,
     },
+    /// The answer exceeded [`BODY_LIMIT`](crate::BODY_LIMIT).
     #[error("{method}: the answer is larger than {limit} bytes")]
-    TooLarge { method: &'static str, limit: usize },
+    TooLarge {
+        /// The vim25 method called.
+        method: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+    /// The answer is not what vim25 defines.
     #[error("malformed {what}: {reason}")]
-    Malformed { what: String, reason: String },
+    Malformed {
+        /// What was being read.
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A lookup by name found several VMs.
     #[error("{count} virtual machines are named {name:?}")]
-    Ambiguous { name: String, count: usize },
+    Ambiguous {
+        /// The name looked up.
+        name: String,
+        /// How many VMs have it.
+        count: usize,
+    },
 }
 
 impl Error {

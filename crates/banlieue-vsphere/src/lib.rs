@@ -19,6 +19,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod client;
 #[cfg(test)]
 mod decode_tests;

@@ -28,7 +28,9 @@ pub enum PropertyValue {
     MoRef(ManagedObjectRef),
     /// `OptionValue`: a key and a value, as `config.extraConfig["key"]` answers.
     OptionValue {
+        /// The option's key, e.g. `guestinfo.banlieue.phase`.
         key: String,
+        /// Its value.
         value: Box<PropertyValue>,
     },
     /// Any other type (arrays, data objects, enums): the `<val>` element itself.
@@ -117,7 +119,9 @@ pub enum ObjectSpec {
 /// What a `RetrievePropertiesEx` or a `CreateFilter` collects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PropertyFilterSpec {
+    /// Which properties, per object type.
     pub properties: Vec<PropertySpec>,
+    /// Where to start.
     pub objects: Vec<ObjectSpec>,
 }
 
@@ -181,6 +185,7 @@ impl PropertyFilterSpec {
 /// One object's properties, as `RetrievePropertiesEx` returns them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectContent {
+    /// The object.
     pub obj: ManagedObjectRef,
     /// `(path, value)`, in the server's order; unset properties are absent.
     pub properties: Vec<(String, PropertyValue)>,
@@ -238,6 +243,7 @@ fn missing_property(element: &Element) -> Result<(String, Fault)> {
 /// One page of a `RetrievePropertiesEx` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetrieveResult {
+    /// This page's objects.
     pub objects: Vec<ObjectContent>,
     /// Set when more pages follow: pass it to `ContinueRetrievePropertiesEx`.
     pub token: Option<String>,
@@ -259,9 +265,13 @@ impl RetrieveResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChangeOp {
+    /// An element was added to an array property.
     Add,
+    /// An element was removed, or the property became unset.
     Remove,
+    /// The property was set.
     Assign,
+    /// The property went away because its parent did.
     IndirectRemove,
     /// A value this client does not know, kept as sent.
     Other(String),
@@ -284,6 +294,7 @@ impl ChangeOp {
 pub struct PropertyChange {
     /// The path, as the filter named it (`config.extraConfig["guestinfo.x"]`) or a parent.
     pub path: String,
+    /// How it changed.
     pub op: ChangeOp,
     /// The new value; `None` for removals and for properties that became unset.
     pub value: Option<PropertyValue>,
@@ -295,6 +306,7 @@ pub struct PropertyChange {
 pub enum ObjectUpdateKind {
     /// The object entered the filter's set (or this is the first update).
     Enter,
+    /// Some of its properties changed.
     Modify,
     /// The object left the set (e.g. it was destroyed).
     Leave,
@@ -305,15 +317,20 @@ pub enum ObjectUpdateKind {
 /// One object's changes in an update.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectUpdate {
+    /// How the object relates to the filter.
     pub kind: ObjectUpdateKind,
+    /// The object.
     pub obj: ManagedObjectRef,
+    /// Its changed properties (all the filter's, for `Enter`).
     pub changes: Vec<PropertyChange>,
 }
 
 /// One filter's part of an update.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilterUpdate {
+    /// The filter.
     pub filter: ManagedObjectRef,
+    /// The objects it reports on.
     pub objects: Vec<ObjectUpdate>,
 }
 
@@ -322,6 +339,7 @@ pub struct FilterUpdate {
 pub struct UpdateSet {
     /// Pass this to the next wait to get only later changes.
     pub version: String,
+    /// What each filter reports.
     pub filters: Vec<FilterUpdate>,
     /// The server had more than it sent; the next wait returns the rest.
     pub truncated: bool,

@@ -13,9 +13,13 @@ use crate::xml::Element;
 /// The server's product description (`ServiceContent.about`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct About {
+    /// E.g. `VMware vCenter Server`.
     pub name: String,
+    /// Name, version and build in one line.
     pub full_name: String,
+    /// The product version, e.g. `8.0.3`.
     pub version: String,
+    /// The build number.
     pub build: String,
     /// `VirtualCenter` or `HostAgent`.
     pub api_type: String,
@@ -28,11 +32,17 @@ pub struct About {
 /// The service's entry points, from `RetrieveServiceContent`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceContent {
+    /// The product.
     pub about: About,
+    /// The top of the inventory (datacenters live under it).
     pub root_folder: ManagedObjectRef,
+    /// The shared PropertyCollector.
     pub property_collector: ManagedObjectRef,
+    /// Where container views are made.
     pub view_manager: ManagedObjectRef,
+    /// Where sessions are made.
     pub session_manager: ManagedObjectRef,
+    /// Where inventory paths are looked up.
     pub search_index: ManagedObjectRef,
 }
 
@@ -70,6 +80,7 @@ impl ServiceContent {
 pub struct UserSession {
     /// The session id (not the cookie).
     pub key: String,
+    /// Who is logged in.
     pub user_name: String,
 }
 
@@ -91,10 +102,13 @@ impl UserSession {
 /// A datacenter and the folders a clone needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Datacenter {
+    /// The datacenter.
     pub moref: ManagedObjectRef,
+    /// Its name, e.g. `DC0`.
     pub name: String,
     /// Where its VMs live: the default folder for clones.
     pub vm_folder: ManagedObjectRef,
+    /// Where its clusters and hosts live.
     pub host_folder: ManagedObjectRef,
 }
 
@@ -112,7 +126,9 @@ impl Datacenter {
 /// A cluster (`ClusterComputeResource`) and its root resource pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
+    /// The cluster.
     pub moref: ManagedObjectRef,
+    /// Its name, e.g. `DC0_C0`.
     pub name: String,
     /// The root resource pool: where a clone placed "in the cluster" goes.
     pub resource_pool: ManagedObjectRef,
@@ -150,7 +166,9 @@ pub struct CloneSpec {
 /// What `reconfigure_vm` changes; `None` and empty fields are left as they are.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReconfigSpec {
+    /// Virtual CPUs.
     pub num_cpus: Option<i32>,
+    /// Memory in MiB.
     pub memory_mb: Option<i64>,
     /// `extraConfig` entries to set; an empty value removes the key.
     pub extra_config: Vec<(String, String)>,
@@ -160,9 +178,13 @@ pub struct ReconfigSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskState {
+    /// Waiting to run.
     Queued,
+    /// Running.
     Running,
+    /// Done; `result` holds the outcome.
     Success,
+    /// Failed; `error` says why.
     Error,
     /// A value this client does not know, kept as sent.
     Other(String),
@@ -171,7 +193,9 @@ pub enum TaskState {
 /// A task's progress and outcome (`Task.info`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskInfo {
+    /// The task.
     pub task: ManagedObjectRef,
+    /// Where it is.
     pub state: TaskState,
     /// The outcome of a successful task, e.g. the new VM of a clone.
     pub result: Option<PropertyValue>,
@@ -205,8 +229,11 @@ impl TaskInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PowerState {
+    /// Running.
     PoweredOn,
+    /// Off.
     PoweredOff,
+    /// Suspended to disk.
     Suspended,
     /// A value this client does not know, kept as sent.
     Other(String),
@@ -226,17 +253,24 @@ impl PowerState {
 /// One guest NIC as VMware Tools reports it (`guest.net`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestNic {
+    /// The NIC's MAC address.
     pub mac_address: Option<String>,
+    /// The network (port group) name it is on.
     pub network: Option<String>,
+    /// Whether it is connected.
     pub connected: bool,
+    /// Its addresses, IPv4 and IPv6, as the guest reports them.
     pub ip_addresses: Vec<String>,
 }
 
 /// What a provider reads of a VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmInfo {
+    /// The VM.
     pub moref: ManagedObjectRef,
+    /// Its name.
     pub name: String,
+    /// Whether it runs.
     pub power_state: PowerState,
     /// Every `config.extraConfig` entry with a text value (`guestinfo.*` among them).
     pub extra_config: BTreeMap<String, String>,

@@ -162,6 +162,18 @@ async fn the_inventory_matches_the_shape_vcsim_was_started_with() {
         cluster.map(|c| c.kind).as_deref(),
         Some("ClusterComputeResource")
     );
+    // The names the provider's tests rely on: a cluster's host, the datastore, the root pool.
+    for (path, kind) in [
+        ("DC0/host/DC0_C1/DC0_C1_H0", "HostSystem"),
+        ("DC1/datastore/LocalDS_0", "Datastore"),
+        ("DC0/host/DC0_C1/Resources", "ResourcePool"),
+    ] {
+        let found = client
+            .find_by_inventory_path(path)
+            .await
+            .expect("find by path");
+        assert_eq!(found.map(|r| r.kind).as_deref(), Some(kind), "{path}");
+    }
     assert_eq!(
         client
             .find_by_inventory_path("DC9/vm/nothing")
