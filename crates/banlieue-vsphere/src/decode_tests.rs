@@ -195,3 +195,35 @@ fn every_truncation_is_refused_without_panic() {
         }
     }
 }
+
+proptest::proptest! {
+    /// Random bytes overwritten anywhere in a recorded response: parsing and decoding end in a
+    /// value or an error, never a panic.
+    #[test]
+    fn mutated_responses_never_panic(
+        which in 0..ALL.len(),
+        edits in proptest::collection::vec((proptest::num::usize::ANY, proptest::num::u8::ANY), 1..8),
+    ) {
+        let (method, body) = ALL[which];
+        let mut body = body.to_vec();
+        for (at, byte) in edits {
+            let at = at % body.len();
+            body[at] = byte;
+        }
+        if let Ok(response) = parse_response(method, 200, &body)
+            && let Some(returnval) = response.child("returnval")
+        {
+            let _ = ServiceContent::from_element(returnval);
+            let _ = UserSession::from_element(returnval);
+            let _ = UpdateSet::from_element(returnval);
+            if let Ok(result) = RetrieveResult::from_element(returnval) {
+                for object in &result.objects {
+                    let _ = VmInfo::from_content(object);
+                    if let Some(PropertyValue::Other(info)) = object.get("info") {
+                        let _ = TaskInfo::from_element(info);
+                    }
+                }
+            }
+        }
+    }
+}
