@@ -74,7 +74,6 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     http: reqwest::Client,
     url: String,
@@ -85,6 +84,17 @@ struct Inner {
     /// Bumped by every login, so concurrent calls that all saw `NotAuthenticated` log in once.
     login_generation: AtomicU64,
     relogin: tokio::sync::Mutex<()>,
+}
+
+/// Without the session cookie, which is as good as the password while the session lasts.
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.url)
+            .field("credentials", &self.credentials)
+            .field("soap_action", &self.soap_action)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -177,9 +187,11 @@ impl Client {
     }
 
     /// Keeps the session from idling out: reads `currentSession` every `interval`, logging
-    /// in again when the session is gone. Runs until the returned handle is dropped.
+    /// in again when the session is gone. Runs until the returned handle is dropped; the
+    /// handle keeps the session's client alive. Intervals under 10 ms count as 10 ms.
     pub fn keep_alive(&self, interval: Duration) -> KeepAlive {
         let client = self.clone();
+        let interval = interval.max(Duration::from_millis(10));
         let task = tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -390,7 +402,7 @@ impl Client {
         let seconds = u32::try_from(max_wait.as_secs()).unwrap_or(u32::MAX);
         let request = methods::wait_for_updates_ex(collector, version, seconds);
         let response = self
-            .call_with_timeout(&request, REQUEST_TIMEOUT + max_wait)
+            .call_with_timeout(&request, REQUEST_TIMEOUT.saturating_add(max_wait))
             .await?;
         response
             .child("returnval")

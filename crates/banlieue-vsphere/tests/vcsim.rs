@@ -47,6 +47,11 @@ async fn login_reads_the_service_content_and_opens_a_session() {
         session.map(|s| s.user_name).as_deref(),
         Some(vcsim.username())
     );
+    let printed = format!("{client:?}");
+    assert!(
+        !printed.contains(vcsim.password()) && !printed.contains("vmware_soap_session"),
+        "Debug shows no secret: {printed}"
+    );
     client.logout().await.expect("logout");
 }
 
