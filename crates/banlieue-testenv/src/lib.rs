@@ -11,3 +11,4 @@ pub mod node;
 pub mod oidc;
 pub mod poll;
 pub mod registry;
+pub mod vcsim;
