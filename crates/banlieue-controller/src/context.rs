@@ -5,17 +5,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use banlieue_api::conditions;
 use banlieue_api::{
     LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
 };
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use banlieue_runtime::reconcile::{self, ErrorBackoff};
+use kube::api::Api;
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 
 use crate::config::ControllerConfig;
 use crate::error::{Error, Result};
@@ -116,6 +115,7 @@ impl Context {
             controller: config.manager_name.clone(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let backoff = ErrorBackoff::new(config.min_error_backoff, config.max_error_backoff);
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -125,7 +125,7 @@ impl Context {
             readiness,
             reservations: Reservations::default(),
             expectations: Expectations::default(),
-            backoff: ErrorBackoff::default(),
+            backoff,
             placements: RecentPlacements::default(),
             assignments: Mutex::default(),
             event_windows: Arc::default(),
@@ -181,10 +181,8 @@ impl Context {
     where
         K: Resource<DynamicType = ()>,
     {
-        let event = event_of(type_, reason, note);
-        if let Err(error) = self.recorder.publish(&event, &object.object_ref(&())).await {
-            tracing::debug!(%error, reason, "could not publish an event");
-        }
+        let event = reconcile::event(type_, reason, reason, note);
+        reconcile::publish(&self.recorder, &object.object_ref(&()), &event).await;
     }
 
     /// Publishes a routine Event on `object` through a window per object and reason: the
@@ -219,80 +217,41 @@ impl Context {
                         .unwrap_or_else(PoisonError::into_inner)
                         .close(&key);
                     if let Some(summary) = summary {
-                        let event = event_of(EventType::Normal, &reason, summary.note());
-                        if let Err(error) = recorder.publish(&event, &reference).await {
-                            tracing::debug!(%error, reason, "could not publish an event");
-                        }
+                        let event =
+                            reconcile::event(EventType::Normal, &reason, &reason, summary.note());
+                        reconcile::publish(&recorder, &reference, &event).await;
                     }
                 });
             }
         }
     }
 
-    /// Writes `status` with a JSON merge patch on the status subresource.
+    /// Writes `status` with a JSON merge patch on the status subresource (unguarded: the
+    /// controller's statuses are its own, computed from the object it just read).
     pub async fn patch_status<K, S>(&self, api: &Api<K>, name: &str, status: &S) -> Result<K>
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
         S: serde::Serialize,
     {
-        let patch = json!({ "status": status });
-        Ok(api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?)
+        Ok(reconcile::patch_status(api, name, status, None).await?)
     }
 
-    /// Adds `finalizer` with a JSON patch that first tests the current list, so two writers
-    /// cannot clobber each other's finalizers.
+    /// Adds `finalizer` with the shared protocol ([`reconcile::add_finalizer`]): a JSON patch
+    /// that first tests the current list, so two writers cannot clobber each other's.
     pub async fn add_finalizer<K>(&self, api: &Api<K>, object: &K, finalizer: &str) -> Result<K>
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
     {
-        let name = object.name_any();
-        let ops = if object.finalizers().is_empty() {
-            json!([
-                {"op": "test", "path": "/metadata/finalizers", "value": null},
-                {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
-            ])
-        } else {
-            json!([
-                {"op": "test", "path": "/metadata/finalizers", "value": object.finalizers()},
-                {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
-            ])
-        };
-        Ok(api
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::<()>::Json(serde_json::from_value(ops)?),
-            )
-            .await?)
+        Ok(reconcile::add_finalizer(api, object, finalizer).await?)
     }
 
-    /// Removes `finalizer` with a JSON patch that tests it is still at the index it was seen at.
+    /// Removes `finalizer` with the shared protocol ([`reconcile::remove_finalizer`]); an
+    /// object already gone is not an error.
     pub async fn remove_finalizer<K>(&self, api: &Api<K>, object: &K, finalizer: &str) -> Result<()>
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
     {
-        let Some(index) = object.finalizers().iter().position(|f| f == finalizer) else {
-            return Ok(());
-        };
-        let path = format!("/metadata/finalizers/{index}");
-        let ops = json!([
-            {"op": "test", "path": path, "value": finalizer},
-            {"op": "remove", "path": path},
-        ]);
-        match api
-            .patch(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::<()>::Json(serde_json::from_value(ops)?),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(error) if crate::error::is_not_found(&error) => Ok(()),
-            Err(error) => Err(error.into()),
-        }
+        Ok(reconcile::remove_finalizer(api, object, finalizer).await?)
     }
 }
 
@@ -344,65 +303,5 @@ impl LastWrites {
             now.saturating_duration_since(*t) < crate::pool_decide::STATUS_COUNTS_INTERVAL
         });
         at.insert(key.to_owned(), now);
-    }
-}
-
-/// Per-object retry delays after failed reconciles: doubling from the minimum to the maximum,
-/// forgotten on the next success.
-#[derive(Debug, Default)]
-pub(crate) struct ErrorBackoff {
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl ErrorBackoff {
-    pub fn failed(
-        &self,
-        key: &str,
-        min: std::time::Duration,
-        max: std::time::Duration,
-    ) -> std::time::Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = failures.entry(key.to_owned()).or_insert(0);
-        let delay = min.saturating_mul(1u32 << (*count).min(16)).min(max);
-        *count = count.saturating_add(1);
-        delay
-    }
-
-    pub fn succeeded(&self, key: &str) {
-        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
-        failures.remove(key);
-    }
-}
-
-/// The Event [`Context::event`] publishes: its note bounded to what the API server accepts.
-fn event_of(type_: EventType, reason: &str, note: String) -> Event {
-    Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(conditions::bounded_message(
-            note,
-            conditions::MAX_EVENT_NOTE_BYTES,
-        )),
-        action: reason.to_owned(),
-        secondary: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_event_quoting_a_four_mebibyte_error_fits_the_api_servers_limit() {
-        let note = format!("delete member: {}", "ü".repeat(2 << 20));
-        let event = event_of(EventType::Warning, "Releasing", note);
-        let note = event.note.expect("note");
-        assert!(
-            note.len() <= conditions::MAX_EVENT_NOTE_BYTES,
-            "{}",
-            note.len()
-        );
-        assert!(note.starts_with("delete member: ü"));
-        assert!(note.ends_with(conditions::TRUNCATION_MARKER));
     }
 }

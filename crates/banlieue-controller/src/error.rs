@@ -21,6 +21,16 @@ pub enum Error {
     CacheStopped { kind: &'static str },
 }
 
+impl From<banlieue_runtime::reconcile::PatchError> for Error {
+    /// The shared plumbing's errors are the controller's own two: a call or an encoding.
+    fn from(error: banlieue_runtime::reconcile::PatchError) -> Self {
+        match error {
+            banlieue_runtime::reconcile::PatchError::Kube(e) => Error::Kube(e),
+            banlieue_runtime::reconcile::PatchError::Encode(e) => Error::Encode(e),
+        }
+    }
+}
+
 /// `Result` with the controller's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -329,11 +329,7 @@ where
     ctx.metrics
         .reconcile_error(controller, error.metric_reason());
     let key = format!("{controller}/{}", object_key(object.as_ref()));
-    let delay = ctx.backoff.failed(
-        &key,
-        ctx.config.min_error_backoff,
-        ctx.config.max_error_backoff,
-    );
+    let delay = ctx.backoff.failed(&key);
     tracing::warn!(controller, object = %key, error = %conditions::error_message(error), ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -44,6 +44,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A patch could not be encoded.
+    #[error("{what}")]
+    Encode {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// Building the cloud-init seed failed.
     #[error("build the cloud-init seed")]
     Seed(#[source] banlieue_iso::Error),
@@ -57,6 +64,17 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The first retry of an object after a failed reconcile; each further failure doubles it up
+/// to [`MAX_ERROR_BACKOFF`], and a success starts over.
+pub const MIN_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest wait before retrying a failing object.
+pub const MAX_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The per-object error backoff of one of the provider's reconcilers.
+pub(crate) fn error_backoff() -> banlieue_runtime::reconcile::ErrorBackoff {
+    banlieue_runtime::reconcile::ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
+}
+
 impl Error {
     /// The condition reason this error is reported with.
     pub fn reason(&self) -> &'static str {
@@ -66,7 +84,7 @@ impl Error {
             Error::ConnectFailed { .. } => reasons::CONNECT_FAILED,
             Error::Libvirt { source, .. } if connection_lost(source) => reasons::CONNECT_FAILED,
             Error::Libvirt { .. } | Error::Seed(_) => reasons::LIBVIRT_ERROR,
-            Error::Kube { .. } => reasons::PROVIDER_NOT_READY,
+            Error::Kube { .. } | Error::Encode { .. } => reasons::PROVIDER_NOT_READY,
             Error::Invalid { reason, .. } => reason,
         }
     }

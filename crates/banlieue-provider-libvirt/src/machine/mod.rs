@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use banlieue_api::LibvirtMachine;
 use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
+use banlieue_runtime::reconcile::{self, ErrorBackoff};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -66,6 +67,7 @@ struct Context {
     cfg: ProviderConfig,
     host: Arc<Host>,
     metrics: Metrics,
+    backoff: ErrorBackoff,
 }
 
 /// Reconciles this Provider's LibvirtMachines until `shutdown` completes, recording into
@@ -92,13 +94,25 @@ pub async fn run_provider(
         cfg,
         host,
         metrics,
+        backoff: crate::error::error_backoff(),
     });
     Controller::new(machines, watcher::Config::default())
         .reconcile_all_on(futures::stream::unfold(tick_rx, |mut rx| async move {
             rx.recv().await.map(|tick| (tick, rx))
         }))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |machine, ctx| async move {
+                let key = ErrorBackoff::key_of("machine", machine.as_ref());
+                let outcome = reconcile(machine, ctx.clone()).await;
+                if outcome.is_ok() {
+                    ctx.backoff.succeeded(&key);
+                }
+                outcome
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %error_message(&e), "machine reconcile");
@@ -109,10 +123,13 @@ pub async fn run_provider(
     Ok(())
 }
 
-fn error_policy(_machine: Arc<LibvirtMachine>, error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(machine: Arc<LibvirtMachine>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_error(error.reason());
-    tracing::warn!(error = %error_message(error), "machine reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of("machine", machine.as_ref()));
+    tracing::warn!(error = %error_message(error), ?delay, "machine reconcile failed");
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
@@ -129,9 +146,7 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
         .iter()
         .any(|f| f == FINALIZER_DOMAIN_PROTECTION)
     {
-        let mut finalizers = machine.finalizers().to_vec();
-        finalizers.push(FINALIZER_DOMAIN_PROTECTION.to_owned());
-        crate::finalizers::patch(&api, &*machine, finalizers).await?;
+        crate::finalizers::add(&api, &*machine, FINALIZER_DOMAIN_PROTECTION).await?;
         // The patch wakes the controller again with the new object.
         return Ok(Action::await_change());
     }
@@ -244,22 +259,18 @@ async fn patch_status(
     status: serde_json::Value,
 ) -> Result<bool> {
     let name = machine.name_any();
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": { "resourceVersion": machine.resource_version() },
-                "status": status,
-            })),
-        )
-        .await
-    {
+    let version = machine.resource_version();
+    match reconcile::patch_status(api, &name, &status, version.as_deref()).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(Error::kube(format!("patch LibvirtMachine {name} status"))(
-            e,
-        )),
+        Err(e) if e.is_stale() => Ok(false),
+        Err(reconcile::PatchError::Kube(source)) => Err(Error::Kube {
+            what: format!("patch LibvirtMachine {name} status"),
+            source,
+        }),
+        Err(reconcile::PatchError::Encode(source)) => Err(Error::Encode {
+            what: format!("patch LibvirtMachine {name} status"),
+            source,
+        }),
     }
 }
 

@@ -38,13 +38,7 @@ pub(super) async fn run(
     }
     match teardown(machine, ctx).await {
         Ok(()) => {
-            let finalizers = machine
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER_DOMAIN_PROTECTION)
-                .cloned()
-                .collect();
-            crate::finalizers::patch(api, machine, finalizers).await?;
+            crate::finalizers::remove(api, machine, FINALIZER_DOMAIN_PROTECTION).await?;
             Ok(Action::await_change())
         }
         Err(e) => {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, reasons, status, types};
 use banlieue_api::{LibvirtMachine, Provider, ProviderClass};
+use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -70,6 +71,7 @@ struct Context {
     kube: kube::Client,
     cfg: OperatorConfig,
     recorder: Recorder,
+    backoff: ErrorBackoff,
 }
 
 /// Runs the Provider operator until `shutdown` completes.
@@ -102,6 +104,7 @@ pub async fn run_operator(
         ),
         kube: client.clone(),
         cfg,
+        backoff: crate::error::error_backoff(),
     });
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
@@ -133,7 +136,18 @@ pub async fn run_operator(
                 .collect::<Vec<_>>()
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |provider, ctx| async move {
+                let key = ErrorBackoff::key_of("provider", provider.as_ref());
+                let outcome = reconcile(provider, ctx.clone()).await;
+                if outcome.is_ok() {
+                    ctx.backoff.succeeded(&key);
+                }
+                outcome
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %error_message(&e), "provider reconcile");
@@ -143,9 +157,12 @@ pub async fn run_operator(
     Ok(())
 }
 
-fn error_policy(_provider: Arc<Provider>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error_message(error), "provider reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(provider: Arc<Provider>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of("provider", provider.as_ref()));
+    tracing::warn!(error = %error_message(error), ?delay, "provider reconcile failed");
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]
@@ -374,9 +391,7 @@ async fn ensure_finalizer(provider: &Provider, api: &Api<Provider>) -> Result<()
     {
         return Ok(());
     }
-    let mut finalizers = provider.finalizers().to_vec();
-    finalizers.push(FINALIZER_PROVIDER_WORKLOADS.to_owned());
-    crate::finalizers::patch(api, provider, finalizers).await
+    crate::finalizers::add(api, provider, FINALIZER_PROVIDER_WORKLOADS).await
 }
 
 /// The names of the LibvirtMachines that still name `provider`, sorted.
@@ -456,13 +471,7 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         )
         .await?;
     }
-    let finalizers = provider
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER_PROVIDER_WORKLOADS)
-        .cloned()
-        .collect();
-    crate::finalizers::patch(api, provider, finalizers).await?;
+    crate::finalizers::remove(api, provider, FINALIZER_PROVIDER_WORKLOADS).await?;
     Ok(Action::await_change())
 }
 

@@ -14,11 +14,12 @@ use banlieue_api::conditions::{self, Condition, error_message, status, types};
 use banlieue_api::{DomainCapacity, FailureDomain, Provider, ProviderStatus};
 use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
+use banlieue_runtime::reconcile::{self, ErrorBackoff};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -57,6 +58,7 @@ struct Context {
     api: Api<Provider>,
     cfg: StatusConfig,
     recorder: Recorder,
+    backoff: ErrorBackoff,
 }
 
 /// Probes the Provider's host and publishes its Ready condition and failure domain until
@@ -80,10 +82,22 @@ pub async fn run_status(
             },
         ),
         cfg,
+        backoff: crate::error::error_backoff(),
     });
     Controller::new(api, watch)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |provider, ctx| async move {
+                let key = ErrorBackoff::key_of("status", provider.as_ref());
+                let outcome = reconcile(provider, ctx.clone()).await;
+                if outcome.is_ok() {
+                    ctx.backoff.succeeded(&key);
+                }
+                outcome
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %error_message(&e), "provider status");
@@ -93,9 +107,12 @@ pub async fn run_status(
     Ok(())
 }
 
-fn error_policy(_provider: Arc<Provider>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error_message(error), "provider status failed");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(provider: Arc<Provider>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of("status", provider.as_ref()));
+    tracing::warn!(error = %error_message(error), ?delay, "provider status failed");
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]
@@ -245,23 +262,13 @@ async fn publish_ready(
 /// Records a Ready transition as an Event on the Provider. An Event is a courtesy to the
 /// reader; failing to record one changes nothing.
 async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition) {
-    let event = Event {
-        type_: if ready.status == status::TRUE {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: ready.reason.clone(),
-        note: Some(conditions::bounded_message(
-            ready.message.clone(),
-            conditions::MAX_EVENT_NOTE_BYTES,
-        )),
-        action: "Probe".into(),
-        secondary: None,
+    let type_ = if ready.status == status::TRUE {
+        EventType::Normal
+    } else {
+        EventType::Warning
     };
-    if let Err(e) = recorder.publish(&event, &provider.object_ref(&())).await {
-        tracing::debug!(error = %error_message(&e), "record provider event");
-    }
+    let event = reconcile::event(type_, &ready.reason, "Probe", ready.message.clone());
+    reconcile::publish(recorder, &provider.object_ref(&()), &event).await;
 }
 
 fn now() -> Time {
