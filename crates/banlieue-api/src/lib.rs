@@ -26,7 +26,8 @@ pub use image::{
 };
 pub use machine::{
     LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus, MachineInitialization,
-    MachineReference, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus,
+    MachineReference, MachineSpecContract, MachineStatusContract, VirtualMachine,
+    VirtualMachineSpec, VirtualMachineStatus,
 };
 pub use pool::{
     ClaimPhase, ClaimSubject, PoolReadiness, PoolUpdateStrategy, PoolUpdateType, TemplateMetadata,

@@ -183,22 +183,13 @@ pub struct LibvirtDisk {
 }
 
 /// Observed state of a LibvirtMachine, in Cluster API's shape.
+// The contract every machine kind carries, flattened, and what only libvirt knows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LibvirtMachineStatus {
-    /// The domain is defined and running.
-    #[serde(default)]
-    pub ready: bool,
-    /// Provisioning progress.
-    #[serde(default)]
-    pub initialization: MachineInitialization,
-    /// `libvirt://<provider namespace>/<provider>/<domain uuid>`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        rename = "providerID"
-    )]
-    pub provider_id: Option<String>,
+    /// What every machine kind reports, under the same JSON names.
+    #[serde(flatten)]
+    pub contract: MachineStatusContract,
     /// The libvirt domain's name (`<namespace>-<name>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_name: Option<String>,
@@ -210,7 +201,30 @@ pub struct LibvirtMachineStatus {
     /// derive the same volume names (namespace `a-b` with `c`, namespace `a` with `b-c`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
-    /// Addresses from the domain's interfaces.
+}
+
+/// The status every `*Machine` kind carries, in Cluster API's shape and under these JSON
+/// names, beside whatever its backend adds (ADR-0070). A kind's status type embeds it with
+/// `#[serde(flatten)]`, so the controller reads it from any kind's `status` without knowing
+/// the kind, and the stored JSON is the same as if the fields were written out.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatusContract {
+    /// The machine is created and running.
+    #[serde(default)]
+    pub ready: bool,
+    /// Provisioning progress.
+    #[serde(default)]
+    pub initialization: MachineInitialization,
+    /// The backend's id of the machine, for example
+    /// `libvirt://<provider namespace>/<provider>/<domain uuid>`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "providerID"
+    )]
+    pub provider_id: Option<String>,
+    /// Addresses of the machine's interfaces.
     #[serde(default)]
     pub addresses: Vec<MachineAddress>,
     /// The guest's own phase, when it publishes one.
@@ -233,10 +247,86 @@ pub struct LibvirtMachineStatus {
     pub observed_generation: Option<i64>,
 }
 
+/// The fields every `*Machine` spec carries under these JSON names (ADR-0070): what the
+/// controller reads from a machine of any kind. A view for reading only; each kind's spec
+/// type declares the fields itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSpecContract {
+    /// The Provider (same namespace) that realises the machine.
+    pub provider_ref: LocalObjectReference,
+    /// Whether the machine has an emulated TPM, whose endorsement-key certificates the
+    /// machine must report before it is handed out (ADR-0045).
+    #[serde(default)]
+    pub tpm_enabled: bool,
+}
+
 /// Cluster API's initialization block.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineInitialization {
     /// The machine's infrastructure exists.
     #[serde(default)]
     pub provisioned: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A LibvirtMachine status as the provider has always stored it: every field at the top
+    /// level of `status`.
+    fn stored() -> serde_json::Value {
+        json!({
+            "ready": true,
+            "initialization": {"provisioned": true},
+            "providerID": "libvirt://ns/edge-7/0b0e",
+            "domainName": "ns-web-01",
+            "domainUuid": "0b0e",
+            "volumes": ["ns-web-01-os.qcow2"],
+            "addresses": [{"type": "InternalIP", "address": "192.0.2.1"}],
+            "guestPhase": "ready",
+            "tpmEndorsementCertificates": ["PEM"],
+            "tpmEndorsementKeyDigests": ["sha256:00"],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "DomainRunning",
+                            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            "observedGeneration": 3
+        })
+    }
+
+    #[test]
+    fn a_flattened_contract_stores_the_same_json() {
+        let status: LibvirtMachineStatus = serde_json::from_value(stored()).expect("valid status");
+        assert!(status.contract.ready);
+        assert_eq!(status.contract.observed_generation, Some(3));
+        assert_eq!(status.domain_uuid.as_deref(), Some("0b0e"));
+        assert_eq!(
+            serde_json::to_value(&status).expect("serializable"),
+            stored()
+        );
+        // What an empty status writes is unchanged too.
+        assert_eq!(
+            serde_json::to_value(LibvirtMachineStatus::default()).expect("serializable"),
+            json!({"ready": false, "initialization": {"provisioned": false}, "addresses": [],
+                   "tpmEndorsementCertificates": [], "tpmEndorsementKeyDigests": [],
+                   "conditions": []})
+        );
+    }
+
+    #[test]
+    fn the_contract_is_read_from_a_kinds_status_without_knowing_the_kind() {
+        let contract: MachineStatusContract =
+            serde_json::from_value(stored()).expect("backend fields are ignored");
+        let status: LibvirtMachineStatus = serde_json::from_value(stored()).expect("valid");
+        assert_eq!(contract, status.contract);
+        let spec = json!({"providerRef": {"name": "edge-7"}, "pool": "p", "network": "n",
+                          "disk": {"backingVolume": "v", "size": "1Gi"}, "tpmEnabled": true,
+                          "cpu": 1, "memory": "1Gi"});
+        let libvirt: LibvirtMachineSpec = serde_json::from_value(spec).expect("valid spec");
+        let view: MachineSpecContract =
+            serde_json::from_value(serde_json::to_value(&libvirt).expect("serializable"))
+                .expect("every machine spec carries the spec contract");
+        assert_eq!(view.provider_ref, libvirt.provider_ref);
+        assert_eq!(view.tpm_enabled, libvirt.tpm_enabled);
+    }
 }

@@ -3,7 +3,9 @@
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names;
-use banlieue_api::{LibvirtMachine, LocalObjectReference, MachineReference, VirtualMachineStatus};
+use banlieue_api::{
+    LocalObjectReference, MachineReference, MachineStatusContract, VirtualMachineStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::scheduling::{Placement, Unschedulable};
@@ -109,15 +111,17 @@ const NOT_REPORTED: &str = "the provider has not reported yet";
 
 /// The status with the machine's state mirrored: addresses, certificates, guest phase,
 /// InfrastructureReady (= the machine is ready), GuestReady (copied when the provider
-/// publishes it), Ready, and readySince (kept while Ready stays true).
+/// publishes it), Ready, and readySince (kept while Ready stays true). It reads only what
+/// every machine kind carries ([`MachineStatusContract`], and `tpmEnabled` from the spec
+/// contract), so it is the same for every backend.
 pub fn mirror_machine(
     current: &VirtualMachineStatus,
-    machine: &LibvirtMachine,
+    machine_status: &MachineStatusContract,
+    tpm_enabled: bool,
     generation: Option<i64>,
     now: Time,
 ) -> VirtualMachineStatus {
     let mut next = current.clone();
-    let machine_status = machine.status.clone().unwrap_or_default();
     next.addresses = machine_status.addresses.clone();
     next.tpm_endorsement_certificates = machine_status.tpm_endorsement_certificates.clone();
     next.tpm_endorsement_key_digests = machine_status.tpm_endorsement_key_digests.clone();
@@ -125,8 +129,7 @@ pub fn mirror_machine(
     let machine_ready = conditions::find(&machine_status.conditions, types::READY);
     // ADR-0045: a tpmEnabled member is not handed out before its EK certificates are recorded,
     // whichever readiness its pool waits on.
-    let ek_pending =
-        machine.spec.tpm_enabled && machine_status.tpm_endorsement_certificates.is_empty();
+    let ek_pending = tpm_enabled && machine_status.tpm_endorsement_certificates.is_empty();
     let infrastructure_ready = machine_status.ready && !ek_pending;
     let (reason, message) = if infrastructure_ready {
         (reasons::MACHINE_READY, String::new())
@@ -232,29 +235,22 @@ fn set_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use banlieue_api::{LibvirtMachineStatus, MachineAddress};
+    use banlieue_api::MachineAddress;
 
     fn at(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid time"))
     }
 
-    fn machine(ready: bool) -> LibvirtMachine {
-        let mut m: LibvirtMachine = serde_json::from_value(serde_json::json!({
-            "apiVersion": "banlieue.io/v1alpha1", "kind": "LibvirtMachine",
-            "metadata": {"name": "m"},
-            "spec": {"providerRef": {"name": "p"}, "pool": "default", "network": "n",
-                     "disk": {"backingVolume": "v", "size": "1Gi"}, "cpu": 1, "memory": "1Gi"}
-        }))
-        .expect("valid machine");
-        m.status = Some(LibvirtMachineStatus {
+    /// What a machine of any kind reports, ready or not, with one address.
+    fn machine(ready: bool) -> MachineStatusContract {
+        MachineStatusContract {
             ready,
             addresses: vec![MachineAddress {
                 type_: "InternalIP".into(),
                 address: "192.0.2.1".into(),
             }],
             ..Default::default()
-        });
-        m
+        }
     }
 
     #[test]
@@ -274,25 +270,27 @@ mod tests {
             image_revision: None,
         };
         let s = scheduled(&Default::default(), "m", &placement, Some(1), at(10));
-        let mut unreported = machine(false);
-        unreported.status = None;
-        assert_eq!(mirror_machine(&s, &unreported, Some(1), at(20)), s);
+        let unreported = MachineStatusContract::default();
+        assert_eq!(mirror_machine(&s, &unreported, false, Some(1), at(20)), s);
         // Once the provider reports, the mirror does change it.
-        assert_ne!(mirror_machine(&s, &machine(true), Some(1), at(20)), s);
+        assert_ne!(
+            mirror_machine(&s, &machine(true), false, Some(1), at(20)),
+            s
+        );
     }
 
     #[test]
     fn ready_since_is_kept_while_ready_and_cleared_when_not() {
-        let s = mirror_machine(&Default::default(), &machine(true), Some(1), at(10));
+        let s = mirror_machine(&Default::default(), &machine(true), false, Some(1), at(10));
         assert_eq!(s.ready_since, Some(at(10)));
         assert!(conditions::is_true(
             &s.conditions,
             types::INFRASTRUCTURE_READY
         ));
         assert_eq!(s.addresses.len(), 1);
-        let s = mirror_machine(&s, &machine(true), Some(1), at(20));
+        let s = mirror_machine(&s, &machine(true), false, Some(1), at(20));
         assert_eq!(s.ready_since, Some(at(10)));
-        let s = mirror_machine(&s, &machine(false), Some(1), at(30));
+        let s = mirror_machine(&s, &machine(false), false, Some(1), at(30));
         assert_eq!(s.ready_since, None);
         assert!(!conditions::is_true(&s.conditions, types::READY));
     }
@@ -300,18 +298,16 @@ mod tests {
     #[test]
     fn a_tpm_machine_is_not_infrastructure_ready_before_its_certificates() {
         let mut m = machine(true);
-        m.spec.tpm_enabled = true;
-        let s = mirror_machine(&Default::default(), &m, Some(1), at(10));
+        let s = mirror_machine(&Default::default(), &m, true, Some(1), at(10));
         let infra = conditions::find(&s.conditions, types::INFRASTRUCTURE_READY).unwrap();
         assert_eq!(
             (infra.status.as_str(), infra.reason.as_str()),
             (status::FALSE, reasons::ENDORSEMENT_CERTIFICATES_PENDING)
         );
         assert_eq!(s.ready_since, None);
-        let recorded = m.status.as_mut().unwrap();
-        recorded.tpm_endorsement_certificates = vec!["PEM".into()];
-        recorded.tpm_endorsement_key_digests = vec!["sha256:00".into()];
-        let s = mirror_machine(&s, &m, Some(1), at(20));
+        m.tpm_endorsement_certificates = vec!["PEM".into()];
+        m.tpm_endorsement_key_digests = vec!["sha256:00".into()];
+        let s = mirror_machine(&s, &m, true, Some(1), at(20));
         assert!(conditions::is_true(
             &s.conditions,
             types::INFRASTRUCTURE_READY

@@ -57,16 +57,24 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         .filter(|m| m.owner_references().iter().any(|o| o.uid == uid));
 
     let next = match (&current.machine_ref, machine) {
-        (Some(_), Some(machine)) => {
-            machine_status::mirror_machine(&current, &machine, generation, now)
-        }
+        (Some(_), Some(machine)) => machine_status::mirror_machine(
+            &current,
+            &machine.status.clone().unwrap_or_default().contract,
+            machine.spec.tpm_enabled,
+            generation,
+            now,
+        ),
         (Some(reference), None) => {
             // The cache may lag behind a machine created a moment ago; only the API server can
             // say it is gone.
             match machines.get_opt(&reference.name).await? {
-                Some(machine) => {
-                    machine_status::mirror_machine(&current, &machine, generation, now)
-                }
+                Some(machine) => machine_status::mirror_machine(
+                    &current,
+                    &machine.status.clone().unwrap_or_default().contract,
+                    machine.spec.tpm_enabled,
+                    generation,
+                    now,
+                ),
                 None => machine_status::machine_deleted(&current, &reference.name, generation, now),
             }
         }

@@ -119,7 +119,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                 .filter(|m| {
                     m.status
                         .as_ref()
-                        .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+                        .is_some_and(|s| conditions::is_true(&s.contract.conditions, "Ready"))
                 })
                 .count();
             Ok((running == n).then_some(()))

@@ -169,7 +169,7 @@ fn install_media(volume: &str) -> LibvirtDisk {
 fn ready(m: &LibvirtMachine) -> Option<Condition> {
     m.status
         .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, "Ready"))
+        .and_then(|s| conditions::find(&s.contract.conditions, "Ready"))
         .cloned()
 }
 
@@ -273,11 +273,11 @@ async fn immediate_and_deferred_machines_run_and_are_torn_down() -> Result<()> {
         let s = m.status.clone().unwrap();
         let domain = format!("{ns}-{name}");
         let uuid = s.domain_uuid.clone().context("a recorded UUID")?;
-        assert!(s.ready);
-        assert!(s.initialization.provisioned);
+        assert!(s.contract.ready);
+        assert!(s.contract.initialization.provisioned);
         assert_eq!(s.domain_name.as_deref(), Some(domain.as_str()));
         assert_eq!(
-            s.provider_id,
+            s.contract.provider_id,
             Some(format!("libvirt://{ns}/{PROVIDER}/{uuid}"))
         );
         assert_eq!(ready(m).unwrap().reason, "DomainRunning");
@@ -581,7 +581,7 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
         c.status == "True"
     })
     .await?;
-    assert!(m.status.unwrap().ready);
+    assert!(m.status.unwrap().contract.ready);
     assert_eq!(
         sample(&metrics, "banlieue_provider_libvirt_host_connected"),
         Some(1.0)

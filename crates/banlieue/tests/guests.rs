@@ -289,7 +289,7 @@ async fn scenario(
     let silent = silent.first().ok_or("the layerless pool has no member")?;
     let silent_machine = machines.get(&silent.name_any()).await?;
     let guest = conditions::find(
-        &silent_machine.status.unwrap_or_default().conditions,
+        &silent_machine.status.unwrap_or_default().contract.conditions,
         types::GUEST_READY,
     )
     .cloned()
@@ -363,7 +363,7 @@ async fn scenario(
     .await?;
     wait_until("the machine to report its agent gone", DEADLINE, || async {
         let m = machines.get(&member).await?;
-        let conds = m.status.map(|s| s.conditions).unwrap_or_default();
+        let conds = m.status.map(|s| s.contract.conditions).unwrap_or_default();
         Ok(conditions::find(&conds, types::AGENT_CONNECTED)
             .filter(|c| c.status == status::FALSE && c.reason == reasons::AGENT_NOT_CONNECTED)
             .map(|_| ()))

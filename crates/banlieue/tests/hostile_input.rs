@@ -821,7 +821,7 @@ async fn play(
                     .into_iter()
                     .filter(|m| m.name_any().starts_with(&prefix))
                     .find_map(|m| {
-                        let conditions = m.status.as_ref()?.conditions.clone();
+                        let conditions = m.status.as_ref()?.contract.conditions.clone();
                         banlieue_api::conditions::find(&conditions, "Ready")
                             .filter(|c| c.status == "False" && c.reason == *reason)
                             .cloned()

@@ -99,7 +99,7 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                     .await;
                 continue;
             }
-            let ready = machine.status.as_ref().is_some_and(|s| s.ready);
+            let ready = machine.status.as_ref().is_some_and(|s| s.contract.ready);
             if !ready && controls.ready_gate.load(Ordering::SeqCst) {
                 let address = addresses.entry(name.clone()).or_insert_with(|| {
                     let n = next_address.fetch_add(1, Ordering::SeqCst);

@@ -242,8 +242,8 @@ pub fn guest_status(
     recorded: &LibvirtMachineStatus,
     generation: Option<i64>,
 ) -> GuestStatus {
-    let mut certificates = recorded.tpm_endorsement_certificates.clone();
-    let mut key_digests = recorded.tpm_endorsement_key_digests.clone();
+    let mut certificates = recorded.contract.tpm_endorsement_certificates.clone();
+    let mut key_digests = recorded.contract.tpm_endorsement_key_digests.clone();
     if let GuestSight::Phase {
         ek: EkReading::Read(read),
         ..
@@ -253,7 +253,7 @@ pub fn guest_status(
         certificates = read.iter().map(|c| c.pem.clone()).collect();
         key_digests = read.iter().map(|c| c.key_digest.clone()).collect();
     }
-    let final_ready = conditions::find(&recorded.conditions, types::GUEST_READY)
+    let final_ready = conditions::find(&recorded.contract.conditions, types::GUEST_READY)
         .filter(|c| !still_settling(c))
         .cloned();
     let condition = |status: &str, reason: &str, message: String| {
@@ -271,7 +271,7 @@ pub fn guest_status(
         GuestSight::AgentUnavailable(why) => (
             // The phase read last stays shown, and a final GuestReady with it: a guest that
             // said `ready` and then lost its agent is still ready for this boot.
-            recorded.guest_phase.clone(),
+            recorded.contract.guest_phase.clone(),
             final_ready.unwrap_or_else(|| {
                 condition(
                     status::UNKNOWN,
@@ -370,6 +370,7 @@ pub fn still_settling(guest_ready: &Condition) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use banlieue_api::MachineStatusContract;
     use rcgen::PublicKeyData;
 
     // A real swtpm EK certificate layout is not needed to test the parser: any X.509 works.
@@ -479,8 +480,11 @@ mod tests {
 
     fn status_of(sight: &GuestSight, tpm: bool, recorded: &[String]) -> GuestStatus {
         let recorded = LibvirtMachineStatus {
-            tpm_endorsement_certificates: recorded.to_vec(),
-            guest_phase: Some("configuring".into()),
+            contract: MachineStatusContract {
+                tpm_endorsement_certificates: recorded.to_vec(),
+                guest_phase: Some("configuring".into()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         guest_status(sight, tpm, &recorded, Some(3))
@@ -569,8 +573,11 @@ mod tests {
             ek: EkReading::NotRead,
         };
         let recorded = LibvirtMachineStatus {
-            tpm_endorsement_certificates: vec![ek.pem.clone()],
-            tpm_endorsement_key_digests: vec![ek.key_digest.clone()],
+            contract: MachineStatusContract {
+                tpm_endorsement_certificates: vec![ek.pem.clone()],
+                tpm_endorsement_key_digests: vec![ek.key_digest.clone()],
+                ..Default::default()
+            },
             ..Default::default()
         };
         let s = guest_status(&later, true, &recorded, None);
@@ -606,10 +613,17 @@ mod tests {
             ),
         ] {
             let mut recorded = LibvirtMachineStatus {
-                guest_phase: Some(phase.into()),
+                contract: MachineStatusContract {
+                    guest_phase: Some(phase.into()),
+                    ..Default::default()
+                },
                 ..Default::default()
             };
-            conditions::set(&mut recorded.conditions, ready.guest_ready.clone(), now());
+            conditions::set(
+                &mut recorded.contract.conditions,
+                ready.guest_ready.clone(),
+                now(),
+            );
             let s = guest_status(&gone, false, &recorded, Some(4));
             assert_eq!(
                 (&s.guest_ready.status, &s.guest_ready.reason),

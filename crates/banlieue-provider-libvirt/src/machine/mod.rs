@@ -194,7 +194,7 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
         return Ok(Action::requeue(AFTER_CONFLICT));
     }
     let guest_ready = |s: &banlieue_api::LibvirtMachineStatus| {
-        conditions::is_true(&s.conditions, conditions::types::GUEST_READY)
+        conditions::is_true(&s.contract.conditions, conditions::types::GUEST_READY)
     };
     if guest_ready(&status)
         && !machine.status.as_ref().is_some_and(guest_ready)
@@ -205,8 +205,8 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
             .guest_ready_latency
             .observe(waited.as_secs_f64().max(0.0));
     }
-    let was_ready = machine.status.as_ref().is_some_and(|s| s.ready);
-    if status.ready
+    let was_ready = machine.status.as_ref().is_some_and(|s| s.contract.ready);
+    if status.contract.ready
         && !was_ready
         && let Some(created) = &machine.metadata.creation_timestamp
     {
@@ -228,7 +228,7 @@ async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Ac
 /// The guest has not said its final word for this boot: look again before the resync.
 fn guest_settling(status: &banlieue_api::LibvirtMachineStatus) -> bool {
     conditions::find(
-        &status.conditions,
+        &status.contract.conditions,
         banlieue_api::conditions::types::GUEST_READY,
     )
     .is_some_and(guest::still_settling)
@@ -239,7 +239,7 @@ fn guest_settling(status: &banlieue_api::LibvirtMachineStatus) -> bool {
 /// layer (or without an agent) soon only at the resync.
 fn guest_poll_interval(status: &banlieue_api::LibvirtMachineStatus, resync: Duration) -> Duration {
     let since = conditions::find(
-        &status.conditions,
+        &status.contract.conditions,
         banlieue_api::conditions::types::GUEST_READY,
     )
     .map(|c| now().0.duration_since(c.last_transition_time.0))

@@ -292,29 +292,33 @@ pub fn status_after(
     let names = MachineNames::of(machine);
     let generation = machine.metadata.generation;
     let mut new = LibvirtMachineStatus {
-        observed_generation: generation,
         domain_name: Some(names.domain.clone()),
         ..old.clone()
     };
+    new.contract.observed_generation = generation;
     let ready = match outcome {
         Ok(observed) => {
             if let Some(uuid) = &old.domain_uuid {
-                new.provider_id = Some(provider_id(provider_namespace, provider, uuid));
+                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
             }
-            new.initialization.provisioned = true;
-            new.ready = observed.running;
-            new.addresses = observed.addresses.clone();
+            new.contract.initialization.provisioned = true;
+            new.contract.ready = observed.running;
+            new.contract.addresses = observed.addresses.clone();
             let guest = super::guest::guest_status(
                 &observed.guest,
                 machine.spec.tpm_enabled,
                 &old,
                 generation,
             );
-            new.guest_phase = guest.guest_phase;
-            new.tpm_endorsement_certificates = guest.certificates;
-            new.tpm_endorsement_key_digests = guest.key_digests;
-            conditions::set(&mut new.conditions, guest.guest_ready, now.clone());
-            conditions::set(&mut new.conditions, guest.agent_connected, now.clone());
+            new.contract.guest_phase = guest.guest_phase;
+            new.contract.tpm_endorsement_certificates = guest.certificates;
+            new.contract.tpm_endorsement_key_digests = guest.key_digests;
+            conditions::set(&mut new.contract.conditions, guest.guest_ready, now.clone());
+            conditions::set(
+                &mut new.contract.conditions,
+                guest.agent_connected,
+                now.clone(),
+            );
             if observed.running {
                 conditions::new(
                     types::READY,
@@ -334,11 +338,11 @@ pub fn status_after(
             }
         }
         Err(e) => {
-            new.ready = false;
+            new.contract.ready = false;
             condition_for(e, generation)
         }
     };
-    conditions::set(&mut new.conditions, ready, now);
+    conditions::set(&mut new.contract.conditions, ready, now);
     new
 }
 
@@ -592,14 +596,14 @@ mod tests {
             }),
             at.clone(),
         );
-        assert!(s.ready);
-        assert!(s.initialization.provisioned);
+        assert!(s.contract.ready);
+        assert!(s.contract.initialization.provisioned);
         assert_eq!(
-            s.provider_id.as_deref(),
+            s.contract.provider_id.as_deref(),
             Some(format!("libvirt://banlieue-system/edge-7/{UUID}").as_str())
         );
         assert_eq!(s.domain_name.as_deref(), Some("banlieue-system-web-01"));
-        assert!(conditions::is_true(&s.conditions, "Ready"));
+        assert!(conditions::is_true(&s.contract.conditions, "Ready"));
 
         m.status = Some(s);
         let s = status_after(
@@ -609,8 +613,8 @@ mod tests {
             &Err(volume_missing("a", "b")),
             at,
         );
-        assert!(!s.ready);
-        let c = conditions::find(&s.conditions, "Ready").unwrap();
+        assert!(!s.contract.ready);
+        let c = conditions::find(&s.contract.conditions, "Ready").unwrap();
         assert_eq!(c.reason, "VolumeNotInPool");
         assert_eq!(c.message, "volume a is not in pool b");
     }

@@ -67,7 +67,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
     let recorded = machine
         .status
         .as_ref()
-        .is_some_and(|s| !s.tpm_endorsement_certificates.is_empty());
+        .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
     let calls = &ctx.metrics.agent_commands;
     let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls).await;
     let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));

@@ -50,9 +50,9 @@ pub(super) async fn run(
                 message: error_message(&e),
             };
             let mut status = machine.status.clone().unwrap_or_default();
-            status.ready = false;
+            status.contract.ready = false;
             banlieue_api::conditions::set(
-                &mut status.conditions,
+                &mut status.contract.conditions,
                 plan::condition_for(&failed, machine.metadata.generation),
                 super::now(),
             );
