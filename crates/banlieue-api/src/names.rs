@@ -1,5 +1,6 @@
-//! Names the guides fix: labels, annotations, finalizers, and the names derived for libvirt
-//! objects and import Jobs.
+//! Names the guides fix: labels, annotations, finalizers, and the names derived for import
+//! Jobs. The names of a backend's own objects (libvirt domains and volumes) live in its provider
+//! crate (ADR-0070).
 
 use sha2::{Digest, Sha256};
 
@@ -58,26 +59,11 @@ pub fn is_reserved_key(key: &str) -> bool {
 /// Kubernetes object names (DNS-1123 labels) are at most this long.
 pub const MAX_NAME_LEN: usize = 63;
 
-/// The longest name of a VirtualMachine (and so of its LibvirtMachine): with the longest
-/// namespace, its longest volume, `<namespace>-<name>-cidata.iso`, still fits the 255 bytes a
-/// host's file system allows a file name.
+/// The longest name of a VirtualMachine (and so of its machine, of any kind): with the longest
+/// namespace, a libvirt machine's longest volume, `<namespace>-<name>-cidata.iso`, still fits
+/// the 255 bytes a host's file system allows a file name (`banlieue_provider_libvirt::names`
+/// checks it).
 pub const MAX_MACHINE_NAME_LEN: usize = 180;
-
-/// The libvirt domain of a machine: `<namespace>-<name>`, because a libvirt host has one flat
-/// domain namespace and DOMAIN_DEFINE_XML is an upsert.
-pub fn domain_name(namespace: &str, name: &str) -> String {
-    format!("{namespace}-{name}")
-}
-
-/// The machine's OS disk volume.
-pub fn os_volume_name(domain: &str) -> String {
-    format!("{domain}-os.qcow2")
-}
-
-/// The machine's cloud-init seed volume.
-pub fn cidata_volume_name(domain: &str) -> String {
-    format!("{domain}-cidata.iso")
-}
 
 /// The import Job of one image on one pool of one provider: `import-<image>-<provider>-<pool>`,
 /// shortened to 63 characters with a hash of the full name when longer, so distinct triples
@@ -250,17 +236,5 @@ mod tests {
         ] {
             assert!(!is_reserved_key(key), "{key}");
         }
-    }
-
-    #[test]
-    fn libvirt_names_follow_the_domain() {
-        let d = domain_name("banlieue-system", "web-01");
-        assert_eq!(d, "banlieue-system-web-01");
-        assert_eq!(os_volume_name(&d), "banlieue-system-web-01-os.qcow2");
-        // The longest machine in the longest namespace still names files a host can create.
-        let longest = domain_name(&"n".repeat(MAX_NAME_LEN), &"m".repeat(MAX_MACHINE_NAME_LEN));
-        assert!(os_volume_name(&longest).len() <= 255);
-        assert_eq!(cidata_volume_name(&longest).len(), 255);
-        assert_eq!(cidata_volume_name(&d), "banlieue-system-web-01-cidata.iso");
     }
 }

@@ -14,6 +14,7 @@ pub mod host;
 pub mod image;
 pub mod machine;
 pub mod metrics;
+pub mod names;
 pub mod operator;
 pub mod provider_status;
 pub use banlieue_api::quantity;

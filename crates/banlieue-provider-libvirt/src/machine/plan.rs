@@ -1,9 +1,9 @@
 //! The pure half of realising a LibvirtMachine: its names, its domain definition, its seed,
 //! the upsert guard, and the status it reports. No I/O here; `realise` and `teardown` act.
 
+use crate::names;
 use banlieue_api::common::address_type;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
-use banlieue_api::names;
 use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddress};
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
