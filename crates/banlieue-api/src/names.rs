@@ -39,6 +39,10 @@ pub const ANNOTATION_SUBJECT_ID: &str = "banlieue.io/subject-id";
 /// Annotation on a bound member: when it was bound (RFC 3339).
 pub const ANNOTATION_BOUND_AT: &str = "banlieue.io/bound-at";
 
+/// Annotation on a machine (of any kind) naming the failure domain it was scheduled into, so a
+/// VirtualMachine that lost its status can adopt the machine without reading its kind's spec.
+pub const ANNOTATION_FAILURE_DOMAIN: &str = "banlieue.io/failure-domain";
+
 /// Finalizer a claim holds until its member is gone from the API server.
 pub const FINALIZER_CLAIM_PROTECTION: &str = "banlieue.io/claim-protection";
 /// Finalizer a VirtualMachine holds until its machine is gone.

@@ -12,7 +12,7 @@ use std::future::Future;
 use futures::channel::mpsc;
 use futures::{Stream, StreamExt};
 use kube::Resource;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
@@ -24,11 +24,12 @@ use crate::context::Readiness;
 pub(crate) type Triggers<K> = mpsc::UnboundedReceiver<Result<K, watcher::Error>>;
 
 /// A cache of `api`'s objects, `N` trigger streams fed from it, and the future that keeps it
-/// filled and marks cache number `index` in `readiness` once it holds its initial list.
+/// filled. The cache registers as `name` in `readiness` and marks it once it holds its initial
+/// list.
 pub(crate) fn cache<K, const N: usize>(
     api: Api<K>,
     readiness: &Readiness,
-    index: u32,
+    name: &'static str,
 ) -> (
     Store<K>,
     [Triggers<K>; N],
@@ -38,7 +39,23 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let events = watcher(api, watcher::Config::default()).default_backoff();
-    shared_cache(events, readiness, index)
+    shared_cache(events, (), readiness, name)
+}
+
+/// [`cache`] for objects known only at run time (a machine kind): `api` and `resource` name
+/// the same resource.
+pub(crate) fn dynamic_cache<const N: usize>(
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+    readiness: &Readiness,
+    name: &'static str,
+) -> (
+    Store<DynamicObject>,
+    [Triggers<DynamicObject>; N],
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    shared_cache(events, resource, readiness, name)
 }
 
 /// [`cache`] over any stream of watch events. The trigger streams are unbounded so a busy
@@ -46,24 +63,27 @@ where
 /// changed since that controller last looked.
 fn shared_cache<K, S, const N: usize>(
     events: S,
+    dyntype: K::DynamicType,
     readiness: &Readiness,
-    index: u32,
+    name: &'static str,
 ) -> (
     Store<K>,
     [Triggers<K>; N],
     impl Future<Output = ()> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
-    let (reader, writer) = reflector::store();
+    readiness.register(name);
+    let writer = reflector::store::Writer::new(dyntype);
+    let reader = writer.as_reader();
     let readiness = readiness.clone();
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..N).map(|_| mpsc::unbounded()).unzip();
     let Ok(receivers) = <[Triggers<K>; N]>::try_from(receivers) else {
         unreachable!("exactly N receivers were made")
     };
-    let kind = K::kind(&());
     let mut fanout = Fanout::new(senders);
     let mut send = move |object: &K| fanout.send(object);
     // The reflector applies each event to the store before yielding it, except a (re)list:
@@ -76,10 +96,12 @@ where
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(object)) => listed.push(object),
             Ok(watcher::Event::InitDone) => {
-                readiness.filled(index);
+                readiness.filled(name);
                 listed.drain(..).for_each(|object| send(&object));
             }
-            Err(error) => tracing::debug!(%kind, %error, "watch failed; retrying with backoff"),
+            Err(error) => {
+                tracing::debug!(kind = name, %error, "watch failed; retrying with backoff")
+            }
         }
         futures::future::ready(())
     });
@@ -142,9 +164,9 @@ mod tests {
     #[tokio::test]
     async fn every_subscriber_sees_each_change_only_after_the_cache_holds_it() {
         let (events_tx, events_rx) = mpsc::unbounded();
-        let readiness = Readiness::new(1);
+        let readiness = Readiness::default();
         let (store, [mut first, mut second], task) =
-            shared_cache::<ConfigMap, _, 2>(events_rx, &readiness, 0);
+            shared_cache::<ConfigMap, _, 2>(events_rx, (), &readiness, "ConfigMap");
         let task = tokio::spawn(task);
         let steps = [
             (watcher::Event::Init, None),
@@ -213,9 +235,9 @@ mod tests {
     #[tokio::test]
     async fn the_cache_goes_on_when_a_subscriber_is_gone() {
         let (events_tx, events_rx) = mpsc::unbounded();
-        let readiness = Readiness::new(1);
+        let readiness = Readiness::default();
         let (store, [gone, mut kept], task) =
-            shared_cache::<ConfigMap, _, 2>(events_rx, &readiness, 0);
+            shared_cache::<ConfigMap, _, 2>(events_rx, (), &readiness, "ConfigMap");
         let task = tokio::spawn(task);
         drop(gone);
         for event in [
@@ -233,11 +255,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readiness_waits_for_the_initial_list() {
+    async fn readiness_waits_for_the_initial_list_of_every_cache_made() {
         let (events_tx, events_rx) = mpsc::unbounded();
-        let readiness = Readiness::new(1);
-        let (_store, [], task) = shared_cache::<ConfigMap, _, 0>(events_rx, &readiness, 0);
+        let (other_tx, other_rx) = mpsc::unbounded();
+        let readiness = Readiness::default();
+        let (_store, [], task) =
+            shared_cache::<ConfigMap, _, 0>(events_rx, (), &readiness, "ConfigMap");
         let task = tokio::spawn(task);
+        // A second cache, made later, is waited for as well: nobody counts caches.
+        let (_other, [], other) =
+            shared_cache::<ConfigMap, _, 0>(other_rx, (), &readiness, "OtherConfigMap");
+        let other = tokio::spawn(other);
         events_tx.unbounded_send(Ok(watcher::Event::Init)).unwrap();
         events_tx
             .unbounded_send(Ok(watcher::Event::InitApply(config_map("a", "1"))))
@@ -247,8 +275,17 @@ mod tests {
         events_tx
             .unbounded_send(Ok(watcher::Event::InitDone))
             .unwrap();
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), readiness.wait());
+        assert!(
+            waiting.await.is_err(),
+            "ready before the other cache's list"
+        );
+        for event in [watcher::Event::Init, watcher::Event::InitDone] {
+            other_tx.unbounded_send(Ok(event)).unwrap();
+        }
         readiness.wait().await.unwrap();
-        drop(events_tx);
+        drop((events_tx, other_tx));
         task.await.unwrap();
+        other.await.unwrap();
     }
 }

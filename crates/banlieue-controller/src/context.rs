@@ -1,16 +1,16 @@
 //! What every reconciler shares: the client, the caches, in-process bookkeeping, metrics and
 //! the thin helpers for the writes the controller makes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use banlieue_api::{
-    LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
 };
 use banlieue_runtime::reconcile::{self, ErrorBackoff};
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::event_window::{EventWindows, Offer};
 use crate::expectations::Expectations;
 use crate::hosts::HostStates;
+use crate::machine_builder::{self, Machine};
 use crate::metrics::Metrics;
 use crate::reservations::Reservations;
 use crate::spread::RecentPlacements;
@@ -29,7 +30,7 @@ use crate::spread::RecentPlacements;
 #[derive(Clone)]
 pub(crate) struct Stores {
     pub vms: Store<VirtualMachine>,
-    pub machines: Store<LibvirtMachine>,
+    pub machines: MachineStores,
     pub pools: Store<VirtualMachinePool>,
     pub claims: Store<VirtualMachineClaim>,
     pub providers: Store<Provider>,
@@ -38,35 +39,83 @@ pub(crate) struct Stores {
     pub classes: Store<VMClass>,
 }
 
-/// Which caches hold their initial list, one bit each. Tracked from the watch streams rather
-/// than with `Store::wait_until_ready`, whose one-shot channel wakes only the last of several
-/// concurrent waiters.
-#[derive(Clone, Debug)]
+/// One cache per machine kind, of `DynamicObject`s read through the machine contract.
+#[derive(Clone, Default)]
+pub(crate) struct MachineStores {
+    stores: Vec<(MachineKind, ApiResource, Store<DynamicObject>)>,
+}
+
+impl MachineStores {
+    /// Adds the cache of `kind`'s machines.
+    pub fn insert(&mut self, kind: MachineKind, store: Store<DynamicObject>) {
+        let resource = machine_builder::backend(kind).resource;
+        self.stores.push((kind, resource, store));
+    }
+
+    /// The machine `name` of `namespace` controlled by `owner_uid`: of `kind` when given, else
+    /// of any kind.
+    pub fn find_owned(
+        &self,
+        kind: Option<MachineKind>,
+        namespace: &str,
+        name: &str,
+        owner_uid: &str,
+    ) -> Result<Option<Machine>> {
+        for (candidate, resource, store) in &self.stores {
+            if kind.is_some_and(|wanted| wanted != *candidate) {
+                continue;
+            }
+            let reference = ObjectRef::new_with(name, resource.clone()).within(namespace);
+            let Some(object) = store.get(&reference) else {
+                continue;
+            };
+            let machine = Machine::read(*candidate, object.as_ref().clone())?;
+            if machine.owned_by(owner_uid) {
+                return Ok(Some(machine));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Which caches hold their initial list, by name. Each cache registers its name when it is
+/// made (before any reconciler runs), so a cache added later is waited for without anyone
+/// counting caches. Tracked from the watch streams rather than with
+/// `Store::wait_until_ready`, whose one-shot channel wakes only the last of several concurrent
+/// waiters.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Readiness {
-    filled: tokio::sync::watch::Sender<u32>,
-    all: u32,
+    state: Arc<tokio::sync::watch::Sender<CacheFill>>,
+}
+
+#[derive(Debug, Default)]
+struct CacheFill {
+    registered: BTreeSet<&'static str>,
+    filled: BTreeSet<&'static str>,
 }
 
 impl Readiness {
-    pub fn new(caches: u32) -> Self {
-        Self {
-            filled: tokio::sync::watch::Sender::new(0),
-            all: (1u32 << caches) - 1,
-        }
+    /// Registers the cache `name`: [`Readiness::wait`] waits for it from now on.
+    pub fn register(&self, name: &'static str) {
+        self.state.send_modify(|fill| {
+            fill.registered.insert(name);
+        });
     }
 
-    /// Marks cache number `index` as filled.
-    pub fn filled(&self, index: u32) {
-        self.filled.send_modify(|mask| *mask |= 1 << index);
+    /// Marks the cache `name` as filled.
+    pub fn filled(&self, name: &'static str) {
+        self.state.send_modify(|fill| {
+            fill.filled.insert(name);
+        });
     }
 
-    /// Waits until every cache holds its initial list: a decision over a half-filled cache
-    /// could bind a second member to a claim whose first one is simply not listed yet.
+    /// Waits until every registered cache holds its initial list: a decision over a
+    /// half-filled cache could bind a second member to a claim whose first one is simply not
+    /// listed yet.
     pub async fn wait(&self) -> Result<()> {
-        let all = self.all;
-        let mut receiver = self.filled.subscribe();
+        let mut receiver = self.state.subscribe();
         receiver
-            .wait_for(|mask| *mask & all == all)
+            .wait_for(|fill| fill.registered.is_subset(&fill.filled))
             .await
             .map(|_| ())
             .map_err(|_| Error::CachesNotReady)

@@ -19,6 +19,10 @@ pub enum Error {
     TimedOut { after: std::time::Duration },
     #[error("the cache of {kind} objects stopped")]
     CacheStopped { kind: &'static str },
+    #[error("machine {name} is a {kind}, a kind this controller has no builder for")]
+    UnknownMachineKind { kind: String, name: String },
+    #[error(transparent)]
+    Contract(#[from] crate::machine_builder::ContractError),
 }
 
 impl From<banlieue_runtime::reconcile::PatchError> for Error {
@@ -44,9 +48,11 @@ impl Error {
             Error::Kube(kube::Error::Api(_)) => "ApiError",
             Error::Kube(_) => "ApiUnreachable",
             Error::Encode(_) => "Encode",
-            Error::NoNamespace { .. } | Error::NoName { .. } | Error::NoUid { .. } => {
-                "InvalidObject"
-            }
+            Error::NoNamespace { .. }
+            | Error::NoName { .. }
+            | Error::NoUid { .. }
+            | Error::UnknownMachineKind { .. }
+            | Error::Contract(_) => "InvalidObject",
             Error::CachesNotReady => "CachesNotReady",
             Error::TimedOut { .. } => "Timeout",
             Error::CacheStopped { .. } => "CacheStopped",

@@ -1,6 +1,7 @@
 //! banlieue's controller: schedules VirtualMachines onto Provider failure domains (creating the
-//! LibvirtMachine the libvirt provider realises), keeps VirtualMachinePools warm, and hands a
-//! pool member to exactly one VirtualMachineClaim, once. It never talks to libvirt.
+//! machine, for example a LibvirtMachine, that the Provider's backend realises), keeps
+//! VirtualMachinePools warm, and hands a pool member to exactly one VirtualMachineClaim, once.
+//! It never talks to a backend, and knows machine kinds only in [`machine_builder`].
 //!
 //! Each reconciler observes snapshots from reflector caches, decides with a pure function
 //! (`scheduling`, `pool_decide`, `claim_decide`, `machine_status`) and acts with a thin layer of
@@ -16,6 +17,7 @@ pub mod error;
 mod event_window;
 mod expectations;
 pub mod hosts;
+pub mod machine_builder;
 pub mod machine_status;
 pub mod member;
 pub mod metrics;
@@ -32,7 +34,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use banlieue_api::{
-    LibvirtMachine, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
 };
 use banlieue_api::{conditions, names};
@@ -48,8 +50,8 @@ pub use crash::{CRASH_AT_ENV, CrashPoint};
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 
-use caches::cache;
-use context::{Context, Readiness, Stores};
+use caches::{cache, dynamic_cache};
+use context::{Context, MachineStores, Readiness, Stores};
 
 /// The field manager of server-side applies and the reporting controller of Events.
 pub const FIELD_MANAGER: &str = "banlieue-controller";
@@ -69,37 +71,57 @@ pub async fn run(
     let shutdown = shutdown.boxed().shared();
     let namespace = config.namespace.clone();
 
-    let readiness = Readiness::new(8);
+    let readiness = Readiness::default();
     // Every trigger comes from the shared caches, sent after the cache holds the change that
     // caused it: a reconcile then never reads a cache older than its trigger. (With a watch of
     // its own per controller, a member's update could wake the pool before the cache the pool
     // decides from had it, and the pool, seeing nothing new, would wait for its next resync.)
+    // Each cache registers its name with `readiness` as it is made.
     let (vms, [vm_triggers, vms_for_pools, vms_for_claims], vm_reflector) =
-        cache::<VirtualMachine, 3>(scoped(&client, &namespace), &readiness, 0);
-    let (pools, [pool_triggers, pools_for_claims], pool_reflector) =
-        cache::<VirtualMachinePool, 2>(scoped(&client, &namespace), &readiness, 1);
+        cache::<VirtualMachine, 3>(scoped(&client, &namespace), &readiness, "VirtualMachine");
+    let (pools, [pool_triggers, pools_for_claims], pool_reflector) = cache::<VirtualMachinePool, 2>(
+        scoped(&client, &namespace),
+        &readiness,
+        "VirtualMachinePool",
+    );
     let (claims, [claim_triggers, claims_for_pools], claim_reflector) =
-        cache::<VirtualMachineClaim, 2>(scoped(&client, &namespace), &readiness, 2);
+        cache::<VirtualMachineClaim, 2>(
+            scoped(&client, &namespace),
+            &readiness,
+            "VirtualMachineClaim",
+        );
     let (providers, [providers_for_vms], provider_reflector) =
-        cache::<Provider, 1>(scoped(&client, &namespace), &readiness, 3);
+        cache::<Provider, 1>(scoped(&client, &namespace), &readiness, "Provider");
     let (images, [images_for_vms, images_for_pools], image_reflector) =
-        cache::<VMImage, 2>(scoped(&client, &namespace), &readiness, 4);
+        cache::<VMImage, 2>(scoped(&client, &namespace), &readiness, "VMImage");
     let (classes, [], class_reflector) =
-        cache::<VMClass, 0>(scoped(&client, &namespace), &readiness, 5);
-    let (machines, [machines_for_vms], machine_reflector) =
-        cache::<LibvirtMachine, 1>(scoped(&client, &namespace), &readiness, 6);
+        cache::<VMClass, 0>(scoped(&client, &namespace), &readiness, "VMClass");
     let (provider_classes, [], provider_class_reflector) =
-        cache::<ProviderClass, 0>(Api::all(client.clone()), &readiness, 7);
-    let reflectors = vec![
+        cache::<ProviderClass, 0>(Api::all(client.clone()), &readiness, "ProviderClass");
+    let mut reflectors = vec![
         ("VirtualMachine", tokio::spawn(vm_reflector)),
         ("VirtualMachinePool", tokio::spawn(pool_reflector)),
         ("VirtualMachineClaim", tokio::spawn(claim_reflector)),
         ("Provider", tokio::spawn(provider_reflector)),
         ("VMImage", tokio::spawn(image_reflector)),
         ("VMClass", tokio::spawn(class_reflector)),
-        ("LibvirtMachine", tokio::spawn(machine_reflector)),
         ("ProviderClass", tokio::spawn(provider_class_reflector)),
     ];
+    // One cache per machine kind; each wakes the VirtualMachine that controls a machine.
+    let mut machines = MachineStores::default();
+    let mut machine_triggers = Vec::new();
+    for kind in machine_builder::MACHINE_KINDS {
+        let backend = machine_builder::backend(kind);
+        let api = match &namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &backend.resource),
+            None => Api::all_with(client.clone(), &backend.resource),
+        };
+        let (store, [triggers], reflector) =
+            dynamic_cache::<1>(api, backend.resource.clone(), &readiness, backend.kind_name);
+        reflectors.push((backend.kind_name, tokio::spawn(reflector)));
+        machines.insert(kind, store);
+        machine_triggers.push((triggers, backend.resource));
+    }
     let stores = Stores {
         vms,
         machines,
@@ -120,8 +142,11 @@ pub async fn run(
 
     let vms_for_providers = stores.vms.clone();
     let vms_for_images = stores.vms.clone();
-    let vm_run = Controller::for_stream(vm_triggers, stores.vms.clone())
-        .owns_stream(machines_for_vms)
+    let vm_controller = machine_triggers.into_iter().fold(
+        Controller::for_stream(vm_triggers, stores.vms.clone()),
+        |controller, (triggers, resource)| controller.owns_stream_with(triggers, resource),
+    );
+    let vm_run = vm_controller
         .watches_stream(providers_for_vms, move |provider| {
             unscheduled_vms(&vms_for_providers, provider.namespace().as_deref(), |_| {
                 true
@@ -349,7 +374,7 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = Client::try_from(config).unwrap();
         let (vms, _) = reflector::store();
-        let (machines, _) = reflector::store();
+        let machines = MachineStores::default();
         let (pools, _) = reflector::store();
         let (claims, _) = reflector::store();
         let (providers, _) = reflector::store();
@@ -376,7 +401,7 @@ mod tests {
             config,
             metrics,
             stores,
-            Readiness::new(1),
+            Readiness::default(),
         ))
     }
 

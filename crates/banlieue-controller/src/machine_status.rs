@@ -1,13 +1,13 @@
 //! What a VirtualMachine's status says about its machine (pure): scheduling results and the
-//! mirror of the provider's LibvirtMachine status.
+//! mirror of the machine's status, read through the contract every machine kind carries.
 
 use banlieue_api::conditions::{self, reasons, status, types};
-use banlieue_api::names;
 use banlieue_api::{
     LocalObjectReference, MachineReference, MachineStatusContract, VirtualMachineStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::machine_builder;
 use crate::scheduling::{Placement, Unschedulable};
 
 /// Reason of InfrastructureReady=False (and Ready=False) on a VirtualMachine whose machine was
@@ -45,23 +45,39 @@ pub fn unschedulable(
     next
 }
 
-/// The status once the machine of `placement` was created as `machine_name`.
+/// Where a VirtualMachine's machine is, as its status records it once scheduled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    pub machine: MachineReference,
+    pub provider: String,
+    pub failure_domain: String,
+    pub image_revision: Option<String>,
+}
+
+impl Scheduled {
+    /// The machine `machine_name` created for `placement`.
+    pub fn of(placement: &Placement, machine_name: &str) -> Scheduled {
+        Scheduled {
+            machine: machine_builder::reference(placement.machine_kind, machine_name),
+            provider: placement.provider.clone(),
+            failure_domain: placement.failure_domain.clone(),
+            image_revision: placement.image_revision.clone(),
+        }
+    }
+}
+
+/// The status once the machine was created where `site` says.
 pub fn scheduled(
     current: &VirtualMachineStatus,
-    machine_name: &str,
-    placement: &Placement,
+    site: &Scheduled,
     generation: Option<i64>,
     now: Time,
 ) -> VirtualMachineStatus {
     let mut next = current.clone();
-    next.machine_ref = Some(MachineReference {
-        api_version: names::API_VERSION.to_owned(),
-        kind: "LibvirtMachine".to_owned(),
-        name: machine_name.to_owned(),
-    });
-    next.provider_ref = Some(LocalObjectReference::new(&placement.provider));
-    next.failure_domain = Some(placement.failure_domain.clone());
-    next.image_revision = placement.image_revision.clone();
+    next.machine_ref = Some(site.machine.clone());
+    next.provider_ref = Some(LocalObjectReference::new(&site.provider));
+    next.failure_domain = Some(site.failure_domain.clone());
+    next.image_revision = site.image_revision.clone();
     conditions::set(
         &mut next.conditions,
         conditions::new(
@@ -70,7 +86,7 @@ pub fn scheduled(
             reasons::SCHEDULED,
             format!(
                 "provider {} failure domain {}",
-                placement.provider, placement.failure_domain
+                site.provider, site.failure_domain
             ),
             generation,
         ),
@@ -255,21 +271,17 @@ mod tests {
 
     #[test]
     fn the_first_mirror_after_scheduling_changes_nothing() {
-        let placement = Placement {
+        let site = Scheduled {
+            machine: machine_builder::reference(banlieue_api::MachineKind::LibvirtMachine, "m"),
             provider: "p".into(),
-            provider_class: "libvirt".into(),
-            machine_kind: Default::default(),
             failure_domain: "host-1".into(),
-            pool: "default".into(),
-            network: "n".into(),
-            disk: banlieue_api::LibvirtDisk {
-                backing_volume: Some("v".into()),
-                install_media: None,
-                size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
-            },
             image_revision: None,
         };
-        let s = scheduled(&Default::default(), "m", &placement, Some(1), at(10));
+        let s = scheduled(&Default::default(), &site, Some(1), at(10));
+        assert_eq!(
+            s.machine_ref.as_ref().map(|r| r.kind.as_str()),
+            Some("LibvirtMachine")
+        );
         let unreported = MachineStatusContract::default();
         assert_eq!(mirror_machine(&s, &unreported, false, Some(1), at(20)), s);
         // Once the provider reports, the mirror does change it.

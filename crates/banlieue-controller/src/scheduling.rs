@@ -1,15 +1,14 @@
-//! Where a VirtualMachine runs: the choice of Provider and failure domain (pure), and the
-//! per-ProviderClass builder of the machine object the provider realises.
+//! Where a VirtualMachine runs: the choice of Provider and failure domain (pure). The result,
+//! a [`Placement`], names no backend; [`crate::machine_builder`] turns it into a machine of the
+//! ProviderClass's kind.
 
 use std::collections::BTreeMap;
 
 use banlieue_api::conditions::{self, reasons, types};
-use banlieue_api::names;
 use banlieue_api::provider::DEFAULT_MEMORY_OVERCOMMIT_PERCENT;
 use banlieue_api::quantity;
 use banlieue_api::{
-    InstallMode, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference,
-    MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, ZonePhase,
+    InstallMode, MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, ZonePhase,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -21,17 +20,33 @@ pub const DEFAULT_DISK_SIZE: &str = "10Gi";
 /// discovered (ADR-0039).
 pub const FEATURE_VTPM: &str = "vtpm";
 
-/// A failure domain that satisfies the VirtualMachine, and what the machine is built from.
+/// A failure domain that satisfies the VirtualMachine, and what the machine is built from. It
+/// names no backend: the targets are the failure domain's, passed through to the machine's
+/// builder unread.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
     pub provider: String,
     pub provider_class: String,
     pub machine_kind: MachineKind,
     pub failure_domain: String,
-    pub pool: String,
-    pub network: String,
-    pub disk: LibvirtDisk,
+    /// The failure domain's target for the VirtualMachine's storage class (for libvirt, a
+    /// storage pool).
+    pub storage_target: String,
+    /// The failure domain's target for its network class (for libvirt, a network).
+    pub network_target: String,
+    pub image: PlacedImage,
     pub image_revision: Option<String>,
+}
+
+/// The image as it is found in the chosen failure domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacedImage {
+    /// The image's volume in the storage target, where its import is Ready.
+    pub volume: String,
+    /// Whether the machine boots the volume (Immediate) or installs from it.
+    pub install_mode: InstallMode,
+    /// The OS disk's size: the class's, else the image's, else [`DEFAULT_DISK_SIZE`].
+    pub disk_size: Quantity,
 }
 
 /// Why nothing fits: a condition reason from the guides and a message naming the culprit.
@@ -208,33 +223,25 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
                 }
                 spare = limit - used - requested;
             }
-            let size = class
+            let disk_size = class
                 .spec
                 .disk_size
                 .clone()
                 .or_else(|| image.spec.disk_size.clone())
                 .unwrap_or_else(|| Quantity(DEFAULT_DISK_SIZE.to_owned()));
-            let disk = match image.spec.install_mode {
-                InstallMode::Immediate => LibvirtDisk {
-                    backing_volume: Some(volume),
-                    install_media: None,
-                    size,
-                },
-                InstallMode::Deferred | InstallMode::Manual => LibvirtDisk {
-                    backing_volume: None,
-                    install_media: Some(volume),
-                    size,
-                },
-            };
             candidates.push((
                 Placement {
                     provider: provider_name.clone(),
                     provider_class: class_name.clone(),
                     machine_kind,
                     failure_domain: domain.name.clone(),
-                    pool: pool.clone(),
-                    network: network.target.network.clone(),
-                    disk,
+                    storage_target: pool.clone(),
+                    network_target: network.target.network.clone(),
+                    image: PlacedImage {
+                        volume,
+                        install_mode: image.spec.install_mode,
+                        disk_size,
+                    },
                     image_revision: image_revision(image),
                 },
                 spare,
@@ -273,12 +280,10 @@ fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
-/// The machine kind a ProviderClass is built into, when banlieue has a builder for it. A
-/// missing ProviderClass has none.
+/// The machine kind a ProviderClass is built into. Every kind has a builder
+/// ([`crate::machine_builder::backend`] matches them all); a missing ProviderClass has none.
 fn builder_for(class: Option<&ProviderClass>) -> Option<MachineKind> {
-    match class?.spec.machine_kind {
-        MachineKind::LibvirtMachine => Some(MachineKind::LibvirtMachine),
-    }
+    Some(class?.spec.machine_kind)
 }
 
 /// The image's volume on one provider's pool, when the import there is Ready.
@@ -303,42 +308,6 @@ pub fn image_revision(image: &VMImage) -> Option<String> {
         .as_ref()
         .and_then(|s| s.revision.clone())
         .or_else(|| image.spec.revision.clone())
-}
-
-/// Builds the LibvirtMachine of a VirtualMachine: same name and namespace, owned by it (so the
-/// garbage collector would also remove it), complete enough that the provider never reads the
-/// VirtualMachine.
-pub fn libvirt_machine(
-    vm: &VirtualMachine,
-    class: &VMClass,
-    placement: &Placement,
-) -> Option<LibvirtMachine> {
-    let owner = controller_owner_reference(vm)?;
-    let mut machine = LibvirtMachine::new(
-        vm.metadata.name.as_deref()?,
-        LibvirtMachineSpec {
-            provider_ref: LocalObjectReference::new(&placement.provider),
-            pool: placement.pool.clone(),
-            network: placement.network.clone(),
-            disk: placement.disk.clone(),
-            firmware: class.spec.firmware,
-            tpm_enabled: class.spec.tpm_enabled,
-            cpu: class.spec.cpu,
-            memory: class.spec.memory.clone(),
-            user_data: vm.spec.user_data.clone(),
-            user_data_secret_ref: vm.spec.user_data_secret_ref.clone(),
-        },
-    );
-    machine.metadata.namespace = vm.metadata.namespace.clone();
-    machine.metadata.owner_references = Some(vec![owner]);
-    machine.metadata.labels = Some(
-        [(
-            names::LABEL_MANAGED_BY.to_owned(),
-            crate::FIELD_MANAGER.to_owned(),
-        )]
-        .into(),
-    );
-    Some(machine)
 }
 
 /// A controller owner reference to `owner`, blocking its deletion until the dependent is gone.
@@ -468,10 +437,14 @@ mod tests {
             &[&p],
         )
         .expect("schedulable");
-        assert_eq!(placed.disk.backing_volume.as_deref(), Some("img.qcow2"));
-        assert_eq!(placed.disk.size.0, "20Gi");
+        assert_eq!(placed.image.volume, "img.qcow2");
+        assert_eq!(placed.image.install_mode, InstallMode::Immediate);
+        assert_eq!(placed.image.disk_size.0, "20Gi");
         assert_eq!(
-            (placed.pool.as_str(), placed.network.as_str()),
+            (
+                placed.storage_target.as_str(),
+                placed.network_target.as_str()
+            ),
             ("nvme", "br-prod")
         );
         assert_eq!(placed.image_revision.as_deref(), Some("r7"));
@@ -481,10 +454,10 @@ mod tests {
             &[&p],
         )
         .expect("schedulable");
-        assert_eq!(placed.disk.install_media.as_deref(), Some("img.qcow2"));
-        assert_eq!(placed.disk.backing_volume, None);
+        assert_eq!(placed.image.volume, "img.qcow2");
+        assert_eq!(placed.image.install_mode, InstallMode::Deferred);
         assert_eq!(
-            placed.disk.size.0, "8Gi",
+            placed.image.disk_size.0, "8Gi",
             "the image's size when the class sets none"
         );
     }
@@ -708,7 +681,14 @@ mod tests {
         }
         let placed =
             run(&c, &image("Immediate", ready_zone("host-1")), &[&with_tpm]).expect("schedulable");
-        let machine = libvirt_machine(&vm(), &c, &placed).expect("buildable");
+        assert_eq!(placed.machine_kind, MachineKind::LibvirtMachine);
+        let vm = vm();
+        let machine = crate::machine_builder::build(&crate::machine_builder::MachineInput {
+            vm: &vm,
+            class: &c,
+            placement: &placed,
+        })
+        .expect("buildable");
         let owner = &machine.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),
@@ -718,7 +698,7 @@ mod tests {
             (owner.controller, owner.block_owner_deletion),
             (Some(true), Some(true))
         );
-        assert!(machine.spec.tpm_enabled);
+        assert_eq!(machine.data["spec"]["tpmEnabled"], true);
         assert_eq!(machine.metadata.namespace.as_deref(), Some("ns"));
     }
 }

@@ -1,13 +1,14 @@
 //! The VirtualMachine reconciler: schedules a VirtualMachine onto a failure domain, creates its
-//! LibvirtMachine, mirrors the machine's status back, and holds the VirtualMachine until its
-//! machine is gone.
+//! machine (of the kind its Provider's class realises, through [`crate::machine_builder`]),
+//! mirrors the machine's status back, and holds the VirtualMachine until its machine is gone.
+//! Nothing here names a machine kind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::names;
-use banlieue_api::{LibvirtMachine, Provider, VirtualMachine};
+use banlieue_api::{MachineKind, Provider, VirtualMachine};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -16,8 +17,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::context::{Context, cached, namespace_of, uid_of};
-use crate::error::{Result, is_not_found};
-use crate::machine_status;
+use crate::error::{Error, Result, is_not_found};
+use crate::machine_builder::{self, Machine, MachineInput};
+use crate::machine_status::{self, Scheduled};
 use crate::scheduling::{self, ScheduleInput};
 
 /// How often a VirtualMachine waiting for its machine to go is looked at, in case the delete
@@ -29,7 +31,6 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     let namespace = namespace_of(vm.as_ref(), "VirtualMachine")?;
     let name = vm.name_any();
     let vms = ctx.api::<VirtualMachine>(&namespace);
-    let machines = ctx.api::<LibvirtMachine>(&namespace);
 
     if vm.metadata.deletion_timestamp.is_some() {
         return teardown(&vm, &ctx, &namespace).await;
@@ -53,39 +54,59 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     let current = vm.status.clone().unwrap_or_default();
     let generation = vm.metadata.generation;
     let now = Time(Timestamp::now());
-    let machine = cached(&ctx.stores.machines, &namespace, &name)
-        .filter(|m| m.owner_references().iter().any(|o| o.uid == uid));
+    let known_kind =
+        match &current.machine_ref {
+            Some(reference) => Some(machine_builder::kind_of(reference).ok_or_else(|| {
+                Error::UnknownMachineKind {
+                    kind: reference.kind.clone(),
+                    name: reference.name.clone(),
+                }
+            })?),
+            None => None,
+        };
+    let machine = ctx
+        .stores
+        .machines
+        .find_owned(known_kind, &namespace, &name, &uid)?;
 
-    let next = match (&current.machine_ref, machine) {
-        (Some(_), Some(machine)) => machine_status::mirror_machine(
+    let next = match (&current.machine_ref, known_kind, machine) {
+        (Some(_), _, Some(machine)) => machine_status::mirror_machine(
             &current,
-            &machine.status.clone().unwrap_or_default().contract,
+            &machine.status,
             machine.spec.tpm_enabled,
             generation,
             now,
         ),
-        (Some(reference), None) => {
+        (Some(reference), Some(kind), None) => {
             // The cache may lag behind a machine created a moment ago; only the API server can
             // say it is gone.
-            match machines.get_opt(&reference.name).await? {
-                Some(machine) => machine_status::mirror_machine(
-                    &current,
-                    &machine.status.clone().unwrap_or_default().contract,
-                    machine.spec.tpm_enabled,
-                    generation,
-                    now,
-                ),
+            let api = machine_builder::api(&ctx.client, &namespace, kind);
+            match api.get_opt(&reference.name).await? {
+                Some(object) => {
+                    let machine = Machine::read(kind, object)?;
+                    machine_status::mirror_machine(
+                        &current,
+                        &machine.status,
+                        machine.spec.tpm_enabled,
+                        generation,
+                        now,
+                    )
+                }
                 None => machine_status::machine_deleted(&current, &reference.name, generation, now),
             }
+        }
+        // A reference always has a kind (an unknown one returned above).
+        (Some(reference), None, None) => {
+            machine_status::machine_deleted(&current, &reference.name, generation, now)
         }
         // The machine was created but the status saying so was lost (a crash between the
         // two writes): adopt it as it is rather than scheduling again, which could choose
         // another provider and rewrite a machine that is already being realised.
-        (None, Some(machine)) => {
-            let placement = adopted_placement(&ctx, &namespace, &vm, &machine);
-            machine_status::scheduled(&current, &name, &placement, generation, now)
+        (None, _, Some(machine)) => {
+            let site = adopted_site(&ctx, &namespace, &vm, &machine);
+            machine_status::scheduled(&current, &site, generation, now)
         }
-        (None, None) => match schedule(&vm, &ctx, &namespace) {
+        (None, _, None) => match schedule(&vm, &ctx, &namespace) {
             Err(failure) => {
                 if !current
                     .conditions
@@ -106,12 +127,17 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
                 // Server-side apply: idempotent, so a status write lost after this point only
                 // repeats an identical apply.
                 let params = PatchParams::apply(&ctx.config.manager_name).force();
-                machines
+                machine_builder::api(&ctx.client, &namespace, placement.machine_kind)
                     .patch(&name, &params, &Patch::Apply(&machine))
                     .await?;
                 // No Event: the Scheduled condition says the same, and a pool refilled behind
                 // every claim would pay one more write per member for it.
-                machine_status::scheduled(&current, &name, &placement, generation, now)
+                machine_status::scheduled(
+                    &current,
+                    &Scheduled::of(&placement, &name),
+                    generation,
+                    now,
+                )
             }
         },
     };
@@ -132,36 +158,44 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
 const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(5);
 
 /// Deletes the machine and waits for it to be gone from the API server before letting the
-/// VirtualMachine go: the machine's own finalizer holds until the domain is destroyed.
+/// VirtualMachine go: the machine's own finalizer holds until the provider has torn it down.
+/// The machine is looked for under the kind the status names, or under every kind when the
+/// status names none (a machine created just before a lost status write).
 async fn teardown(vm: &VirtualMachine, ctx: &Context, namespace: &str) -> Result<Action> {
     let vms = ctx.api::<VirtualMachine>(namespace);
-    let machines = ctx.api::<LibvirtMachine>(namespace);
     let name = vm.name_any();
     let uid = vm.uid().unwrap_or_default();
-    match machines.get_opt(&name).await? {
-        Some(machine) if machine.owner_references().iter().any(|o| o.uid == uid) => {
-            if machine.metadata.deletion_timestamp.is_none() {
-                match machines.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(error) if is_not_found(&error) => {}
-                    Err(error) => return Err(error.into()),
-                }
+    let kinds: Vec<MachineKind> = match vm.status.as_ref().and_then(|s| s.machine_ref.as_ref()) {
+        Some(reference) => machine_builder::kind_of(reference).into_iter().collect(),
+        None => machine_builder::MACHINE_KINDS.to_vec(),
+    };
+    for kind in kinds {
+        let machines = machine_builder::api(&ctx.client, namespace, kind);
+        let Some(machine) = machines.get_opt(&name).await? else {
+            continue;
+        };
+        if !machine.owner_references().iter().any(|o| o.uid == uid) {
+            continue;
+        }
+        if machine.metadata.deletion_timestamp.is_none() {
+            match machines.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(error) if is_not_found(&error) => {}
+                Err(error) => return Err(error.into()),
             }
-            Ok(Action::requeue(TEARDOWN_POLL))
         }
-        _ => {
-            ctx.remove_finalizer(&vms, vm, names::FINALIZER_MACHINE_PROTECTION)
-                .await?;
-            Ok(Action::await_change())
-        }
+        return Ok(Action::requeue(TEARDOWN_POLL));
     }
+    ctx.remove_finalizer(&vms, vm, names::FINALIZER_MACHINE_PROTECTION)
+        .await?;
+    Ok(Action::await_change())
 }
 
 fn schedule(
     vm: &VirtualMachine,
     ctx: &Context,
     namespace: &str,
-) -> Result<(scheduling::Placement, LibvirtMachine), scheduling::Unschedulable> {
+) -> Result<(scheduling::Placement, kube::api::DynamicObject), scheduling::Unschedulable> {
     let class = cached(&ctx.stores.classes, namespace, &vm.spec.class_ref.name);
     let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
     let providers: Vec<Arc<Provider>> = ctx
@@ -214,54 +248,49 @@ fn schedule(
         reason: banlieue_api::conditions::reasons::CLASS_NOT_FOUND,
         message: format!("vmclass {} does not exist", vm.spec.class_ref.name),
     })?;
-    let machine = scheduling::libvirt_machine(vm, &class, &placement).ok_or_else(|| {
-        scheduling::Unschedulable {
-            reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
-            message: format!(
-                "cannot build a machine for provider class {:?}",
-                placement.provider_class
-            ),
-        }
+    let machine = machine_builder::build(&MachineInput {
+        vm,
+        class: &class,
+        placement: &placement,
+    })
+    .map_err(|error| scheduling::Unschedulable {
+        reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
+        message: format!(
+            "cannot build a machine for provider class {:?}: {}",
+            placement.provider_class,
+            banlieue_api::conditions::error_message(&error)
+        ),
     })?;
     Ok((placement, machine))
 }
 
-/// The placement an existing machine records, for a VirtualMachine whose status lost it.
-fn adopted_placement(
+/// Where an existing machine is, for a VirtualMachine whose status lost it: the failure domain
+/// the machine's annotation records; for a machine older than the annotation, its Provider's
+/// only failure domain, else the Provider's name.
+fn adopted_site(
     ctx: &Context,
     namespace: &str,
     vm: &VirtualMachine,
-    machine: &LibvirtMachine,
-) -> scheduling::Placement {
-    let provider = cached(
-        &ctx.stores.providers,
-        namespace,
-        &machine.spec.provider_ref.name,
-    );
-    let failure_domain = provider
-        .as_ref()
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| {
-            s.failure_domains.iter().find(|d| {
-                d.storage_classes
-                    .iter()
-                    .any(|c| c.target.pool == machine.spec.pool)
-            })
+    machine: &Machine,
+) -> Scheduled {
+    let provider_name = &machine.spec.provider_ref.name;
+    let provider = cached(&ctx.stores.providers, namespace, provider_name);
+    let failure_domain = machine
+        .failure_domain()
+        .map(str::to_owned)
+        .or_else(|| {
+            let domains = &provider.as_ref()?.status.as_ref()?.failure_domains;
+            match domains.as_slice() {
+                [only] => Some(only.name.clone()),
+                _ => None,
+            }
         })
-        .map(|d| d.name.clone())
-        .unwrap_or_else(|| machine.spec.provider_ref.name.clone());
+        .unwrap_or_else(|| provider_name.clone());
     let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
-    scheduling::Placement {
-        provider: machine.spec.provider_ref.name.clone(),
-        provider_class: provider
-            .as_ref()
-            .map(|p| p.spec.provider_class_ref.name.clone())
-            .unwrap_or_default(),
-        machine_kind: banlieue_api::MachineKind::LibvirtMachine,
+    Scheduled {
+        machine: machine_builder::reference(machine.kind, &machine.object.name_any()),
+        provider: provider_name.clone(),
         failure_domain,
-        pool: machine.spec.pool.clone(),
-        network: machine.spec.network.clone(),
-        disk: machine.spec.disk.clone(),
         image_revision: image.as_deref().and_then(scheduling::image_revision),
     }
 }
