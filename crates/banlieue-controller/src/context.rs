@@ -23,6 +23,7 @@ use crate::event_window::{EventWindows, Offer};
 use crate::expectations::Expectations;
 use crate::hosts::HostStates;
 use crate::metrics::Metrics;
+use crate::own_writes::OwnWrites;
 use crate::reservations::Reservations;
 use crate::spread::RecentPlacements;
 
@@ -94,6 +95,8 @@ pub(crate) struct Context {
     event_windows: Arc<Mutex<EventWindows>>,
     /// When each pool's status was last written by this process.
     pub status_writes: LastWrites,
+    /// VirtualMachines whose status this process wrote, until the cache shows the write.
+    pub vm_writes: OwnWrites<VirtualMachine>,
 }
 
 impl std::fmt::Debug for Context {
@@ -130,6 +133,7 @@ impl Context {
             assignments: Mutex::default(),
             event_windows: Arc::default(),
             status_writes: LastWrites::default(),
+            vm_writes: OwnWrites::default(),
         }
     }
 
