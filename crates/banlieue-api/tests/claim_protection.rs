@@ -25,7 +25,10 @@ async fn claims_are_created_holding_the_claim_protection_finalizer() {
     let before = create(&api, claim("before", "https://issuer.example.com", "a"))
         .await
         .expect("create");
-    assert!(finalizers(&before).is_empty(), "nothing adds it before the policy");
+    assert!(
+        finalizers(&before).is_empty(),
+        "nothing adds it before the policy"
+    );
 
     apply_file(&admin, "deploy/claim-protection.yaml", None).await;
     // A policy is in force once the admission plugin's informer has it.

@@ -362,6 +362,8 @@ pub fn pool() -> VirtualMachinePool {
                 type_: PoolUpdateType::Replace,
                 max_surge: 1,
             },
+            startup_deadline_seconds: None,
+            max_provisioning: None,
         },
     );
     pool.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
