@@ -8,10 +8,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::Resource;
 
+/// Per uid: the resourceVersion this process replaced, and what replaced it.
+type Written<K> = HashMap<String, (Option<String>, Arc<K>)>;
+
 /// The last object this process wrote, per uid, with the resourceVersion it replaced.
 #[derive(Debug)]
 pub(crate) struct OwnWrites<K> {
-    by_uid: Mutex<HashMap<String, (Option<String>, Arc<K>)>>,
+    by_uid: Mutex<Written<K>>,
 }
 
 impl<K> Default for OwnWrites<K> {
@@ -56,7 +59,7 @@ impl<K: Resource> OwnWrites<K> {
         self.lock().remove(uid);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Option<String>, Arc<K>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Written<K>> {
         self.by_uid.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
