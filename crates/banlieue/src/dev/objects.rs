@@ -203,6 +203,7 @@ pub fn provider(endpoint: &str) -> Provider {
                 // swtpm is installed beside libvirtd here, so guests may have a vTPM.
                 features: vec!["vtpm".into()],
                 memory_overcommit_percent: None,
+                vsphere: None,
             },
             attestation: Some(banlieue_api::ProviderAttestation {
                 ek_trust_bundle: Some(ValueOrSource {
