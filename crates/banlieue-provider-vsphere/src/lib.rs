@@ -7,6 +7,7 @@
 
 pub mod connection;
 pub mod error;
+pub mod image_status;
 pub mod machine;
 pub mod narrow;
 pub mod provider_status;

@@ -263,6 +263,20 @@ impl Env {
         }));
     }
 
+    fn start_images(&mut self) {
+        let cfg = banlieue_provider_vsphere::image_status::ImageConfig::new(PROVIDER, &self.ns);
+        let client = self.provider_client.clone();
+        self.tasks.push(tokio::spawn(async move {
+            banlieue_provider_vsphere::image_status::run_images(
+                client,
+                cfg,
+                std::future::pending(),
+            )
+            .await
+            .expect("image loop");
+        }));
+    }
+
     fn start_machines(&mut self) {
         let mut cfg = ProviderConfig::new(PROVIDER, &self.ns);
         cfg.task_timeout = TASK_DEADLINE;
@@ -792,4 +806,80 @@ async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone()
         .await
         .expect("the foreign VM is still there");
     assert_eq!(info.power_state, PowerState::PoweredOff);
+}
+
+/// A VMImage with a Template source for `class`, created by the administrator.
+async fn create_template_image(env: &Env, name: &str, class: &str, template: &str) {
+    let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
+    let image: banlieue_api::VMImage = serde_json::from_value(json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+        "metadata": {"name": name},
+        "spec": {"installMode": "Immediate",
+                 "sources": [{"providerClass": class, "kind": "Template", "template": template}]}
+    }))
+    .expect("a valid VMImage");
+    images
+        .create(&Default::default(), &image)
+        .await
+        .expect("create the VMImage");
+}
+
+#[tokio::test]
+async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_missing_one() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C0", "DC0_C1"])]), None).await else {
+        return;
+    };
+    env.start_status();
+    provider_ready(&env, "Ready=True", |c| c.status == "True").await;
+    env.start_images();
+    create_template_image(&env, "present", "vsphere", "DC0/vm/DC0_C0_RP0_VM0").await;
+    create_template_image(&env, "missing", "vsphere", "DC0/vm/no-such-template").await;
+    create_template_image(&env, "other-class", "libvirt", "DC0/vm/DC0_C0_RP0_VM0").await;
+    let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
+    let zones_of = |image: &banlieue_api::VMImage| {
+        image
+            .status
+            .as_ref()
+            .and_then(|s| s.per_provider.iter().find(|p| p.provider == PROVIDER))
+            .map(|p| p.zones.clone())
+    };
+    let present = eventually("the present template's zone", 30, || async {
+        let image = images.get("present").await?;
+        Ok(zones_of(&image).is_some().then_some(image))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let zones = zones_of(&present).expect("zones");
+    assert_eq!(zones.len(), 1, "one datastore: {zones:?}");
+    assert_eq!(zones[0].pool, "LocalDS_0");
+    assert_eq!(zones[0].phase, banlieue_api::ZonePhase::Ready);
+    assert_eq!(zones[0].volume.as_deref(), Some("DC0/vm/DC0_C0_RP0_VM0"));
+    let status = present.status.expect("status");
+    assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Ready));
+    assert_eq!(
+        status.revision,
+        Some(banlieue_api::image::revision(
+            &images.get("present").await.expect("get")
+        ))
+    );
+
+    let missing = eventually("the missing template's zone", 30, || async {
+        let image = images.get("missing").await?;
+        Ok(zones_of(&image).map(|zones| zones[0].clone()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(missing.phase, banlieue_api::ZonePhase::Failed);
+    assert!(
+        missing
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("DC0/vm/no-such-template"),
+        "{missing:?}"
+    );
+    // Another class's source is not this provider's: it writes nothing there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other = images.get("other-class").await.expect("get");
+    assert!(zones_of(&other).is_none(), "{:?}", other.status);
 }

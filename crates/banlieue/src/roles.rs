@@ -128,11 +128,18 @@ pub fn spawn_all(
         ));
     }
     if let Some((name, namespace)) = roles.vsphere_provider {
-        use banlieue_provider_vsphere::{machine, provider_status};
+        use banlieue_provider_vsphere::{image_status, machine, provider_status};
         let (client, stop) = (kube.clone(), shutdown.clone());
         let cfg = machine::ProviderConfig::new(name.clone(), namespace.clone());
         tasks.push(supervise("vSphere provider", shutdown, async move {
             machine::run_provider(client, cfg, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = image_status::ImageConfig::new(name.clone(), namespace.clone());
+        tasks.push(supervise("vSphere provider images", shutdown, async move {
+            image_status::run_images(client, cfg, stop.cancelled_owned())
                 .await
                 .map_err(BoxError::from)
         }));

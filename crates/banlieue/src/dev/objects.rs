@@ -234,6 +234,7 @@ pub fn image() -> VMImage {
                 kind: ImageSourceKind::BackingFile,
                 url: None,
                 volume: Some(IMAGE_VOLUME.into()),
+                template: None,
                 pull_secret_name: None,
                 ca_config_map_name: None,
                 plain_http: false,
