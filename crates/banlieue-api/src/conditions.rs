@@ -22,6 +22,8 @@ pub mod types {
     pub const BOUND: &str = "Bound";
     /// VirtualMachinePool: fewer available members than replicas.
     pub const FILLING: &str = "Filling";
+    /// VirtualMachinePool: members keep failing to start (True), or started again (False).
+    pub const DEGRADED: &str = "Degraded";
 }
 
 /// Condition reasons. A reason is CamelCase and stable; the message carries the detail.
@@ -93,6 +95,11 @@ pub mod reasons {
     pub const FILLING: &str = "Filling";
     pub const READINESS_SIGNAL_ABSENT: &str = "ReadinessSignalAbsent";
     pub const AT_CAPACITY: &str = "AtCapacity";
+    /// Degraded=True: members were not available within `startupDeadlineSeconds`; they were
+    /// replaced, and the next is created after a backoff.
+    pub const STARTUP_DEADLINE_EXCEEDED: &str = "StartupDeadlineExceeded";
+    /// Degraded=False: a member started since.
+    pub const MEMBERS_STARTING: &str = "MembersStarting";
 
     // VirtualMachineClaim
     pub const BOUND: &str = "Bound";

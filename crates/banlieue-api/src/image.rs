@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::Firmware;
 use crate::conditions::Condition;
+use sha2::{Digest, Sha256};
 
 /// The desired state of a VMImage.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -59,7 +60,8 @@ pub enum InstallMode {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.kind != 'Url' || has(self.url)", "message": "a Url source needs url"},
-    {"rule": "self.kind != 'BackingFile' || has(self.volume)", "message": "a BackingFile source needs volume"}
+    {"rule": "self.kind != 'BackingFile' || has(self.volume)", "message": "a BackingFile source needs volume"},
+    {"rule": "self.kind != 'Template' || has(self.template)", "message": "a Template source needs template"}
 ]))]
 pub struct ImageSource {
     /// The provider class this source serves, for example `libvirt`.
@@ -76,6 +78,11 @@ pub struct ImageSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub volume: Option<String>,
+    /// Inventory path of the VM or template to clone, for example `DC0/vm/templates/ubuntu`
+    /// (kind Template; vSphere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub template: Option<String>,
     /// Registry credentials for a Url source: a Secret of type
     /// `kubernetes.io/dockerconfigjson` in the image's namespace. Anonymous when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,6 +103,8 @@ pub struct ImageSource {
 pub enum ImageSourceKind {
     Url,
     BackingFile,
+    /// A vSphere template (or VM) every clone starts from.
+    Template,
 }
 
 /// Observed state of a VMImage.
@@ -249,4 +258,103 @@ pub struct VMClassSpec {
     /// Size of the OS disk; overrides the image's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_size: Option<Quantity>,
+}
+
+/// The image's effective revision: `spec.revision`, or `r` and 10 hex digits of the SHA-256 of
+/// its sources and of the manifest digest its build artifact was made from, so that a changed
+/// source, or a tag that moved to other content, is a new revision (and a new volume).
+pub fn revision(image: &VMImage) -> String {
+    if let Some(r) = image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
+        return r.to_owned();
+    }
+    let mut hasher = Sha256::new();
+    for source in &image.spec.sources {
+        // Length-prefixed fields, so no two different source lists hash alike.
+        for field in [
+            source.provider_class.as_str(),
+            match source.kind {
+                ImageSourceKind::Url => "Url",
+                ImageSourceKind::BackingFile => "BackingFile",
+                ImageSourceKind::Template => "Template",
+            },
+            source.url.as_deref().unwrap_or(""),
+            source.volume.as_deref().unwrap_or(""),
+        ] {
+            hasher.update((field.len() as u64).to_be_bytes());
+            hasher.update(field.as_bytes());
+        }
+        // Only for Template sources, so that the revisions of the other kinds stay the ones
+        // they always were.
+        if source.kind == ImageSourceKind::Template {
+            let template = source.template.as_deref().unwrap_or("");
+            hasher.update((template.len() as u64).to_be_bytes());
+            hasher.update(template.as_bytes());
+        }
+    }
+    // Only when there is one, so that images without a build (BackingFile sources, or a build
+    // not yet resolved) keep the revision they always had.
+    if let Some(manifest) = image
+        .status
+        .as_ref()
+        .and_then(|s| s.build_artifact.as_ref())
+        .and_then(|a| a.manifest_digest.as_deref())
+    {
+        hasher.update(b"manifest");
+        hasher.update((manifest.len() as u64).to_be_bytes());
+        hasher.update(manifest.as_bytes());
+    }
+    let digest = hasher.finalize();
+    let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
+    format!("r{hex}")
+}
+
+/// `current` with this provider's entry replaced by `zones` (other providers' entries kept as
+/// they are), the revision set and the overall phase recomputed.
+pub fn merged_status(
+    current: Option<&VMImageStatus>,
+    provider: &str,
+    zones: Vec<ZoneImageStatus>,
+    revision: &str,
+) -> VMImageStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    let entry = ProviderImageStatus {
+        provider: provider.to_owned(),
+        zones,
+    };
+    match status
+        .per_provider
+        .iter_mut()
+        .find(|p| p.provider == provider)
+    {
+        Some(existing) => *existing = entry,
+        None => status.per_provider.push(entry),
+    }
+    status.revision = Some(revision.to_owned());
+    status.phase = Some(overall_phase(&status));
+    status
+}
+
+/// Ready once some zone holds the image; Failed when every zone failed; Importing while a
+/// Job runs; Building or Pending while the build half is not done.
+pub fn overall_phase(status: &VMImageStatus) -> ImagePhase {
+    let zones: Vec<ZonePhase> = status
+        .per_provider
+        .iter()
+        .flat_map(|p| p.zones.iter().map(|z| z.phase))
+        .collect();
+    if zones.contains(&ZonePhase::Ready) {
+        ImagePhase::Ready
+    } else if zones.contains(&ZonePhase::Importing) {
+        ImagePhase::Importing
+    } else if !zones.is_empty() && zones.iter().all(|z| *z == ZonePhase::Failed) {
+        ImagePhase::Failed
+    } else if status
+        .build_artifact
+        .as_ref()
+        .is_some_and(|a| a.phase == ArtifactPhase::Building)
+    {
+        ImagePhase::Building
+    } else {
+        ImagePhase::Pending
+    }
 }

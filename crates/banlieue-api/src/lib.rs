@@ -14,6 +14,7 @@ pub mod pool;
 pub mod provider;
 pub mod quantity;
 pub mod render;
+pub mod vsphere;
 
 pub use common::{
     Firmware, KeySelector, LocalObjectReference, MachineAddress, SecretKeySelector, Source,
@@ -39,6 +40,10 @@ pub use provider::{
     NetworkTarget, PodSettings, Provider, ProviderAttestation, ProviderCapabilities, ProviderClass,
     ProviderClassSpec, ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping,
     StorageTarget,
+};
+pub use vsphere::{
+    VSphereCapabilities, VSphereDatacenter, VSphereMachine, VSphereMachineSpec,
+    VSphereMachineStatus,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -66,6 +71,11 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             "a LibvirtMachine's name is at most 180 characters: with its namespace it names the \
              domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
              to 255 bytes",
+        ),
+        name_at_most(
+            VSphereMachine::crd(),
+            names::MAX_MACHINE_NAME_LEN,
+            "a VSphereMachine's name is at most 180 characters, like its VirtualMachine's",
         ),
         name_at_most(
             VirtualMachinePool::crd(),

@@ -329,4 +329,55 @@ mod tests {
         assert_eq!(view.provider_ref, libvirt.provider_ref);
         assert_eq!(view.tpm_enabled, libvirt.tpm_enabled);
     }
+
+    /// Every `*Machine` CRD carries the contract: its spec has `providerRef` and `tpmEnabled`,
+    /// and its status every field of [`MachineStatusContract`] with the same schema type, so
+    /// the controller can read any of them without knowing the kind.
+    #[test]
+    fn every_machine_crd_carries_the_contract() {
+        let contract = schemars::schema_for!(MachineStatusContract);
+        let contract = serde_json::to_value(&contract).expect("serializable");
+        let fields = contract["properties"]
+            .as_object()
+            .expect("the contract is an object");
+        let machines: Vec<_> = crate::crds()
+            .into_iter()
+            .filter(|crd| {
+                crd.spec.names.kind.ends_with("Machine") && crd.spec.names.kind != "VirtualMachine"
+            })
+            .collect();
+        assert!(!machines.is_empty());
+        for crd in machines {
+            let kind = &crd.spec.names.kind;
+            let schema = serde_json::to_value(
+                crd.spec.versions[0]
+                    .schema
+                    .as_ref()
+                    .and_then(|s| s.open_api_v3_schema.as_ref())
+                    .expect("a schema"),
+            )
+            .expect("serializable");
+            let spec = &schema["properties"]["spec"]["properties"];
+            for field in ["providerRef", "tpmEnabled"] {
+                assert!(spec.get(field).is_some(), "{kind}.spec lacks {field}");
+            }
+            let status = &schema["properties"]["status"]["properties"];
+            for (field, contract_schema) in fields {
+                let theirs = status
+                    .get(field)
+                    .unwrap_or_else(|| panic!("{kind}.status lacks {field}"));
+                // The contract's own schema says `["string", "null"]` where the CRD's
+                // structural one says `string` with `nullable`; a `$ref` has no type here.
+                let ours = match contract_schema.get("type") {
+                    Some(serde_json::Value::Array(types)) => {
+                        types.iter().find(|t| *t != "null").cloned()
+                    }
+                    other => other.cloned(),
+                };
+                if let Some(ours) = ours {
+                    assert_eq!(theirs.get("type"), Some(&ours), "{kind}.status.{field}");
+                }
+            }
+        }
+    }
 }

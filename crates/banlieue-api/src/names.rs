@@ -1,6 +1,5 @@
-//! Names the guides fix: labels, annotations, finalizers, and the names derived for import
-//! Jobs. The names of a backend's own objects (libvirt domains and volumes) live in its provider
-//! crate (ADR-0070).
+//! Names the guides fix: labels, annotations, finalizers, a machine's backend object and import
+//! Jobs. Names only one backend uses (libvirt's volumes) live in its provider crate (ADR-0070).
 
 use sha2::{Digest, Sha256};
 
@@ -68,6 +67,13 @@ pub const MAX_NAME_LEN: usize = 63;
 /// the 255 bytes a host's file system allows a file name (`banlieue_provider_libvirt::names`
 /// checks it).
 pub const MAX_MACHINE_NAME_LEN: usize = 180;
+
+/// The backend's object of a machine (a libvirt domain, a vSphere VM): `<namespace>-<name>`,
+/// because a host or a folder has one flat namespace of names and two Kubernetes namespaces may
+/// each hold a `web-01` (on libvirt, DOMAIN_DEFINE_XML is an upsert that would replace the other).
+pub fn domain_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{name}")
+}
 
 /// The import Job of one image on one pool of one provider: `import-<image>-<provider>-<pool>`,
 /// shortened to 63 characters with a hash of the full name when longer, so distinct triples

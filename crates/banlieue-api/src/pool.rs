@@ -48,6 +48,19 @@ pub struct VirtualMachinePoolSpec {
     pub max_idle_seconds: Option<i64>,
     /// How unclaimed members of an older revision are replaced. Stated explicitly, no default.
     pub update_strategy: PoolUpdateStrategy,
+    /// A member not available this long after its creation failed to start: it is deleted and
+    /// replaced, the pool reports `Degraded` (`StartupDeadlineExceeded`, naming it), and each
+    /// further consecutive failure doubles the wait before the next create (10 s to 5 min).
+    /// Unset: members may take as long as they take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub startup_deadline_seconds: Option<i64>,
+    /// The most members being built at once (created and not available yet): a burst of claims
+    /// refills at this pace instead of asking the hosts for every replacement at once. Unset:
+    /// no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_provisioning: Option<i32>,
 }
 
 /// Template of pool members.

@@ -82,6 +82,10 @@ pub struct ProviderCapabilities {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub memory_overcommit_percent: Option<u32>,
+    /// vSphere Providers: the datacenters and clusters VMs may run in, one failure domain per
+    /// cluster that exists (ADR-0069).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsphere: Option<crate::vsphere::VSphereCapabilities>,
 }
 
 /// The default of `memoryOvercommitPercent`: no overcommit.

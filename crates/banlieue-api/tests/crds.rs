@@ -261,6 +261,7 @@ fn short_names_are_ours_and_do_not_collide_with_kubevirt() {
         ("VMClass", "vmclass"),
         ("VirtualMachine", "bvm"),
         ("LibvirtMachine", "lvmachine"),
+        ("VSphereMachine", "vsmachine"),
         ("VirtualMachinePool", "bvmpool"),
         ("VirtualMachineClaim", "vmclaim"),
     ]

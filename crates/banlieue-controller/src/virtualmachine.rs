@@ -28,11 +28,13 @@ const TEARDOWN_POLL: Duration = Duration::from_secs(2);
 
 pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action> {
     ctx.readiness.wait().await?;
+    let vm = ctx.vm_writes.freshest(vm);
     let namespace = namespace_of(vm.as_ref(), "VirtualMachine")?;
     let name = vm.name_any();
     let vms = ctx.api::<VirtualMachine>(&namespace);
 
     if vm.metadata.deletion_timestamp.is_some() {
+        ctx.vm_writes.forget(&vm.uid().unwrap_or_default());
         return teardown(&vm, &ctx, &namespace).await;
     }
     let vm = if vm
@@ -142,7 +144,8 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         },
     };
     if next != current {
-        ctx.patch_status(&vms, &name, &next).await?;
+        let written = ctx.patch_status(&vms, &name, &next).await?;
+        ctx.vm_writes.wrote(vm.as_ref(), written);
     }
     Ok(if next.machine_ref.is_some() {
         Action::requeue(ctx.config.resync)

@@ -1,13 +1,11 @@
-//! The names this provider gives libvirt objects. Only the provider needs them: the
-//! controller writes a LibvirtMachine and never names a domain or a volume (ADR-0070).
+//! The names this provider gives libvirt objects. Only the provider needs its volumes' names:
+//! the controller writes a LibvirtMachine and never names a volume (ADR-0070).
 
 use banlieue_api::names::{MAX_MACHINE_NAME_LEN, MAX_NAME_LEN};
 
-/// The libvirt domain of a machine: `<namespace>-<name>`, because a libvirt host has one flat
-/// domain namespace and DOMAIN_DEFINE_XML is an upsert.
-pub fn domain_name(namespace: &str, name: &str) -> String {
-    format!("{namespace}-{name}")
-}
+/// The libvirt domain of a machine, `<namespace>-<name>`: the name every backend gives a
+/// machine's object, defined once in the API crate.
+pub use banlieue_api::names::domain_name;
 
 /// The machine's OS disk volume.
 pub fn os_volume_name(domain: &str) -> String {

@@ -262,6 +262,7 @@ async fn setup_objects(client: &kube::Client, ns: &str, class: &str, d: &Libvirt
                 kind: ImageSourceKind::Url,
                 url: Some("oci://registry.invalid/bench:1".into()),
                 volume: None,
+                template: None,
                 pull_secret_name: None,
                 ca_config_map_name: None,
                 plain_http: false,

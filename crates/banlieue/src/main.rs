@@ -129,6 +129,25 @@ enum ProviderCommand {
     /// The libvirt provider.
     #[command(subcommand)]
     Libvirt(LibvirtProviderCommand),
+    /// The vSphere provider.
+    #[command(subcommand)]
+    Vsphere(VsphereProviderCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum VsphereProviderCommand {
+    /// Run one vSphere Provider's workload: log in to its vCenter and publish its readiness
+    /// and failure domains, and realise its VSphereMachines.
+    Run {
+        /// The Provider's name.
+        #[arg(long)]
+        provider: String,
+        /// The Provider's namespace.
+        #[arg(long)]
+        namespace: String,
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -373,6 +392,18 @@ fn main() -> ExitCode {
             args,
             None,
         )),
+        Command::Provider(ProviderCommand::Vsphere(VsphereProviderCommand::Run {
+            provider,
+            namespace,
+            serve: args,
+        })) => block_on(serve(
+            Roles {
+                vsphere_provider: Some((provider, namespace)),
+                ..Roles::default()
+            },
+            args,
+            None,
+        )),
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
             vmimage,
             provider,
@@ -490,6 +521,34 @@ mod tests {
             Command::Controller(args) => Ok(args.election.lease()),
             _ => unreachable!("parsed a controller command"),
         }
+    }
+
+    #[test]
+    fn the_vsphere_provider_runs_one_provider() {
+        let cli = Cli::try_parse_from([
+            "banlieue",
+            "provider",
+            "vsphere",
+            "run",
+            "--provider",
+            "vc-1",
+            "--namespace",
+            "ns",
+        ])
+        .unwrap();
+        let Command::Provider(ProviderCommand::Vsphere(VsphereProviderCommand::Run {
+            provider,
+            namespace,
+            ..
+        })) = cli.command
+        else {
+            panic!("not the vSphere provider: {:?}", cli.command);
+        };
+        assert_eq!((provider.as_str(), namespace.as_str()), ("vc-1", "ns"));
+        assert!(
+            Cli::try_parse_from(["banlieue", "provider", "vsphere", "run", "--provider", "x"])
+                .is_err()
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The long-running roles (controller, libvirt operator, libvirt provider) as tasks, so the
-//! same wiring serves `banlieue controller`, `banlieue provider libvirt run` and `dev up`.
+//! The long-running roles (controller, libvirt operator, libvirt and vSphere providers) as
+//! tasks, so the same wiring serves `banlieue controller`, `banlieue provider libvirt run`,
+//! `banlieue provider vsphere run` and `dev up`.
 
 use banlieue_controller::{ControllerConfig, Metrics};
 use banlieue_imagebuilder::reconcile::ReconcilerConfig;
@@ -33,6 +34,8 @@ pub struct Roles {
     pub provider_lost_after: Option<std::time::Duration>,
     /// The image builder's reconciler: build Jobs for VMImages with Url sources.
     pub imagebuilder: Option<ReconcilerConfig>,
+    /// One vSphere Provider's workload: its readiness and VSphereMachines (name, namespace).
+    pub vsphere_provider: Option<(String, String)>,
 }
 
 /// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
@@ -123,6 +126,30 @@ pub fn spawn_all(
                 .map_err(BoxError::from)
             },
         ));
+    }
+    if let Some((name, namespace)) = roles.vsphere_provider {
+        use banlieue_provider_vsphere::{image_status, machine, provider_status};
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = machine::ProviderConfig::new(name.clone(), namespace.clone());
+        tasks.push(supervise("vSphere provider", shutdown, async move {
+            machine::run_provider(client, cfg, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = image_status::ImageConfig::new(name.clone(), namespace.clone());
+        tasks.push(supervise("vSphere provider images", shutdown, async move {
+            image_status::run_images(client, cfg, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
+        let (client, stop) = (kube.clone(), shutdown.clone());
+        let cfg = provider_status::StatusConfig::new(name, namespace);
+        tasks.push(supervise("vSphere provider status", shutdown, async move {
+            provider_status::run_status(client, cfg, stop.cancelled_owned())
+                .await
+                .map_err(BoxError::from)
+        }));
     }
     Ok(tasks)
 }

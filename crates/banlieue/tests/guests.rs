@@ -186,7 +186,7 @@ async fn scenario(
         "bound at {bound_at} before the guest was ready at {guest_ready_since}"
     );
     assert_eq!(vm_status.guest_phase.as_deref(), Some("ready"));
-    let domain = banlieue_provider_libvirt::names::domain_name(SYSTEM_NAMESPACE, &member);
+    let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
     eprintln!("first claim Bound to {domain} {first_bound:.1?} after the pool was created");
 
     // The claim's address is the guest's: what its NIC carries, made from its MAC.
@@ -289,11 +289,7 @@ async fn scenario(
     let silent = silent.first().ok_or("the layerless pool has no member")?;
     let silent_machine = machines.get(&silent.name_any()).await?;
     let guest = conditions::find(
-        &silent_machine
-            .status
-            .unwrap_or_default()
-            .contract
-            .conditions,
+        &silent_machine.status.unwrap_or_default().contract.conditions,
         types::GUEST_READY,
     )
     .cloned()
@@ -327,7 +323,7 @@ async fn scenario(
     for name in &refill {
         let id = guest_agent::read_text(
             libvirtd,
-            &banlieue_provider_libvirt::names::domain_name(SYSTEM_NAMESPACE, name),
+            &names::domain_name(SYSTEM_NAMESPACE, name),
             "/var/lib/cloud/data/instance-id",
         )
         .await?;
@@ -434,7 +430,7 @@ async fn deferred_install(
         Some("ready")
     );
     assert_eq!(st.tpm_endorsement_certificates.len(), 2, "EK certificates");
-    let domain = banlieue_provider_libvirt::names::domain_name(SYSTEM_NAMESPACE, &member);
+    let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
     // The running system is the installed one, on the machine's own disk, with the install
     // medium still attached and no backing file under the disk.
     let root = guest_agent::run(

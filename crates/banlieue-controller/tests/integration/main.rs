@@ -8,6 +8,7 @@ mod crash;
 mod leader;
 mod lifecycle;
 mod metrics;
+mod pool_health;
 mod quick_start;
 mod race;
 mod scheduling;

@@ -48,6 +48,12 @@ async fn binds_are_counted_warm_or_cold_and_members_by_phase() -> TestResult {
     // A member was waiting: a warm start, a pool hit.
     h.create_claim("first", "m", 3600).await?;
     h.wait_claim("first", "Bound", is_bound).await?;
+    // The bind is counted once its status write returns, which the claim's watcher can see
+    // first.
+    wait_until("the first bind counted", || {
+        claims(metrics, ns, START_WARM) + claims(metrics, ns, START_COLD) == 1
+    })
+    .await?;
     assert_eq!(
         (
             claims(metrics, ns, START_WARM),
@@ -66,6 +72,10 @@ async fn binds_are_counted_warm_or_cold_and_members_by_phase() -> TestResult {
     assert_eq!(members(metrics, ns, member::PHASE_AVAILABLE), 0);
     provider.controls.ready_gate.store(true, Ordering::SeqCst);
     h.wait_claim("second", "Bound", is_bound).await?;
+    wait_until("the second bind counted", || {
+        claims(metrics, ns, START_WARM) + claims(metrics, ns, START_COLD) == 2
+    })
+    .await?;
     assert_eq!(
         (
             claims(metrics, ns, START_WARM),

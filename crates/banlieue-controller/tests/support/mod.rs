@@ -64,6 +64,7 @@ impl Harness {
         let admin = cp.client()?;
         install_crds_once(&admin).await?;
         install_role_once(&admin, cp).await?;
+        install_claim_protection_once(cp).await?;
         let namespace = cp.fresh_namespace().await?;
         let harness = Self {
             cp,
@@ -671,6 +672,21 @@ async fn install_crds_once(admin: &Client) -> TestResult {
 }
 
 /// The controller's ClusterRole: the repository's when it exists, else the equivalent rules.
+/// The shipped claim-protection policy, as a cluster runs it: claims are created holding the
+/// controller's finalizer (the controller adds it to the first few, made before the admission
+/// plugin has the policy).
+async fn install_claim_protection_once(cp: &ControlPlane) -> TestResult {
+    static DONE: OnceCell<()> = OnceCell::const_new();
+    DONE.get_or_try_init(|| async {
+        let shipped =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/claim-protection.yaml");
+        cp.apply_yaml(&shipped).await?;
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    })
+    .await?;
+    Ok(())
+}
+
 async fn install_role_once(admin: &Client, cp: &ControlPlane) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {

@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
+/// Shared with every provider: they all write the same `status.revision` and `phase`.
+pub use banlieue_api::image::{merged_status, overall_phase, revision};
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::pods;
 use banlieue_api::{
-    ArtifactPhase, BuildArtifact, ImagePhase, ImageSource, ImageSourceKind, Provider,
-    ProviderClass, ProviderImageStatus, VMImage, VMImageStatus, ZoneImageStatus, ZonePhase,
+    ArtifactPhase, BuildArtifact, ImageSource, Provider, ProviderClass, VMImage, ZoneImageStatus,
+    ZonePhase,
 };
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -29,46 +31,6 @@ pub const MANAGED_BY: &str = "banlieue";
 pub const CONTAINER_NAME: &str = "import";
 /// The example that carries the `jobs` grant.
 pub const PROVIDER_CLASS_EXAMPLE: &str = "examples/09-providerclass-libvirt.yaml";
-
-/// The image's effective revision: `spec.revision`, or `r` and 10 hex digits of the SHA-256 of
-/// its sources and of the manifest digest its build artifact was made from, so that a changed
-/// source, or a tag that moved to other content, is a new revision (and a new volume).
-pub fn revision(image: &VMImage) -> String {
-    if let Some(r) = image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
-        return r.to_owned();
-    }
-    let mut hasher = Sha256::new();
-    for source in &image.spec.sources {
-        // Length-prefixed fields, so no two different source lists hash alike.
-        for field in [
-            source.provider_class.as_str(),
-            match source.kind {
-                ImageSourceKind::Url => "Url",
-                ImageSourceKind::BackingFile => "BackingFile",
-            },
-            source.url.as_deref().unwrap_or(""),
-            source.volume.as_deref().unwrap_or(""),
-        ] {
-            hasher.update((field.len() as u64).to_be_bytes());
-            hasher.update(field.as_bytes());
-        }
-    }
-    // Only when there is one, so that images without a build (BackingFile sources, or a build
-    // not yet resolved) keep the revision they always had.
-    if let Some(manifest) = image
-        .status
-        .as_ref()
-        .and_then(|s| s.build_artifact.as_ref())
-        .and_then(|a| a.manifest_digest.as_deref())
-    {
-        hasher.update(b"manifest");
-        hasher.update((manifest.len() as u64).to_be_bytes());
-        hasher.update(manifest.as_bytes());
-    }
-    let digest = hasher.finalize();
-    let hex: String = digest[..5].iter().map(|b| format!("{b:02x}")).collect();
-    format!("r{hex}")
-}
 
 /// The volume a Url import writes in each pool: `<image>-<revision>.raw`. The revision in the
 /// name means a new revision never overwrites a volume that running machines use as backing.
@@ -386,6 +348,18 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
     }
 }
 
+/// A zone of a source whose kind this provider cannot import (a vSphere Template).
+pub fn zone_wrong_kind(pool: &str, class: &str) -> ZoneImageStatus {
+    ZoneImageStatus {
+        pool: pool.to_owned(),
+        phase: ZonePhase::Failed,
+        volume: None,
+        message: Some(format!(
+            "the source for class {class} is a Template, which only vSphere providers clone;              a libvirt class needs a Url or BackingFile source"
+        )),
+    }
+}
+
 /// A zone whose build half is not finished: the problem is upstream.
 pub fn zone_build_pending(pool: &str, why: &str) -> ZoneImageStatus {
     ZoneImageStatus {
@@ -505,57 +479,6 @@ pub fn zone_backing_file(pool: &str, volume: &str, presence: &Presence) -> ZoneI
     }
 }
 
-/// `current` with this provider's entry replaced by `zones` (other providers' entries kept as
-/// they are), the revision set and the overall phase recomputed.
-pub fn merged_status(
-    current: Option<&VMImageStatus>,
-    provider: &str,
-    zones: Vec<ZoneImageStatus>,
-    revision: &str,
-) -> VMImageStatus {
-    let mut status = current.cloned().unwrap_or_default();
-    let entry = ProviderImageStatus {
-        provider: provider.to_owned(),
-        zones,
-    };
-    match status
-        .per_provider
-        .iter_mut()
-        .find(|p| p.provider == provider)
-    {
-        Some(existing) => *existing = entry,
-        None => status.per_provider.push(entry),
-    }
-    status.revision = Some(revision.to_owned());
-    status.phase = Some(overall_phase(&status));
-    status
-}
-
-/// Ready once some zone holds the image; Failed when every zone failed; Importing while a
-/// Job runs; Building or Pending while the build half is not done.
-pub fn overall_phase(status: &VMImageStatus) -> ImagePhase {
-    let zones: Vec<ZonePhase> = status
-        .per_provider
-        .iter()
-        .flat_map(|p| p.zones.iter().map(|z| z.phase))
-        .collect();
-    if zones.contains(&ZonePhase::Ready) {
-        ImagePhase::Ready
-    } else if zones.contains(&ZonePhase::Importing) {
-        ImagePhase::Importing
-    } else if !zones.is_empty() && zones.iter().all(|z| *z == ZonePhase::Failed) {
-        ImagePhase::Failed
-    } else if status
-        .build_artifact
-        .as_ref()
-        .is_some_and(|a| a.phase == ArtifactPhase::Building)
-    {
-        ImagePhase::Building
-    } else {
-        ImagePhase::Pending
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,6 +487,7 @@ mod tests {
         ProviderConnection, ProviderSpec, ProviderStatus, StorageClassMapping, StorageTarget,
         VMImageSpec, ValueOrSource,
     };
+    use banlieue_api::{ImagePhase, ImageSourceKind, ProviderImageStatus, VMImageStatus};
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 
     fn image(revision: Option<&str>, url: &str) -> VMImage {
@@ -578,6 +502,7 @@ mod tests {
                     kind: ImageSourceKind::Url,
                     url: Some(url.into()),
                     volume: None,
+                    template: None,
                     pull_secret_name: None,
                     ca_config_map_name: None,
                     plain_http: false,

@@ -140,6 +140,11 @@ impl ImageReconciler {
                 }
                 zones
             }
+            // A vSphere template: nothing a libvirt pool can hold.
+            ImageSourceKind::Template => pools
+                .iter()
+                .map(|pool| decide::zone_wrong_kind(pool, &class_name))
+                .collect(),
         };
         self.write_status(&image_name, zones.clone(), &revision)
             .await?;

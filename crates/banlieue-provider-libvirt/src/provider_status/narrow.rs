@@ -128,6 +128,7 @@ mod tests {
             }],
             features: vec!["vtpm".into()],
             memory_overcommit_percent: None,
+            vsphere: None,
         }
     }
 

@@ -222,6 +222,7 @@ impl Host {
             }],
             features: vec!["vtpm".into()],
             memory_overcommit_percent: None,
+            vsphere: None,
         }
     }
 }

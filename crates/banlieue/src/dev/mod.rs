@@ -694,7 +694,7 @@ async fn report_guest(kube: &Client, libvirtd: &Libvirtd) -> Result<(), BoxError
         .status
         .and_then(|s| s.guest_phase)
         .unwrap_or_default();
-    let domain = banlieue_provider_libvirt::names::domain_name(SYSTEM_NAMESPACE, &vm);
+    let domain = banlieue_api::names::domain_name(SYSTEM_NAMESPACE, &vm);
     println!("guest: phase {phase:?}, domain {domain}");
     for a in &status.addresses {
         println!("  address {} {}", a.type_, a.address);

@@ -203,6 +203,7 @@ pub fn provider(endpoint: &str) -> Provider {
                 // swtpm is installed beside libvirtd here, so guests may have a vTPM.
                 features: vec!["vtpm".into()],
                 memory_overcommit_percent: None,
+                vsphere: None,
             },
             attestation: Some(banlieue_api::ProviderAttestation {
                 ek_trust_bundle: Some(ValueOrSource {
@@ -233,6 +234,7 @@ pub fn image() -> VMImage {
                 kind: ImageSourceKind::BackingFile,
                 url: None,
                 volume: Some(IMAGE_VOLUME.into()),
+                template: None,
                 pull_secret_name: None,
                 ca_config_map_name: None,
                 plain_http: false,
@@ -362,6 +364,8 @@ pub fn pool() -> VirtualMachinePool {
                 type_: PoolUpdateType::Replace,
                 max_surge: 1,
             },
+            startup_deadline_seconds: None,
+            max_provisioning: None,
         },
     );
     pool.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

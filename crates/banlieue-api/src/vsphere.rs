@@ -1,0 +1,237 @@
+//! VSphereMachine (a VM to clone from a template in vCenter, the vSphere provider's machine) and
+//! the vSphere part of a Provider's declared capabilities (ADR-0069).
+//!
+//! The status carries the same contract fields, under the same JSON names, as
+//! LibvirtMachineStatus (ADR-0050), so the controller reads either machine the same way.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{LocalObjectReference, MachineAddress, SecretKeySelector};
+use crate::conditions::Condition;
+use crate::machine::MachineInitialization;
+
+/// The finalizer a VSphereMachine holds until its VM is destroyed in vCenter (ADR-0026).
+pub const FINALIZER_VM_PROTECTION: &str = "banlieue.io/vm-protection";
+
+/// The extraConfig key recording which VSphereMachine (by uid) a VM was cloned for. Not a
+/// `guestinfo.` key, so the guest cannot write it: it is the proof of ownership that lets a
+/// VM of the machine's name be adopted or destroyed.
+pub const EXTRA_CONFIG_MACHINE_UID: &str = "banlieue.machineUid";
+
+/// The extraConfig key a guest-phase layer writes its phase to (ADR-0043).
+pub const GUESTINFO_PHASE: &str = "guestinfo.banlieue.phase";
+
+/// Reasons only the vSphere provider reports.
+pub mod reasons {
+    /// The VM is powered on: the machine is Ready.
+    pub const POWERED_ON: &str = "PoweredOn";
+    /// A VM of the machine's name exists but was not cloned for this machine: it is neither
+    /// adopted nor destroyed.
+    pub const VM_NAME_TAKEN: &str = "VMNameTaken";
+    /// `spec.datacenter`, `spec.cluster`, `spec.template`, `spec.folder` or `spec.datastore`
+    /// names nothing in vCenter.
+    pub const INVENTORY_NOT_FOUND: &str = "InventoryNotFound";
+    /// A vSphere call or task failed.
+    pub const VSPHERE_ERROR: &str = "VSphereError";
+}
+
+/// The desired state of a VSphereMachine.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "banlieue.io",
+    version = "v1alpha1",
+    kind = "VSphereMachine",
+    doc = "A vSphere VM to clone from a template and run. The controller writes the spec; the vSphere provider realises it and reports in the status. Complete enough that the provider never reads a VirtualMachine.",
+    namespaced,
+    status = "VSphereMachineStatus",
+    shortname = "vsmachine",
+    category = "banlieue",
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.providerRef.name"}"#,
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"VM","type":"string","jsonPath":".status.vmMoRef"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.userData) && has(self.userDataSecretRef))",
+    "message": "set at most one of userData and userDataSecretRef"
+}]))]
+pub struct VSphereMachineSpec {
+    /// The Provider (same namespace) whose vCenter runs the VM.
+    pub provider_ref: LocalObjectReference,
+    /// The datacenter, by name.
+    #[schemars(length(min = 1, max = 80))]
+    pub datacenter: String,
+    /// The cluster in that datacenter (the failure domain); the VM goes into its root resource
+    /// pool.
+    #[schemars(length(min = 1, max = 80))]
+    pub cluster: String,
+    /// Inventory path of the VM or template to clone, e.g. `DC0/vm/templates/ubuntu-2404`.
+    #[schemars(length(min = 1, max = 2048))]
+    pub template: String,
+    /// Folder for the VM, as a path under the datacenter's VM folder (`banlieue/sandboxes`).
+    /// The VM folder itself when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub folder: Option<String>,
+    /// Datastore for the VM's files, by name in the datacenter. The template's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 80))]
+    pub datastore: Option<String>,
+    /// Virtual CPUs.
+    #[schemars(range(min = 1, max = 512))]
+    pub cpu: u32,
+    /// Memory (whole MiB are used).
+    pub memory: Quantity,
+    /// cloud-init user-data, delivered as `guestinfo.userdata`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub user_data: Option<String>,
+    /// A Secret key holding cloud-init user-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<SecretKeySelector>,
+    /// The VM has a virtual TPM (the template must carry one); its EK certificates are
+    /// published and gate GuestReady (ADR-0045).
+    #[serde(default)]
+    pub tpm_enabled: bool,
+}
+
+/// Observed state of a VSphereMachine, in Cluster API's shape. The contract fields and their
+/// JSON names are LibvirtMachineStatus's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VSphereMachineStatus {
+    /// The VM exists and is powered on.
+    #[serde(default)]
+    pub ready: bool,
+    /// Provisioning progress.
+    #[serde(default)]
+    pub initialization: MachineInitialization,
+    /// `vsphere://<instanceUuid>`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "providerID"
+    )]
+    pub provider_id: Option<String>,
+    /// Addresses the guest reports (VMware Tools' `guest.net`).
+    #[serde(default)]
+    pub addresses: Vec<MachineAddress>,
+    /// The guest's own phase (`guestinfo.banlieue.phase`), when it publishes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_phase: Option<String>,
+    /// PEM certificates of the vTPM's endorsement keys.
+    #[serde(default)]
+    pub tpm_endorsement_certificates: Vec<String>,
+    /// `sha256:<hex>` of each certificate's public key (its DER SubjectPublicKeyInfo), in the
+    /// order of `tpmEndorsementCertificates`.
+    #[serde(default)]
+    pub tpm_endorsement_key_digests: Vec<String>,
+    /// Ready and GuestReady, with messages from the guide's troubleshooting table.
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The VM's name in vCenter (`<namespace>-<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_name: Option<String>,
+    /// The VM's managed object reference (`vm-42`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_mo_ref: Option<String>,
+    /// The VM's vCenter instance UUID (`config.instanceUuid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_uuid: Option<String>,
+}
+
+/// The vSphere part of a Provider's declared capabilities: where its failure domains are.
+/// Declared, never discovered (ADR-0039): the provider publishes one failure domain per
+/// declared cluster that exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VSphereCapabilities {
+    /// Datacenters and, in each, the clusters VMs may run in.
+    #[serde(default)]
+    #[schemars(
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]),
+        length(max = 16)
+    )]
+    pub datacenters: Vec<VSphereDatacenter>,
+}
+
+/// One declared datacenter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VSphereDatacenter {
+    /// The datacenter's name. No `/`: a failure domain is named `<datacenter>/<cluster>`.
+    #[schemars(length(min = 1, max = 80), pattern(r"^[^/]+$"))]
+    pub name: String,
+    /// Clusters of that datacenter, by name (no `/`): each is one failure domain.
+    #[serde(default)]
+    #[schemars(
+        extend("x-kubernetes-list-type" = "set"),
+        length(max = 64),
+        inner(length(min = 1, max = 80), pattern(r"^[^/]+$"))
+    )]
+    pub clusters: Vec<String>,
+}
+
+/// The failure domain of a cluster: `<datacenter>/<cluster>`.
+pub fn failure_domain_name(datacenter: &str, cluster: &str) -> String {
+    format!("{datacenter}/{cluster}")
+}
+
+/// The datacenter and cluster of a failure domain named by [`failure_domain_name`].
+pub fn parse_failure_domain_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once('/')
+        .filter(|(dc, cluster)| !dc.is_empty() && !cluster.is_empty() && !cluster.contains('/'))
+}
+
+/// The provider ID of a VM: `vsphere://<instanceUuid>`, as Cluster API's vSphere provider
+/// writes it.
+pub fn provider_id(instance_uuid: &str) -> String {
+    format!("vsphere://{instance_uuid}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_domain_names_round_trip() {
+        let name = failure_domain_name("DC0", "DC0_C1");
+        assert_eq!(name, "DC0/DC0_C1");
+        assert_eq!(parse_failure_domain_name(&name), Some(("DC0", "DC0_C1")));
+        assert_eq!(parse_failure_domain_name("host-7"), None);
+        assert_eq!(parse_failure_domain_name("a/b/c"), None);
+        assert_eq!(parse_failure_domain_name("/b"), None);
+    }
+
+    #[test]
+    fn the_status_uses_the_contract_names() {
+        let status = VSphereMachineStatus {
+            provider_id: Some(provider_id("5003")),
+            vm_mo_ref: Some("vm-42".into()),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["providerID"], "vsphere://5003");
+        assert_eq!(json["vmMoRef"], "vm-42");
+        for key in [
+            "ready",
+            "initialization",
+            "addresses",
+            "tpmEndorsementCertificates",
+            "tpmEndorsementKeyDigests",
+            "conditions",
+        ] {
+            assert!(json.get(key).is_some(), "{key}");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! banlieue's vSphere provider, the workload of one vSphere Provider: its readiness and
+//! failure domains ([`provider_status`]) and the realisation of VSphereMachines as VMs cloned
+//! from a template ([`machine`]).
+//!
+//! It speaks to vCenter only through `banlieue-vsphere` and to the controller only through the
+//! VSphereMachine object (ADR-0050, ADR-0069).
+
+pub mod connection;
+pub mod error;
+pub mod image_status;
+pub mod machine;
+pub mod narrow;
+pub mod provider_status;
+pub mod session;
+
+pub use error::{Error, Result};

@@ -1,0 +1,339 @@
+//! The acting half of a VSphereMachine reconcile: find or clone its VM, size it, power it on,
+//! and read what it is now.
+
+use std::time::Duration;
+
+use banlieue_api::conditions::reasons;
+use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
+use banlieue_api::{Provider, VSphereMachine};
+use banlieue_vsphere::{
+    Client, CloneSpec, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec, VmInfo,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, ResourceExt};
+
+use super::Context;
+use super::plan::{self, Observed, Ownership};
+use crate::error::{Error, Result};
+
+/// The label by which a Secret opts in to being read as user-data.
+pub const USER_DATA_LABEL: &str = "banlieue.io/user-data";
+/// The Secret type by which a Secret opts in to being read as user-data.
+pub const USER_DATA_SECRET_TYPE: &str = "banlieue.io/user-data";
+/// The reason a user-data Secret is refused with, as on libvirt.
+pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
+
+pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Observed> {
+    let uid = machine.uid().ok_or_else(|| Error::Invalid {
+        reason: reasons::PROVISIONING,
+        message: "the VSphereMachine has no uid yet".into(),
+    })?;
+    let vm_name = plan::vm_name(machine)?;
+    let path = plan::vm_path(machine, &vm_name);
+    let client = ctx.session.client().await?;
+    let vm = match find_vm(&client, &path).await? {
+        Some(info) => match plan::ownership(&info.extra_config, &uid) {
+            // Cloned for this machine by an earlier reconcile whose status write was lost.
+            Ownership::Ours => info.moref,
+            Ownership::Foreign => return Err(plan::vm_name_taken(&path)),
+        },
+        None => clone(machine, ctx, &client, &uid, &vm_name, &path).await?,
+    };
+    let info = vm_info(&client, &vm).await?;
+    let hardware = client
+        .retrieve_one(
+            &vm,
+            &[
+                "config.hardware.numCPU",
+                "config.hardware.memoryMB",
+                "config.instanceUuid",
+            ],
+        )
+        .await
+        .map_err(Error::vsphere(format!("read the hardware of VM {path}")))?;
+    let int = |p: &str| match hardware.get(p) {
+        Some(PropertyValue::Int(v)) => Some(*v),
+        _ => None,
+    };
+    let cpus = i64::from(machine.spec.cpu);
+    let memory = plan::memory_mib(machine)?;
+    if info.power_state != PowerState::PoweredOn
+        && (int("config.hardware.numCPU") != Some(cpus)
+            || int("config.hardware.memoryMB") != Some(memory))
+    {
+        let spec = ReconfigSpec {
+            num_cpus: i32::try_from(cpus).ok(),
+            memory_mb: Some(memory),
+            extra_config: Vec::new(),
+        };
+        let task = client
+            .reconfigure_vm(&vm, &spec)
+            .await
+            .map_err(Error::vsphere(format!("reconfigure VM {path}")))?;
+        wait_task(
+            &client,
+            &task,
+            &format!("reconfigure VM {path}"),
+            ctx.cfg.task_timeout,
+        )
+        .await?;
+    }
+    if matches!(
+        info.power_state,
+        PowerState::PoweredOff | PowerState::Suspended
+    ) {
+        let task = client
+            .power_on_vm(&vm)
+            .await
+            .map_err(Error::vsphere(format!("power on VM {path}")))?;
+        wait_task(
+            &client,
+            &task,
+            &format!("power on VM {path}"),
+            ctx.cfg.task_timeout,
+        )
+        .await?;
+    }
+    let info = vm_info(&client, &vm).await?;
+    let instance_uuid = hardware
+        .get("config.instanceUuid")
+        .and_then(PropertyValue::text)
+        .filter(|u| !u.is_empty() && u.len() <= 64)
+        .map(str::to_owned);
+    Ok(observed(vm_name, &info, instance_uuid))
+}
+
+/// What the status is made from.
+fn observed(vm_name: String, info: &VmInfo, instance_uuid: Option<String>) -> Observed {
+    Observed {
+        vm_name,
+        moref: info.moref.value.clone(),
+        instance_uuid,
+        powered_on: info.power_state == PowerState::PoweredOn,
+        power_state: match &info.power_state {
+            PowerState::PoweredOn => "poweredOn".to_owned(),
+            PowerState::PoweredOff => "poweredOff".to_owned(),
+            PowerState::Suspended => "suspended".to_owned(),
+            other => format!("{other:?}").chars().take(64).collect(),
+        },
+        nics: info.guest_nics.clone(),
+        phase: info.extra_config.get(GUESTINFO_PHASE).cloned(),
+        ek_certificates: info.tpm_endorsement_certificates.clone(),
+    }
+}
+
+/// The VM at `path`, if any.
+pub(super) async fn find_vm(client: &Client, path: &str) -> Result<Option<VmInfo>> {
+    let Some(found) = client
+        .find_by_inventory_path(path)
+        .await
+        .map_err(Error::vsphere(format!("look up VM {path}")))?
+    else {
+        return Ok(None);
+    };
+    if found.kind != "VirtualMachine" {
+        return Err(plan::vm_name_taken(path));
+    }
+    match client.vm_info(&found).await {
+        Ok(info) => Ok(Some(info)),
+        // Destroyed between the two calls.
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(Error::vsphere(format!("read VM {path}"))(e)),
+    }
+}
+
+async fn vm_info(client: &Client, vm: &ManagedObjectRef) -> Result<VmInfo> {
+    client
+        .vm_info(vm)
+        .await
+        .map_err(Error::vsphere(format!("read VM {}", vm.value)))
+}
+
+pub(super) fn is_not_found(e: &banlieue_vsphere::Error) -> bool {
+    e.fault().is_some_and(|f| f.kind == "ManagedObjectNotFound")
+}
+
+/// Clones the template into the cluster's root resource pool, powered off, carrying its
+/// guestinfo and owner.
+async fn clone(
+    machine: &VSphereMachine,
+    ctx: &Context,
+    client: &Client,
+    uid: &str,
+    vm_name: &str,
+    path: &str,
+) -> Result<ManagedObjectRef> {
+    let spec = &machine.spec;
+    let not_found = |what: String| Error::Invalid {
+        reason: vsphere::reasons::INVENTORY_NOT_FOUND,
+        message: format!("{what} does not exist in vCenter"),
+    };
+    let dc = client
+        .datacenters()
+        .await
+        .map_err(Error::vsphere("list the datacenters"))?
+        .into_iter()
+        .find(|d| d.name == spec.datacenter)
+        .ok_or_else(|| not_found(format!("datacenter {:?}", spec.datacenter)))?;
+    let cluster = client
+        .clusters(&dc.moref)
+        .await
+        .map_err(Error::vsphere(format!("list the clusters of {}", dc.name)))?
+        .into_iter()
+        .find(|c| c.name == spec.cluster)
+        .ok_or_else(|| {
+            not_found(format!(
+                "cluster {:?} in datacenter {:?}",
+                spec.cluster, spec.datacenter
+            ))
+        })?;
+    let lookup = |path: String, kind: &'static str| async move {
+        match client.find_by_inventory_path(&path).await {
+            Ok(Some(r)) if r.kind == kind => Ok(r),
+            Ok(_) => Err(not_found(format!("{kind} {path:?}"))),
+            Err(e) => Err(Error::vsphere(format!("look up {path}"))(e)),
+        }
+    };
+    let template = lookup(spec.template.clone(), "VirtualMachine").await?;
+    let folder = match spec
+        .folder
+        .as_deref()
+        .filter(|f| !f.trim_matches('/').is_empty())
+    {
+        Some(_) => lookup(plan::folder_path(machine), "Folder").await?,
+        None => dc.vm_folder.clone(),
+    };
+    let datastore = match &spec.datastore {
+        Some(ds) => Some(lookup(format!("{}/datastore/{ds}", dc.name), "Datastore").await?),
+        None => None,
+    };
+    let user_data = user_data(machine, ctx).await?;
+    let clone = CloneSpec {
+        name: vm_name.to_owned(),
+        folder,
+        pool: cluster.resource_pool,
+        host: None,
+        datastore,
+        power_on: false,
+        extra_config: plan::clone_extra_config(uid, vm_name, user_data.as_deref()),
+    };
+    let task = client
+        .clone_vm(&template, &clone)
+        .await
+        .map_err(Error::vsphere(format!("clone {} as {path}", spec.template)))?;
+    match wait_task(
+        client,
+        &task,
+        &format!("clone {} as {path}", spec.template),
+        ctx.cfg.task_timeout,
+    )
+    .await
+    {
+        Ok(Some(vm)) => Ok(vm),
+        Ok(None) => Err(Error::Invalid {
+            reason: vsphere::reasons::VSPHERE_ERROR,
+            message: format!("the clone of {path} succeeded without naming its VM"),
+        }),
+        // A clone this machine started earlier finished meanwhile: adopt it next time round.
+        Err(e) if e.fault().is_some_and(|f| f.kind == "DuplicateName") => {
+            match find_vm(client, path).await? {
+                Some(info) if plan::ownership(&info.extra_config, uid) == Ownership::Ours => {
+                    Ok(info.moref)
+                }
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits for `task` to end, within `deadline`.
+pub(super) async fn wait_task(
+    client: &Client,
+    task: &ManagedObjectRef,
+    what: &str,
+    deadline: Duration,
+) -> Result<Option<ManagedObjectRef>> {
+    match tokio::time::timeout(deadline, client.wait_task(task)).await {
+        Ok(result) => result.map_err(Error::vsphere(what.to_owned())),
+        Err(_) => Err(Error::TaskTimeout {
+            what: what.to_owned(),
+            after: deadline,
+        }),
+    }
+}
+
+/// Inline user-data, or the bytes of the Secret key it names, under the libvirt provider's
+/// rules: the Secret opted in, its own Provider does not reference it, and it holds no
+/// Provider credentials (`password`, `tls.key`), which the workload may not hand to a guest.
+async fn user_data(machine: &VSphereMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
+    if let Some(inline) = &machine.spec.user_data {
+        return Ok(Some(inline.as_bytes().to_vec()));
+    }
+    let Some(sel) = &machine.spec.user_data_secret_ref else {
+        return Ok(None);
+    };
+    let refused = |why: String| Error::Invalid {
+        reason: USER_DATA_SECRET_REFUSED,
+        message: format!("userDataSecretRef: Secret {} {why}", sel.name),
+    };
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let own = providers
+        .get(&ctx.cfg.provider)
+        .await
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let conn = &own.spec.connection;
+    if conn.credentials_ref.name == sel.name
+        || conn
+            .ca_bundle
+            .secret_ref
+            .as_ref()
+            .is_some_and(|s| s.name == sel.name)
+    {
+        return Err(refused(format!(
+            "is referenced by Provider {} (its credentials or CA) and is never used as user-data",
+            ctx.cfg.provider
+        )));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let Some(secret) = secrets
+        .get_opt(&sel.name)
+        .await
+        .map_err(Error::kube(format!("read Secret {}", sel.name)))?
+    else {
+        return Err(Error::CredentialsUnavailable(format!(
+            "Secret {:?} does not exist (userDataSecretRef)",
+            sel.name
+        )));
+    };
+    let data = secret.data.unwrap_or_default();
+    if let Some(key) = [crate::connection::PASSWORD, "tls.key"]
+        .into_iter()
+        .find(|k| data.contains_key(*k))
+    {
+        return Err(refused(format!(
+            "holds {key}, as a Provider's credentials do, and is never used as user-data"
+        )));
+    }
+    let opted_in = secret.type_.as_deref() == Some(USER_DATA_SECRET_TYPE)
+        || secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(USER_DATA_LABEL))
+            .is_some_and(|v| v == "true");
+    if !opted_in {
+        return Err(refused(format!(
+            "has not opted in to be user-data: give it the label {USER_DATA_LABEL}=\"true\" or \
+             the type {USER_DATA_SECRET_TYPE}"
+        )));
+    }
+    data.get(&sel.key)
+        .map(|b| Some(b.0.clone()))
+        .ok_or_else(|| {
+            Error::CredentialsUnavailable(format!(
+                "Secret {:?} has no key {:?} (userDataSecretRef)",
+                sel.name, sel.key
+            ))
+        })
+}

@@ -1,0 +1,885 @@
+//! The vSphere provider against a real API server and a real vcsim (govmomi's simulator, its
+//! inventory in docs/vsphere-client.md), run as its Provider's ServiceAccount under the
+//! shipped RBAC: banlieue-provider-base and banlieue-provider-class-vsphere bound in the
+//! Provider's namespace, plus the per-Provider Role the operator makes (ADR-0063, ADR-0069).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use banlieue_api::conditions::{self, types};
+use banlieue_api::vsphere::{EXTRA_CONFIG_MACHINE_UID, FINALIZER_VM_PROTECTION};
+use banlieue_api::{
+    KeySelector, LocalObjectReference, Provider, ProviderCapabilities, ProviderConnection,
+    ProviderSpec, StorageClassMapping, StorageTarget, VSphereCapabilities, VSphereDatacenter,
+    VSphereMachine, VSphereMachineSpec, ValueOrSource,
+};
+use banlieue_provider_vsphere::machine::{ProviderConfig, run_provider};
+use banlieue_provider_vsphere::provider_status::{StatusConfig, run_status};
+use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::vcsim::{Vcsim, VcsimOptions};
+use banlieue_vsphere::{
+    Client, CloneSpec, Credentials, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec,
+};
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::sync::OnceCell;
+use tokio::task::JoinHandle;
+
+const PROVIDER: &str = "vc";
+const TASK_DEADLINE: Duration = Duration::from_secs(30);
+
+fn repo_path(relative: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative)
+}
+
+/// The shared control plane with the CRDs from the types and the shipped RBAC, as
+/// `banlieue bootstrap` applies it.
+async fn control_plane() -> &'static ControlPlane {
+    static READY: OnceCell<&'static ControlPlane> = OnceCell::const_new();
+    READY
+        .get_or_init(|| async {
+            let cp = ControlPlane::shared().await.expect("control plane");
+            let admin = cp.client().expect("admin");
+            let crds: Api<CustomResourceDefinition> = Api::all(admin);
+            for crd in banlieue_api::crds() {
+                let name = crd.name_any();
+                crds.patch(
+                    &name,
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(&crd),
+                )
+                .await
+                .expect("apply CRD");
+                eventually(&format!("CRD {name}"), 30, || {
+                    let crds = crds.clone();
+                    let name = name.clone();
+                    async move {
+                        let crd = crds.get(&name).await?;
+                        Ok(crd
+                            .status
+                            .and_then(|s| s.conditions)
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                            .then_some(()))
+                    }
+                })
+                .await
+                .expect("CRD established");
+            }
+            cp.apply_yaml(repo_path("deploy/namespace.yaml"))
+                .await
+                .expect("namespace");
+            for file in std::fs::read_dir(repo_path("deploy/rbac")).expect("deploy/rbac") {
+                cp.apply_yaml(file.expect("entry").path())
+                    .await
+                    .expect("shipped RBAC");
+            }
+            cp
+        })
+        .await
+}
+
+/// Polls `probe` every 200 ms until it yields a value; fails after `secs`.
+async fn eventually<T, F, Fut>(what: &str, secs: u64, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let last = probe().await;
+        match last {
+            Ok(Some(v)) => return Ok(v),
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            Ok(None) => bail!("timed out after {secs} s waiting for {what}"),
+            Err(e) => bail!("timed out after {secs} s waiting for {what}; last error: {e:#}"),
+        }
+    }
+}
+
+/// vcsim, a fresh namespace with a Provider for it, and the provider's identity. The
+/// workload's loops run as that identity once started, and stop when this is dropped.
+struct Env {
+    vcsim: Vcsim,
+    ns: String,
+    admin: kube::Client,
+    provider_client: kube::Client,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+async fn setup(declared: VSphereCapabilities, password: Option<&str>) -> Option<Env> {
+    if !Vcsim::available().expect("vcsim") {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "vcsim is not built: scripts/control-plane build-vcsim"
+        );
+        eprintln!("SKIPPED: vcsim is not built (scripts/control-plane build-vcsim)");
+        return None;
+    }
+    let vcsim = Vcsim::start(VcsimOptions::new()).await.expect("vcsim");
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let password = password.unwrap_or(vcsim.password()).to_owned();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "vc-creds" },
+        "stringData": { "username": vcsim.username(), "password": password },
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the credentials");
+    let ca: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": "vc-ca" },
+        "data": { "ca.crt": vcsim.ca_pem() },
+    }))
+    .expect("configmap");
+    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &ca)
+        .await
+        .expect("create the CA");
+    let provider = Provider::new(
+        PROVIDER,
+        ProviderSpec {
+            provider_class_ref: LocalObjectReference::new("vsphere"),
+            connection: ProviderConnection {
+                endpoint: vcsim.url().to_owned(),
+                credentials_ref: LocalObjectReference::new("vc-creds"),
+                ca_bundle: ValueOrSource {
+                    config_map_ref: Some(KeySelector {
+                        name: "vc-ca".into(),
+                        key: "ca.crt".into(),
+                    }),
+                    ..Default::default()
+                },
+            },
+            capabilities: ProviderCapabilities {
+                storage_classes: vec![StorageClassMapping {
+                    name: "standard".into(),
+                    target: StorageTarget {
+                        pool: "LocalDS_0".into(),
+                    },
+                }],
+                vsphere: Some(declared),
+                ..Default::default()
+            },
+            attestation: None,
+        },
+    );
+    Api::<Provider>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &provider)
+        .await
+        .expect("create the Provider");
+    let provider_client = identity(cp, &admin, &ns).await.expect("provider identity");
+    Some(Env {
+        vcsim,
+        ns,
+        admin,
+        provider_client,
+        tasks: Vec::new(),
+    })
+}
+
+/// What the operator makes for a Provider's workload, bound to the shipped roles: the
+/// ServiceAccount, the Role on its own Provider, banlieue-provider-base and
+/// banlieue-provider-class-vsphere in the Provider's namespace. Admin plays the operator.
+async fn identity(cp: &ControlPlane, admin: &kube::Client, ns: &str) -> Result<kube::Client> {
+    let account = format!("banlieue-provider-{PROVIDER}");
+    let sa: ServiceAccount = serde_json::from_value(json!({ "metadata": { "name": account } }))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &sa)
+        .await?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": account },
+        "rules": [
+            { "apiGroups": ["banlieue.io"], "resources": ["providers"],
+              "verbs": ["get", "list", "watch"], "resourceNames": [PROVIDER] },
+            { "apiGroups": ["banlieue.io"], "resources": ["providers/status"],
+              "verbs": ["patch"], "resourceNames": [PROVIDER] },
+        ],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), ns);
+    for (name, kind, role) in [
+        (account.clone(), "Role", account.clone()),
+        (
+            format!("{account}-base"),
+            "ClusterRole",
+            "banlieue-provider-base".to_owned(),
+        ),
+        (
+            format!("{account}-class"),
+            "ClusterRole",
+            "banlieue-provider-class-vsphere".to_owned(),
+        ),
+    ] {
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role },
+            "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": ns }],
+        }))?;
+        bindings.create(&PostParams::default(), &binding).await?;
+    }
+    let client = cp.client_as_service_account(ns, &account).await?;
+    let own: Api<Provider> = Api::namespaced(client.clone(), ns);
+    let machines: Api<VSphereMachine> = Api::namespaced(client.clone(), ns);
+    let one = kube::api::ListParams::default().limit(1);
+    eventually("the provider's grants", 30, || async {
+        Ok((own.get(PROVIDER).await.is_ok() && machines.list(&one).await.is_ok()).then_some(()))
+    })
+    .await?;
+    Ok(client)
+}
+
+impl Env {
+    fn start_status(&mut self) {
+        let mut cfg = StatusConfig::new(PROVIDER, &self.ns);
+        cfg.probe_interval = Duration::from_secs(1);
+        let client = self.provider_client.clone();
+        self.tasks.push(tokio::spawn(async move {
+            run_status(client, cfg, std::future::pending())
+                .await
+                .expect("status loop");
+        }));
+    }
+
+    fn start_images(&mut self) {
+        let cfg = banlieue_provider_vsphere::image_status::ImageConfig::new(PROVIDER, &self.ns);
+        let client = self.provider_client.clone();
+        self.tasks.push(tokio::spawn(async move {
+            banlieue_provider_vsphere::image_status::run_images(
+                client,
+                cfg,
+                std::future::pending(),
+            )
+            .await
+            .expect("image loop");
+        }));
+    }
+
+    fn start_machines(&mut self) {
+        let mut cfg = ProviderConfig::new(PROVIDER, &self.ns);
+        cfg.task_timeout = TASK_DEADLINE;
+        cfg.resync = Duration::from_secs(5);
+        let client = self.provider_client.clone();
+        self.tasks.push(tokio::spawn(async move {
+            run_provider(client, cfg, std::future::pending())
+                .await
+                .expect("machine loop");
+        }));
+    }
+
+    async fn vsphere(&self) -> Client {
+        Client::connect(
+            self.vcsim.url(),
+            self.vcsim.ca_pem(),
+            Credentials::new(self.vcsim.username(), self.vcsim.password()),
+        )
+        .await
+        .expect("log in to vcsim")
+    }
+
+    fn machines(&self) -> Api<VSphereMachine> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    async fn create_machine(&self, name: &str, user_data: Option<&str>) -> VSphereMachine {
+        let machine = VSphereMachine::new(
+            name,
+            VSphereMachineSpec {
+                provider_ref: LocalObjectReference::new(PROVIDER),
+                datacenter: "DC0".into(),
+                cluster: "DC0_C1".into(),
+                template: "DC0/vm/DC0_C0_RP0_VM0".into(),
+                folder: None,
+                datastore: Some("LocalDS_0".into()),
+                cpu: 2,
+                memory: Quantity("1Gi".into()),
+                user_data: user_data.map(str::to_owned),
+                user_data_secret_ref: None,
+                tpm_enabled: false,
+            },
+        );
+        self.machines()
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("create the machine")
+    }
+
+    /// Waits until the machine's status satisfies `check`.
+    async fn machine_until(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&VSphereMachine) -> bool,
+    ) -> VSphereMachine {
+        let api = self.machines();
+        eventually(what, 40, || async {
+            let m = api.get(name).await?;
+            Ok(check(&m).then_some(m))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn vm_name(&self, machine: &str) -> String {
+        format!("{}-{machine}", self.ns)
+    }
+}
+
+fn condition<'a>(m: &'a VSphereMachine, type_: &str) -> Option<&'a conditions::Condition> {
+    m.status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, type_))
+}
+
+async fn wait(client: &Client, task: ManagedObjectRef) -> Option<ManagedObjectRef> {
+    tokio::time::timeout(TASK_DEADLINE, client.wait_task(&task))
+        .await
+        .expect("task within its deadline")
+        .expect("task succeeded")
+}
+
+/// Sets `key` in the VM's extraConfig as a guest (or vcsim's guest stand-in) would.
+async fn set_extra_config(client: &Client, vm: &ManagedObjectRef, key: &str, value: &str) {
+    let spec = ReconfigSpec {
+        extra_config: vec![(key.to_owned(), value.to_owned())],
+        ..ReconfigSpec::default()
+    };
+    wait(
+        client,
+        client.reconfigure_vm(vm, &spec).await.expect("reconfigure"),
+    )
+    .await;
+}
+
+fn declared(datacenters: &[(&str, &[&str])]) -> VSphereCapabilities {
+    VSphereCapabilities {
+        datacenters: datacenters
+            .iter()
+            .map(|(dc, clusters)| VSphereDatacenter {
+                name: (*dc).to_owned(),
+                clusters: clusters.iter().map(|c| (*c).to_owned()).collect(),
+            })
+            .collect(),
+    }
+}
+
+async fn provider_ready(
+    env: &Env,
+    what: &str,
+    check: impl Fn(&conditions::Condition) -> bool,
+) -> Provider {
+    let api: Api<Provider> = Api::namespaced(env.admin.clone(), &env.ns);
+    eventually(what, 30, || async {
+        let p = api.get(PROVIDER).await?;
+        let ok = p
+            .status
+            .as_ref()
+            .and_then(|s| conditions::find(&s.conditions, types::READY))
+            .is_some_and(&check);
+        Ok(ok.then_some(p))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn failure_domains_are_the_declared_clusters_that_exist() {
+    let Some(mut env) = setup(
+        declared(&[
+            ("DC0", &["DC0_C0", "DC0_C1", "DC0_C9"]),
+            ("DC1", &["DC1_C0"]),
+        ]),
+        None,
+    )
+    .await
+    else {
+        return;
+    };
+    env.start_status();
+    let provider = provider_ready(&env, "Ready=False CapabilitiesIncomplete", |c| {
+        c.reason == "CapabilitiesIncomplete"
+    })
+    .await;
+    let status = provider.status.expect("status");
+    let ready = conditions::find(&status.conditions, types::READY).expect("Ready");
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .contains("cluster \"DC0_C9\" in datacenter \"DC0\""),
+        "{}",
+        ready.message
+    );
+    let names: Vec<_> = status
+        .failure_domains
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(names, ["DC0/DC0_C0", "DC0/DC0_C1", "DC1/DC1_C0"]);
+    // LocalDS_0 is in every datacenter: the storage class is offered everywhere.
+    assert!(
+        status
+            .failure_domains
+            .iter()
+            .all(|d| d.storage_classes.iter().any(|c| c.name == "standard"))
+    );
+
+    // Declaring only what exists makes the Provider Ready.
+    let api: Api<Provider> = Api::namespaced(env.admin.clone(), &env.ns);
+    api.patch(
+        PROVIDER,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "capabilities": { "vsphere": {
+            "datacenters": [{ "name": "DC0", "clusters": ["DC0_C1"] }] } } } })),
+    )
+    .await
+    .expect("narrow the declaration");
+    let provider = provider_ready(&env, "Ready=True Connected", |c| {
+        c.status == "True" && c.reason == "Connected"
+    })
+    .await;
+    let names: Vec<_> = provider
+        .status
+        .expect("status")
+        .failure_domains
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(names, ["DC0/DC0_C1"]);
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_connect_failed_and_a_missing_key_credentials_unavailable() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C0"])]), Some("not-the-password")).await
+    else {
+        return;
+    };
+    env.start_status();
+    let provider = provider_ready(&env, "Ready=False ConnectFailed", |c| {
+        c.status == "False" && c.reason == "ConnectFailed"
+    })
+    .await;
+    let status = provider.status.expect("status");
+    let ready = conditions::find(&status.conditions, types::READY).expect("Ready");
+    assert!(ready.message.contains("InvalidLogin"), "{}", ready.message);
+    assert!(
+        !ready.message.contains("not-the-password"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        status.failure_domains.is_empty(),
+        "never reached: no failure domain"
+    );
+
+    // A Secret without its password key is the Secret's problem, named as such.
+    let secrets: Api<Secret> = Api::namespaced(env.admin.clone(), &env.ns);
+    secrets
+        .patch(
+            "vc-creds",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "password": null } })),
+        )
+        .await
+        .expect("drop the password");
+    let provider = provider_ready(&env, "Ready=False CredentialsUnavailable", |c| {
+        c.reason == "CredentialsUnavailable"
+    })
+    .await;
+    let ready = conditions::find(&provider.status.expect("status").conditions, types::READY)
+        .cloned()
+        .expect("Ready");
+    assert!(
+        ready
+            .message
+            .contains("Secret \"vc-creds\" has no key \"password\""),
+        "{}",
+        ready.message
+    );
+}
+
+#[tokio::test]
+async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C1"])]), None).await else {
+        return;
+    };
+    env.start_machines();
+    let user_data = "#cloud-config\nhostname: web-01\n";
+    let created = env.create_machine("web-01", Some(user_data)).await;
+    let machine = env
+        .machine_until("web-01", "the machine Ready", |m| {
+            m.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    let status = machine.status.clone().expect("status");
+    assert!(
+        machine
+            .finalizers()
+            .iter()
+            .any(|f| f == FINALIZER_VM_PROTECTION)
+    );
+    assert!(status.initialization.provisioned);
+    let vm_ref = ManagedObjectRef::new("VirtualMachine", status.vm_mo_ref.clone().expect("moref"));
+
+    // The VM, as vCenter sees it: in DC0_C1's root pool, powered on, sized, with its guestinfo.
+    let vc = env.vsphere().await;
+    let path = format!("DC0/vm/{}", env.vm_name("web-01"));
+    assert_eq!(
+        vc.find_by_inventory_path(&path).await.expect("find"),
+        Some(vm_ref.clone())
+    );
+    let info = vc.vm_info(&vm_ref).await.expect("vm info");
+    assert_eq!(info.power_state, PowerState::PoweredOn);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    assert_eq!(
+        info.extra_config.get("guestinfo.userdata"),
+        Some(&b64.encode(user_data))
+    );
+    assert_eq!(
+        info.extra_config
+            .get("guestinfo.userdata.encoding")
+            .map(String::as_str),
+        Some("base64")
+    );
+    let metadata = b64
+        .decode(
+            info.extra_config
+                .get("guestinfo.metadata")
+                .expect("metadata"),
+        )
+        .expect("base64");
+    let uid = created.uid().expect("uid");
+    assert_eq!(
+        String::from_utf8(metadata).expect("text"),
+        format!(
+            "instance-id: {uid}\nlocal-hostname: {}\n",
+            env.vm_name("web-01")
+        )
+    );
+    assert_eq!(info.extra_config.get(EXTRA_CONFIG_MACHINE_UID), Some(&uid));
+    let placed = vc
+        .retrieve_one(
+            &vm_ref,
+            &[
+                "resourcePool",
+                "config.hardware.numCPU",
+                "config.hardware.memoryMB",
+                "config.instanceUuid",
+            ],
+        )
+        .await
+        .expect("placement");
+    let dc = vc
+        .datacenters()
+        .await
+        .expect("datacenters")
+        .into_iter()
+        .find(|d| d.name == "DC0")
+        .expect("DC0");
+    let cluster = vc
+        .clusters(&dc.moref)
+        .await
+        .expect("clusters")
+        .into_iter()
+        .find(|c| c.name == "DC0_C1")
+        .expect("DC0_C1");
+    assert_eq!(
+        placed.get("resourcePool").and_then(PropertyValue::as_moref),
+        Some(&cluster.resource_pool)
+    );
+    assert_eq!(
+        placed.get("config.hardware.numCPU"),
+        Some(&PropertyValue::Int(2))
+    );
+    assert_eq!(
+        placed.get("config.hardware.memoryMB"),
+        Some(&PropertyValue::Int(1024))
+    );
+    let uuid = placed
+        .get("config.instanceUuid")
+        .and_then(PropertyValue::text)
+        .expect("instance UUID");
+    assert_eq!(status.provider_id, Some(format!("vsphere://{uuid}")));
+    assert_eq!(status.instance_uuid.as_deref(), Some(uuid));
+    // No phase yet: the guest has said nothing.
+    let guest = condition(&machine, types::GUEST_READY).expect("GuestReady");
+    assert_eq!(
+        (guest.status.as_str(), guest.reason.as_str()),
+        ("Unknown", "GuestPhaseAbsent")
+    );
+
+    // VMware Tools reports an address (vcsim's stand-in for a guest).
+    set_extra_config(&vc, &vm_ref, "SET.guest.ipAddress", "192.0.2.44").await;
+    env.machine_until("web-01", "the guest's address", |m| {
+        m.status.as_ref().is_some_and(|s| {
+            s.addresses
+                .iter()
+                .any(|a| a.address == "192.0.2.44" && a.type_ == "InternalIP")
+        })
+    })
+    .await;
+
+    // The guest-phase layer writes its phase through guestinfo.
+    set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "configuring").await;
+    let m = env
+        .machine_until("web-01", "GuestReady=False GuestPhasePending", |m| {
+            condition(m, types::GUEST_READY).is_some_and(|c| c.reason == "GuestPhasePending")
+        })
+        .await;
+    assert_eq!(
+        condition(&m, types::GUEST_READY)
+            .expect("GuestReady")
+            .status,
+        "False"
+    );
+    assert_eq!(
+        m.status.as_ref().and_then(|s| s.guest_phase.as_deref()),
+        Some("configuring")
+    );
+    set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "ready").await;
+    let m = env
+        .machine_until("web-01", "GuestReady=True", |m| {
+            condition(m, types::GUEST_READY).is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(
+        condition(&m, types::GUEST_READY)
+            .expect("GuestReady")
+            .reason,
+        "GuestPhaseReady"
+    );
+    // vcsim has no virtual TPM: nothing to publish.
+    assert!(
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.tpm_endorsement_certificates.is_empty())
+    );
+
+    // Deletion blocks until the VM is gone from vCenter, then the machine goes.
+    env.machines()
+        .delete("web-01", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let api = env.machines();
+    eventually("the machine gone", 40, || async {
+        Ok(api.get_opt("web-01").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("deleted");
+    assert_eq!(vc.find_by_inventory_path(&path).await.expect("find"), None);
+    assert_eq!(
+        vc.vm_by_name(&env.vm_name("web-01"))
+            .await
+            .expect("by name"),
+        None
+    );
+    let gone = vc.vm_info(&vm_ref).await.expect_err("destroyed");
+    assert_eq!(
+        gone.fault().map(|f| f.kind.as_str()),
+        Some("ManagedObjectNotFound")
+    );
+}
+
+/// Clones the model VM as `name` into DC0_C1, as an earlier reconcile would have.
+async fn preclone(
+    vc: &Client,
+    name: &str,
+    extra_config: Vec<(String, String)>,
+) -> ManagedObjectRef {
+    let dc = vc
+        .datacenters()
+        .await
+        .expect("datacenters")
+        .into_iter()
+        .find(|d| d.name == "DC0")
+        .expect("DC0");
+    let cluster = vc
+        .clusters(&dc.moref)
+        .await
+        .expect("clusters")
+        .into_iter()
+        .find(|c| c.name == "DC0_C1")
+        .expect("DC0_C1");
+    let template = vc
+        .find_by_inventory_path("DC0/vm/DC0_C0_RP0_VM0")
+        .await
+        .expect("find")
+        .expect("template");
+    let spec = CloneSpec {
+        name: name.to_owned(),
+        folder: dc.vm_folder,
+        pool: cluster.resource_pool,
+        host: None,
+        datastore: None,
+        power_on: false,
+        extra_config,
+    };
+    wait(vc, vc.clone_vm(&template, &spec).await.expect("clone"))
+        .await
+        .expect("the clone's VM")
+}
+
+#[tokio::test]
+async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C1"])]), None).await else {
+        return;
+    };
+    // The provider crashed after its clone and before writing the status: the VM exists with
+    // the machine's uid, the machine has no status.
+    let machine = env.create_machine("adopted", None).await;
+    let uid = machine.uid().context("uid").expect("uid");
+    let vc = env.vsphere().await;
+    let earlier = preclone(
+        &vc,
+        &env.vm_name("adopted"),
+        vec![(EXTRA_CONFIG_MACHINE_UID.to_owned(), uid)],
+    )
+    .await;
+    // Someone else's VM under another machine's name.
+    env.create_machine("squatted", None).await;
+    let foreign = preclone(&vc, &env.vm_name("squatted"), Vec::new()).await;
+
+    env.start_machines();
+    let m = env
+        .machine_until("adopted", "the adopted machine Ready", |m| {
+            m.status.as_ref().is_some_and(|s| s.ready)
+        })
+        .await;
+    assert_eq!(
+        m.status.as_ref().and_then(|s| s.vm_mo_ref.as_deref()),
+        Some(earlier.value.as_str()),
+        "the VM cloned before the crash is the machine's, not a second clone"
+    );
+    // Exactly one VM of the name (vm_by_name refuses an ambiguous name).
+    assert_eq!(
+        vc.vm_by_name(&env.vm_name("adopted"))
+            .await
+            .expect("one VM"),
+        Some(earlier)
+    );
+
+    let m = env
+        .machine_until("squatted", "VMNameTaken", |m| {
+            condition(m, types::READY).is_some_and(|c| c.reason == "VMNameTaken")
+        })
+        .await;
+    assert!(
+        m.status
+            .as_ref()
+            .is_some_and(|s| !s.ready && s.vm_mo_ref.is_none())
+    );
+    // Deleting the machine leaves the foreign VM as it was.
+    env.machines()
+        .delete("squatted", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let api = env.machines();
+    eventually("the squatting machine gone", 40, || async {
+        Ok(api.get_opt("squatted").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("deleted");
+    let info = vc
+        .vm_info(&foreign)
+        .await
+        .expect("the foreign VM is still there");
+    assert_eq!(info.power_state, PowerState::PoweredOff);
+}
+
+/// A VMImage with a Template source for `class`, created by the administrator.
+async fn create_template_image(env: &Env, name: &str, class: &str, template: &str) {
+    let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
+    let image: banlieue_api::VMImage = serde_json::from_value(json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+        "metadata": {"name": name},
+        "spec": {"installMode": "Immediate",
+                 "sources": [{"providerClass": class, "kind": "Template", "template": template}]}
+    }))
+    .expect("a valid VMImage");
+    images
+        .create(&Default::default(), &image)
+        .await
+        .expect("create the VMImage");
+}
+
+#[tokio::test]
+async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_missing_one() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C0", "DC0_C1"])]), None).await else {
+        return;
+    };
+    env.start_status();
+    provider_ready(&env, "Ready=True", |c| c.status == "True").await;
+    env.start_images();
+    create_template_image(&env, "present", "vsphere", "DC0/vm/DC0_C0_RP0_VM0").await;
+    create_template_image(&env, "missing", "vsphere", "DC0/vm/no-such-template").await;
+    create_template_image(&env, "other-class", "libvirt", "DC0/vm/DC0_C0_RP0_VM0").await;
+    let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
+    let zones_of = |image: &banlieue_api::VMImage| {
+        image
+            .status
+            .as_ref()
+            .and_then(|s| s.per_provider.iter().find(|p| p.provider == PROVIDER))
+            .map(|p| p.zones.clone())
+    };
+    let present = eventually("the present template's zone", 30, || async {
+        let image = images.get("present").await?;
+        Ok(zones_of(&image).is_some().then_some(image))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let zones = zones_of(&present).expect("zones");
+    assert_eq!(zones.len(), 1, "one datastore: {zones:?}");
+    assert_eq!(zones[0].pool, "LocalDS_0");
+    assert_eq!(zones[0].phase, banlieue_api::ZonePhase::Ready);
+    assert_eq!(zones[0].volume.as_deref(), Some("DC0/vm/DC0_C0_RP0_VM0"));
+    let status = present.status.expect("status");
+    assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Ready));
+    assert_eq!(
+        status.revision,
+        Some(banlieue_api::image::revision(
+            &images.get("present").await.expect("get")
+        ))
+    );
+
+    let missing = eventually("the missing template's zone", 30, || async {
+        let image = images.get("missing").await?;
+        Ok(zones_of(&image).map(|zones| zones[0].clone()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(missing.phase, banlieue_api::ZonePhase::Failed);
+    assert!(
+        missing
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("DC0/vm/no-such-template"),
+        "{missing:?}"
+    );
+    // Another class's source is not this provider's: it writes nothing there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let other = images.get("other-class").await.expect("get");
+    assert!(zones_of(&other).is_none(), "{:?}", other.status);
+}
