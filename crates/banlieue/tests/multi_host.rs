@@ -48,8 +48,6 @@ const LOST_AFTER: Duration = Duration::from_secs(5);
 const DETECT_DEADLINE: Duration = Duration::from_secs(90);
 const POOL: &str = "spread";
 const CLAIM: &str = "held";
-/// The host declared full in the second part.
-const FULL: usize = 0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_across_three_hosts_and_a_host_that_goes_away() -> Result<(), BoxError> {
@@ -129,8 +127,48 @@ async fn scenario(
     );
     check_domains(hosts, &members).await?;
 
+    // The claim is taken now, so that the host declared full next is another one than the
+    // claim's (X), and X's unclaimed members, when it goes, can only be replaced on the third.
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let mut claim = objects::claim();
+    claim.metadata.name = Some(CLAIM.into());
+    claim.spec.pool_ref.name = POOL.into();
+    Api::<VirtualMachineClaim>::namespaced(alice, SYSTEM_NAMESPACE)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let claimed = wait_until("the claim to bind", DEADLINE, || async {
+        let c = claims.get(CLAIM).await?;
+        let st = c.status.unwrap_or_default();
+        Ok((st.phase == Some(ClaimPhase::Bound))
+            .then_some(st.virtual_machine_ref.map(|r| r.name))
+            .flatten())
+    })
+    .await?;
+    wait_until("the pool to refill after the claim", DEADLINE, || async {
+        Ok(settled(&pools, &vms, 6).await?.then_some(()))
+    })
+    .await?;
+    let members = live_members(&vms).await?;
+    let claimed_vm = members
+        .iter()
+        .find(|vm| vm.name_any() == claimed)
+        .ok_or("the claimed member is gone")?;
+    let lost_provider = provider_of(claimed_vm).ok_or("the claimed member has no Provider")?;
+    let x = names
+        .iter()
+        .position(|n| *n == lost_provider)
+        .ok_or("the claimed member is on an unknown Provider")?;
+    // The refill went to the host with the fewest members of the pool: X, which the claim
+    // took one from.
+    let mut expected = vec![2, 2, 2];
+    expected[x] = 3;
+    assert_eq!(per_host(&members, &names), expected, "after the refill");
+    let full = (x + 1) % hosts.len();
+    let other = (x + 2) % hosts.len();
+
     // 2. A host declared full takes no new member.
-    let capacity = memory_capacity(&providers, &hosts[FULL].provider).await?;
+    let capacity = memory_capacity(&providers, &names[full]).await?;
     let class_bytes = bytes_of(&objects::class().spec.memory)?;
     assert!(
         capacity / 100 < 3 * class_bytes,
@@ -139,7 +177,7 @@ async fn scenario(
     );
     let generation = providers
         .patch(
-            &hosts[FULL].provider,
+            &names[full],
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"capabilities": {"memoryOvercommitPercent": 1}}})),
         )
@@ -152,7 +190,7 @@ async fn scenario(
         "the full host's Provider to be re-probed",
         DEADLINE,
         || async {
-            let p = providers.get(&hosts[FULL].provider).await?;
+            let p = providers.get(&names[full]).await?;
             let seen = p
                 .status
                 .as_ref()
@@ -176,48 +214,18 @@ async fn scenario(
     .await?;
     eprintln!("scaled to 8 in {:.1?}", scaled.elapsed());
     let members = live_members(&vms).await?;
-    let mut expected = vec![3, 3, 3];
-    expected[FULL] = 2;
+    expected[x] = 4;
+    expected[other] = 3;
     assert_eq!(
         per_host(&members, &names),
         expected,
-        "the full host took a member"
+        "members per host with {} full",
+        names[full]
     );
     check_domains(hosts, &members).await?;
     too_big_fits_nowhere(admin, &providers, &vms, &names).await?;
 
-    // 3. A claim bound on host X, and X's libvirtd stops.
-    let alice = control_plane.client_as(objects::CLAIMANT).await?;
-    let mut claim = objects::claim();
-    claim.metadata.name = Some(CLAIM.into());
-    claim.spec.pool_ref.name = POOL.into();
-    Api::<VirtualMachineClaim>::namespaced(alice, SYSTEM_NAMESPACE)
-        .create(&PostParams::default(), &claim)
-        .await?;
-    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let claimed = wait_until("the claim to bind", DEADLINE, || async {
-        let c = claims.get(CLAIM).await?;
-        let st = c.status.unwrap_or_default();
-        Ok((st.phase == Some(ClaimPhase::Bound))
-            .then_some(st.virtual_machine_ref.map(|r| r.name))
-            .flatten())
-    })
-    .await?;
-    // The pool refills what the claim took before the host goes.
-    wait_until("the pool to refill after the claim", DEADLINE, || async {
-        Ok(settled(&pools, &vms, 8).await?.then_some(()))
-    })
-    .await?;
-    let members = live_members(&vms).await?;
-    let claimed_vm = members
-        .iter()
-        .find(|vm| vm.name_any() == claimed)
-        .ok_or("the claimed member is gone")?;
-    let lost_provider = provider_of(claimed_vm).ok_or("the claimed member has no Provider")?;
-    let x = names
-        .iter()
-        .position(|n| *n == lost_provider)
-        .ok_or("the claimed member is on an unknown Provider")?;
+    // 3. X's libvirtd stops.
     let doomed: Vec<String> = members
         .iter()
         .filter(|vm| {
@@ -225,15 +233,11 @@ async fn scenario(
         })
         .map(|vm| vm.name_any())
         .collect();
-    assert!(
-        !doomed.is_empty(),
-        "host {lost_provider} has no unclaimed member to replace: {:?}",
-        per_host(&members, &names)
-    );
-    check_domains(hosts, &members).await?;
+    assert_eq!(doomed.len(), 3, "unclaimed members on {lost_provider}");
     eprintln!(
         "claim {CLAIM} bound to {claimed} on {lost_provider}, which also runs {doomed:?}; \
-         stopping its libvirtd"
+         stopping its libvirtd ({} is full)",
+        names[full]
     );
 
     tokio::task::block_in_place(|| hosts[x].libvirtd.stop());
@@ -283,11 +287,13 @@ async fn scenario(
         );
     }
     let members = live_members(&vms).await?;
-    let spread = per_host(&members, &names);
+    // The full host took none of the replacements; the lost one keeps only the claimed member.
+    expected[x] = 1;
+    expected[other] = 6;
     assert_eq!(
-        spread.iter().sum::<usize>(),
-        9,
-        "eight unclaimed members and the claimed one: {spread:?}"
+        per_host(&members, &names),
+        expected,
+        "members per host once replaced"
     );
     assert_eq!(
         members
