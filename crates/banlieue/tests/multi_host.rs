@@ -27,8 +27,8 @@ use banlieue::dev::{self, objects};
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
-    ClaimPhase, LocalObjectReference, Provider, VMClass, VirtualMachine, VirtualMachineClaim,
-    VirtualMachinePool,
+    ClaimPhase, LocalObjectReference, Provider, VMClass, VMImage, VirtualMachine,
+    VirtualMachineClaim, VirtualMachinePool, ZonePhase,
 };
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::Libvirtd;
@@ -103,6 +103,22 @@ async fn scenario(
     hosts::wait_ready(admin, hosts, DEADLINE).await?;
     dev::apply(admin, &objects::image()).await?;
     dev::apply(admin, &objects::class()).await?;
+    // A member is only placed where its image is Ready: every host, before the pool exists.
+    let images: Api<VMImage> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    wait_until("the image to be Ready on every host", DEADLINE, || async {
+        let image = images.get(objects::IMAGE).await?;
+        let per_provider = image.status.map(|s| s.per_provider).unwrap_or_default();
+        let everywhere = hosts.iter().all(|h| {
+            per_provider.iter().any(|p| {
+                p.provider == h.provider
+                    && p.zones
+                        .iter()
+                        .any(|z| z.pool == objects::STORAGE_POOL && z.phase == ZonePhase::Ready)
+            })
+        });
+        Ok(everywhere.then_some(()))
+    })
+    .await?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let providers: Api<Provider> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
