@@ -34,6 +34,17 @@ const RELEASE_POLL: Duration = Duration::from_secs(2);
 /// Picks per reconcile before giving the other claims a turn.
 const MAX_BIND_ATTEMPTS: usize = 8;
 
+/// Writes the claim's status and remembers the write until the cache shows it.
+async fn write_status(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    next: &VirtualMachineClaimStatus,
+) -> Result<()> {
+    let written = ctx.patch_status(&this.api, &this.name, next).await?;
+    ctx.claim_writes.wrote(this.claim, written);
+    Ok(())
+}
+
 /// One claim, as the reconciler handles it.
 struct ClaimRef<'a> {
     claim: &'a VirtualMachineClaim,
@@ -48,6 +59,9 @@ pub(crate) async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action> {
     ctx.readiness.wait().await?;
+    // A claim whose Bound status this process wrote but the cache does not show yet (the
+    // member's bind reached the cache first and woke it) must not be bound, or written, again.
+    let claim = ctx.claim_writes.freshest(claim);
     let namespace = namespace_of(claim.as_ref(), "VirtualMachineClaim")?;
     let api: Api<VirtualMachineClaim> = ctx.api(&namespace);
     let claim = if claim.metadata.deletion_timestamp.is_none()
@@ -331,7 +345,7 @@ async fn complete_bind(
         ),
         Time(Timestamp::now()),
     );
-    ctx.patch_status(&this.api, &this.name, &next).await?;
+    write_status(this, ctx, &next).await?;
     if let Some(created) = &this.claim.metadata.creation_timestamp {
         let latency = bound_at.duration_since(created.0);
         let labels = BindLabels {
@@ -384,7 +398,7 @@ async fn bound(
             let mut next = status.clone();
             mirror_member(&mut next, &member);
             if next != *status {
-                ctx.patch_status(&this.api, &this.name, &next).await?;
+                write_status(this, ctx, &next).await?;
             }
             let wait = expires_at.map_or(ctx.config.resync, until);
             Ok(Action::requeue(wait.min(ctx.config.resync)))
@@ -407,7 +421,7 @@ async fn bound(
                 ),
                 Time(Timestamp::now()),
             );
-            ctx.patch_status(&this.api, &this.name, &next).await?;
+            write_status(this, ctx, &next).await?;
             ctx.forget_assignment(&this.uid);
             ctx.event(
                 this.claim,
@@ -453,7 +467,7 @@ async fn write_pending(
         Time(Timestamp::now()),
     );
     if next != *status {
-        ctx.patch_status(&this.api, &this.name, &next).await?;
+        write_status(this, ctx, &next).await?;
         if reason_changed {
             ctx.event(this.claim, EventType::Normal, reason, message)
                 .await;
@@ -485,7 +499,7 @@ async fn enter_releasing(
         ),
         Time(Timestamp::now()),
     );
-    ctx.patch_status(&this.api, &this.name, &next).await?;
+    write_status(this, ctx, &next).await?;
     crash_at(CrashPoint::AfterReleasingStatus);
     ctx.event(this.claim, EventType::Normal, reasons::RELEASING, message)
         .await;
@@ -514,6 +528,7 @@ async fn release_member(this: &ClaimRef<'_>, ctx: &Context, deleting: bool) -> R
     let members = claim_members(this, &vms).await?;
     if members.is_empty() {
         ctx.forget_assignment(&this.uid);
+        ctx.claim_writes.forget(&this.uid);
         if deleting {
             ctx.remove_finalizer(&this.api, this.claim, names::FINALIZER_CLAIM_PROTECTION)
                 .await?;

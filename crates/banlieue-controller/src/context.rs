@@ -145,6 +145,8 @@ pub(crate) struct Context {
     pub status_writes: LastWrites,
     /// VirtualMachines whose status this process wrote, until the cache shows the write.
     pub vm_writes: OwnWrites<VirtualMachine>,
+    /// Claims whose status this process wrote, until the cache shows the write.
+    pub claim_writes: OwnWrites<VirtualMachineClaim>,
     /// Consecutive startup failures per pool, for the create backoff and `Degraded`.
     pub startup_failures: StartupFailures,
 }
@@ -185,6 +187,7 @@ impl Context {
             event_windows: Arc::default(),
             status_writes: LastWrites::default(),
             vm_writes: OwnWrites::default(),
+            claim_writes: OwnWrites::default(),
             startup_failures: StartupFailures::default(),
         }
     }

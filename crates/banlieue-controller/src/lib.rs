@@ -91,8 +91,8 @@ pub async fn run(
             &readiness,
             "VirtualMachineClaim",
         );
-    let (providers, [providers_for_vms], provider_reflector) =
-        cache::<Provider, 1>(scoped(&client, &namespace), &readiness, "Provider");
+    let (providers, [providers_for_vms, providers_for_pools], provider_reflector) =
+        cache::<Provider, 2>(scoped(&client, &namespace), &readiness, "Provider");
     let (images, [images_for_vms, images_for_pools], image_reflector) =
         cache::<VMImage, 2>(scoped(&client, &namespace), &readiness, "VMImage");
     let (classes, [], class_reflector) =
@@ -168,8 +168,21 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()));
 
     let pools_for_images = stores.pools.clone();
+    let pools_for_providers = stores.pools.clone();
     let pool_run = Controller::for_stream(pool_triggers, stores.pools.clone())
         .owns_stream(vms_for_pools)
+        // A Provider turning not Ready starts its members' lost-host grace (ADR-0068): the
+        // pool looks again then, and again when the grace ends, whether or not a member
+        // changes meanwhile.
+        .watches_stream(providers_for_pools, move |provider| {
+            let namespace = provider.namespace();
+            pools_for_providers
+                .state()
+                .iter()
+                .filter(|p| p.namespace() == namespace)
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .watches_stream(claims_for_pools, |claim| {
             claim
                 .namespace()

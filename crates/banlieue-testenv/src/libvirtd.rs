@@ -497,6 +497,31 @@ impl Libvirtd {
         self.launch().await
     }
 
+    /// Stops the daemon (SIGTERM, then SIGKILL after a deadline) and leaves it stopped, as a
+    /// host whose libvirtd went away: its guests keep running, clients get connection refused
+    /// on its port, and its state, PKI and port stay the instance's for [`Libvirtd::start_again`].
+    /// Does nothing when the daemon is already stopped.
+    pub fn stop(&mut self) {
+        self.stop_daemon();
+    }
+
+    /// Whether the daemon process runs (it may be stopped by [`Libvirtd::stop`]).
+    pub fn is_running(&self) -> bool {
+        self.daemon.is_some()
+    }
+
+    /// Starts the daemon again after [`Libvirtd::stop`], on the same ports with the same PKI
+    /// and state, and waits until it accepts clients; it reconnects to the guests still
+    /// running. Fails when the daemon is running.
+    pub async fn start_again(&mut self) -> Result<()> {
+        ensure!(
+            self.daemon.is_none(),
+            "libvirtd {} is running: stop it first",
+            self.pid()
+        );
+        self.launch().await
+    }
+
     /// The last lines of the daemon's stderr and log file, for error messages.
     pub fn diagnostics(&self) -> String {
         format!(

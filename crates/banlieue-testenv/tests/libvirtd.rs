@@ -182,6 +182,42 @@ async fn suspend_resume_and_restart() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn stop_then_start_again_on_the_same_port_and_state() -> Result<()> {
+    let Some(mut daemon) = start(LibvirtdOptions::default()).await? else {
+        return Ok(());
+    };
+    let (port, pid) = (daemon.tls_port(), daemon.pid());
+    let xml = daemon.dir().join("net.xml");
+    std::fs::write(
+        &xml,
+        "<network><name>kept</name><bridge name='bnkept' stp='off'/></network>",
+    )?;
+    daemon
+        .virsh(["net-define", xml.to_str().context("utf-8 path")?])
+        .await?;
+    daemon.stop();
+    ensure!(!daemon.is_running());
+    ensure!(pid_gone(pid), "stopped daemon {pid} still running");
+    ensure!(
+        daemon.virsh(["uri"]).await.is_err(),
+        "a stopped daemon answered"
+    );
+    daemon.stop();
+    daemon.start_again().await?;
+    ensure!(daemon.is_running() && daemon.tls_port() == port && daemon.pid() != pid);
+    ensure!(
+        daemon.start_again().await.is_err(),
+        "started a running daemon twice"
+    );
+    let networks = daemon.virsh(["net-list", "--all", "--name"]).await?;
+    ensure!(
+        networks.lines().any(|l| l.trim() == "kept"),
+        "the state did not survive: {networks}"
+    );
+    Ok(())
+}
+
 const EFI_TPM_DOMAIN: &str = "<domain type='qemu'>
   <name>NAME</name>
   <memory unit='MiB'>192</memory>

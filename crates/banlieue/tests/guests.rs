@@ -289,7 +289,11 @@ async fn scenario(
     let silent = silent.first().ok_or("the layerless pool has no member")?;
     let silent_machine = machines.get(&silent.name_any()).await?;
     let guest = conditions::find(
-        &silent_machine.status.unwrap_or_default().contract.conditions,
+        &silent_machine
+            .status
+            .unwrap_or_default()
+            .contract
+            .conditions,
         types::GUEST_READY,
     )
     .cloned()
