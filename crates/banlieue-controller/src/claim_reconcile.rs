@@ -211,6 +211,13 @@ async fn pending(
             }
             Err(error) => {
                 drop(held);
+                // Neither a conflict nor a refusal: the patch may have been applied with the
+                // answer lost (an API server restarting, a connection reset). Remembered as
+                // this claim's member, so the next reconcile reads that member from the API
+                // server first ([`committed_member`]) and completes the bind if it took,
+                // instead of binding a second member to the claim.
+                ctx.assign(&this.uid, &member_name);
+                ctx.metrics.bind_outcomes_unknown.inc();
                 return Err(error.into());
             }
         }
@@ -362,6 +369,42 @@ async fn complete_bind(
 }
 
 /// A Bound claim: fail if its member went away, release it at expiry, else mirror it.
+/// Deletes members bound to this claim other than `member`, the one its status names. The
+/// claim's user was never handed them; one can only come from a bind whose answer was lost
+/// and whose member was not found again before another was bound. Read from the cache: a
+/// member the cache does not show yet is found on a later pass.
+async fn delete_extra_members(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    vms: &Api<VirtualMachine>,
+    member: &str,
+) -> Result<()> {
+    let extra: Vec<String> = ctx
+        .stores
+        .vms
+        .state()
+        .iter()
+        .filter(|vm| {
+            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
+                && vm.metadata.deletion_timestamp.is_none()
+                && vm.name_any() != member
+                && is_bound_to(vm, &this.name, &this.uid)
+        })
+        .map(|vm| vm.name_any())
+        .collect();
+    for name in extra {
+        tracing::warn!(claim = %this.name, member = %name, "a second member bound to the claim; deleting it");
+        match vms.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {
+                ctx.metrics.extra_members_deleted.inc();
+            }
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
+}
+
 async fn bound(
     this: &ClaimRef<'_>,
     ctx: &Context,
@@ -395,6 +438,7 @@ async fn bound(
     }
     match member {
         Some(member) if member.metadata.deletion_timestamp.is_none() => {
+            delete_extra_members(this, ctx, &vms, &member_name).await?;
             let mut next = status.clone();
             mirror_member(&mut next, &member);
             if next != *status {

@@ -65,6 +65,11 @@ pub struct Metrics {
     pub pool_members: Family<PhaseLabels, Gauge>,
     /// Bind patches the API server rejected with 409 Conflict.
     pub bind_conflicts: Counter,
+    /// Bind patches whose answer was lost (neither applied nor refused, as far as the
+    /// controller could tell); the next reconcile reads the member back first.
+    pub bind_outcomes_unknown: Counter,
+    /// Second members found bound to a claim and deleted.
+    pub extra_members_deleted: Counter,
     /// Unclaimed members a claim could take now, per pool.
     pub pool_warm: Family<PoolLabels, Gauge>,
     /// Members bound to claims, per pool.
@@ -101,6 +106,16 @@ impl Metrics {
             metrics.bind_conflicts.clone(),
         );
         registry.register(
+            "bind_outcomes_unknown",
+            "Bind patches whose answer was lost",
+            metrics.bind_outcomes_unknown.clone(),
+        );
+        registry.register(
+            "extra_members_deleted",
+            "Second members found bound to a claim and deleted",
+            metrics.extra_members_deleted.clone(),
+        );
+        registry.register(
             "pool_warm_members",
             "Unclaimed members available to claims",
             metrics.pool_warm.clone(),
@@ -130,6 +145,8 @@ impl Metrics {
             pool_claims: Family::default(),
             pool_members: Family::default(),
             bind_conflicts: Counter::default(),
+            bind_outcomes_unknown: Counter::default(),
+            extra_members_deleted: Counter::default(),
             pool_warm: Family::default(),
             pool_claimed: Family::default(),
             pool_filling: Family::default(),

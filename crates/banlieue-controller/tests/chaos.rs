@@ -134,9 +134,10 @@ async fn burst_through_a_crash(component: Component) -> TestResult {
     };
     eprintln!(
         "{component:?}: all {CLAIMS} claims Bound {:.1} s after the burst began; bind \
-         conflicts {}",
+         conflicts {}, bind answers lost {}",
         started.elapsed().as_secs_f64(),
-        controller.metrics.bind_conflicts.get()
+        controller.metrics.bind_conflicts.get(),
+        controller.metrics.bind_outcomes_unknown.get()
     );
 
     // No member bound twice, and nothing left without its owner. Bound claims come first;
@@ -156,8 +157,10 @@ async fn burst_through_a_crash(component: Component) -> TestResult {
         last.join("\n")
     );
     eprintln!(
-        "{component:?}: members and machines consistent {:.1} s after every claim was Bound",
-        settled.elapsed().as_secs_f64()
+        "{component:?}: members and machines consistent {:.1} s after every claim was Bound; \
+         second members deleted {}",
+        settled.elapsed().as_secs_f64(),
+        controller.metrics.extra_members_deleted.get()
     );
     assert!(
         controller.is_running(),

@@ -99,3 +99,55 @@ async fn forty_claims_race_for_twenty_members() -> TestResult {
     controller.stop().await?;
     Ok(())
 }
+
+/// A bind whose answer was lost can leave a second member bound to a claim that bound another
+/// one: that member, never handed to the claim's user, is deleted and the pool refills.
+#[tokio::test]
+async fn a_second_member_bound_to_a_claim_is_deleted() -> TestResult {
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let controller = h.start_controller().await?;
+    let kept = h.bound_claim("p", 2, "c").await?;
+    h.wait_available("p", 2).await?;
+    let claims = h.api::<VirtualMachineClaim>();
+    let claim = claims.get("c").await?;
+    let vms = h.api::<banlieue_api::VirtualMachine>();
+    let unclaimed = h
+        .members("p")
+        .await?
+        .into_iter()
+        .find(|vm| kube::ResourceExt::name_any(vm) != kept)
+        .ok_or("no unclaimed member")?;
+    let extra = kube::ResourceExt::name_any(&unclaimed);
+    // As the lost bind left it (admin: the test plays the controller's earlier write).
+    banlieue_controller::bind_member(
+        &vms,
+        &claim,
+        &extra,
+        unclaimed.metadata.resource_version.as_deref(),
+    )
+    .await?;
+    wait_for("the second member to be deleted", DEADLINE, || {
+        let vms = vms.clone();
+        let extra = extra.clone();
+        async move {
+            Ok(vms
+                .get_opt(&extra)
+                .await?
+                .is_none_or(|vm| vm.metadata.deletion_timestamp.is_some())
+                .then_some(()))
+        }
+    })
+    .await?;
+    let claim = claims.get("c").await?;
+    assert_eq!(
+        member_name(&claim),
+        Some(kept.clone()),
+        "the claim keeps its member"
+    );
+    assert!(vms.get_opt(&kept).await?.is_some());
+    assert_eq!(controller.metrics.extra_members_deleted.get(), 1);
+    h.wait_available("p", 2).await?;
+    controller.stop().await?;
+    Ok(())
+}
