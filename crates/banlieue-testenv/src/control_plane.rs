@@ -99,6 +99,10 @@ pub enum Error {
     NodeFilesMissing { missing: Vec<String> },
     #[error("a node runs only beside a local control plane, not with {EXTERNAL_KUBECONFIG_ENV}")]
     NodeNeedsLocalControlPlane,
+    #[error(
+        "only a local control plane's processes can be restarted, not {EXTERNAL_KUBECONFIG_ENV}'s"
+    )]
+    NotLocal,
     #[error("{what} failed ({status}):\n{output}")]
     Command {
         what: String,
@@ -144,6 +148,23 @@ impl ControlPlaneOptions {
     }
 }
 
+/// A process of the local control plane a test can crash and restart
+/// ([`ControlPlane::crash_and_restart`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    Etcd,
+    KubeApiserver,
+}
+
+impl Component {
+    fn process_name(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::KubeApiserver => "kube-apiserver",
+        }
+    }
+}
+
 /// A Kubernetes control plane for tests: local processes, or an existing cluster.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -165,7 +186,9 @@ enum Identities {
 #[derive(Debug)]
 pub(crate) struct Local {
     // Declared first so it drops first: the processes stop before anything else goes.
-    processes: Processes,
+    // Behind a lock so a test holding a shared `&ControlPlane` can crash and restart one.
+    processes: std::sync::Mutex<Processes>,
+    dir: PathBuf,
     ports: Vec<u16>,
     apiserver_ready_after: Duration,
     pub(crate) pki: Pki,
@@ -326,7 +349,8 @@ impl ControlPlane {
             admin,
             identities: Identities::Certificates(kubeconfigs),
             local: Some(Local {
-                processes,
+                processes: std::sync::Mutex::new(processes),
+                dir: dir.clone(),
                 ports: vec![etcd_client, etcd_peer, apiserver],
                 apiserver_ready_after,
                 pki,
@@ -512,6 +536,44 @@ impl ControlPlane {
         }
     }
 
+    /// Crashes one process of the local control plane (SIGKILL), leaves it down for
+    /// `down_for`, starts it again with the same flags and state, and returns once the API
+    /// server's `/readyz` answers `ok` again: how long that took after the restart. etcd keeps
+    /// its data directory and the API server its port, so clients and watches only see an
+    /// outage, as when a real control-plane node restarts.
+    pub async fn crash_and_restart(
+        &self,
+        component: Component,
+        down_for: Duration,
+    ) -> Result<Duration> {
+        let local = self.local.as_ref().ok_or(Error::NotLocal)?;
+        let name = component.process_name();
+        let lock = || local.processes.lock().unwrap_or_else(|e| e.into_inner());
+        lock().kill(name)?;
+        tokio::time::sleep(down_for).await;
+        lock().restart(name)?;
+        let restarted = Instant::now();
+        let client = Client::try_from(self.admin.clone())?;
+        loop {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::io("build a request", std::io::Error::other(e)))?;
+            match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(restarted.elapsed()),
+                _ if restarted.elapsed() < STARTUP_DEADLINE => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => {
+                    return Err(Error::Timeout {
+                        what: format!("kube-apiserver /readyz after restarting {name}"),
+                        after: STARTUP_DEADLINE,
+                        detail: lock().log_tails(),
+                    });
+                }
+            }
+        }
+    }
+
     /// Whether this is a local control plane (as opposed to `BANLIEUE_TEST_KUBECONFIG`).
     pub fn is_local(&self) -> bool {
         self.local.is_some()
@@ -521,7 +583,13 @@ impl ControlPlane {
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         self.local
             .as_ref()
-            .map(|local| local.processes.pids())
+            .map(|local| {
+                local
+                    .processes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pids()
+            })
             .unwrap_or_default()
     }
 
@@ -540,7 +608,7 @@ impl ControlPlane {
 
     /// The local state directory (etcd data, PKI, kubeconfigs, logs).
     pub fn state_dir(&self) -> Option<&Path> {
-        self.local.as_ref().map(|local| local.processes.dir())
+        self.local.as_ref().map(|local| local.dir.as_path())
     }
 
     /// How long the local apiserver took from spawn to a successful `/readyz`.

@@ -54,8 +54,12 @@ async fn claim_deletion_blocks_on_the_member_then_the_pool_refills() -> TestResu
         vms.get_opt(&member).await?.is_none(),
         "the member went before the claim"
     );
-    let pool = h.wait_available("p", 1).await?;
-    assert_eq!(pool.status.map(|s| s.claimed_replicas), Some(0));
+    // The refill was made when the claim bound, so one member is available all along; the
+    // claimed count drops once the pool sees the member gone.
+    h.wait_pool("p", "one available and none claimed", |s| {
+        (s.replicas, s.available_replicas, s.claimed_replicas) == (1, 1, 0)
+    })
+    .await?;
     let refill = h.members("p").await?;
     assert!(refill.iter().all(|m| m.name_any() != member));
     controller.stop().await?;
@@ -246,7 +250,7 @@ async fn guest_ready_pool_without_the_signal_says_readiness_signal_absent() -> T
 #[tokio::test]
 async fn current_revision_first_and_stale_when_nothing_fresher() -> TestResult {
     let h = Harness::new().await?;
-    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
     h.create_pool(
         "p",
@@ -295,6 +299,8 @@ async fn current_revision_first_and_stale_when_nothing_fresher() -> TestResult {
         })
     })
     .await?;
+    // The refill after c2 must not be Ready when c3 arrives: only the old member is left.
+    provider.controls.ready_gate.store(false, Ordering::SeqCst);
     h.create_claim("c2", "p", 3600).await?;
     let c2 = h.wait_claim("c2", "Bound", is_bound).await?;
     assert_eq!(member_name(&c2), Some(fresh[0].clone()));

@@ -567,6 +567,11 @@ impl RunningController {
         Ok(text)
     }
 
+    /// Whether the controller is still serving (it has not returned, with or without error).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
     pub async fn stop(mut self) -> TestResult {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

@@ -85,12 +85,15 @@ done
 rm -rf -- "$dir"
 "#;
 
-/// One supervised child with its log file.
+/// One supervised child with its log file, and how it was started (to start it again).
 #[derive(Debug)]
 struct Supervised {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, std::ffi::OsString)>,
 }
 
 /// The processes of one local control plane and its state directory.
@@ -178,7 +181,41 @@ impl Processes {
         let logs = self.dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|source| Error::io("create logs", source))?;
         let log = logs.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(|source| Error::io("create a log file", source))?;
+        let supervised = Supervised {
+            name,
+            child: self.start(name, binary, args, env, &log, false)?,
+            log,
+            binary: binary.to_owned(),
+            args: args.to_vec(),
+            env: env
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), value.clone()))
+                .collect(),
+        };
+        let pid = supervised.child.id();
+        self.tell_janitor(&format!("pid {pid}"));
+        self.children.push(supervised);
+        Ok(pid)
+    }
+
+    /// Starts one child under `setpriv --pdeathsig KILL`, its output to `log` (appended to
+    /// when `append`, so a restarted process's log follows its first life).
+    fn start(
+        &self,
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        env: &[(&str, std::ffi::OsString)],
+        log: &Path,
+        append: bool,
+    ) -> Result<Child, Error> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(log)
+            .map_err(|source| Error::io("create a log file", source))?;
         let err = out
             .try_clone()
             .map_err(|source| Error::io("create a log file", source))?;
@@ -194,11 +231,51 @@ impl Processes {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        let child = spawn_from_spawner_thread(command)
-            .map_err(|source| Error::io(format!("start {name}"), source))?;
+        spawn_from_spawner_thread(command)
+            .map_err(|source| Error::io(format!("start {name}"), source))
+    }
+
+    /// Kills the child `name` with SIGKILL, as a crash would, and reaps it.
+    pub(crate) fn kill(&mut self, name: &str) -> Result<(), Error> {
+        let supervised = self
+            .children
+            .iter_mut()
+            .find(|s| s.name == name)
+            .ok_or_else(|| {
+                Error::io(format!("kill {name}"), io::Error::other("no such process"))
+            })?;
+        // Already exited is fine: the point is that it is not running.
+        let _ = supervised.child.kill();
+        supervised
+            .child
+            .wait()
+            .map_err(|source| Error::io(format!("reap {name}"), source))?;
+        Ok(())
+    }
+
+    /// Starts the child `name` again with the command line and environment of its first start,
+    /// after [`kill`](Self::kill) (or its own exit); its log continues the first one's.
+    pub(crate) fn restart(&mut self, name: &str) -> Result<u32, Error> {
+        let index = self
+            .children
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| {
+                Error::io(
+                    format!("restart {name}"),
+                    io::Error::other("no such process"),
+                )
+            })?;
+        let old = &self.children[index];
+        let env: Vec<(&str, std::ffi::OsString)> = old
+            .env
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.clone()))
+            .collect();
+        let child = self.start(name, &old.binary, &old.args, &env, &old.log, true)?;
         let pid = child.id();
         self.tell_janitor(&format!("pid {pid}"));
-        self.children.push(Supervised { name, child, log });
+        self.children[index].child = child;
         Ok(pid)
     }
 
