@@ -59,6 +59,7 @@ pub fn backend(kind: MachineKind) -> MachineBackend {
         MachineKind::VSphereMachine => MachineBackend {
             kind_name: "VSphereMachine",
             resource: ApiResource::erase::<VSphereMachine>(&()),
+            finalizer: vsphere::FINALIZER_VM_PROTECTION,
             spec: vsphere_spec,
         },
         // A new kind goes here: its CRD type's resource and a function writing its spec from
@@ -511,6 +512,11 @@ mod tests {
                 .expect("a valid VSphereMachine");
         let owner = &machine.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!(owner.uid, "vm-uid");
+        // Created holding the vSphere provider's finalizer, which it removes once the VM is gone.
+        assert_eq!(
+            machine.metadata.finalizers,
+            Some(vec!["banlieue.io/vm-protection".to_owned()])
+        );
         let spec = &machine.spec;
         assert_eq!(spec.provider_ref.name, "vcenter-lab");
         assert_eq!(
