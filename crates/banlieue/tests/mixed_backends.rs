@@ -458,7 +458,7 @@ async fn spawn_vsphere_workload(
         Ok(granted.then_some(()))
     })
     .await?;
-    Ok(banlieue::roles::spawn_all(
+    banlieue::roles::spawn_all(
         &client,
         &mut Registry::default(),
         shutdown,
@@ -466,7 +466,7 @@ async fn spawn_vsphere_workload(
             vsphere_provider: Some((VSPHERE_PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
             ..banlieue::roles::Roles::default()
         },
-    )?)
+    )
 }
 
 /// Each Deployment runs its class's provider, and the vSphere class's role is bound beside
