@@ -174,13 +174,24 @@ async fn scenario(
         })
         .await?;
     }
-    let domains: Vec<String> = providers
+    // One failure domain per cluster, measured as a libvirt host is, so the scheduler limits
+    // both the same way.
+    let domains: Vec<(String, bool)> = providers
         .get(VSPHERE_PROVIDER)
         .await?
         .status
-        .map(|s| s.failure_domains.into_iter().map(|d| d.name).collect())
+        .map(|s| {
+            s.failure_domains
+                .into_iter()
+                .map(|d| (d.name, d.capacity.is_some_and(|c| c.memory_bytes > 0)))
+                .collect()
+        })
         .unwrap_or_default();
-    assert_eq!(domains, ["DC0/DC0_C0"], "the vCenter's failure domains");
+    assert_eq!(
+        domains,
+        [("DC0/DC0_C0".to_owned(), true)],
+        "the vCenter's failure domains, with their capacity"
+    );
 
     dev::apply(&admin, &objects::image()).await?;
     dev::apply(&admin, &vsphere_image()).await?;
