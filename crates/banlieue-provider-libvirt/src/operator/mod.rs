@@ -325,7 +325,8 @@ fn is_forbidden(e: &Error) -> bool {
 }
 
 /// Fails with `ProviderClassRoleMissing` unless the ClusterRole the administrator grants the
-/// class holds every rule of its `additionalRules`.
+/// class holds every rule of its `additionalRules`, and the rights on its machines when the
+/// class's kind keeps them in that role ([`workloads::BackendWorkload::class_role_rules`]).
 async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str) -> Result<()> {
     let held = Api::<ClusterRole>::all(kube.clone())
         .get_opt(role)
@@ -335,21 +336,33 @@ async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str
         reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
         message,
     };
+    let backend = workloads::backend_workload(class.spec.machine_kind);
+    let what = if backend.class_role_rules.is_empty() {
+        "the additionalRules".to_owned()
+    } else {
+        format!(
+            "the {} rights and the additionalRules",
+            backend.machines.kind
+        )
+    };
     let Some(held) = held else {
         return Err(missing(format!(
-            "ClusterRole {role} does not exist: create it with the additionalRules of ProviderClass {:?} (docs/security.md)",
+            "ClusterRole {role} does not exist: create it with {what} of ProviderClass {:?} (docs/security.md)",
             class.name_any()
         )));
     };
-    let uncovered = workloads::uncovered(
-        &class.spec.additional_rules,
-        held.rules.as_deref().unwrap_or_default(),
-    );
+    let wanted: Vec<_> = backend
+        .class_role_rules
+        .iter()
+        .chain(&class.spec.additional_rules)
+        .cloned()
+        .collect();
+    let uncovered = workloads::uncovered(&wanted, held.rules.as_deref().unwrap_or_default());
     if uncovered.is_empty() {
         Ok(())
     } else {
         Err(missing(format!(
-            "ClusterRole {role} does not grant the additionalRules of ProviderClass {:?}: {}",
+            "ClusterRole {role} does not grant {what} of ProviderClass {:?}: {}",
             class.name_any(),
             uncovered.join(", ")
         )))

@@ -104,6 +104,9 @@ pub struct BackendWorkload {
     pub subcommand: &'static str,
     /// Where the class's ClusterRole is bound.
     pub class_role: ClassRoleScope,
+    /// What the class's ClusterRole must grant whatever the class declares: the rights on
+    /// the kind's machines when the base role does not hold them.
+    pub class_role_rules: Vec<PolicyRule>,
     /// The kind's machines, which a Provider being deleted waits for.
     pub machines: ApiResource,
 }
@@ -114,14 +117,36 @@ pub fn backend_workload(kind: MachineKind) -> BackendWorkload {
         MachineKind::LibvirtMachine => BackendWorkload {
             subcommand: "libvirt",
             class_role: ClassRoleScope::BuildNamespace,
+            // `banlieue-provider-base` holds the LibvirtMachine rights.
+            class_role_rules: Vec::new(),
             machines: ApiResource::erase::<LibvirtMachine>(&()),
         },
         MachineKind::VSphereMachine => BackendWorkload {
             subcommand: "vsphere",
             class_role: ClassRoleScope::ProviderNamespace,
+            class_role_rules: machine_rules("vspheremachines"),
             machines: ApiResource::erase::<VSphereMachine>(&()),
         },
     }
+}
+
+/// A provider's rights on its machines of resource `plural`: it reads them, adds and removes
+/// its finalizer and reports in the status; it never creates or deletes one.
+fn machine_rules(plural: &str) -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &[names::GROUP],
+            &[plural],
+            &["get", "list", "watch", "patch"],
+            &[],
+        ),
+        rule(
+            &[names::GROUP],
+            &[&format!("{plural}/status"), &format!("{plural}/finalizers")],
+            &["patch"],
+            &[],
+        ),
+    ]
 }
 
 /// The name of the Provider's namespaced objects: `banlieue-provider-<name>`.
@@ -762,6 +787,11 @@ mod tests {
                 &[],
             ),
         ];
+        // What the operator checks the role for before binding it.
+        assert_eq!(
+            backend_workload(MachineKind::VSphereMachine).class_role_rules,
+            wanted
+        );
         assert_eq!(
             uncovered(&wanted, &role.rules.unwrap()),
             Vec::<String>::new()
