@@ -1,11 +1,7 @@
-//! Test-only crash points: `BANLIEUE_CRASH_AT=<point>` aborts the process at that step of a
-//! bind or a release, so crash-safety tests can prove that every intermediate state is one the
-//! next controller run completes. Unset, each check is one cached environment lookup.
+//! The controller's crash points ([`banlieue_runtime::crash`]): the steps of a bind or a
+//! release where a process may die.
 
-use std::sync::OnceLock;
-
-/// The environment variable naming the crash point.
-pub const CRASH_AT_ENV: &str = "BANLIEUE_CRASH_AT";
+pub use banlieue_runtime::crash::CRASH_AT_ENV;
 
 /// Steps of a bind and a release where a process may die.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,13 +36,7 @@ impl CrashPoint {
     }
 }
 
-/// Aborts the process when `BANLIEUE_CRASH_AT` names `point`. `abort` rather than `exit`:
-/// no destructor, no flush, no graceful shutdown, as with SIGKILL.
+/// Aborts the process when `BANLIEUE_CRASH_AT` names `point`.
 pub(crate) fn crash_at(point: CrashPoint) {
-    static SELECTED: OnceLock<Option<String>> = OnceLock::new();
-    let selected = SELECTED.get_or_init(|| std::env::var(CRASH_AT_ENV).ok());
-    if selected.as_deref() == Some(point.name()) {
-        eprintln!("{CRASH_AT_ENV}={}: aborting", point.name());
-        std::process::abort();
-    }
+    banlieue_runtime::crash::crash_at(point.name());
 }

@@ -891,6 +891,97 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     );
 }
 
+/// Chaos: libvirtd restarts in the middle of an upload. The importer (a child process, as the
+/// Job's pod) is frozen mid-upload, the daemon stopped, the importer let go: it fails on the
+/// lost connection and leaves no completion record. With the daemon started again on its old
+/// state, the Job's retry imports the same bytes, and a rerun finds them complete.
+#[tokio::test]
+async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
+    let Some((mut d, dir)) = libvirtd_with_pool("images").await else {
+        return;
+    };
+    let c = cluster().await;
+    c.credentials(&d).await;
+    c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    let image = c.image(IMAGE, c.url_source()).await;
+    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    let source = d.dir().join("source.raw");
+    let sum = write_source(&source, LAYOUT);
+    let importer = c.importer().await;
+    let (account_ns, account) =
+        import_account(&c.read_provider().await, &c.class).expect("import account");
+    let kubeconfig = d.dir().join("import.kubeconfig");
+    c.cp.write_service_account_kubeconfig(&account_ns, &account, &kubeconfig)
+        .await
+        .expect("the import account's kubeconfig");
+
+    let mut child = tokio::process::Command::new(import_example())
+        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
+        .args([
+            "--vmimage",
+            IMAGE,
+            "--provider",
+            PROVIDER,
+            "--provider-namespace",
+        ])
+        .arg(&c.ns)
+        .args(["--pool", "images", "--source"])
+        .arg(&source)
+        .arg("--artifacts-root")
+        .arg(d.dir())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the import example");
+    let pid = child.id().expect("pid");
+    let file = dir.join(&volume);
+    wait_for("the upload to start", Duration::from_secs(60), || {
+        let file = file.clone();
+        async move {
+            Ok(std::fs::metadata(&file)
+                .ok()
+                .filter(|m| m.blocks() > 0)
+                .map(|_| ()))
+        }
+    })
+    .await
+    .expect("upload started");
+    signal(pid, "STOP");
+    d.stop();
+    signal(pid, "CONT");
+    let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+        .await
+        .expect("the import ends once its daemon is gone")
+        .expect("reap the import");
+    assert!(
+        !status.success(),
+        "an import whose daemon went away succeeded"
+    );
+
+    d.start_again().await.expect("libvirtd starts again");
+    let record = marker::marker_volume_name(&volume);
+    assert!(
+        !volume_exists(&d, "images", &record).await,
+        "an interrupted import must never leave a completion record"
+    );
+    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
+    args.artifacts_root = d.dir().to_owned();
+    let outcome = run_import(importer.clone(), args.clone())
+        .await
+        .expect("retry");
+    assert!(
+        matches!(outcome, ImportOutcome::Imported { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
+    let again = run_import(importer, args).await.expect("rerun");
+    assert!(
+        matches!(again, ImportOutcome::AlreadyComplete { .. }),
+        "{again:?}"
+    );
+}
+
 /// Sends a signal to one process we started, by its PID.
 fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")

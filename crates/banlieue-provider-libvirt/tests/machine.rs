@@ -595,6 +595,59 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     Ok(())
 }
 
+/// Chaos: libvirtd restarts in the middle of a teardown. The deletion begins while the daemon
+/// is down, so the machine keeps its finalizer and says why (`TeardownFailed`, naming the
+/// connection); once the daemon is back (same
+/// state, the guest still running) the teardown completes and nothing of the machine is left
+/// on the host: no domain, no volume but the image's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teardown_across_a_libvirtd_restart_leaves_nothing_behind() -> Result<()> {
+    let mut host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider, _metrics) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &machine("web", &host, backing("base.raw")),
+    )
+    .await?;
+    wait_machine(&api, "web", "running", 180, |c| c.status == "True").await?;
+    assert_eq!(domain_names(&host).await?, vec![format!("{ns}-web")]);
+    assert!(
+        volume_names(&host).await?.len() > 1,
+        "the machine's volumes"
+    );
+
+    host.libvirtd.stop();
+    api.delete("web", &DeleteParams::default()).await?;
+    let held = wait_machine(
+        &api,
+        "web",
+        "the teardown to report TeardownFailed while libvirtd is down",
+        120,
+        |c| c.reason == "TeardownFailed",
+    )
+    .await;
+    host.libvirtd.start_again().await?;
+    let held = held?;
+    assert!(held.metadata.deletion_timestamp.is_some());
+    let why = ready(&held).map(|c| c.message).unwrap_or_default();
+    assert!(why.contains("connect"), "{why}");
+    assert!(
+        held.finalizers()
+            .contains(&"banlieue.io/domain-protection".to_owned()),
+        "the finalizer is released only once the host is clean"
+    );
+
+    eventually("the machine to be gone", 180, || async {
+        Ok(api.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert_eq!(domain_names(&host).await?, Vec::<String>::new());
+    assert_eq!(volume_names(&host).await?, vec!["base.raw".to_owned()]);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() -> Result<()> {
     let host = Host::start().await?;

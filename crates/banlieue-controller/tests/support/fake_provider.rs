@@ -65,6 +65,9 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
     tokio::spawn(events);
     let mut seen_deleting: HashMap<String, Instant> = HashMap::new();
     let mut addresses: HashMap<String, String> = HashMap::new();
+    // Machines (by uid) whose ready status was written: a provider reports a state once, and
+    // the cache may not show the write by the next tick.
+    let mut reported: std::collections::HashSet<String> = std::collections::HashSet::new();
     let next_address = AtomicU32::new(0);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
@@ -100,7 +103,8 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                 continue;
             }
             let ready = machine.status.as_ref().is_some_and(|s| s.contract.ready);
-            if !ready && controls.ready_gate.load(Ordering::SeqCst) {
+            let uid = machine.uid().unwrap_or_default();
+            if !ready && !reported.contains(&uid) && controls.ready_gate.load(Ordering::SeqCst) {
                 let address = addresses.entry(name.clone()).or_insert_with(|| {
                     let n = next_address.fetch_add(1, Ordering::SeqCst);
                     format!("10.0.{}.{}", n / 250, n % 250 + 1)
@@ -129,9 +133,13 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                     status["status"]["tpmEndorsementKeyDigests"] =
                         json!([format!("sha256:{}", "00".repeat(32))]);
                 }
-                let _ = api
+                if api
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await;
+                    .await
+                    .is_ok()
+                {
+                    reported.insert(uid);
+                }
             }
         }
     }

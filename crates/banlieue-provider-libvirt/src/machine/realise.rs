@@ -101,6 +101,11 @@ async fn observe_addresses(
     Vec::new()
 }
 
+/// The crash point (`BANLIEUE_CRASH_AT`, [`banlieue_runtime::crash`]) right after a domain is
+/// defined and before it is started: a provider that dies there leaves a defined, stopped
+/// domain its next run must adopt and start, never define twice.
+pub const CRASH_AFTER_DOMAIN_DEFINE: &str = "after-domain-define";
+
 /// Creates the volumes and the seed, then defines the domain with the recorded UUID.
 async fn provision(
     machine: &LibvirtMachine,
@@ -220,6 +225,7 @@ async fn provision(
         .await
         .map_err(Error::libvirt(format!("define domain {}", names.domain)))?;
     ctx.metrics.domains_defined.inc();
+    banlieue_runtime::crash::crash_at(CRASH_AFTER_DOMAIN_DEFINE);
     Ok(domain)
 }
 

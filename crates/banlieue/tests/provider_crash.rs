@@ -1,0 +1,271 @@
+//! Chaos: the libvirt provider process dies between defining a domain and starting it.
+//!
+//! A real control plane and a real libvirtd registered as a Provider; the controller and the
+//! operator run in this process as the controller's ServiceAccount, and the Provider's workload
+//! runs as a separate `banlieue provider libvirt run` process with the ServiceAccount the
+//! operator made for it (its token in a kubeconfig), under the shipped RBAC. Its first run has
+//! `BANLIEUE_CRASH_AT=after-domain-define`, so it aborts right after its first domain is
+//! defined. Then the host holds a defined, stopped domain; the next run must adopt and start
+//! that very domain (same UUID, never a second definition), the pool's member becomes
+//! available and a claim binds it; deleting the pool leaves no domain and no volume of the
+//! member's behind.
+
+// Shared with multi_host.rs, which starts three daemons; this binary needs one.
+#[allow(dead_code)]
+mod hosts;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use banlieue::dev::{self, objects};
+use banlieue_api::names::SYSTEM_NAMESPACE;
+use banlieue_api::{
+    ClaimPhase, LibvirtMachine, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
+};
+use banlieue_provider_libvirt::host::DOMAIN_TYPE_ENV;
+use banlieue_provider_libvirt::machine::CRASH_AFTER_DOMAIN_DEFINE;
+use banlieue_provider_libvirt::operator::workloads::workload_name;
+use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::poll;
+use hosts::{BoxError, Host};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
+const DEADLINE: Duration = Duration::from_secs(90);
+const POOL: &str = "crash";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Result<(), BoxError> {
+    if !Libvirtd::available().map_err(|e| format!("{e:#}"))? {
+        return Ok(());
+    }
+    let (control_plane, libvirtd) = tokio::try_join!(
+        async { ControlPlane::start().await.map_err(BoxError::from) },
+        async {
+            Libvirtd::start(LibvirtdOptions::default())
+                .await
+                .map_err(|e| BoxError::from(format!("{e:#}")))
+        },
+    )?;
+    let admin = control_plane.client()?;
+    dev::bootstrap_cluster(&admin).await?;
+    dev::admit_claimant(&admin).await?;
+    let hosts = hosts::register(&admin, vec![libvirtd]).await?;
+    let shutdown = CancellationToken::new();
+    // The controller and the operator only: the host's workload is the child process.
+    let workers = hosts::spawn_roles(&control_plane, &[], DEADLINE, DEADLINE, &shutdown).await?;
+    let logs = tempfile::tempdir()?;
+    let outcome = scenario(&control_plane, &admin, &hosts[0], logs.path()).await;
+    shutdown.cancel();
+    for worker in workers {
+        let _ = worker.await;
+    }
+    let released = hosts::release(&hosts).await;
+    if outcome.is_err() {
+        for log in ["first.log", "second.log"] {
+            let text = std::fs::read_to_string(logs.path().join(log)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            eprintln!(
+                "--- provider {log} (end)\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        eprintln!("{}", hosts[0].libvirtd.diagnostics());
+    }
+    outcome?;
+    released
+}
+
+async fn scenario(
+    control_plane: &ControlPlane,
+    admin: &Client,
+    host: &Host,
+    logs: &std::path::Path,
+) -> Result<(), BoxError> {
+    // The operator's workload for the Provider: its ServiceAccount and grants.
+    let account = workload_name(&host.provider);
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    wait_until("the operator to create the workload", DEADLINE, || async {
+        Ok(deployments.get_opt(&account).await?.map(|_| ()))
+    })
+    .await?;
+    let kubeconfig = logs.join("provider.kubeconfig");
+    control_plane
+        .write_service_account_kubeconfig(SYSTEM_NAMESPACE, &account, &kubeconfig)
+        .await?;
+
+    let mut first = ProviderProcess::start(
+        &host.provider,
+        &kubeconfig,
+        &logs.join("first.log"),
+        Some(CRASH_AFTER_DOMAIN_DEFINE),
+    )?;
+    hosts::wait_ready(admin, std::slice::from_ref(host), DEADLINE).await?;
+    dev::apply(admin, &objects::image()).await?;
+    dev::apply(admin, &objects::class()).await?;
+    let mut pool = objects::pool();
+    pool.metadata.name = Some(POOL.into());
+    pool.spec.replicas = 1;
+    dev::apply(admin, &pool).await?;
+
+    // The first run dies by SIGABRT once its domain is defined.
+    let aborted = Instant::now();
+    let status = loop {
+        if let Some(status) = first.child.try_wait()? {
+            break status;
+        }
+        if aborted.elapsed() > DEADLINE {
+            return Err("the provider did not abort after define".into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(!status.success(), "the provider exited normally: {status}");
+    let defined = hosts::domains(&host.libvirtd).await?;
+    assert_eq!(defined.len(), 1, "domains after the crash: {defined:?}");
+    let domain = defined[0].clone();
+    assert!(
+        hosts::running_domains(&host.libvirtd).await?.is_empty(),
+        "the domain was started before the crash"
+    );
+    let uuid = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
+    let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let machine = machines
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .ok_or("no LibvirtMachine")?;
+    assert_eq!(
+        machine.status.as_ref().and_then(|s| s.domain_uuid.clone()),
+        Some(uuid.trim().to_owned()),
+        "the crashed run recorded its UUID before defining"
+    );
+
+    // The next run adopts the defined domain and starts it.
+    let restarted = Instant::now();
+    let mut second =
+        ProviderProcess::start(&host.provider, &kubeconfig, &logs.join("second.log"), None)?;
+    let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    wait_until("the member to be available", DEADLINE, || async {
+        let pool = pools.get(POOL).await?;
+        Ok(pool
+            .status
+            .filter(|s| s.available_replicas == 1)
+            .map(|_| ()))
+    })
+    .await?;
+    eprintln!(
+        "member available {:.1?} after the provider restarted",
+        restarted.elapsed()
+    );
+    assert_eq!(hosts::domains(&host.libvirtd).await?, vec![domain.clone()]);
+    assert_eq!(
+        hosts::running_domains(&host.libvirtd).await?,
+        vec![domain.clone()]
+    );
+    let again = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
+    assert_eq!(again.trim(), uuid.trim(), "the domain was defined again");
+
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let mut claim = objects::claim();
+    claim.metadata.name = Some("after-crash".into());
+    claim.spec.pool_ref.name = POOL.into();
+    Api::<VirtualMachineClaim>::namespaced(alice, SYSTEM_NAMESPACE)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let bound = wait_until("the claim to bind", DEADLINE, || async {
+        let c = claims.get("after-crash").await?;
+        let st = c.status.unwrap_or_default();
+        Ok((st.phase == Some(ClaimPhase::Bound))
+            .then_some(st.virtual_machine_ref.map(|r| r.name))
+            .flatten())
+    })
+    .await?;
+    assert_eq!(
+        bound,
+        machine.name_any(),
+        "the adopted member is the one bound"
+    );
+
+    // Everything goes when the claim and the pool do.
+    claims
+        .delete("after-crash", &DeleteParams::default())
+        .await?;
+    pools.delete(POOL, &DeleteParams::default()).await?;
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    wait_until("every member and machine to be gone", DEADLINE, || async {
+        let left = vms.list(&ListParams::default()).await?.items.len()
+            + machines.list(&ListParams::default()).await?.items.len();
+        Ok((left == 0).then_some(()))
+    })
+    .await?;
+    assert_eq!(hosts::domains(&host.libvirtd).await?, Vec::<String>::new());
+    let volumes = host
+        .libvirtd
+        .virsh(["vol-list", objects::STORAGE_POOL])
+        .await?;
+    assert!(
+        !volumes.contains(&machine.name_any()),
+        "a volume of the member is left:\n{volumes}"
+    );
+    second.stop();
+    Ok(())
+}
+
+/// `banlieue provider libvirt run` as a child process, as the workload's ServiceAccount.
+struct ProviderProcess {
+    child: Child,
+}
+
+impl ProviderProcess {
+    fn start(
+        provider: &str,
+        kubeconfig: &std::path::Path,
+        log: &std::path::Path,
+        crash_at: Option<&str>,
+    ) -> Result<Self, BoxError> {
+        let mut command = Command::new(BIN);
+        command
+            .args(["provider", "libvirt", "run", "--provider", provider])
+            .args(["--namespace", SYSTEM_NAMESPACE])
+            .args(["--metrics-address", "127.0.0.1:0"])
+            .env("KUBECONFIG", kubeconfig)
+            .env(DOMAIN_TYPE_ENV, "qemu")
+            .env_remove(banlieue_runtime::crash::CRASH_AT_ENV)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?);
+        if let Some(point) = crash_at {
+            command.env(banlieue_runtime::crash::CRASH_AT_ENV, point);
+        }
+        Ok(Self {
+            child: command.spawn()?,
+        })
+    }
+
+    /// Stops it by PID and reaps it.
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ProviderProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, BoxError>>,
+{
+    Ok(poll::until(what, deadline, Duration::from_millis(250), probe).await?)
+}
