@@ -795,49 +795,10 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     let sum = write_source(&source, LAYOUT);
     // The importer runs as the import Jobs' ServiceAccount, like the Job's pod.
     let importer = c.importer().await;
-    let (account_ns, account) =
-        import_account(&c.read_provider().await, &c.class).expect("import account");
-    let kubeconfig = d.dir().join("import.kubeconfig");
-    c.cp.write_service_account_kubeconfig(&account_ns, &account, &kubeconfig)
-        .await
-        .expect("the import account's kubeconfig");
-
-    let example = import_example();
-    let mut child = tokio::process::Command::new(&example)
-        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
-        .args([
-            "--vmimage",
-            IMAGE,
-            "--provider",
-            PROVIDER,
-            "--provider-namespace",
-        ])
-        .arg(&c.ns)
-        .args(["--pool", "images", "--source"])
-        .arg(&source)
-        .arg("--artifacts-root")
-        .arg(d.dir())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the import example");
-    let pid = child.id().expect("pid");
-
-    // Wait until the upload has written some data, then freeze the importer so it cannot
-    // finish before it is killed.
+    // Once the upload has written some data, the importer is frozen so that it cannot finish
+    // before it is killed.
     let file = dir.join(&volume);
-    wait_for("the upload to start", Duration::from_secs(60), || {
-        let file = file.clone();
-        async move {
-            Ok(std::fs::metadata(&file)
-                .ok()
-                .filter(|m| m.blocks() > 0)
-                .map(|_| ()))
-        }
-    })
-    .await
-    .expect("upload started");
+    let (mut child, pid) = import_child_mid_upload(&c, &d, &source, &file).await;
     signal(pid, "STOP");
 
     let key = std::fs::read_to_string(d.client_key_path()).expect("key");
@@ -908,45 +869,7 @@ async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, LAYOUT);
     let importer = c.importer().await;
-    let (account_ns, account) =
-        import_account(&c.read_provider().await, &c.class).expect("import account");
-    let kubeconfig = d.dir().join("import.kubeconfig");
-    c.cp.write_service_account_kubeconfig(&account_ns, &account, &kubeconfig)
-        .await
-        .expect("the import account's kubeconfig");
-
-    let mut child = tokio::process::Command::new(import_example())
-        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
-        .args([
-            "--vmimage",
-            IMAGE,
-            "--provider",
-            PROVIDER,
-            "--provider-namespace",
-        ])
-        .arg(&c.ns)
-        .args(["--pool", "images", "--source"])
-        .arg(&source)
-        .arg("--artifacts-root")
-        .arg(d.dir())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the import example");
-    let pid = child.id().expect("pid");
-    let file = dir.join(&volume);
-    wait_for("the upload to start", Duration::from_secs(60), || {
-        let file = file.clone();
-        async move {
-            Ok(std::fs::metadata(&file)
-                .ok()
-                .filter(|m| m.blocks() > 0)
-                .map(|_| ()))
-        }
-    })
-    .await
-    .expect("upload started");
+    let (mut child, pid) = import_child_mid_upload(&c, &d, &source, &dir.join(&volume)).await;
     signal(pid, "STOP");
     d.stop();
     signal(pid, "CONT");
@@ -980,6 +903,55 @@ async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
         matches!(again, ImportOutcome::AlreadyComplete { .. }),
         "{again:?}"
     );
+}
+
+/// Runs the import of `source` as a child process (the Job's pod) as the import Jobs'
+/// ServiceAccount, and returns once it has written data into `volume_file`: the child and its
+/// PID.
+async fn import_child_mid_upload(
+    c: &Cluster,
+    d: &Libvirtd,
+    source: &Path,
+    volume_file: &Path,
+) -> (tokio::process::Child, u32) {
+    let (account_ns, account) =
+        import_account(&c.read_provider().await, &c.class).expect("import account");
+    let kubeconfig = d.dir().join("import.kubeconfig");
+    c.cp.write_service_account_kubeconfig(&account_ns, &account, &kubeconfig)
+        .await
+        .expect("the import account's kubeconfig");
+    let child = tokio::process::Command::new(import_example())
+        .args(["--kubeconfig".as_ref(), kubeconfig.as_os_str()])
+        .args([
+            "--vmimage",
+            IMAGE,
+            "--provider",
+            PROVIDER,
+            "--provider-namespace",
+        ])
+        .arg(&c.ns)
+        .args(["--pool", "images", "--source"])
+        .arg(source)
+        .arg("--artifacts-root")
+        .arg(d.dir())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the import example");
+    let pid = child.id().expect("pid");
+    wait_for("the upload to start", Duration::from_secs(60), || {
+        let file = volume_file.to_owned();
+        async move {
+            Ok(std::fs::metadata(&file)
+                .ok()
+                .filter(|m| m.blocks() > 0)
+                .map(|_| ()))
+        }
+    })
+    .await
+    .expect("upload started");
+    (child, pid)
 }
 
 /// Sends a signal to one process we started, by its PID.

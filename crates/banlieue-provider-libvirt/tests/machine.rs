@@ -597,9 +597,9 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
 
 /// Chaos: libvirtd restarts in the middle of a teardown. The deletion begins while the daemon
 /// is down, so the machine keeps its finalizer and says why (`TeardownFailed`, naming the
-/// connection); once the daemon is back (same
-/// state, the guest still running) the teardown completes and nothing of the machine is left
-/// on the host: no domain, no volume but the image's.
+/// connection); once the daemon is back (same state, the guest still running) the teardown
+/// completes and nothing of the machine is left on the host: no domain, no volume but the
+/// image's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_across_a_libvirtd_restart_leaves_nothing_behind() -> Result<()> {
     let mut host = Host::start().await?;

@@ -34,6 +34,7 @@ use base64::Engine as _;
 use guide::Guides;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Secret};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
@@ -53,6 +54,9 @@ const URL_IMAGE: &str = "kairos-ubuntu-2404";
 const BUILD_NS: &str = "banlieue-imagebuild";
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The Lease the controller replicas take (deploy/controller.yaml, ADR-0067).
+const CONTROLLER_LEASE: &str = "banlieue-controller";
 
 fn repo(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -525,21 +529,41 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         .map(|c| c.status.clone());
     assert_eq!(guest_ready.as_deref(), Some("True"), "{:?}", vm.status);
 
-    // 5. Kill the controller's pod and the provider's pod: their Deployments replace them and
-    //    everything converges.
-    kubectl(
-        &cp,
-        "admin",
-        &["-n", NS, "delete", "pod", &pod_name(&controller_pod)],
-    )?;
+    // 5. Kill the acting controller replica and the provider's pod: the standby replica takes
+    //    the Lease over, the Deployments replace the pods, and everything converges.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), NS);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    let leader = holder(leases.get(CONTROLLER_LEASE).await?).ok_or("nobody holds the Lease")?;
+    let replicas: Vec<String> = Api::<Pod>::namespaced(admin.clone(), NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=banlieue-controller"))
+        .await?
+        .items
+        .iter()
+        .map(pod_name)
+        .collect();
+    assert_eq!(replicas.len(), 2, "controller replicas: {replicas:?}");
+    assert!(
+        replicas.contains(&leader),
+        "{leader} holds the Lease: not a replica"
+    );
+    let t = Instant::now();
+    kubectl(&cp, "admin", &["-n", NS, "delete", "pod", &leader])?;
     kubectl(
         &cp,
         "admin",
         &["-n", NS, "delete", "pod", &pod_name(&provider_pod)],
     )?;
+    let successor = until("another replica to take the Lease", 60, || async {
+        Ok(holder(leases.get(CONTROLLER_LEASE).await?).filter(|h| !h.is_empty() && *h != leader))
+    })
+    .await?;
+    eprintln!(
+        "acting controller pod {leader} deleted → {successor} holds the Lease: {:.1?}",
+        t.elapsed()
+    );
     let new_controller =
         running_pod(&admin, "app.kubernetes.io/name=banlieue-controller", 120).await?;
-    assert_ne!(pod_name(&new_controller), pod_name(&controller_pod));
+    assert_ne!(pod_name(&new_controller), leader);
     running_pod(&admin, &format!("banlieue.io/provider={PROVIDER}"), 120).await?;
 
     // `kubectl delete vmclaim` returns once the member's domain is gone from the host.
