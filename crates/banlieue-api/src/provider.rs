@@ -193,6 +193,8 @@ pub enum MachineKind {
     /// `banlieue.io/v1alpha1` LibvirtMachine.
     #[default]
     LibvirtMachine,
+    /// `banlieue.io/v1alpha1` VSphereMachine (ADR-0069).
+    VSphereMachine,
 }
 
 /// The desired state of a ProviderClass.
@@ -213,21 +215,26 @@ pub struct ProviderClassSpec {
     /// Container image of the provider workload (the banlieue binary).
     #[schemars(length(min = 1, max = 1024))]
     pub image: String,
-    /// Entrypoint of the workload container. The operator appends
-    /// `provider libvirt run --provider NAME --namespace NS` to `args`.
+    /// Entrypoint of the workload container. The operator appends the provider of the
+    /// class's machine kind, `provider libvirt run --provider NAME --namespace NS` (or
+    /// `provider vsphere run …` for VSphereMachine), to `args`.
     #[serde(default)]
     pub command: Vec<String>,
     /// Arguments placed before the provider's own.
     #[serde(default)]
     pub args: Vec<String>,
-    /// The machine kind this class realises.
+    /// The machine kind this class realises: which machines the controller writes for its
+    /// Providers, which provider the operator runs for them, and where it binds the class's
+    /// ClusterRole.
     #[serde(default)]
     pub machine_kind: MachineKind,
-    /// Rules the class's providers need in the build namespace on top of the base rules, for
-    /// example `jobs` in `batch` so they can run import Jobs. Declared here, granted by the
-    /// administrator: the ClusterRole `banlieue-provider-class-<class>` must hold them, and the
-    /// operator binds it in the build namespace only (ADR-0063). A Provider whose class role is
-    /// missing or does not cover these rules reports `ProviderClassRoleMissing`.
+    /// Rules the class's providers need on top of the base rules, for example `jobs` in
+    /// `batch` so libvirt providers can run import Jobs. Declared here, granted by the
+    /// administrator: the ClusterRole `banlieue-provider-class-<class>` must hold them. The
+    /// operator binds it in the build namespace for LibvirtMachine classes (when they declare
+    /// rules), and always in the Provider's namespace for VSphereMachine classes, whose role
+    /// holds their machine rights (ADR-0063). A Provider whose class role is missing or does
+    /// not cover these rules reports `ProviderClassRoleMissing`.
     #[serde(default)]
     pub additional_rules: Vec<PolicyRule>,
     /// How this class's import Jobs run.

@@ -9,7 +9,7 @@ use banlieue_api::names;
 use banlieue_api::{
     InstallMode, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference,
     MachineKind, MachineReference, MachineSpecContract, MachineStatusContract, VMClass,
-    VirtualMachine,
+    VSphereMachine, VSphereMachineSpec, VirtualMachine, vsphere,
 };
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::{Client, Resource, ResourceExt};
@@ -20,7 +20,8 @@ use crate::scheduling::{Placement, controller_owner_reference};
 /// Every machine kind, in the order their caches are started. [`backend`]'s match makes a new
 /// [`MachineKind`] variant fail to compile until it has an arm; the test
 /// `every_machine_crd_has_a_backend` fails until the kind is listed here too.
-pub const MACHINE_KINDS: [MachineKind; 1] = [MachineKind::LibvirtMachine];
+pub const MACHINE_KINDS: [MachineKind; 2] =
+    [MachineKind::LibvirtMachine, MachineKind::VSphereMachine];
 
 /// What the controller needs of one machine kind.
 #[derive(Clone, Debug)]
@@ -35,7 +36,7 @@ pub struct MachineBackend {
     /// the provider to confirm there is nothing to remove on the host.
     pub finalizer: &'static str,
     /// Writes the kind's `spec` for a placed VirtualMachine.
-    spec: fn(&MachineInput<'_>) -> Result<Value, serde_json::Error>,
+    spec: fn(&MachineInput<'_>) -> Result<Value, BuildError>,
 }
 
 /// What a machine is built from: the VirtualMachine, its class and where it was placed.
@@ -54,6 +55,12 @@ pub fn backend(kind: MachineKind) -> MachineBackend {
             resource: ApiResource::erase::<LibvirtMachine>(&()),
             finalizer: names::FINALIZER_DOMAIN_PROTECTION,
             spec: libvirt_spec,
+        },
+        MachineKind::VSphereMachine => MachineBackend {
+            kind_name: "VSphereMachine",
+            resource: ApiResource::erase::<VSphereMachine>(&()),
+            finalizer: vsphere::FINALIZER_VM_PROTECTION,
+            spec: vsphere_spec,
         },
         // A new kind goes here: its CRD type's resource and a function writing its spec from
         // the placement. Nothing else in the controller names a kind.
@@ -94,6 +101,14 @@ pub enum BuildError {
         #[source]
         source: serde_json::Error,
     },
+    /// The placement cannot be expressed as a machine of the kind.
+    #[error("{kind}: {message}")]
+    Unbuildable { kind: &'static str, message: String },
+}
+
+/// Encodes a machine spec of `kind`.
+fn encode(kind: &'static str, spec: impl serde::Serialize) -> Result<Value, BuildError> {
+    serde_json::to_value(spec).map_err(|source| BuildError::Spec { kind, source })
 }
 
 /// Builds the machine of a placed VirtualMachine, of the placement's kind: same name and
@@ -109,10 +124,7 @@ pub fn build(input: &MachineInput<'_>) -> Result<DynamicObject, BuildError> {
         .name
         .as_deref()
         .ok_or(BuildError::Unnamed)?;
-    let spec = (backend.spec)(input).map_err(|source| BuildError::Spec {
-        kind: backend.kind_name,
-        source,
-    })?;
+    let spec = (backend.spec)(input)?;
     let mut machine = DynamicObject::new(name, &backend.resource);
     machine.metadata.namespace = input.vm.metadata.namespace.clone();
     machine.metadata.owner_references = Some(vec![owner]);
@@ -138,7 +150,7 @@ pub fn build(input: &MachineInput<'_>) -> Result<DynamicObject, BuildError> {
 /// The libvirt arm: the storage target is the pool, the network target the libvirt network,
 /// and the image volume an overlay's backing volume (Immediate) or the install media
 /// (Deferred, Manual) of an empty disk (ADR-0040).
-fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, serde_json::Error> {
+fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
     let placement = input.placement;
     let image = &placement.image;
     let disk = match image.install_mode {
@@ -153,18 +165,64 @@ fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, serde_json::Error> {
             size: image.disk_size.clone(),
         },
     };
-    serde_json::to_value(LibvirtMachineSpec {
-        provider_ref: LocalObjectReference::new(&placement.provider),
-        pool: placement.storage_target.clone(),
-        network: placement.network_target.clone(),
-        disk,
-        firmware: input.class.spec.firmware,
-        tpm_enabled: input.class.spec.tpm_enabled,
-        cpu: input.class.spec.cpu,
-        memory: input.class.spec.memory.clone(),
-        user_data: input.vm.spec.user_data.clone(),
-        user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
-    })
+    encode(
+        "LibvirtMachine",
+        LibvirtMachineSpec {
+            provider_ref: LocalObjectReference::new(&placement.provider),
+            pool: placement.storage_target.clone(),
+            network: placement.network_target.clone(),
+            disk,
+            firmware: input.class.spec.firmware,
+            tpm_enabled: input.class.spec.tpm_enabled,
+            cpu: input.class.spec.cpu,
+            memory: input.class.spec.memory.clone(),
+            user_data: input.vm.spec.user_data.clone(),
+            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+        },
+    )
+}
+
+/// The vSphere arm (ADR-0069): the failure domain is `<datacenter>/<cluster>`, the storage
+/// target a datastore, and the image volume the inventory path of the template the VM is
+/// cloned from. A clone boots its template's disk, so only Immediate images can be placed; the
+/// VM keeps the template's disk size, firmware and network adapters (the network target names
+/// a network the failure domain offers, which the template's adapters are expected to use).
+fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
+    const KIND: &str = "VSphereMachine";
+    let placement = input.placement;
+    let (datacenter, cluster) = vsphere::parse_failure_domain_name(&placement.failure_domain)
+        .ok_or_else(|| BuildError::Unbuildable {
+            kind: KIND,
+            message: format!(
+                "failure domain {:?} is not <datacenter>/<cluster>",
+                placement.failure_domain
+            ),
+        })?;
+    if placement.image.install_mode != InstallMode::Immediate {
+        return Err(BuildError::Unbuildable {
+            kind: KIND,
+            message: format!(
+                "a VM is cloned from its image's template: install mode {:?} cannot be realised",
+                placement.image.install_mode
+            ),
+        });
+    }
+    encode(
+        KIND,
+        VSphereMachineSpec {
+            provider_ref: LocalObjectReference::new(&placement.provider),
+            datacenter: datacenter.to_owned(),
+            cluster: cluster.to_owned(),
+            template: placement.image.volume.clone(),
+            folder: None,
+            datastore: Some(placement.storage_target.clone()),
+            cpu: input.class.spec.cpu,
+            memory: input.class.spec.memory.clone(),
+            user_data: input.vm.spec.user_data.clone(),
+            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+            tpm_enabled: input.class.spec.tpm_enabled,
+        },
+    )
 }
 
 /// A machine of any kind as the controller sees it: its object and the contract it carries.
@@ -371,7 +429,7 @@ mod tests {
         );
         assert_eq!(kind_of(&reference), Some(MachineKind::LibvirtMachine));
         let unknown = MachineReference {
-            kind: "VSphereMachine".into(),
+            kind: "OtherMachine".into(),
             ..reference.clone()
         };
         assert_eq!(kind_of(&unknown), None);
@@ -384,7 +442,7 @@ mod tests {
 
     /// Machine CRDs whose builder arm is still to be written. A new `*Machine` CRD fails
     /// `every_machine_crd_has_a_backend` until it has an arm or is listed here.
-    const AWAITING_A_BUILDER: &[&str] = &["VSphereMachine"];
+    const AWAITING_A_BUILDER: &[&str] = &[];
 
     #[test]
     fn every_machine_crd_has_a_backend() {
@@ -403,6 +461,105 @@ mod tests {
             backend(MachineKind::LibvirtMachine).resource.kind,
             LibvirtMachine::crd().spec.names.kind
         );
+        assert_eq!(
+            backend(MachineKind::VSphereMachine).resource.kind,
+            VSphereMachine::crd().spec.names.kind
+        );
+        for kind in MACHINE_KINDS {
+            let reference = reference(kind, "m");
+            assert_eq!(kind_of(&reference), Some(kind));
+        }
+    }
+
+    fn vsphere_placement(mode: InstallMode) -> Placement {
+        Placement {
+            provider: "vcenter-lab".into(),
+            provider_class: "vsphere".into(),
+            machine_kind: MachineKind::VSphereMachine,
+            failure_domain: "DC0/DC0_C1".into(),
+            storage_target: "LocalDS_0".into(),
+            network_target: "VM Network".into(),
+            image: PlacedImage {
+                volume: "DC0/vm/templates/ubuntu-2404".into(),
+                install_mode: mode,
+                disk_size: Quantity("20Gi".into()),
+            },
+            image_revision: None,
+        }
+    }
+
+    #[test]
+    fn a_vsphere_placement_builds_a_vm_cloned_from_the_images_template() {
+        let (vm, class) = (vm(), class());
+        let placement = vsphere_placement(InstallMode::Immediate);
+        let object = build(&MachineInput {
+            vm: &vm,
+            class: &class,
+            placement: &placement,
+        })
+        .expect("buildable");
+        let types = object.types.clone().expect("typed");
+        assert_eq!(
+            (types.api_version.as_str(), types.kind.as_str()),
+            ("banlieue.io/v1alpha1", "VSphereMachine")
+        );
+        assert_eq!(
+            backend(MachineKind::VSphereMachine).resource.plural,
+            "vspheremachines"
+        );
+        let machine: VSphereMachine =
+            serde_json::from_value(serde_json::to_value(&object).expect("serializable"))
+                .expect("a valid VSphereMachine");
+        let owner = &machine.metadata.owner_references.as_ref().expect("owned")[0];
+        assert_eq!(owner.uid, "vm-uid");
+        // Created holding the vSphere provider's finalizer, which it removes once the VM is gone.
+        assert_eq!(
+            machine.metadata.finalizers,
+            Some(vec!["banlieue.io/vm-protection".to_owned()])
+        );
+        let spec = &machine.spec;
+        assert_eq!(spec.provider_ref.name, "vcenter-lab");
+        assert_eq!(
+            (spec.datacenter.as_str(), spec.cluster.as_str()),
+            ("DC0", "DC0_C1")
+        );
+        assert_eq!(spec.template, "DC0/vm/templates/ubuntu-2404");
+        assert_eq!(spec.datastore.as_deref(), Some("LocalDS_0"));
+        assert_eq!(spec.folder, None);
+        assert_eq!((spec.cpu, spec.memory.0.as_str()), (2, "2Gi"));
+        assert!(spec.tpm_enabled);
+        assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
+
+        let read = Machine::read(MachineKind::VSphereMachine, object).expect("contract");
+        assert_eq!(read.spec.provider_ref.name, "vcenter-lab");
+        assert_eq!(read.failure_domain(), Some("DC0/DC0_C1"));
+    }
+
+    #[test]
+    fn a_vsphere_machine_needs_a_cluster_domain_and_a_clonable_image() {
+        let (vm, class) = (vm(), class());
+        let mut placement = vsphere_placement(InstallMode::Immediate);
+        placement.failure_domain = "host-7".into();
+        let error = build(&MachineInput {
+            vm: &vm,
+            class: &class,
+            placement: &placement,
+        })
+        .expect_err("not a cluster");
+        assert_eq!(
+            error.to_string(),
+            "VSphereMachine: failure domain \"host-7\" is not <datacenter>/<cluster>"
+        );
+        for mode in [InstallMode::Deferred, InstallMode::Manual] {
+            let placement = vsphere_placement(mode);
+            let error = build(&MachineInput {
+                vm: &vm,
+                class: &class,
+                placement: &placement,
+            })
+            .expect_err("an installer cannot be cloned");
+            assert!(error.to_string().contains("cannot be realised"), "{error}");
+        }
     }
 
     #[test]

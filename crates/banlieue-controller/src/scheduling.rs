@@ -701,4 +701,89 @@ mod tests {
         assert_eq!(machine.data["spec"]["tpmEnabled"], true);
         assert_eq!(machine.metadata.namespace.as_deref(), Some("ns"));
     }
+
+    /// A Provider of another backend with several failure domains (a vCenter's clusters),
+    /// each of which publishes its targets and capacity as a libvirt host does.
+    fn clusters(name: &str, domains: &[(&str, u64)]) -> Provider {
+        let mut p = provider(name, "vsphere", &[], true);
+        if let Some(status) = p.status.as_mut() {
+            let template = status.failure_domains[0].clone();
+            status.failure_domains = domains
+                .iter()
+                .map(|(domain, gib)| banlieue_api::FailureDomain {
+                    name: (*domain).to_owned(),
+                    capacity: Some(banlieue_api::DomainCapacity {
+                        memory_bytes: gib << 30,
+                        cpus: 8,
+                    }),
+                    ..template.clone()
+                })
+                .collect();
+        }
+        p
+    }
+
+    #[test]
+    fn every_backend_is_placed_by_its_failure_domains_and_capacity() {
+        let host = sized("host-1", 4, None);
+        let vcenter = clusters("vc", &[("DC0/C0", 2), ("DC0/C1", 16)]);
+        let libvirt = libvirt_class();
+        let vsphere: ProviderClass = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+            "metadata": {"name": "vsphere"},
+            "spec": {"image": "banlieue", "machineKind": "VSphereMachine"}
+        }))
+        .expect("valid ProviderClass");
+        let classes: BTreeMap<String, &ProviderClass> = [
+            ("libvirt".to_owned(), &libvirt),
+            ("vsphere".to_owned(), &vsphere),
+        ]
+        .into();
+        let image = image_with_one_ready_provider(&["host-1", "vc"]);
+        let schedule_with = |occupancy: &Occupancy| {
+            schedule(ScheduleInput {
+                vm: &vm(),
+                class: Some(&class(false, None)),
+                image: Some(&image),
+                providers: &[&host, &vcenter],
+                provider_classes: &classes,
+                occupancy,
+            })
+        };
+        let key = |p: &str, d: &str| (p.to_owned(), d.to_owned());
+        // The host has 4 GiB spare, the clusters 2 and 16: the roomiest cluster wins, and the
+        // placement carries the class's kind and the cluster's name.
+        let placed = schedule_with(&Occupancy::default()).expect("placed");
+        assert_eq!(
+            (placed.provider.as_str(), placed.failure_domain.as_str()),
+            ("vc", "DC0/C1")
+        );
+        assert_eq!(placed.machine_kind, MachineKind::VSphereMachine);
+        assert_eq!(placed.provider_class, "vsphere");
+        // Spread counts members per failure domain, whatever the backend.
+        let placed = schedule_with(&Occupancy {
+            members: [(key("vc", "DC0/C1"), 1), (key("vc", "DC0/C0"), 1)].into(),
+            memory: BTreeMap::new(),
+        })
+        .expect("placed");
+        assert_eq!(placed.provider, "host-1");
+        assert_eq!(placed.machine_kind, MachineKind::LibvirtMachine);
+        // A full cluster is named like a full host.
+        let failure = schedule_with(&Occupancy {
+            members: BTreeMap::new(),
+            memory: [
+                (key("host-1", "host-1"), 4 << 30),
+                (key("vc", "DC0/C0"), 2 << 30),
+                (key("vc", "DC0/C1"), 15 << 30),
+            ]
+            .into(),
+        })
+        .expect_err("full everywhere");
+        assert_eq!(failure.reason, reasons::INSUFFICIENT_CAPACITY);
+        assert!(
+            failure.message.contains("vc has 1.0 GiB of 16.0 GiB free"),
+            "{}",
+            failure.message
+        );
+    }
 }

@@ -626,3 +626,100 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_for_its_machines()
+-> Result<()> {
+    let cp = control_plane().await;
+    let kube = cp.client()?;
+    let ns = cp.fresh_namespace().await?;
+    let controller = controller_identity(cp, &ns).await?;
+    // The shipped class, whose role (deploy/rbac/provider-class-vsphere-clusterrole.yaml) the
+    // controller may bind: it has no additionalRules, its role holds its machine rights.
+    let class: ProviderClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+        "metadata": { "name": "vsphere" },
+        "spec": { "image": "banlieue:test", "machineKind": "VSphereMachine" }
+    }))?;
+    let classes = Api::<ProviderClass>::all(kube.clone());
+    classes
+        .patch(
+            "vsphere",
+            &kube::api::PatchParams::apply("test").force(),
+            &kube::api::Patch::Apply(&class),
+        )
+        .await?;
+    let _operator = start_operator(&controller, &ns);
+    let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &provider(
+            "vc-1",
+            "vsphere",
+            "https://127.0.0.1:1/sdk",
+            banlieue_api::ProviderCapabilities::default(),
+        ),
+    )
+    .await?;
+    let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
+    let wl = workloads::workload_name("vc-1");
+    let deployment = eventually("the vSphere workload", 30, || async {
+        Ok(deployments.get_opt(&wl).await?)
+    })
+    .await?;
+    let args = deployment
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    assert_eq!(
+        args,
+        [
+            "provider",
+            "vsphere",
+            "run",
+            "--provider",
+            "vc-1",
+            "--namespace",
+            ns.as_str()
+        ]
+    );
+    // Applied before the Deployment, in the Provider's namespace, owned by the Provider.
+    let binding = Api::<RoleBinding>::namespaced(kube.clone(), &ns)
+        .get(&format!("{wl}-class"))
+        .await?;
+    assert_eq!(binding.role_ref.name, "banlieue-provider-class-vsphere");
+    assert_eq!(
+        binding.owner_references().first().map(|o| o.kind.as_str()),
+        Some("Provider")
+    );
+
+    // Deletion waits for the Provider's VSphereMachines, as the controller would create them.
+    let machines: Api<banlieue_api::VSphereMachine> = Api::namespaced(kube.clone(), &ns);
+    let machine: banlieue_api::VSphereMachine = serde_json::from_value(serde_json::json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "VSphereMachine",
+        "metadata": { "name": "vm-1" },
+        "spec": { "providerRef": { "name": "vc-1" }, "datacenter": "DC0", "cluster": "DC0_C0",
+                  "template": "DC0/vm/t", "cpu": 1, "memory": "1Gi" }
+    }))?;
+    machines.create(&PostParams::default(), &machine).await?;
+    api.delete("vc-1", &DeleteParams::default()).await?;
+    let p = wait_ready(&api, "vc-1", "MachinesRemain", |c| {
+        c.reason == "MachinesRemain"
+    })
+    .await?;
+    assert!(
+        ready_of(&p).message.contains("1 VSphereMachine(s)"),
+        "{}",
+        ready_of(&p).message
+    );
+    machines.delete("vm-1", &DeleteParams::default()).await?;
+    eventually("Provider gone once its machines are", 60, || async {
+        Ok(api.get_opt("vc-1").await?.is_none().then_some(()))
+    })
+    .await?;
+    classes.delete("vsphere", &DeleteParams::default()).await?;
+    Ok(())
+}

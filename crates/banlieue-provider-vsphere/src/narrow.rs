@@ -4,18 +4,22 @@
 //! Each declared cluster that exists is one failure domain, `<datacenter>/<cluster>`. Storage
 //! classes name a datastore (`target.pool`) and network classes a network
 //! (`target.network`) of the datacenter; each failure domain keeps those its datacenter has.
-//! Features are copied as declared (ADR-0039).
+//! Features are copied as declared (ADR-0039). A cluster's capacity is measured, not declared:
+//! its hosts' memory and threads as vCenter sums them, which the scheduler limits the cluster
+//! to as it limits a libvirt host.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::vsphere::failure_domain_name;
-use banlieue_api::{FailureDomain, ProviderCapabilities};
+use banlieue_api::{DomainCapacity, FailureDomain, ProviderCapabilities};
 
 /// What the probe found in one datacenter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatacenterInventory {
     pub clusters: BTreeSet<String>,
+    /// What vCenter reports of each cluster's size, by cluster name (absent: not reported).
+    pub capacities: BTreeMap<String, DomainCapacity>,
     pub datastores: BTreeSet<String>,
     pub networks: BTreeSet<String>,
 }
@@ -88,7 +92,7 @@ pub fn narrow(declared: &ProviderCapabilities, found: &Inventory) -> Narrowed {
                 storage_classes: storage_classes.clone(),
                 network_classes: network_classes.clone(),
                 features: declared.features.clone(),
-                capacity: None,
+                capacity: inventory.capacities.get(cluster).cloned(),
             });
         }
     }
@@ -170,6 +174,14 @@ mod tests {
             "DC0".to_owned(),
             DatacenterInventory {
                 clusters: set(&["DC0_C0", "DC0_C1"]),
+                capacities: [(
+                    "DC0_C1".to_owned(),
+                    DomainCapacity {
+                        memory_bytes: 4 << 30,
+                        cpus: 2,
+                    },
+                )]
+                .into(),
                 datastores: set(&["LocalDS_0"]),
                 networks: set(&["VM Network"]),
             },
@@ -190,6 +202,17 @@ mod tests {
             ]
         );
         let d = &n.failure_domains[0];
+        assert_eq!(
+            d.capacity, None,
+            "a cluster whose size vCenter does not report"
+        );
+        assert_eq!(
+            n.failure_domains[1].capacity,
+            Some(DomainCapacity {
+                memory_bytes: 4 << 30,
+                cpus: 2
+            })
+        );
         assert_eq!(d.storage_classes.len(), 1);
         assert_eq!(d.network_classes.len(), 1);
         assert_eq!(d.features, ["vtpm"]);

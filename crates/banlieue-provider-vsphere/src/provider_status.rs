@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{FailureDomain, Provider, ProviderStatus};
+use banlieue_api::{DomainCapacity, FailureDomain, Provider, ProviderStatus};
 use banlieue_vsphere::{Client, PropertyValue};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -163,13 +163,21 @@ pub async fn inventory(client: &Client) -> Result<Inventory> {
         .await
         .map_err(Error::vsphere("list the datacenters"))?;
     for dc in datacenters {
-        let clusters = client
+        let listed = client
             .clusters(&dc.moref)
             .await
-            .map_err(Error::vsphere(format!("list the clusters of {}", dc.name)))?
-            .into_iter()
-            .map(|c| c.name)
+            .map_err(Error::vsphere(format!("list the clusters of {}", dc.name)))?;
+        let capacities = listed
+            .iter()
+            .filter_map(|c| {
+                let capacity = DomainCapacity {
+                    memory_bytes: c.total_memory_bytes?,
+                    cpus: c.cpu_threads.unwrap_or(0),
+                };
+                Some((c.name.clone(), capacity))
+            })
             .collect();
+        let clusters = listed.into_iter().map(|c| c.name).collect();
         let names = |kind: &'static str| {
             let client = client.clone();
             let moref = dc.moref.clone();
@@ -194,6 +202,7 @@ pub async fn inventory(client: &Client) -> Result<Inventory> {
             dc.name,
             DatacenterInventory {
                 clusters,
+                capacities,
                 datastores,
                 networks,
             },

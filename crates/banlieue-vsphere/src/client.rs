@@ -16,8 +16,8 @@ use crate::property::{
 };
 use crate::soap::{Request, parse_response};
 use crate::types::{
-    CloneSpec, Cluster, Datacenter, ReconfigSpec, ServiceContent, TaskInfo, TaskState, UserSession,
-    VM_INFO_PATHS, VmInfo,
+    CLUSTER_PATHS, CloneSpec, Cluster, Datacenter, ReconfigSpec, ServiceContent, TaskInfo,
+    TaskState, UserSession, VM_INFO_PATHS, VmInfo,
 };
 use crate::xml::Element;
 
@@ -432,11 +432,7 @@ impl Client {
     /// The clusters in `datacenter`, by name.
     pub async fn clusters(&self, datacenter: &ManagedObjectRef) -> Result<Vec<Cluster>> {
         let objects = self
-            .objects_of(
-                datacenter,
-                "ClusterComputeResource",
-                &["name", "resourcePool"],
-            )
+            .objects_of(datacenter, "ClusterComputeResource", CLUSTER_PATHS)
             .await?;
         let mut clusters = objects
             .iter()

@@ -88,6 +88,14 @@ impl PropertyValue {
         }
     }
 
+    /// The integer, if this is one.
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            PropertyValue::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
     /// The reference, if this is one.
     pub fn as_moref(&self) -> Option<&ManagedObjectRef> {
         match self {

@@ -132,14 +132,30 @@ pub struct Cluster {
     pub name: String,
     /// The root resource pool: where a clone placed "in the cluster" goes.
     pub resource_pool: ManagedObjectRef,
+    /// The memory of its hosts (`summary.totalMemory`), in bytes; `None` when vCenter does not
+    /// say (or says something negative).
+    pub total_memory_bytes: Option<u64>,
+    /// Its hosts' logical CPUs (`summary.numCpuThreads`), when vCenter says.
+    pub cpu_threads: Option<u32>,
 }
+
+/// The properties [`Cluster::from_content`] reads.
+pub(crate) const CLUSTER_PATHS: &[&str] = &[
+    "name",
+    "resourcePool",
+    "summary.totalMemory",
+    "summary.numCpuThreads",
+];
 
 impl Cluster {
     pub(crate) fn from_content(content: &ObjectContent) -> Result<Cluster> {
+        let number = |path: &str| content.get(path).and_then(PropertyValue::as_int);
         Ok(Cluster {
             moref: content.obj.clone(),
             name: required_text(content, "name")?,
             resource_pool: required_moref(content, "resourcePool")?,
+            total_memory_bytes: number("summary.totalMemory").and_then(|n| u64::try_from(n).ok()),
+            cpu_threads: number("summary.numCpuThreads").and_then(|n| u32::try_from(n).ok()),
         })
     }
 }

@@ -144,6 +144,12 @@ async fn the_inventory_matches_the_shape_vcsim_was_started_with() {
         assert_eq!(dc.vm_folder.kind, "Folder");
         for cluster in client.clusters(&dc.moref).await.expect("clusters") {
             assert_eq!(cluster.resource_pool.kind, "ResourcePool");
+            // Its one host's memory and threads, what the scheduler limits a cluster to.
+            assert!(
+                cluster.total_memory_bytes.is_some_and(|b| b >= 1 << 30),
+                "{cluster:?}"
+            );
+            assert!(cluster.cpu_threads.is_some_and(|n| n > 0), "{cluster:?}");
             found.push(format!("{}/{}", dc.name, cluster.name));
         }
     }

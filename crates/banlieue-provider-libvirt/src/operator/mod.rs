@@ -15,19 +15,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, reasons, status, types};
-use banlieue_api::{LibvirtMachine, Provider, ProviderClass};
+use banlieue_api::{MachineSpecContract, Provider, ProviderClass};
 use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
+use serde::{Deserialize as _, Serialize};
 
 use crate::error::{Error, Result};
 use crate::provider_status;
@@ -255,7 +255,7 @@ async fn publish(
 /// runs with them. A class role the administrator has not created (or not allowed the operator
 /// to bind) stops here with `ProviderClassRoleMissing`, before anything runs.
 async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloads) -> Result<()> {
-    if !class.spec.additional_rules.is_empty() {
+    if w.binds_class_role {
         check_class_role(kube, class, &w.class_binding.role_ref.name).await?;
     }
     let in_ns = |meta: &kube::api::ObjectMeta| meta.namespace.clone().unwrap_or_default();
@@ -292,7 +292,7 @@ async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloa
         &w.cluster_role_binding,
     )
     .await?;
-    if !class.spec.additional_rules.is_empty() {
+    if w.binds_class_role {
         apply(
             FIELD_MANAGER,
             Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&w.class_binding.metadata)),
@@ -325,7 +325,8 @@ fn is_forbidden(e: &Error) -> bool {
 }
 
 /// Fails with `ProviderClassRoleMissing` unless the ClusterRole the administrator grants the
-/// class holds every rule of its `additionalRules`.
+/// class holds every rule of its `additionalRules`, and the rights on its machines when the
+/// class's kind keeps them in that role ([`workloads::BackendWorkload::class_role_rules`]).
 async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str) -> Result<()> {
     let held = Api::<ClusterRole>::all(kube.clone())
         .get_opt(role)
@@ -335,21 +336,33 @@ async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str
         reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
         message,
     };
+    let backend = workloads::backend_workload(class.spec.machine_kind);
+    let what = if backend.class_role_rules.is_empty() {
+        "the additionalRules".to_owned()
+    } else {
+        format!(
+            "the {} rights and the additionalRules",
+            backend.machines.kind
+        )
+    };
     let Some(held) = held else {
         return Err(missing(format!(
-            "ClusterRole {role} does not exist: create it with the additionalRules of ProviderClass {:?} (docs/security.md)",
+            "ClusterRole {role} does not exist: create it with {what} of ProviderClass {:?} (docs/security.md)",
             class.name_any()
         )));
     };
-    let uncovered = workloads::uncovered(
-        &class.spec.additional_rules,
-        held.rules.as_deref().unwrap_or_default(),
-    );
+    let wanted: Vec<_> = backend
+        .class_role_rules
+        .iter()
+        .chain(&class.spec.additional_rules)
+        .cloned()
+        .collect();
+    let uncovered = workloads::uncovered(&wanted, held.rules.as_deref().unwrap_or_default());
     if uncovered.is_empty() {
         Ok(())
     } else {
         Err(missing(format!(
-            "ClusterRole {role} does not grant the additionalRules of ProviderClass {:?}: {}",
+            "ClusterRole {role} does not grant {what} of ProviderClass {:?}: {}",
             class.name_any(),
             uncovered.join(", ")
         )))
@@ -394,19 +407,25 @@ async fn ensure_finalizer(provider: &Provider, api: &Api<Provider>) -> Result<()
     crate::finalizers::add(api, provider, FINALIZER_PROVIDER_WORKLOADS).await
 }
 
-/// The names of the LibvirtMachines that still name `provider`, sorted.
-pub fn remaining_machines(machines: &[LibvirtMachine], provider: &str) -> Vec<String> {
+/// The names of the machines (of any kind) that still name `provider`, sorted. A machine
+/// whose spec does not carry the contract names no Provider.
+pub fn remaining_machines(machines: &[DynamicObject], provider: &str) -> Vec<String> {
     let mut names: Vec<String> = machines
         .iter()
-        .filter(|m| m.spec.provider_ref.name == provider)
+        .filter(|m| {
+            m.data
+                .get("spec")
+                .and_then(|spec| MachineSpecContract::deserialize(spec).ok())
+                .is_some_and(|spec| spec.provider_ref.name == provider)
+        })
         .map(|m| m.name_any())
         .collect();
     names.sort();
     names
 }
 
-/// The MachinesRemain message: how many, and the first few by name.
-pub fn machines_remain_message(names: &[String]) -> String {
+/// The MachinesRemain message: how many machines of `kind`, and the first few by name.
+pub fn machines_remain_message(kind: &str, names: &[String]) -> String {
     const SHOWN: usize = 5;
     let mut shown = names
         .iter()
@@ -418,7 +437,7 @@ pub fn machines_remain_message(names: &[String]) -> String {
         shown.push_str(&format!(", and {} more", names.len() - SHOWN));
     }
     format!(
-        "deletion waits for {} LibvirtMachine(s) to be torn down: {shown}",
+        "deletion waits for {} {kind}(s) to be torn down: {shown}",
         names.len()
     )
 }
@@ -433,19 +452,31 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
     }
     let ns = provider.namespace().unwrap_or_default();
     let name = provider.name_any();
+    let class = Api::<ProviderClass>::all(ctx.kube.clone())
+        .get_opt(&provider.spec.provider_class_ref.name)
+        .await
+        .map_err(Error::kube("read ProviderClass"))?;
     // The workload must outlive its machines: it is the only thing that can destroy their
-    // domains, and a machine whose finalizer nobody removes blocks its owners forever.
-    let machines = Api::<LibvirtMachine>::namespaced(ctx.kube.clone(), &ns)
+    // domains or VMs, and a machine whose finalizer nobody removes blocks its owners forever.
+    // Without its class the kind is unknown; the default kind's are the ones waited for.
+    let machines = workloads::backend_workload(
+        class
+            .as_ref()
+            .map(|c| c.spec.machine_kind)
+            .unwrap_or_default(),
+    )
+    .machines;
+    let listed = Api::<DynamicObject>::namespaced_with(ctx.kube.clone(), &ns, &machines)
         .list(&Default::default())
         .await
-        .map_err(Error::kube("list LibvirtMachines"))?;
-    let remaining = remaining_machines(&machines.items, &name);
+        .map_err(Error::kube(format!("list {}s", machines.kind)))?;
+    let remaining = remaining_machines(&listed.items, &name);
     if !remaining.is_empty() {
         let ready = conditions::new(
             types::READY,
             status::FALSE,
             reasons::MACHINES_REMAIN,
-            machines_remain_message(&remaining),
+            machines_remain_message(&machines.kind, &remaining),
             provider.metadata.generation,
         );
         publish(provider, api, ctx, ready).await?;
@@ -458,11 +489,7 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         "ClusterRoleBinding",
     )
     .await?;
-    if let Some(class) = Api::<ProviderClass>::all(ctx.kube.clone())
-        .get_opt(&provider.spec.provider_class_ref.name)
-        .await
-        .map_err(Error::kube("read ProviderClass"))?
-    {
+    if let Some(class) = class {
         let build = crate::image::decide::ImportSettings::of(&class).namespace;
         delete_if_present(
             Api::<RoleBinding>::namespaced(ctx.kube.clone(), &build),
@@ -494,12 +521,43 @@ mod tests {
     fn the_message_counts_and_names_a_few() {
         let names: Vec<String> = (1..=7).map(|i| format!("m{i}")).collect();
         assert_eq!(
-            machines_remain_message(&names),
+            machines_remain_message("LibvirtMachine", &names),
             "deletion waits for 7 LibvirtMachine(s) to be torn down: m1, m2, m3, m4, m5, and 2 more"
         );
         assert_eq!(
-            machines_remain_message(&names[..1]),
-            "deletion waits for 1 LibvirtMachine(s) to be torn down: m1"
+            machines_remain_message("VSphereMachine", &names[..1]),
+            "deletion waits for 1 VSphereMachine(s) to be torn down: m1"
         );
+    }
+
+    #[test]
+    fn remaining_machines_are_those_naming_the_provider_of_any_kind() {
+        let machine = |kind: banlieue_api::MachineKind, name: &str, spec: serde_json::Value| {
+            let mut m = DynamicObject::new(name, &workloads::backend_workload(kind).machines);
+            m.data = serde_json::json!({ "spec": spec });
+            m
+        };
+        use banlieue_api::MachineKind::{LibvirtMachine, VSphereMachine};
+        let machines = [
+            machine(
+                VSphereMachine,
+                "b",
+                serde_json::json!({"providerRef": {"name": "vc"}}),
+            ),
+            machine(
+                VSphereMachine,
+                "a",
+                serde_json::json!({"providerRef": {"name": "vc"}}),
+            ),
+            machine(
+                LibvirtMachine,
+                "c",
+                serde_json::json!({"providerRef": {"name": "other"}}),
+            ),
+            // No contract: names no Provider.
+            machine(LibvirtMachine, "d", serde_json::json!({"pool": "p"})),
+        ];
+        assert_eq!(remaining_machines(&machines, "vc"), ["a", "b"]);
+        assert!(remaining_machines(&machines, "gone").is_empty());
     }
 }

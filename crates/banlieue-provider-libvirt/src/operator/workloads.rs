@@ -10,13 +10,18 @@
 //! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object (resourceNames) |
 //! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
 //! | ClusterRoleBinding `banlieue-provider-<ns>-<p>` | — | ClusterRole `banlieue-provider-cluster` |
-//! | RoleBinding `banlieue-provider-<ns>-<p>` | build | ClusterRole `banlieue-provider-class-<class>` |
+//! | RoleBinding `banlieue-provider-<ns>-<p>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
+//! | RoleBinding `banlieue-provider-<p>-class` | Provider's (vSphere) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to the import ServiceAccount |
+//!
+//! What differs between the classes' workloads (the provider they run, where and when the
+//! class's ClusterRole is bound) is decided once, by the class's machine kind, in
+//! [`backend_workload`].
 
 use std::collections::BTreeMap;
 
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER};
-use banlieue_api::{Provider, ProviderClass};
+use banlieue_api::{LibvirtMachine, MachineKind, Provider, ProviderClass, VSphereMachine};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
@@ -29,6 +34,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
+use kube::api::ApiResource;
 
 use crate::image::decide::ImportSettings;
 
@@ -70,9 +76,77 @@ pub struct Workloads {
     /// Cluster-scoped, so it cannot be owned by the namespaced Provider; removed through the
     /// Provider's finalizer instead.
     pub cluster_role_binding: ClusterRoleBinding,
-    /// The class's role in the build namespace: another namespace than the Provider's, so
-    /// removed through the finalizer too.
+    /// The class's role, where [`BackendWorkload::class_role`] says. In the build namespace
+    /// (another namespace than the Provider's) it is removed through the finalizer too; in the
+    /// Provider's it is owned by the Provider.
     pub class_binding: RoleBinding,
+    /// Whether `class_binding` is applied: always for [`ClassRoleScope::ProviderNamespace`],
+    /// only for a class with `additionalRules` otherwise.
+    pub binds_class_role: bool,
+}
+
+/// Where a class's ClusterRole `banlieue-provider-class-<class>` is bound for each Provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassRoleScope {
+    /// The class's build namespace, and only when the class declares `additionalRules`: the
+    /// role holds what import Jobs need (libvirt).
+    BuildNamespace,
+    /// The Provider's own namespace, always: the role holds the rights on the class's
+    /// machines, which `banlieue-provider-base` does not grant (vSphere).
+    ProviderNamespace,
+}
+
+/// What the operator does differently for the providers of one machine kind. The only place
+/// the operator tells backends apart.
+#[derive(Clone, Debug)]
+pub struct BackendWorkload {
+    /// The backend's word in `banlieue provider <backend> run`.
+    pub subcommand: &'static str,
+    /// Where the class's ClusterRole is bound.
+    pub class_role: ClassRoleScope,
+    /// What the class's ClusterRole must grant whatever the class declares: the rights on
+    /// the kind's machines when the base role does not hold them.
+    pub class_role_rules: Vec<PolicyRule>,
+    /// The kind's machines, which a Provider being deleted waits for.
+    pub machines: ApiResource,
+}
+
+/// The workload of the providers of `kind`.
+pub fn backend_workload(kind: MachineKind) -> BackendWorkload {
+    match kind {
+        MachineKind::LibvirtMachine => BackendWorkload {
+            subcommand: "libvirt",
+            class_role: ClassRoleScope::BuildNamespace,
+            // `banlieue-provider-base` holds the LibvirtMachine rights.
+            class_role_rules: Vec::new(),
+            machines: ApiResource::erase::<LibvirtMachine>(&()),
+        },
+        MachineKind::VSphereMachine => BackendWorkload {
+            subcommand: "vsphere",
+            class_role: ClassRoleScope::ProviderNamespace,
+            class_role_rules: machine_rules("vspheremachines"),
+            machines: ApiResource::erase::<VSphereMachine>(&()),
+        },
+    }
+}
+
+/// A provider's rights on its machines of resource `plural`: it reads them, adds and removes
+/// its finalizer and reports in the status; it never creates or deletes one.
+fn machine_rules(plural: &str) -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &[names::GROUP],
+            &[plural],
+            &["get", "list", "watch", "patch"],
+            &[],
+        ),
+        rule(
+            &[names::GROUP],
+            &[&format!("{plural}/status"), &format!("{plural}/finalizers")],
+            &["patch"],
+            &[],
+        ),
+    ]
 }
 
 /// The name of the Provider's namespaced objects: `banlieue-provider-<name>`.
@@ -253,11 +327,12 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         ..ServiceAccount::default()
     };
 
+    let backend = backend_workload(class.spec.machine_kind);
     let mut args = class.spec.args.clone();
     args.extend(
         [
             "provider",
-            "libvirt",
+            backend.subcommand,
             "run",
             "--provider",
             &name,
@@ -345,13 +420,20 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         },
         subjects: Some(vec![workload_subject.clone()]),
     };
+    let (class_binding_meta, binds_class_role) = match backend.class_role {
+        ClassRoleScope::BuildNamespace => (
+            ObjectMeta {
+                name: Some(cluster_role_binding_name(&ns, &name)),
+                namespace: Some(import.namespace.clone()),
+                labels: Some(outside_labels),
+                ..ObjectMeta::default()
+            },
+            !class.spec.additional_rules.is_empty(),
+        ),
+        ClassRoleScope::ProviderNamespace => (meta(names::shorten(&format!("{wl}-class"))), true),
+    };
     let class_binding = binding(
-        ObjectMeta {
-            name: Some(cluster_role_binding_name(&ns, &name)),
-            namespace: Some(import.namespace.clone()),
-            labels: Some(outside_labels),
-            ..ObjectMeta::default()
-        },
+        class_binding_meta,
         "ClusterRole",
         &class_role_name(&class_name),
         workload_subject,
@@ -366,6 +448,7 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         import_service_account,
         cluster_role_binding,
         class_binding,
+        binds_class_role,
     })
 }
 
@@ -609,5 +692,145 @@ mod tests {
             uncovered(&[rule(&[""], &["pods"], &["get"], &[])], &[]),
             vec!["get pods"]
         );
+    }
+
+    fn vsphere_class() -> ProviderClass {
+        let text = std::fs::read_to_string(format!(
+            "{}/../../examples/09-providerclass-vsphere.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let mut class: ProviderClass = serde_saphyr::from_str(&text).unwrap();
+        class.metadata.uid = Some("uid-v".into());
+        class
+    }
+
+    #[test]
+    fn each_machine_kind_runs_its_provider() {
+        assert_eq!(
+            backend_workload(MachineKind::LibvirtMachine).subcommand,
+            "libvirt"
+        );
+        let vsphere = backend_workload(MachineKind::VSphereMachine);
+        assert_eq!(vsphere.subcommand, "vsphere");
+        assert_eq!(vsphere.class_role, ClassRoleScope::ProviderNamespace);
+        assert_eq!(vsphere.machines.plural, "vspheremachines");
+        assert_eq!(
+            backend_workload(MachineKind::LibvirtMachine)
+                .machines
+                .plural,
+            "libvirtmachines"
+        );
+    }
+
+    #[test]
+    fn a_vsphere_provider_runs_the_vsphere_provider_with_its_class_role_beside_it() {
+        let mut provider = provider();
+        provider.spec.provider_class_ref = LocalObjectReference::new("vsphere");
+        let class = vsphere_class();
+        assert_eq!(class.spec.machine_kind, MachineKind::VSphereMachine);
+        assert!(class.spec.additional_rules.is_empty());
+        let w = build(&provider, &class).unwrap();
+        let spec = w.deployment.spec.template.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].args.clone().unwrap(),
+            [
+                "provider",
+                "vsphere",
+                "run",
+                "--provider",
+                "edge-7",
+                "--namespace",
+                "banlieue-system"
+            ]
+        );
+        // Bound without additionalRules: the role holds its machine rights.
+        assert!(w.binds_class_role);
+        let binding = &w.class_binding;
+        assert_eq!(binding.role_ref.name, "banlieue-provider-class-vsphere");
+        assert_eq!(
+            binding.metadata.namespace.as_deref(),
+            Some("banlieue-system")
+        );
+        assert_eq!(
+            binding.metadata.name.as_deref(),
+            Some("banlieue-provider-edge-7-class")
+        );
+        // In the Provider's namespace it goes with the Provider, like its other grants.
+        let owner = &binding.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Provider", "uid-1")
+        );
+        let subject = &binding.subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            ("banlieue-provider-edge-7", Some("banlieue-system"))
+        );
+        // The shipped role is the one bound, and it grants the machines the provider realises.
+        let role = shipped_cluster_role("provider-class-vsphere-clusterrole.yaml");
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some(binding.role_ref.name.as_str())
+        );
+        let wanted = vec![
+            rule(
+                &["banlieue.io"],
+                &["vspheremachines"],
+                &["get", "list", "watch", "patch"],
+                &[],
+            ),
+            rule(
+                &["banlieue.io"],
+                &["vspheremachines/status", "vspheremachines/finalizers"],
+                &["patch"],
+                &[],
+            ),
+        ];
+        // What the operator checks the role for before binding it.
+        assert_eq!(
+            backend_workload(MachineKind::VSphereMachine).class_role_rules,
+            wanted
+        );
+        assert_eq!(
+            uncovered(&wanted, &role.rules.unwrap()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_libvirt_class_without_rules_binds_no_class_role() {
+        let mut class = class();
+        assert!(build(&provider(), &class).unwrap().binds_class_role);
+        class.spec.additional_rules.clear();
+        assert!(!build(&provider(), &class).unwrap().binds_class_role);
+    }
+
+    #[test]
+    fn the_operator_may_bind_every_shipped_role_it_binds() {
+        let text = std::fs::read_to_string(format!(
+            "{}/../../deploy/rbac/controller-workloads-clusterrole.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let role: ClusterRole = serde_saphyr::from_str(&text).unwrap();
+        let bindable: Vec<String> = role
+            .rules
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.verbs.iter().any(|v| v == "bind"))
+            .flat_map(|r| r.resource_names.unwrap_or_default())
+            .collect();
+        for name in [
+            PROVIDER_BASE_ROLE.to_owned(),
+            IMPORT_ROLE.to_owned(),
+            class_role_name("libvirt"),
+            class_role_name("vsphere"),
+        ] {
+            assert!(
+                bindable.contains(&name),
+                "{name} not bindable: {bindable:?}"
+            );
+        }
     }
 }
