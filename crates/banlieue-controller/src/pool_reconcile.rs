@@ -217,11 +217,15 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
     }
     let mut status_pending = None;
     if next != current {
+        let now = Instant::now();
         status_pending = pool_decide::status_write_delay(
             &current,
             &next,
-            ctx.status_writes.since_last(&pool_key, Instant::now()),
+            ctx.status_writes.since_last(&pool_key, now),
+            ctx.status_writes.pending_for(&pool_key, now),
         );
+    } else {
+        ctx.status_writes.settled(&pool_key);
     }
     if next != current && status_pending.is_none() {
         let previous_reason =
