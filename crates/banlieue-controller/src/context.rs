@@ -347,8 +347,6 @@ where
 #[derive(Debug, Default)]
 pub(crate) struct LastWrites {
     at: Mutex<HashMap<String, Instant>>,
-    /// When a change of each key that is being held back was first seen.
-    pending: Mutex<HashMap<String, Instant>>,
 }
 
 impl LastWrites {
@@ -358,21 +356,7 @@ impl LastWrites {
         at.get(key).map(|t| now.saturating_duration_since(*t))
     }
 
-    /// How long a held-back change of `key` has been pending: since the first call after the
-    /// last write or [`settled`](Self::settled).
-    pub fn pending_for(&self, key: &str, now: Instant) -> std::time::Duration {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        now.saturating_duration_since(*pending.entry(key.to_owned()).or_insert(now))
-    }
-
-    /// `key` needs no write any more (what was pending was undone).
-    pub fn settled(&self, key: &str) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.remove(key);
-    }
-
     pub fn wrote(&self, key: &str, now: Instant) {
-        self.settled(key);
         let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
         at.retain(|_, t| {
             now.saturating_duration_since(*t) < crate::pool_decide::STATUS_COUNTS_INTERVAL

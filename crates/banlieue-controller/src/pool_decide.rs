@@ -293,22 +293,17 @@ pub const STATUS_COUNTS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// When a changed pool status should be written: `None` now, else after the delay. A change
 /// of meaning (Ready's status or reason, the revision, the observed generation) is written at
-/// once, but for a pool at capacity that starts filling: a claim took a member and its
-/// replacement is on the way, which at a few claims a second happens on every claim and is
-/// undone a moment later. That change waits until it has been pending for
-/// [`REFILL_GRACE`] (`pending_for`: since the status first differed from the written one), so a refill that completes
-/// within it costs no status write and no Event. A change of counts waits until
-/// [`STATUS_COUNTS_INTERVAL`] has passed since the pool's last write (`since_last_write`). The
-/// reconcile is requeued for the returned delay.
+/// once, and so is everything when this process has not written the pool within
+/// [`STATUS_COUNTS_INTERVAL`]. Within it, a change of counts waits out the interval, and so
+/// does a pool at capacity starting to fill (a claim took a member and its replacement is on
+/// the way): at a few claims a second that happens on every claim and is undone a moment
+/// later, and written each time it cost two status writes per claim. The status is then at
+/// most that interval behind, as it is for counts. The reconcile is requeued for the delay.
 pub fn status_write_delay(
     current: &VirtualMachinePoolStatus,
     next: &VirtualMachinePoolStatus,
     since_last_write: Option<Duration>,
-    pending_for: Duration,
 ) -> Option<Duration> {
-    let ready = |s: &VirtualMachinePoolStatus| {
-        conditions::find(&s.conditions, types::READY).map(|c| (c.status.clone(), c.reason.clone()))
-    };
     let rest = |s: &VirtualMachinePoolStatus| {
         (
             s.current_revision.clone(),
@@ -319,18 +314,9 @@ pub fn status_write_delay(
     if rest(current) != rest(next) {
         return None;
     }
-    let (before, after) = (ready(current), ready(next));
-    if before != after {
-        let starts_filling = before
-            == Some((status::TRUE.to_owned(), reasons::AT_CAPACITY.to_owned()))
-            && after == Some((status::FALSE.to_owned(), reasons::FILLING.to_owned()));
-        return if starts_filling {
-            REFILL_GRACE
-                .checked_sub(pending_for)
-                .filter(|d| !d.is_zero())
-        } else {
-            None
-        };
+    let (before, after) = (ready_of(current), ready_of(next));
+    if before != after && !is_refill(before.as_ref(), after.as_ref()) {
+        return None;
     }
     let since = since_last_write?;
     STATUS_COUNTS_INTERVAL
@@ -338,9 +324,18 @@ pub fn status_write_delay(
         .filter(|d| !d.is_zero())
 }
 
-/// How long a pool at capacity may be refilling before its status says `Filling` (and a
-/// Warning Event says so): longer than a warm refill takes, short next to a real shortage.
-pub const REFILL_GRACE: Duration = Duration::from_secs(2);
+/// Ready's status and reason in `status`.
+pub fn ready_of(status: &VirtualMachinePoolStatus) -> Option<(String, String)> {
+    conditions::find(&status.conditions, types::READY).map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Whether Ready going from `before` to `after` is a pool at capacity starting to refill.
+pub fn is_refill(before: Option<&(String, String)>, after: Option<&(String, String)>) -> bool {
+    let is = |c: Option<&(String, String)>, status: &str, reason: &str| {
+        c.is_some_and(|(s, r)| s == status && r == reason)
+    };
+    is(before, status::TRUE, reasons::AT_CAPACITY) && is(after, status::FALSE, reasons::FILLING)
+}
 
 #[cfg(test)]
 mod tests {
@@ -612,70 +607,56 @@ mod tests {
 
     #[test]
     fn count_changes_are_written_at_most_once_per_interval_and_meaning_at_once() {
-        let none = Duration::ZERO;
         let current = pool_status(5, reasons::AT_CAPACITY);
         let counts = pool_status(4, reasons::AT_CAPACITY);
         // Never written by this process: write now.
-        assert_eq!(status_write_delay(&current, &counts, None, none), None);
+        assert_eq!(status_write_delay(&current, &counts, None), None);
         // Written 300 ms ago: the counts wait out the rest of the interval.
         assert_eq!(
-            status_write_delay(&current, &counts, Some(Duration::from_millis(300)), none),
+            status_write_delay(&current, &counts, Some(Duration::from_millis(300))),
             Some(Duration::from_millis(700))
         );
         assert_eq!(
-            status_write_delay(&current, &counts, Some(STATUS_COUNTS_INTERVAL), none),
+            status_write_delay(&current, &counts, Some(STATUS_COUNTS_INTERVAL)),
             None
         );
         // A new reason is written at once, however recent the last write.
         let degraded = pool_status_as_decided(4, reasons::READINESS_SIGNAL_ABSENT);
         assert_eq!(
-            status_write_delay(&current, &degraded, Some(Duration::ZERO), none),
+            status_write_delay(&current, &degraded, Some(Duration::ZERO)),
             None
         );
         let mut new_revision = counts.clone();
         new_revision.current_revision = Some("r2".into());
         assert_eq!(
-            status_write_delay(&current, &new_revision, Some(Duration::ZERO), none),
+            status_write_delay(&current, &new_revision, Some(Duration::ZERO)),
             None
         );
     }
 
     #[test]
-    fn a_pool_at_capacity_says_filling_only_once_the_refill_outlasts_the_grace() {
+    fn a_pool_at_capacity_starting_to_refill_is_written_as_counts_are() {
         let at_capacity = pool_status(5, reasons::AT_CAPACITY);
         let filling = pool_status_as_decided(4, reasons::FILLING);
-        // Just seen: wait the whole grace, whenever the last write was.
+        // Not written within the interval: at once.
+        assert_eq!(status_write_delay(&at_capacity, &filling, None), None);
         assert_eq!(
-            status_write_delay(&at_capacity, &filling, None, Duration::ZERO),
-            Some(REFILL_GRACE)
-        );
-        assert_eq!(
-            status_write_delay(
-                &at_capacity,
-                &filling,
-                Some(Duration::from_secs(60)),
-                Duration::from_millis(500)
-            ),
-            Some(REFILL_GRACE - Duration::from_millis(500))
-        );
-        // Still filling after the grace: written.
-        assert_eq!(
-            status_write_delay(&at_capacity, &filling, None, REFILL_GRACE),
+            status_write_delay(&at_capacity, &filling, Some(STATUS_COUNTS_INTERVAL)),
             None
         );
-        // The other way, and from anything but AtCapacity, at once.
+        // Written 300 ms ago: it waits out the interval (and is gone if the refill is done).
         assert_eq!(
-            status_write_delay(&filling, &at_capacity, Some(Duration::ZERO), Duration::ZERO),
+            status_write_delay(&at_capacity, &filling, Some(Duration::from_millis(300))),
+            Some(Duration::from_millis(700))
+        );
+        // Back at capacity, or filling from anything else: at once.
+        assert_eq!(
+            status_write_delay(&filling, &at_capacity, Some(Duration::ZERO)),
             None
         );
         let signal_absent = pool_status_as_decided(4, reasons::READINESS_SIGNAL_ABSENT);
         assert_eq!(
-            status_write_delay(
-                &signal_absent,
-                &filling,
-                Some(Duration::ZERO),
-                Duration::ZERO
-            ),
+            status_write_delay(&signal_absent, &filling, Some(Duration::ZERO)),
             None
         );
     }

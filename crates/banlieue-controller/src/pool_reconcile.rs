@@ -217,23 +217,26 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
     }
     let mut status_pending = None;
     if next != current {
-        let now = Instant::now();
         status_pending = pool_decide::status_write_delay(
             &current,
             &next,
-            ctx.status_writes.since_last(&pool_key, now),
-            ctx.status_writes.pending_for(&pool_key, now),
+            ctx.status_writes.since_last(&pool_key, Instant::now()),
         );
-    } else {
-        ctx.status_writes.settled(&pool_key);
     }
     if next != current && status_pending.is_none() {
-        let previous_reason =
-            conditions::find(&current.conditions, types::READY).map(|c| c.reason.clone());
+        let (before, after) = (
+            pool_decide::ready_of(&current),
+            pool_decide::ready_of(&next),
+        );
         ctx.patch_status(&ctx.api::<VirtualMachinePool>(&namespace), &name, &next)
             .await?;
         ctx.status_writes.wrote(&pool_key, Instant::now());
-        if previous_reason.as_deref() != Some(plan.ready.reason) {
+        let back_at_capacity = pool_decide::is_refill(after.as_ref(), before.as_ref());
+        if pool_decide::is_refill(before.as_ref(), after.as_ref()) || back_at_capacity {
+            // A refill behind a claim: routine, summarised once per window, never a Warning.
+            ctx.routine_event(pool.as_ref(), plan.ready.reason, plan.ready.message.clone())
+                .await;
+        } else if before.map(|(_, reason)| reason).as_deref() != Some(plan.ready.reason) {
             let kind = if filling {
                 EventType::Warning
             } else {
