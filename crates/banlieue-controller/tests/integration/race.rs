@@ -112,20 +112,33 @@ async fn a_second_member_bound_to_a_claim_is_deleted() -> TestResult {
     let claims = h.api::<VirtualMachineClaim>();
     let claim = claims.get("c").await?;
     let vms = h.api::<banlieue_api::VirtualMachine>();
-    let unclaimed = h
+    let extra = h
         .members("p")
         .await?
         .into_iter()
-        .find(|vm| kube::ResourceExt::name_any(vm) != kept)
+        .map(|vm| kube::ResourceExt::name_any(&vm))
+        .find(|name| *name != kept)
         .ok_or("no unclaimed member")?;
-    let extra = kube::ResourceExt::name_any(&unclaimed);
-    // As the lost bind left it (admin: the test plays the controller's earlier write).
-    banlieue_controller::bind_member(
-        &vms,
-        &claim,
-        &extra,
-        unclaimed.metadata.resource_version.as_deref(),
-    )
+    // As the lost bind left it (admin: the test plays the controller's earlier write), at the
+    // member's latest resourceVersion: the controller may still be writing its status.
+    wait_for("the second member bound to the claim", DEADLINE, || {
+        let (vms, claim, extra) = (vms.clone(), claim.clone(), extra.clone());
+        async move {
+            let member = vms.get(&extra).await?;
+            match banlieue_controller::bind_member(
+                &vms,
+                &claim,
+                &extra,
+                member.metadata.resource_version.as_deref(),
+            )
+            .await
+            {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+                Err(error) => Err(error.into()),
+            }
+        }
+    })
     .await?;
     wait_for("the second member to be deleted", DEADLINE, || {
         let vms = vms.clone();
