@@ -835,21 +835,7 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     );
 
     // The Job's one retry: the half-written volume is not taken for complete.
-    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
-    args.artifacts_root = d.dir().to_owned();
-    let outcome = run_import(importer.clone(), args.clone())
-        .await
-        .expect("retry");
-    assert!(
-        matches!(outcome, ImportOutcome::Imported { .. }),
-        "{outcome:?}"
-    );
-    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
-    let again = run_import(importer, args).await.expect("rerun");
-    assert!(
-        matches!(again, ImportOutcome::AlreadyComplete { .. }),
-        "{again:?}"
-    );
+    retry_imports_whole(&c, &d, importer, &source, &volume, &sum).await;
 }
 
 /// Chaos: libvirtd restarts in the middle of an upload. The importer (a child process, as the
@@ -888,7 +874,21 @@ async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
         !volume_exists(&d, "images", &record).await,
         "an interrupted import must never leave a completion record"
     );
-    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", &source);
+    retry_imports_whole(&c, &d, importer, &source, &volume, &sum).await;
+}
+
+/// The Job's retry after an interrupted import of `source`: it imports again (the half-written
+/// volume is not taken for complete) the bytes whose SHA-256 is `sum`, and a rerun finds them
+/// complete.
+async fn retry_imports_whole(
+    c: &Cluster,
+    d: &Libvirtd,
+    importer: kube::Client,
+    source: &Path,
+    volume: &str,
+    sum: &str,
+) {
+    let mut args = ImportArgs::new(IMAGE, PROVIDER, &c.ns, "images", source);
     args.artifacts_root = d.dir().to_owned();
     let outcome = run_import(importer.clone(), args.clone())
         .await
@@ -897,7 +897,7 @@ async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
         matches!(outcome, ImportOutcome::Imported { .. }),
         "{outcome:?}"
     );
-    assert_eq!(downloaded_sha256(&d, "images", &volume).await, sum);
+    assert_eq!(downloaded_sha256(d, "images", volume).await, sum);
     let again = run_import(importer, args).await.expect("rerun");
     assert!(
         matches!(again, ImportOutcome::AlreadyComplete { .. }),
