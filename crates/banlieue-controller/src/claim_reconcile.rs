@@ -136,17 +136,10 @@ async fn pending(
     );
     let vms = ctx.api::<VirtualMachine>(&this.namespace);
 
-    let mut members: Vec<VirtualMachine> = ctx
-        .stores
-        .vms
-        .state()
-        .iter()
-        .filter(|vm| {
-            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
-                && is_unclaimed_member(vm, &pool_name, &pool_uid)
-        })
-        .map(|vm| vm.as_ref().clone())
-        .collect();
+    let mut members: Vec<VirtualMachine> = cached_vms(ctx, &this.namespace, |vm| {
+        is_unclaimed_member(vm, &pool_name, &pool_uid)
+    })
+    .collect();
     let hosts = ctx.host_states(&this.namespace);
     for _ in 0..MAX_BIND_ATTEMPTS {
         let views: Vec<MemberView> = members
@@ -282,16 +275,24 @@ async fn committed_member(this: &ClaimRef<'_>, ctx: &Context) -> Result<Option<V
             _ => ctx.forget_assignment(&this.uid),
         }
     }
-    Ok(ctx
-        .stores
+    Ok(cached_vms(ctx, &this.namespace, |vm| {
+        is_bound_to(vm, &this.name, &this.uid)
+    })
+    .next())
+}
+
+/// The cached VirtualMachines of `namespace` that satisfy `keep`.
+fn cached_vms(
+    ctx: &Context,
+    namespace: &str,
+    keep: impl Fn(&VirtualMachine) -> bool,
+) -> impl Iterator<Item = VirtualMachine> {
+    ctx.stores
         .vms
         .state()
-        .iter()
-        .find(|vm| {
-            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
-                && is_bound_to(vm, &this.name, &this.uid)
-        })
-        .map(|vm| vm.as_ref().clone()))
+        .into_iter()
+        .filter(move |vm| vm.metadata.namespace.as_deref() == Some(namespace) && keep(vm))
+        .map(|vm| vm.as_ref().clone())
 }
 
 async fn bound_member_from_api(
@@ -379,19 +380,13 @@ async fn delete_extra_members(
     vms: &Api<VirtualMachine>,
     member: &str,
 ) -> Result<()> {
-    let extra: Vec<String> = ctx
-        .stores
-        .vms
-        .state()
-        .iter()
-        .filter(|vm| {
-            vm.metadata.namespace.as_deref() == Some(this.namespace.as_str())
-                && vm.metadata.deletion_timestamp.is_none()
-                && vm.name_any() != member
-                && is_bound_to(vm, &this.name, &this.uid)
-        })
-        .map(|vm| vm.name_any())
-        .collect();
+    let extra: Vec<String> = cached_vms(ctx, &this.namespace, |vm| {
+        vm.metadata.deletion_timestamp.is_none()
+            && vm.name_any() != member
+            && is_bound_to(vm, &this.name, &this.uid)
+    })
+    .map(|vm| vm.name_any())
+    .collect();
     for name in extra {
         tracing::warn!(claim = %this.name, member = %name, "a second member bound to the claim; deleting it");
         match vms.delete(&name, &DeleteParams::default()).await {
