@@ -3,7 +3,8 @@
 //! A pool of warm members, a burst of claims created at a steady rate, and halfway through it
 //! etcd or the API server is killed with SIGKILL and started again on its old state, as a
 //! control-plane node restart looks to everything else. The controller runs in process as its
-//! ServiceAccount under the shipped RBAC; the provider is the contract stand-in. After the
+//! ServiceAccount under the shipped RBAC; the provider is the contract stand-in, for the
+//! machine kind `BANLIEUE_TEST_MACHINE_KIND` names. After the
 //! outage every claim must end Bound (there are as many warm members as claims), no member may
 //! be bound twice, and no machine or member may be left without its owner.
 //!
@@ -16,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use banlieue_api::names::LABEL_CLAIM;
-use banlieue_api::{LibvirtMachine, VirtualMachine, VirtualMachineClaim};
+use banlieue_api::{VirtualMachine, VirtualMachineClaim};
 use banlieue_testenv::control_plane::{Component, wait_for};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -216,14 +217,9 @@ async fn violations(h: &Harness, bound: &[VirtualMachineClaim]) -> TestResult<Ve
         }
     }
     let uids: BTreeSet<String> = vms.iter().filter_map(|vm| vm.uid()).collect();
-    for machine in h
-        .api::<LibvirtMachine>()
-        .list(&ListParams::default())
-        .await?
-        .items
-    {
+    for machine in h.machines().await? {
         let owner = machine
-            .owner_references()
+            .owner_references
             .iter()
             .find(|o| o.controller == Some(true))
             .map(|o| o.uid.clone())
@@ -231,8 +227,7 @@ async fn violations(h: &Harness, bound: &[VirtualMachineClaim]) -> TestResult<Ve
         if !uids.contains(&owner) {
             wrong.push(format!(
                 "machine {} has no live VirtualMachine owning it (deleting: {})",
-                machine.name_any(),
-                machine.metadata.deletion_timestamp.is_some()
+                machine.name, machine.deleting
             ));
         }
     }

@@ -1,5 +1,6 @@
-//! The controller against a real control plane, with a fake provider task playing the
-//! LibvirtMachine contract. One binary, so every test shares one control plane.
+//! The controller against a real control plane, with a fake provider task playing the machine
+//! contract of the kind `BANLIEUE_TEST_MACHINE_KIND` names (`LibvirtMachine`, the default, or
+//! `VSphereMachine`). One binary, so every test shares one control plane.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -3,11 +3,12 @@
 
 use banlieue_api::conditions::{self, types};
 use banlieue_api::names;
-use banlieue_api::{LibvirtMachine, VirtualMachine};
+use banlieue_api::{VirtualMachine, vsphere};
 use k8s_openapi::jiff::SignedDuration;
 use kube::ResourceExt;
 use serde_json::json;
 
+use crate::support::backend::KindSpec;
 use crate::support::fake_provider::FakeProvider;
 use crate::support::*;
 
@@ -90,20 +91,37 @@ async fn quick_start_claim_is_bound_with_vm_addresses_and_deadline() -> TestResu
     );
 
     // The machine the provider realises: the contract fields.
-    let machine = h.api::<LibvirtMachine>().get(&member_name).await?;
-    assert_eq!(machine.spec.provider_ref.name, PROVIDER);
-    assert_eq!(machine.spec.pool, HOST_POOL);
-    assert_eq!(machine.spec.network, HOST_NETWORK);
-    assert_eq!(
-        machine.spec.disk.backing_volume.as_deref(),
-        Some(IMAGE_VOLUME)
-    );
-    assert_eq!(machine.spec.disk.install_media, None);
-    assert_eq!(machine.spec.disk.size.0, "20Gi");
-    assert_eq!(machine.spec.cpu, 2);
-    assert_eq!(machine.spec.memory.0, "2Gi");
-    assert_eq!(machine.spec.firmware, banlieue_api::Firmware::Efi);
-    let machine_owner = &machine.owner_references()[0];
+    let machine = h.machine(&member_name).await?;
+    let backend = backend();
+    assert_eq!(machine.provider, PROVIDER);
+    assert_eq!(machine.cpu, 2);
+    assert_eq!(machine.memory.0, "2Gi");
+    match &machine.spec {
+        KindSpec::Libvirt(spec) => {
+            assert_eq!(spec.pool, backend.storage_target);
+            assert_eq!(spec.network, backend.network_target);
+            assert_eq!(
+                spec.disk.backing_volume.as_deref(),
+                Some(backend.image_volume)
+            );
+            assert_eq!(spec.disk.install_media, None);
+            assert_eq!(spec.disk.size.0, "20Gi");
+            assert_eq!(spec.firmware, banlieue_api::Firmware::Efi);
+        }
+        // A clone keeps its template's disk, firmware and network adapters (ADR-0069), so
+        // the placement shows only as the failure domain's datacenter and cluster, the
+        // storage class's datastore and the image's template.
+        KindSpec::VSphere(spec) => {
+            let domain = backend.failure_domain(PROVIDER);
+            assert_eq!(
+                vsphere::parse_failure_domain_name(&domain),
+                Some((spec.datacenter.as_str(), spec.cluster.as_str()))
+            );
+            assert_eq!(spec.datastore.as_deref(), Some(backend.storage_target));
+            assert_eq!(spec.template, backend.image_volume);
+        }
+    }
+    let machine_owner = &machine.owner_references[0];
     assert_eq!(machine_owner.kind, "VirtualMachine");
     assert_eq!(Some(machine_owner.uid.as_str()), member.uid().as_deref());
     let vm_status = member.status.clone().ok_or("member has no status")?;

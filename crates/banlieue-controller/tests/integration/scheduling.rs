@@ -1,10 +1,10 @@
-//! Scheduling a standalone VirtualMachine: the LibvirtMachine contract, the reasons it says
-//! why nothing fits, and deletion blocking on the machine.
+//! Scheduling a standalone VirtualMachine: the machine contract, the reasons it says why
+//! nothing fits, and deletion blocking on the machine.
 
 use std::sync::atomic::Ordering;
 
+use banlieue_api::VirtualMachine;
 use banlieue_api::conditions::{self, reasons, types};
-use banlieue_api::{LibvirtMachine, VirtualMachine};
 use banlieue_testenv::control_plane::wait_for;
 use kube::api::DeleteParams;
 
@@ -52,7 +52,8 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
     assert!(scheduled_reason(&vm).is_some_and(|(_, _, m)| m.contains("vtpm")));
 
     // A provider whose class has no builder: the reason names the class.
-    h.apply_provider(PROVIDER, "vsphere", &["vtpm"]).await?;
+    h.apply_provider(PROVIDER, UNREGISTERED_PROVIDER_CLASS, &["vtpm"])
+        .await?;
     let vm = h
         .wait_vm("tpm-01", "Scheduled=False NoBuilderForClass", |vm| {
             scheduled_reason(vm)
@@ -60,13 +61,14 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         })
         .await?;
     assert!(
-        scheduled_reason(&vm).is_some_and(|(_, _, m)| m.contains("\"vsphere\"")),
+        scheduled_reason(&vm)
+            .is_some_and(|(_, _, m)| m.contains(&format!("{UNREGISTERED_PROVIDER_CLASS:?}"))),
         "{:?}",
         scheduled_reason(&vm)
     );
 
     // Fix the provider: both schedule, and the tpm one gets a TPM.
-    h.apply_provider(PROVIDER, PROVIDER_CLASS, &["vtpm"])
+    h.apply_provider(PROVIDER, backend().provider_class, &["vtpm"])
         .await?;
     for name in ["web-01", "tpm-01"] {
         h.wait_vm(name, "Ready", |vm| {
@@ -76,9 +78,8 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         })
         .await?;
     }
-    let machines = h.api::<LibvirtMachine>();
-    let tpm_machine = machines.get("tpm-01").await?;
-    assert!(tpm_machine.spec.tpm_enabled);
+    let tpm_machine = h.machine("tpm-01").await?;
+    assert!(tpm_machine.tpm_enabled);
     let tpm_vm = h.api::<VirtualMachine>().get("tpm-01").await?;
     assert_eq!(
         tpm_vm
@@ -88,12 +89,9 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         vec![crate::support::fake_provider::FAKE_EK_PEM.to_owned()],
         "the tpm member carries its machine's EK certificate"
     );
-    let web_machine = machines.get("web-01").await?;
-    assert!(!web_machine.spec.tpm_enabled);
-    assert_eq!(
-        web_machine.spec.user_data.as_deref(),
-        Some("#cloud-config\n")
-    );
+    let web_machine = h.machine("web-01").await?;
+    assert!(!web_machine.tpm_enabled);
+    assert_eq!(web_machine.user_data.as_deref(), Some("#cloud-config\n"));
 
     // Deleting the VM blocks while the machine's finalizer holds.
     provider
@@ -102,15 +100,11 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         .store(true, Ordering::SeqCst);
     let vms = h.api::<VirtualMachine>();
     vms.delete("web-01", &DeleteParams::default()).await?;
-    wait_for("the machine to be deleting", DEADLINE, || {
-        let machines = machines.clone();
-        async move {
-            Ok(machines
-                .get_opt("web-01")
-                .await?
-                .filter(|m| m.metadata.deletion_timestamp.is_some())
-                .map(|_| ()))
-        }
+    wait_for("the machine to be deleting", DEADLINE, || async {
+        Ok(h.machine_opt("web-01")
+            .await?
+            .filter(|m| m.deleting)
+            .map(|_| ()))
     })
     .await?;
     let vm = vms.get_opt("web-01").await?;
@@ -124,7 +118,7 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
         .store(false, Ordering::SeqCst);
     gone(&vms, "web-01", "the VM to be gone").await?;
     assert!(
-        machines.get_opt("web-01").await?.is_none(),
+        h.machine_opt("web-01").await?.is_none(),
         "the machine went first"
     );
     controller.stop().await?;
@@ -138,17 +132,13 @@ async fn a_machine_created_before_a_lost_status_write_is_adopted_not_rewritten()
     // The state a crash between "apply the machine" and "write Scheduled" leaves behind.
     let vm = h.create_vm("web-01", CLASS).await?;
     let uid = kube::ResourceExt::uid(&vm).ok_or("no uid")?;
-    let machine: LibvirtMachine = serde_json::from_value(serde_json::json!({
-        "apiVersion": "banlieue.io/v1alpha1", "kind": "LibvirtMachine",
-        "metadata": {"name": "web-01", "ownerReferences": [{
+    h.create_machine(
+        serde_json::json!({"name": "web-01", "ownerReferences": [{
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine", "name": "web-01",
-            "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-        "spec": {"providerRef": {"name": PROVIDER}, "pool": HOST_POOL, "network": HOST_NETWORK,
-                 "disk": {"backingVolume": IMAGE_VOLUME, "size": "20Gi"}, "cpu": 7, "memory": "2Gi"}
-    }))?;
-    h.api::<LibvirtMachine>()
-        .create(&Default::default(), &machine)
-        .await?;
+            "uid": uid, "controller": true, "blockOwnerDeletion": true}]}),
+        backend().machine_spec(PROVIDER, 7),
+    )
+    .await?;
 
     let controller = h.start_controller().await?;
     let vm = h
@@ -163,12 +153,12 @@ async fn a_machine_created_before_a_lost_status_write_is_adopted_not_rewritten()
         status.provider_ref.map(|p| p.name),
         Some(PROVIDER.to_owned())
     );
-    assert_eq!(status.failure_domain.as_deref(), Some(PROVIDER));
-    let machine = h.api::<LibvirtMachine>().get("web-01").await?;
     assert_eq!(
-        machine.spec.cpu, 7,
-        "the existing machine was not rewritten"
+        status.failure_domain,
+        Some(backend().failure_domain(PROVIDER))
     );
+    let machine = h.machine("web-01").await?;
+    assert_eq!(machine.cpu, 7, "the existing machine was not rewritten");
     controller.stop().await?;
     Ok(())
 }
@@ -178,7 +168,8 @@ async fn a_pools_members_spread_across_providers() -> TestResult {
     let h = Harness::new().await?;
     let hosts = ["host-1", "host-2", "host-3"];
     for host in hosts {
-        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+        h.apply_provider(host, backend().provider_class, &[])
+            .await?;
     }
     h.apply_image_on(IMAGE, "r1", true, &hosts).await?;
     let controller = h.start_controller().await?;
@@ -202,17 +193,10 @@ async fn a_pools_members_spread_across_providers() -> TestResult {
         );
     }
     // The machines agree with the statuses.
-    let machines: Vec<LibvirtMachine> = h
-        .api::<LibvirtMachine>()
-        .list(&Default::default())
-        .await?
-        .items;
+    let machines = h.machines().await?;
     for host in hosts {
         assert_eq!(
-            machines
-                .iter()
-                .filter(|m| m.spec.provider_ref.name == host)
-                .count(),
+            machines.iter().filter(|m| m.provider == host).count(),
             2,
             "{host}"
         );
@@ -225,7 +209,8 @@ async fn a_full_host_takes_no_more_and_the_member_says_which_hosts_lack_what() -
     let h = Harness::new().await?;
     let hosts = ["host-1", "host-2"];
     for host in hosts {
-        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+        h.apply_provider(host, backend().provider_class, &[])
+            .await?;
         // Room for two members of the harness class (2 GiB each), no overcommit.
         h.set_capacity(host, 4 << 30).await?;
     }
@@ -289,7 +274,8 @@ async fn a_lost_hosts_unclaimed_members_are_replaced_elsewhere_and_its_claims_st
     let h = Harness::new().await?;
     let hosts = ["host-1", "host-2", "host-3"];
     for host in hosts {
-        h.apply_provider(host, PROVIDER_CLASS, &[]).await?;
+        h.apply_provider(host, backend().provider_class, &[])
+            .await?;
     }
     h.apply_image_on(IMAGE, "r1", true, &hosts).await?;
     let provider = FakeProvider::start(h.admin.clone(), &h.namespace);

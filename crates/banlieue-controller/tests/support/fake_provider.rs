@@ -1,20 +1,24 @@
-//! A stand-in for the libvirt provider that plays only the LibvirtMachine contract: it holds
-//! `banlieue.io/domain-protection` on every machine, marks machines ready with an address (and
-//! optionally GuestReady), and releases the finalizer a little after deletion, as a provider
-//! does once the domain is destroyed. It never reads a VirtualMachine.
+//! A stand-in for the provider of the machine kind under test ([`super::backend`]) that plays
+//! only the machine contract: it holds the kind's finalizer (`banlieue.io/domain-protection` on
+//! LibvirtMachines, `banlieue.io/vm-protection` on VSphereMachines) on every machine, marks
+//! machines ready with an address (and optionally GuestReady) and the name of their domain or
+//! VM, and releases the finalizer a little after deletion, as a provider does once the domain
+//! or VM is destroyed. It reads and writes machines as `DynamicObject`s, only the contract's
+//! fields and that name, and never reads a VirtualMachine.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use banlieue_api::LibvirtMachine;
-use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
+use banlieue_api::{MachineSpecContract, MachineStatusContract};
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+
+use super::backend::{Backend, backend};
 
 /// Switches a test flips while the fake provider runs.
 #[derive(Debug)]
@@ -49,22 +53,24 @@ impl FakeProvider {
             guest_ready: AtomicBool::new(true),
             teardown_delay_ms: AtomicU32::new(300),
         });
-        let api: Api<LibvirtMachine> = Api::namespaced(admin, namespace);
-        let task = tokio::spawn(serve(api, controls.clone()));
+        let api: Api<DynamicObject> = Api::namespaced_with(admin, namespace, &backend().resource());
+        let task = tokio::spawn(serve(api, backend(), controls.clone()));
         Self { controls, task }
     }
 }
 
-async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
-    let (store, writer) = reflector::store();
+async fn serve(api: Api<DynamicObject>, backend: &'static Backend, controls: Arc<Controls>) {
+    let writer = reflector::store::Writer::new(backend.resource());
+    let store = writer.as_reader();
     let events = reflector::reflector(
         writer,
         watcher(api.clone(), watcher::Config::default()).default_backoff(),
     )
     .for_each(|_| futures::future::ready(()));
-    tokio::spawn(events);
+    // Stops with this task, so a dropped fake leaves no watch behind.
+    let _events = AbortOnDrop(tokio::spawn(events));
     let mut seen_deleting: HashMap<String, Instant> = HashMap::new();
-    let mut addresses: HashMap<String, String> = HashMap::new();
+    let mut addresses: HashMap<String, (u32, String)> = HashMap::new();
     // Machines (by uid) whose ready status was written: a provider reports a state once, and
     // the cache may not show the write by the next tick.
     let mut reported: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -74,10 +80,7 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
         tick.tick().await;
         for machine in store.state() {
             let name = machine.name_any();
-            let has_finalizer = machine
-                .finalizers()
-                .iter()
-                .any(|f| f == FINALIZER_DOMAIN_PROTECTION);
+            let has_finalizer = machine.finalizers().iter().any(|f| f == backend.finalizer);
             if machine.metadata.deletion_timestamp.is_some() {
                 let since = *seen_deleting
                     .entry(name.clone())
@@ -96,39 +99,45 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                 continue;
             }
             if !has_finalizer {
-                let patch = json!({"metadata": {"finalizers": [FINALIZER_DOMAIN_PROTECTION]}});
+                let patch = json!({"metadata": {"finalizers": [backend.finalizer]}});
                 let _ = api
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await;
                 continue;
             }
-            let ready = machine.status.as_ref().is_some_and(|s| s.contract.ready);
+            let Some((spec, status)) = contract(&machine) else {
+                continue;
+            };
+            let ready = status.ready;
             let uid = machine.uid().unwrap_or_default();
             if !ready && !reported.contains(&uid) && controls.ready_gate.load(Ordering::SeqCst) {
-                let address = addresses.entry(name.clone()).or_insert_with(|| {
+                let (serial, address) = addresses.entry(name.clone()).or_insert_with(|| {
                     let n = next_address.fetch_add(1, Ordering::SeqCst);
-                    format!("10.0.{}.{}", n / 250, n % 250 + 1)
+                    (n, format!("10.0.{}.{}", n / 250, n % 250 + 1))
                 });
-                let mut conditions = vec![
-                    json!({"type": "Ready", "status": "True", "reason": "DomainRunning",
-                    "message": "", "lastTransitionTime": now()}),
-                ];
+                let mut conditions = vec![json!({"type": "Ready", "status": "True",
+                    "reason": backend.running_reason, "message": "", "lastTransitionTime": now()})];
                 if controls.guest_ready.load(Ordering::SeqCst) {
-                    conditions.push(
-                        json!({"type": "GuestReady", "status": "True", "reason": "GuestReady",
-                        "message": "", "lastTransitionTime": now()}),
-                    );
+                    conditions.push(json!({"type": "GuestReady", "status": "True",
+                        "reason": backend.guest_ready_reason, "message": "",
+                        "lastTransitionTime": now()}));
                 }
                 let mut status = json!({"status": {
                     "ready": true,
                     "initialization": {"provisioned": true},
-                    "domainName": format!("{}-{name}", machine.namespace().unwrap_or_default()),
                     "addresses": [{"type": "InternalIP", "address": address}],
                     "conditions": conditions,
                 }});
-                // A vTPM's EK certificate, as the libvirt provider records it (ADR-0045): a
+                let identity =
+                    backend.host_identity(&machine.namespace().unwrap_or_default(), &name, *serial);
+                if let (Some(status), Some(identity)) =
+                    (status["status"].as_object_mut(), identity.as_object())
+                {
+                    status.extend(identity.clone());
+                }
+                // A vTPM's EK certificate, as both providers record it (ADR-0045): a
                 // tpmEnabled member is not available without one.
-                if machine.spec.tpm_enabled {
+                if spec.tpm_enabled {
                     status["status"]["tpmEndorsementCertificates"] = json!([FAKE_EK_PEM]);
                     status["status"]["tpmEndorsementKeyDigests"] =
                         json!([format!("sha256:{}", "00".repeat(32))]);
@@ -142,6 +151,25 @@ async fn serve(api: Api<LibvirtMachine>, controls: Arc<Controls>) {
                 }
             }
         }
+    }
+}
+
+/// The contract a machine of any kind carries: its spec's and its status's (the default until a
+/// status is written). `None` for an object that does not carry it, which no provider acts on.
+fn contract(machine: &DynamicObject) -> Option<(MachineSpecContract, MachineStatusContract)> {
+    let spec = serde_json::from_value(machine.data.get("spec")?.clone()).ok()?;
+    let status = match machine.data.get("status") {
+        None | Some(serde_json::Value::Null) => MachineStatusContract::default(),
+        Some(status) => serde_json::from_value(status.clone()).ok()?,
+    };
+    Some((spec, status))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -1,7 +1,9 @@
-//! Test support: CRDs, the controller's RBAC, fixtures, a fake provider that plays the
-//! LibvirtMachine contract, and the controller run in process or as a child process.
+//! Test support: CRDs, the controller's RBAC, fixtures shaped for the backend under test, a
+//! fake provider that plays its machine contract, and the controller run in process or as a
+//! child process.
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod child;
 pub mod fake_provider;
 pub mod history;
@@ -17,11 +19,13 @@ use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::{OnceCell, oneshot};
+
+pub use backend::{MachineView, backend};
 
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -31,14 +35,12 @@ pub const CONTROLLER_SA: &str = "banlieue-controller";
 /// else an equivalent one created here.
 pub const CONTROLLER_ROLE: &str = "banlieue-controller";
 pub const PROVIDER: &str = "host-1";
-pub const PROVIDER_CLASS: &str = "libvirt";
+/// A ProviderClass no test registers: a Provider of it has no machine builder.
+pub const UNREGISTERED_PROVIDER_CLASS: &str = "unregistered";
 pub const CLASS: &str = "small";
 pub const IMAGE: &str = "img";
 pub const STORAGE_CLASS: &str = "standard";
 pub const NETWORK_CLASS: &str = "prod";
-pub const HOST_POOL: &str = "default";
-pub const HOST_NETWORK: &str = "br-prod";
-pub const IMAGE_VOLUME: &str = "img.qcow2";
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -112,29 +114,32 @@ impl Harness {
 
     /// Provider (Ready, one failure domain), ProviderClass, VMClass and a Ready VMImage.
     async fn fixtures(&self) -> TestResult {
-        self.apply_provider(PROVIDER, PROVIDER_CLASS, &[]).await?;
+        self.apply_provider(PROVIDER, backend().provider_class, &[])
+            .await?;
         self.apply_class(CLASS, false).await?;
         self.apply_image(IMAGE, "r1", true).await?;
         Ok(())
     }
 
+    /// A Provider of `class`, shaped for the backend under test, Ready with its one failure
+    /// domain ([`backend::Backend::failure_domain`]) offering the harness's storage and
+    /// network classes and `features`.
     pub async fn apply_provider(&self, name: &str, class: &str, features: &[&str]) -> TestResult {
         let providers: Api<banlieue_api::Provider> = self.api();
         let params = PatchParams::apply("banlieue-test").force();
+        let backend = backend();
+        let storage_classes =
+            json!([{"name": STORAGE_CLASS, "target": {"pool": backend.storage_target}}]);
+        let network_classes =
+            json!([{"name": NETWORK_CLASS, "target": {"network": backend.network_target}}]);
         let provider = json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "Provider",
             "metadata": {"name": name},
-            "spec": {
-                "providerClassRef": {"name": class},
-                "connection": {"endpoint": "qemu+tls://127.0.0.1/system",
-                               "credentialsRef": {"name": "creds"},
-                               "caBundle": {"configMapRef": {"name": "ca"}}},
-                "capabilities": {
-                    "storageClasses": [{"name": STORAGE_CLASS, "target": {"pool": HOST_POOL}}],
-                    "networkClasses": [{"name": NETWORK_CLASS, "target": {"network": HOST_NETWORK}}],
-                    "features": features,
-                }
-            }
+            "spec": backend.provider_spec(class, json!({
+                "storageClasses": storage_classes,
+                "networkClasses": network_classes,
+                "features": features,
+            })),
         });
         providers
             .patch(name, &params, &Patch::Apply(&provider))
@@ -142,9 +147,9 @@ impl Harness {
         let status = json!({"status": {
             "conditions": [ready_condition()],
             "failureDomains": [{
-                "name": name,
-                "storageClasses": [{"name": STORAGE_CLASS, "target": {"pool": HOST_POOL}}],
-                "networkClasses": [{"name": NETWORK_CLASS, "target": {"network": HOST_NETWORK}}],
+                "name": backend.failure_domain(name),
+                "storageClasses": storage_classes,
+                "networkClasses": network_classes,
                 "features": features,
             }]
         }});
@@ -248,11 +253,11 @@ impl Harness {
         providers: &[&str],
     ) -> TestResult {
         let images: Api<VMImage> = self.api();
+        let backend = backend();
         let image = json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
             "metadata": {"name": name},
-            "spec": {"installMode": "Immediate",
-                     "sources": [{"providerClass": "libvirt", "kind": "BackingFile", "volume": IMAGE_VOLUME}]}
+            "spec": {"installMode": "Immediate", "sources": [backend.image_source()]}
         });
         images
             .patch(
@@ -266,7 +271,8 @@ impl Harness {
             "phase": phase,
             "revision": revision,
             "perProvider": providers.iter().map(|p| json!(
-                {"provider": p, "zones": [{"pool": HOST_POOL, "phase": phase, "volume": IMAGE_VOLUME}]}
+                {"provider": p, "zones": [{"pool": backend.storage_target, "phase": phase,
+                                           "volume": backend.image_volume}]}
             )).collect::<Vec<_>>()
         }});
         images
@@ -426,6 +432,59 @@ impl Harness {
             async move { Ok(vms.get_opt(name).await?.filter(|v| ok(v))) }
         })
         .await?)
+    }
+
+    /// The machines of the kind under test in this namespace, as stored.
+    pub fn machine_api(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.admin.clone(), &self.namespace, &backend().resource())
+    }
+
+    /// The machine `name`, if it exists.
+    pub async fn machine_opt(&self, name: &str) -> Result<Option<MachineView>, kube::Error> {
+        match self.machine_api().get_opt(name).await? {
+            Some(object) => Ok(Some(
+                MachineView::read(&object).map_err(kube::Error::SerdeError)?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The machine `name`.
+    pub async fn machine(&self, name: &str) -> TestResult<MachineView> {
+        Ok(self
+            .machine_opt(name)
+            .await?
+            .ok_or_else(|| format!("no {} {name}", backend().resource().kind))?)
+    }
+
+    /// Every machine in this namespace.
+    pub async fn machines(&self) -> Result<Vec<MachineView>, kube::Error> {
+        self.machine_api()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|object| MachineView::read(object).map_err(kube::Error::SerdeError))
+            .collect()
+    }
+
+    /// Creates a machine of the kind under test with `metadata` and `spec`, as the controller
+    /// or a user could have.
+    pub async fn create_machine(
+        &self,
+        metadata: serde_json::Value,
+        spec: serde_json::Value,
+    ) -> TestResult<MachineView> {
+        let resource = backend().resource();
+        let machine: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": resource.api_version, "kind": resource.kind,
+            "metadata": metadata, "spec": spec
+        }))?;
+        let created = self
+            .machine_api()
+            .create(&PostParams::default(), &machine)
+            .await?;
+        Ok(MachineView::read(&created)?)
     }
 
     pub async fn members(&self, pool: &str) -> TestResult<Vec<VirtualMachine>> {
@@ -662,13 +721,14 @@ async fn install_crds_once(admin: &Client) -> TestResult {
             banlieue_testenv::control_plane::wait_established(admin, &crd.name_any()).await?;
         }
         let classes: Api<banlieue_api::ProviderClass> = Api::all(admin.clone());
+        let backend = backend();
         let class = json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
-            "metadata": {"name": PROVIDER_CLASS},
-            "spec": {"image": "banlieue:test", "machineKind": "LibvirtMachine"}
+            "metadata": {"name": backend.provider_class},
+            "spec": {"image": "banlieue:test", "machineKind": backend.kind}
         });
         classes
-            .patch(PROVIDER_CLASS, &params, &Patch::Apply(&class))
+            .patch(backend.provider_class, &params, &Patch::Apply(&class))
             .await?;
         Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
     })
@@ -717,8 +777,10 @@ async fn install_role_once(admin: &Client, cp: &ControlPlane) -> TestResult {
 }
 
 /// What the controller needs, and nothing more. Claims: read, patch, status and finalizers,
-/// and delete (an expired claim is deleted); never create, never update.
+/// and delete (an expired claim is deleted); never create, never update. Machines: those of
+/// the kind under test.
 pub fn controller_rules() -> serde_json::Value {
+    let machines = backend().resource().plural;
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": CONTROLLER_ROLE},
@@ -727,7 +789,7 @@ pub fn controller_rules() -> serde_json::Value {
              "verbs": ["get", "list", "watch", "patch", "delete"]},
             {"apiGroups": ["banlieue.io"], "resources": ["virtualmachineclaims/status", "virtualmachineclaims/finalizers"],
              "verbs": ["patch"]},
-            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines", "libvirtmachines"],
+            {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines", machines],
              "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
             {"apiGroups": ["banlieue.io"], "resources": ["virtualmachines/status", "virtualmachinepools/status"],
              "verbs": ["get", "patch"]},
