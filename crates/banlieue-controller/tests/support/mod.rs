@@ -62,6 +62,8 @@ pub struct Harness {
 
 impl Harness {
     pub async fn new() -> TestResult<Self> {
+        // An unknown backend fails here, before a control plane is started for nothing.
+        let _ = backend();
         let cp = ControlPlane::shared().await?;
         let admin = cp.client()?;
         install_crds_once(&admin).await?;
