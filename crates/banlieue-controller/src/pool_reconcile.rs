@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names;
-use banlieue_api::{ClaimPhase, VirtualMachine, VirtualMachinePool, VirtualMachinePoolStatus};
+use banlieue_api::{
+    ClaimPhase, VMImage, VirtualMachine, VirtualMachinePool, VirtualMachinePoolStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
@@ -44,11 +46,20 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         return Ok(Action::await_change());
     }
     let uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
-    let image = cached(
+    let image = match cached(
         &ctx.stores.images,
         &namespace,
         &pool.spec.template.spec.image_ref.name,
-    );
+    ) {
+        Some(image) => Some(image),
+        // Not in the cache: created together with the pool and not seen yet, or absent. Read
+        // once, so the first members are not made at a revision that changes when the cache
+        // catches up (and then replaced).
+        None => Api::<VMImage>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(&pool.spec.template.spec.image_ref.name)
+            .await?
+            .map(Arc::new),
+    };
     let revision = pool_revision(
         &pool.spec.template,
         image.as_deref().and_then(image_revision).as_deref(),

@@ -301,13 +301,16 @@ fn ready_volume(image: &VMImage, provider: &str, pool: &str) -> Option<String> {
         .clone()
 }
 
-/// The image's effective revision: the published one, else the declared one.
+/// The image's effective revision: the published one, else the one its spec yields (what a
+/// provider will publish for it). Never absent for an image that exists: a pool created
+/// together with its image would otherwise see its revision change when the first status
+/// arrives, and replace the members it had just made.
 pub fn image_revision(image: &VMImage) -> Option<String> {
     image
         .status
         .as_ref()
         .and_then(|s| s.revision.clone())
-        .or_else(|| image.spec.revision.clone())
+        .or_else(|| Some(banlieue_api::image::revision(image)))
 }
 
 /// A controller owner reference to `owner`, blocking its deletion until the dependent is gone.
@@ -355,6 +358,19 @@ mod tests {
             "status": {"revision": "r7", "perProvider": zones}
         }))
         .expect("valid VMImage")
+    }
+
+    #[test]
+    fn an_image_not_yet_published_has_the_revision_a_provider_will_publish() {
+        let mut fresh = image("Immediate", json!([]));
+        fresh.status = None;
+        let expected = banlieue_api::image::revision(&fresh);
+        assert_eq!(image_revision(&fresh).as_deref(), Some(expected.as_str()));
+        // Published: what the providers say wins (during a rebuild it lags the spec).
+        assert_eq!(
+            image_revision(&image("Immediate", json!([]))).as_deref(),
+            Some("r7")
+        );
     }
 
     fn provider(name: &str, class: &str, features: &[&str], ready: bool) -> Provider {

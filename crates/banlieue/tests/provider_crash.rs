@@ -133,18 +133,28 @@ async fn scenario(
     );
     let uuid = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
     let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let machine = machines
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .next()
-        .ok_or("no LibvirtMachine")?;
-    assert_eq!(
-        machine.status.as_ref().and_then(|s| s.domain_uuid.clone()),
-        Some(uuid.trim().to_owned()),
-        "the crashed run recorded its UUID before defining"
-    );
+    let listed = machines.list(&ListParams::default()).await?.items;
+    let recorded: Vec<_> = listed
+        .iter()
+        .map(|m| {
+            let status = m.status.clone().unwrap_or_default();
+            (m.name_any(), status.domain_name, status.domain_uuid)
+        })
+        .collect();
+    let [machine] = <[LibvirtMachine; 1]>::try_from(listed)
+        .map_err(|_| format!("one LibvirtMachine for a pool of one, found {recorded:?}"))?;
+    if machine
+        .status
+        .as_ref()
+        .and_then(|s| s.domain_uuid.as_deref())
+        != Some(uuid.trim())
+    {
+        return Err(format!(
+            "the crashed run did not record the UUID {} of {domain} before defining it: {recorded:?}",
+            uuid.trim()
+        )
+        .into());
+    }
 
     // The next run adopts the defined domain and starts it.
     let restarted = Instant::now();
