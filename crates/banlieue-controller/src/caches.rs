@@ -58,6 +58,12 @@ pub(crate) fn dynamic_cache<const N: usize>(
     shared_cache(events, resource, readiness, name)
 }
 
+/// No decision reads `metadata.managedFields`, and it is most of a cached object's memory (a
+/// tree of every field each manager wrote): dropped before the object is cached or sent.
+fn forget_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
 /// [`cache`] over any stream of watch events. The trigger streams are unbounded so a busy
 /// controller never holds back the cache the others read; each holds at most the objects that
 /// changed since that controller last looked.
@@ -90,6 +96,7 @@ where
     // its objects replace the store's only at InitDone, so they are held until then. Sending
     // from here is what orders every trigger after its cache update.
     let mut listed = Vec::new();
+    let events = events.modify(forget_managed_fields);
     let task = reflector::reflector(writer, events).for_each(move |event| {
         match event {
             Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => send(&object),
@@ -210,6 +217,36 @@ mod tests {
         task.await.unwrap();
         assert!(first.next().await.is_none(), "nothing sent twice");
         assert!(second.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn neither_the_cache_nor_a_subscriber_holds_managed_fields() {
+        let (events_tx, events_rx) = mpsc::unbounded();
+        let readiness = Readiness::default();
+        let (store, [mut subscriber], task) =
+            shared_cache::<ConfigMap, _, 1>(events_rx, (), &readiness, "ConfigMap");
+        let task = tokio::spawn(task);
+        let mut managed = config_map("a", "1");
+        managed.metadata.managed_fields = Some(vec![Default::default()]);
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(managed.clone()),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(config_map("a", "2")),
+        ] {
+            events_tx.unbounded_send(Ok(event)).unwrap();
+        }
+        let listed = subscriber.next().await.unwrap().unwrap();
+        assert_eq!(listed.metadata.managed_fields, None);
+        managed.metadata.resource_version = Some("3".into());
+        events_tx
+            .unbounded_send(Ok(watcher::Event::Apply(managed)))
+            .unwrap();
+        drop(events_tx);
+        task.await.unwrap();
+        let cached = store.get(&ObjectRef::new("a").within("ns")).unwrap();
+        assert_eq!(cached.resource_version().as_deref(), Some("3"));
+        assert_eq!(cached.metadata.managed_fields, None);
     }
 
     #[test]

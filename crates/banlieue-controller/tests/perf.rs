@@ -291,50 +291,129 @@ fn usage(pid: u32) -> TestResult<(u64, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --ignored --release"]
 async fn controller_rss_and_cpu_with_1000_members() -> TestResult {
-    const MEMBERS: i32 = 1000;
+    scale("1,000 members in one pool", 1, 1000).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --ignored --release"]
+async fn controller_rss_and_cpu_with_5000_members_in_50_pools() -> TestResult {
+    scale("5,000 members in 50 pools", 50, 100).await
+}
+
+/// Sum of `availableReplicas` over the namespace's pools.
+async fn available_members(h: &Harness) -> Result<i32, kube::Error> {
+    Ok(h.api::<banlieue_api::VirtualMachinePool>()
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref().map(|s| s.available_replicas))
+        .sum())
+}
+
+/// The controller as its own process filling `pools` pools of `per_pool` members with the
+/// contract stand-in as provider: the fill rate, its resident set and CPU while filling and
+/// idle, and, after a restart with one member of every pool deleted while it was down, the
+/// time from its start until every pool is whole again (lists of every cache, the deleted
+/// members' finalizers, then one reconcile of each pool and the replacements made ready).
+async fn scale(label: &str, pools: i32, per_pool: i32) -> TestResult {
+    let members = pools * per_pool;
     let h = Harness::new().await?;
     let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let kubeconfig = h.controller_kubeconfig(&std::env::temp_dir()).await?;
-    let child = ChildController::spawn(&kubeconfig, &h.namespace, None, 1)?;
+    // Production's resync period, so idle CPU is what a deployed controller spends.
+    let resync = banlieue_controller::ControllerConfig::default().resync;
+    let mut child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 1, resync)?;
     let pid = child.pid();
     let (rss_start, _) = usage(pid)?;
     let started = Instant::now();
-    h.create_pool("big", MEMBERS, "InfrastructureReady", json!({}))
+    for pool in 0..pools {
+        h.create_pool(
+            &format!("p{pool}"),
+            per_pool,
+            "InfrastructureReady",
+            json!({}),
+        )
         .await?;
+    }
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(rss_start));
-    wait_for("1000 warm members", Duration::from_secs(900), || {
+    let fill_deadline = Duration::from_secs(60 + members as u64 / 5);
+    wait_for(&format!("{members} warm members"), fill_deadline, || {
         let h = &h;
         let peak = peak.clone();
         async move {
             if let Ok((rss, _)) = usage(pid) {
                 peak.fetch_max(rss, std::sync::atomic::Ordering::SeqCst);
             }
-            let pool = h
-                .api::<banlieue_api::VirtualMachinePool>()
-                .get("big")
-                .await?;
-            Ok(pool
-                .status
-                .is_some_and(|s| s.available_replicas == MEMBERS)
-                .then_some(()))
+            Ok((available_members(h).await? == members).then_some(()))
         }
     })
     .await?;
     let (_, ticks_filled) = usage(pid)?;
     let fill = started.elapsed();
     let idle = Duration::from_secs(30);
-    tokio::time::sleep(idle).await; // steady state: measure what an idle warm pool costs
+    tokio::time::sleep(idle).await; // steady state: measure what idle warm pools cost
     let (rss_idle, ticks_idle) = usage(pid)?;
+
+    // Down: one member of every pool goes; up again: how long until all are replaced.
+    child.kill()?;
+    let vms = h.api::<banlieue_api::VirtualMachine>();
+    for pool in 0..pools {
+        let member = vms
+            .list(
+                &kube::api::ListParams::default()
+                    .labels(&format!("{}=p{pool}", banlieue_api::names::LABEL_POOL)),
+            )
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .ok_or("a pool without members")?;
+        vms.delete(&member.name_any(), &Default::default()).await?;
+    }
+    let restarted = Instant::now();
+    let child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 2, resync)?;
+    // The pools' statuses still count the deleted members: wholeness is read off the members.
+    wait_for("every pool whole again", Duration::from_secs(300), || {
+        let vms = vms.clone();
+        async move {
+            let listed = vms.list(&Default::default()).await?.items;
+            let deleting = listed
+                .iter()
+                .filter(|vm| vm.metadata.deletion_timestamp.is_some())
+                .count();
+            let ready = listed
+                .iter()
+                .filter(|vm| {
+                    vm.status.as_ref().is_some_and(|s| {
+                        banlieue_api::conditions::is_true(
+                            &s.conditions,
+                            banlieue_api::conditions::types::READY,
+                        )
+                    })
+                })
+                .count() as i32;
+            Ok((deleting == 0 && ready == members).then_some(()))
+        }
+    })
+    .await?;
+    let whole_again = restarted.elapsed();
+    let (rss_resynced, _) = usage(child.pid())?;
     let hz = 100.0;
     eprintln!(
-        "1,000 members: filled in {:.0} s using {:.1} s CPU; RSS at start {:.1} MiB, peak while filling {:.1} MiB, idle {:.1} MiB; idle CPU {:.2}% over {} s",
+        "{label}: filled in {:.1} s ({:.0} members/s) using {:.1} s CPU; RSS at start {:.1} MiB, \
+         peak while filling {:.1} MiB, idle {:.1} MiB; idle CPU {:.2}% over {} s (resync 300 s); \
+         restarted with {pools} members gone: whole again after {:.1} s, RSS {:.1} MiB",
         fill.as_secs_f64(),
+        members as f64 / fill.as_secs_f64(),
         ticks_filled as f64 / hz,
         rss_start as f64 / 1024.0,
         peak.load(std::sync::atomic::Ordering::SeqCst).max(rss_idle) as f64 / 1024.0,
         rss_idle as f64 / 1024.0,
         (ticks_idle - ticks_filled) as f64 / hz / idle.as_secs_f64() * 100.0,
-        idle.as_secs()
+        idle.as_secs(),
+        whole_again.as_secs_f64(),
+        rss_resynced as f64 / 1024.0,
     );
     Ok(())
 }

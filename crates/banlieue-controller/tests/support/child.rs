@@ -61,6 +61,26 @@ impl ChildController {
         })
     }
 
+    /// [`spawn`](Self::spawn) without a crash point, reconciling every object again each
+    /// `resync` (the binary's default is 5 s; production's is 300 s).
+    pub fn spawn_with_resync(
+        kubeconfig: &Path,
+        namespace: &str,
+        run: u32,
+        resync: Duration,
+    ) -> TestResult<Self> {
+        let log = std::env::temp_dir().join(format!("banlieue-controller-{namespace}-{run}.log"));
+        let mut command = Self::command(kubeconfig, namespace, None, &log)?;
+        command
+            .arg("--no-leader-elect")
+            .arg("--resync-seconds")
+            .arg(resync.as_secs_f64().to_string());
+        Ok(Self {
+            child: command.spawn()?,
+            log,
+        })
+    }
+
     /// A replica that takes the Lease `banlieue-controller` in `namespace` as `identity` (its
     /// POD_NAME) before acting.
     pub fn spawn_candidate(
