@@ -402,7 +402,7 @@ async fn scale(label: &str, pools: i32, per_pool: i32) -> TestResult {
     let hz = 100.0;
     eprintln!(
         "{label}: filled in {:.1} s ({:.0} members/s) using {:.1} s CPU; RSS at start {:.1} MiB, \
-         peak while filling {:.1} MiB, idle {:.1} MiB; idle CPU {:.2}% over {} s (resync 300 s); \
+         peak while filling {:.1} MiB, idle {:.1} MiB; idle CPU {:.2}% over {} s (resync {} s); \
          restarted with {pools} members gone: whole again after {:.1} s, RSS {:.1} MiB",
         fill.as_secs_f64(),
         members as f64 / fill.as_secs_f64(),
@@ -412,6 +412,7 @@ async fn scale(label: &str, pools: i32, per_pool: i32) -> TestResult {
         rss_idle as f64 / 1024.0,
         (ticks_idle - ticks_filled) as f64 / hz / idle.as_secs_f64() * 100.0,
         idle.as_secs(),
+        resync.as_secs(),
         whole_again.as_secs_f64(),
         rss_resynced as f64 / 1024.0,
     );

@@ -52,13 +52,7 @@ impl ChildController {
         crash_at: Option<&str>,
         run: u32,
     ) -> TestResult<Self> {
-        let log = std::env::temp_dir().join(format!("banlieue-controller-{namespace}-{run}.log"));
-        let mut command = Self::command(kubeconfig, namespace, crash_at, &log)?;
-        command.arg("--no-leader-elect");
-        Ok(Self {
-            child: command.spawn()?,
-            log,
-        })
+        Self::spawn_unelected(kubeconfig, namespace, crash_at, run, &[])
     }
 
     /// [`spawn`](Self::spawn) without a crash point, reconciling every object again each
@@ -69,12 +63,27 @@ impl ChildController {
         run: u32,
         resync: Duration,
     ) -> TestResult<Self> {
+        let resync = resync.as_secs_f64().to_string();
+        Self::spawn_unelected(
+            kubeconfig,
+            namespace,
+            None,
+            run,
+            &["--resync-seconds", &resync],
+        )
+    }
+
+    /// One process without leader election, its log named after `run`, with `extra` flags.
+    fn spawn_unelected(
+        kubeconfig: &Path,
+        namespace: &str,
+        crash_at: Option<&str>,
+        run: u32,
+        extra: &[&str],
+    ) -> TestResult<Self> {
         let log = std::env::temp_dir().join(format!("banlieue-controller-{namespace}-{run}.log"));
-        let mut command = Self::command(kubeconfig, namespace, None, &log)?;
-        command
-            .arg("--no-leader-elect")
-            .arg("--resync-seconds")
-            .arg(resync.as_secs_f64().to_string());
+        let mut command = Self::command(kubeconfig, namespace, crash_at, &log)?;
+        command.arg("--no-leader-elect").args(extra);
         Ok(Self {
             child: command.spawn()?,
             log,
