@@ -9,9 +9,18 @@ apt_install_missing() {
     done
     if ((${#missing[@]})); then
         echo "apt: installing ${missing[*]}"
-        apt-get update -q
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+        apt_locked apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt_locked apt-get install -y -q --no-install-recommends "${missing[@]}"
     else
         echo "apt: $* already installed"
     fi
+}
+
+# apt_locked CMD...: CMD while holding the project's apt lock. scripts/setup runs its parts in
+# two lanes at once, and apt refuses to start (rather than wait) while another apt holds the
+# dpkg or lists lock.
+apt_locked() {
+    local lock=${BANLIEUE_CACHE:-$HOME/.cache/banlieue}/apt.lock
+    mkdir -p "$(dirname "$lock")"
+    flock "$lock" "$@"
 }

@@ -14,6 +14,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/../lib/env.sh"
 # shellcheck source=../lib/apt-private.sh
 source "$here/../lib/apt-private.sh"
+# shellcheck source=../lib/apt-install.sh
+source "$here/../lib/apt-install.sh"
 
 libvirt_version=11.3.0
 qemu_version=10.0.2
@@ -86,8 +88,8 @@ chmod 0755 "$policy"
 echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
 
 export DEBIAN_FRONTEND=noninteractive
-apt-get "${APT_PRIVATE_OPTS[@]}" update -qq </dev/null
-apt-get "${APT_PRIVATE_OPTS[@]}" install -y -qq --no-install-recommends \
+apt_locked apt-get "${APT_PRIVATE_OPTS[@]}" update -qq </dev/null
+apt_locked apt-get "${APT_PRIVATE_OPTS[@]}" install -y -qq --no-install-recommends \
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
     "${packages[@]}" </dev/null
 
