@@ -322,7 +322,7 @@ for tool in certtool openssl; do
 
     # banlieue's own client reads the same pkipath directory virsh does.
     banlieue_bin="${CARGO_TARGET_DIR:-$repo/target}/debug/banlieue"
-    [[ -x $banlieue_bin ]] || (cd "$repo" && cargo build --quiet --locked -p banlieue)
+    [[ -x $banlieue_bin ]] || (cd "$repo" && build_banlieue)
     ours=$("$banlieue_bin" libvirt version -c "$uri") || fail "$tool: banlieue libvirt version failed: $ours"
     grep -qi "qemu" <<<"$ours" || fail "$tool: unexpected banlieue libvirt version output: $ours"
     pass "$tool: banlieue libvirt version over TLS: $(head -1 <<<"$ours")"

@@ -6,5 +6,5 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 # shellcheck source=../lib/env.sh
 source scripts/lib/env.sh
-cargo build --quiet --locked -p banlieue
+build_banlieue
 scripts/docs-check "$CARGO_TARGET_DIR/debug/banlieue"

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The test suite's jobs, for scripts/lib/test-runner.py.
+
+Reads the JSON messages of `cargo test --workspace --no-run --message-format=json…` on stdin
+(so the plan runs exactly the binaries that one build made) and prints the plan: every test
+binary as `cargo test` would run it, the reruns of some of them with other settings, clippy,
+the doc tests and the scripts/test.d parts, each with what the runner needs to place it
+beside the others.
+
+    test-plan.py REPO [--quick] < cargo-messages.json > plan.json
+
+--quick leaves out what needs a booted guest or a node, the reruns and the scripts/test.d
+parts: the contributor's loop (fmt, clippy, unit tests, the tests against the API server and
+libvirtd).
+"""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+# Test binaries that boot guests under TCG: each keeps both cores busy while it does.
+BOOTS_GUESTS = {
+    "banlieue::guests",
+    "banlieue::dev",
+    "banlieue-testenv::guest",
+}
+# Test binaries that run a kubelet node. A node writes paths outside its state directory
+# (/var/lib/kubelet/device-plugins, /var/log/containers, sysctls it restores at teardown), so
+# two never run at once.
+RUNS_A_NODE = {
+    "banlieue-testenv::node",
+    "banlieue-testenv::node_teardown",
+    "banlieue::deployed",
+}
+# Durations on a fresh 2-core machine (docs/testing.md), for the order of a first run; later
+# runs order by the timings the last run wrote.
+FIRST_ESTIMATES = {
+    "banlieue::guests": 515,
+    "banlieue::dev": 108,
+    "test.d/50-image": 470,
+    "test.d/60-deployed": 293,
+    "clippy": 200,
+}
+
+
+def package_version(package_id):
+    # "path+file:///…/crates/banlieue#0.1.0", or "banlieue 0.1.0 (path+file:///…)" before cargo 1.77.
+    if "#" in package_id:
+        tail = package_id.rsplit("#", 1)[1]
+        return tail.rsplit("@", 1)[-1]
+    return package_id.split(" ")[1]
+
+
+def job_name(package, target):
+    kinds = target["kind"]
+    if "test" in kinds:
+        return f"{package}::{target['name']}"
+    if "lib" in kinds or "proc-macro" in kinds or "rlib" in kinds:
+        return f"{package} (lib)"
+    return f"{package} ({kinds[0]} {target['name']})"
+
+
+def test_binaries(messages):
+    cargo = os.environ.get("CARGO") or shutil.which("cargo") or "cargo"
+    seen = set()
+    for line in messages:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        message = json.loads(line)
+        if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+            continue
+        if not message["profile"]["test"]:
+            continue
+        manifest_dir = str(Path(message["manifest_path"]).parent)
+        package = package_from(message)
+        name = job_name(package, message["target"])
+        if name in seen:
+            continue
+        seen.add(name)
+        yield name, {
+            "argv": [message["executable"]],
+            "cwd": manifest_dir,
+            "env": {
+                # What `cargo test` sets for a test binary it runs.
+                "CARGO": cargo,
+                "CARGO_MANIFEST_DIR": manifest_dir,
+                "CARGO_PKG_NAME": package,
+                "CARGO_PKG_VERSION": package_version(message["package_id"]),
+                # insta never writes snapshots here: a missing or changed one fails the run.
+                "INSTA_UPDATE": "no",
+            },
+        }
+
+
+def package_from(message):
+    # Cargo's package_id names the package: "path+file:///…/dir#name@version" when the name
+    # differs from the directory, "…/dir#version" when it does not.
+    package_id = message["package_id"]
+    if "#" in package_id:
+        url, tail = package_id.rsplit("#", 1)
+        if "@" in tail:
+            return tail.rsplit("@", 1)[0]
+        return url.rstrip("/").rsplit("/", 1)[-1]
+    return package_id.split(" ")[0]
+
+
+def main():
+    repo = Path(sys.argv[1]).resolve()
+    quick = "--quick" in sys.argv[2:]
+    jobs = []
+
+    def add(name, argv, **spec):
+        spec.setdefault("estimate", FIRST_ESTIMATES.get(name, 0))
+        jobs.append({"name": name, "argv": argv, **spec})
+
+    # cargo takes the build directory's lock: jobs that call cargo wait in one queue rather than
+    # hold the cores' slots while they block.
+    add("clippy",
+        ["cargo", "clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"],
+        cwd=str(repo), weight=2, group="cargo")
+    add("doc tests", ["cargo", "test", "--workspace", "--locked", "--doc"],
+        cwd=str(repo), weight=2, group="cargo", env={"INSTA_UPDATE": "no"})
+
+    binaries = dict(test_binaries(sys.stdin))
+    for name, spec in sorted(binaries.items()):
+        if quick and (name in BOOTS_GUESTS or name in RUNS_A_NODE):
+            continue
+        if name in BOOTS_GUESTS:
+            spec["weight"] = 2
+        if name in RUNS_A_NODE:
+            spec["group"] = "node"
+        add(name, **spec)
+
+    if not quick:
+        # The controller knows no backend: its integration tests run again, the same binary, with
+        # the fake provider and fixtures of the other machine kind.
+        rerun("banlieue-controller::integration", "banlieue-controller::integration (VSphereMachine)",
+              {"BANLIEUE_TEST_MACHINE_KIND": "VSphereMachine"}, binaries, add)
+        # Bounded fuzzing of the libvirt receive path (fuzz/README.md): the same binary, longer.
+        rerun("banlieue-libvirt::fuzz_packet", "banlieue-libvirt::fuzz_packet (20 s)",
+              {"BANLIEUE_FUZZ_SECS": os.environ.get("BANLIEUE_FUZZ_SECS", "20")}, binaries, add,
+              extra_args=["--nocapture"])
+        parts = {
+            # Packages banlieue-libvirt and builds a consumer in a target directory of its own.
+            "10-package": dict(weight=2, group="cargo"),
+            "30-bootstrap-libvirt-tls": dict(),
+            "40-docs": dict(group="cargo"),
+            "45-claim-authorization-guide": dict(),
+            # A release build of the image's binary.
+            "50-image": dict(weight=2, group="cargo"),
+            # The image on the node, and `dev up --deployed` booting a guest.
+            "60-deployed": dict(weight=2, group="node", after=["test.d/50-image"]),
+        }
+        for script in sorted((repo / "scripts" / "test.d").glob("*.sh")):
+            part = script.stem
+            spec = parts.get(part, {})
+            env = {}
+            if part == "60-deployed" and "banlieue::deployed" in binaries:
+                env["BANLIEUE_DEPLOYED_TEST"] = binaries["banlieue::deployed"]["argv"][0]
+            add(f"test.d/{part}", ["bash", str(script)], cwd=str(repo), env=env, **spec)
+
+    json.dump({"jobs": jobs}, sys.stdout, indent=1)
+    print()
+
+
+def rerun(name, as_name, env, binaries, add, extra_args=()):
+    if name not in binaries:
+        sys.exit(f"test plan: no test binary {name} in cargo's build")
+    spec = json.loads(json.dumps(binaries[name]))
+    spec["env"].update(env)
+    spec["argv"] += list(extra_args)
+    add(as_name, **spec)
+
+
+if __name__ == "__main__":
+    main()
