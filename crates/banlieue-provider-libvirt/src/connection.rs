@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use banlieue_api::{Provider, Source};
+use banlieue_api::Provider;
 use banlieue_libvirt::{CaBundle, Client, ClientOptions, ConnectUri, Identity};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::Api;
+use banlieue_provider_kit::credentials;
 
 use crate::error::{Error, Result};
 
@@ -55,50 +54,17 @@ pub fn check_endpoint(endpoint: &str) -> Result<()> {
 /// Reads the client certificate, key and CA the Provider names, from its namespace.
 pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<Credentials> {
     let ns = provider.metadata.namespace.as_deref().unwrap_or("default");
-    let secrets: Api<Secret> = Api::namespaced(kube.clone(), ns);
     let creds_name = &provider.spec.connection.credentials_ref.name;
-    let secret = get_opt(&secrets, creds_name, "Secret", ns).await?;
-    let cert = secret_key(&secret, creds_name, TLS_CRT)?;
-    let key = secret_key(&secret, creds_name, TLS_KEY)?;
+    let secret = credentials::secret(kube, ns, creds_name).await?;
+    let cert = credentials::secret_key(&secret, creds_name, TLS_CRT)?;
+    let key = credentials::secret_key(&secret, creds_name, TLS_KEY)?;
     let identity = Identity::from_pem(&cert, &key).map_err(|e| {
         Error::CredentialsUnavailable(format!(
             "Secret {creds_name:?} keys {TLS_CRT}/{TLS_KEY}: {}",
             banlieue_api::conditions::error_message(&e)
         ))
     })?;
-
-    let ca_pem = match provider.spec.connection.ca_bundle.source() {
-        Some(Source::Inline(pem)) => pem.as_bytes().to_vec(),
-        Some(Source::ConfigMap(sel)) => {
-            let maps: Api<ConfigMap> = Api::namespaced(kube.clone(), ns);
-            let map = get_opt(&maps, &sel.name, "ConfigMap", ns).await?;
-            map.data
-                .as_ref()
-                .and_then(|d| d.get(&sel.key))
-                .map(|v| v.as_bytes().to_vec())
-                .or_else(|| {
-                    map.binary_data
-                        .as_ref()
-                        .and_then(|d| d.get(&sel.key))
-                        .map(|b| b.0.clone())
-                })
-                .ok_or_else(|| {
-                    Error::CredentialsUnavailable(format!(
-                        "ConfigMap {:?} has no key {:?}",
-                        sel.name, sel.key
-                    ))
-                })?
-        }
-        Some(Source::Secret(sel)) => {
-            let secret = get_opt(&secrets, &sel.name, "Secret", ns).await?;
-            secret_key(&secret, &sel.name, &sel.key)?
-        }
-        None => {
-            return Err(Error::CredentialsUnavailable(
-                "caBundle must set exactly one of inline, configMapRef or secretRef".into(),
-            ));
-        }
-    };
+    let ca_pem = credentials::ca_bundle(kube, ns, &provider.spec.connection.ca_bundle).await?;
     let ca = CaBundle::from_pem(&ca_pem).map_err(|e| {
         Error::CredentialsUnavailable(format!(
             "caBundle: {}",
@@ -147,38 +113,6 @@ pub async fn connect(
 
 /// How long a connection (TCP, TLS, libvirt's open sequence) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn get_opt<K>(api: &Api<K>, name: &str, kind: &str, ns: &str) -> Result<K>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.get_opt(name).await {
-        Ok(Some(o)) => Ok(o),
-        Ok(None) => Err(Error::CredentialsUnavailable(format!(
-            "{kind} {ns}/{name} does not exist"
-        ))),
-        Err(e) => Err(Error::CredentialsUnavailable(format!(
-            "read {kind} {ns}/{name}: {}",
-            banlieue_api::conditions::error_message(&e)
-        ))),
-    }
-}
-
-fn secret_key(secret: &Secret, name: &str, key: &str) -> Result<Vec<u8>> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|s| s.as_bytes().to_vec())
-        })
-        .ok_or_else(|| Error::CredentialsUnavailable(format!("Secret {name:?} has no key {key:?}")))
-}
 
 #[cfg(test)]
 mod tests {

@@ -6,9 +6,7 @@ use banlieue_api::conditions::reasons;
 /// Reasons only this provider reports, beside the shared ones in
 /// `banlieue_api::conditions::reasons`.
 pub mod provider_reasons {
-    /// `userDataSecretRef` names a Secret that may not be read for user-data: it does not opt
-    /// in, or its Provider references it (its credentials or CA source).
-    pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
+    pub use banlieue_provider_kit::reasons::USER_DATA_SECRET_REFUSED;
     /// A volume of the machine's name exists on the host, but nothing proves this machine
     /// made it: it is neither adopted nor deleted.
     pub const VOLUME_NOT_OWNED: &str = "VolumeNotOwned";
@@ -107,6 +105,26 @@ impl Error {
             Error::ConnectFailed { .. } => true,
             Error::Libvirt { source, .. } => connection_lost(source),
             _ => false,
+        }
+    }
+}
+
+impl From<banlieue_provider_kit::credentials::Unavailable> for Error {
+    fn from(e: banlieue_provider_kit::credentials::Unavailable) -> Error {
+        Error::CredentialsUnavailable(e.0)
+    }
+}
+
+impl From<banlieue_provider_kit::user_data::UserDataError> for Error {
+    fn from(e: banlieue_provider_kit::user_data::UserDataError) -> Error {
+        use banlieue_provider_kit::user_data::UserDataError;
+        match e {
+            UserDataError::Refused(message) => Error::Invalid {
+                reason: provider_reasons::USER_DATA_SECRET_REFUSED,
+                message,
+            },
+            UserDataError::Missing(message) => Error::CredentialsUnavailable(message),
+            UserDataError::Kube { what, source } => Error::Kube { what, source },
         }
     }
 }

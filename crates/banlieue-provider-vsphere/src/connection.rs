@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use banlieue_api::{Provider, Source};
+use banlieue_api::Provider;
+use banlieue_provider_kit::credentials;
 use banlieue_vsphere::{Client, Credentials};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::Api;
 
 use crate::error::{Error, Result};
 
@@ -15,10 +14,6 @@ use crate::error::{Error, Result};
 pub const USERNAME: &str = "username";
 /// Key of the password in the credentials Secret.
 pub const PASSWORD: &str = "password";
-
-/// The most bytes read from one Secret or ConfigMap key: a CA bundle or a password is far
-/// smaller, and the whole value is held in memory.
-const MAX_KEY_BYTES: usize = 1 << 20;
 
 /// How long connecting (TCP, TLS, service content, login) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -76,56 +71,11 @@ pub fn check_endpoint(endpoint: &str) -> Result<url::Url> {
 /// Reads the user name, password and CA the Provider names, from its namespace.
 pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<VSphereCredentials> {
     let ns = provider.metadata.namespace.as_deref().unwrap_or("default");
-    let secrets: Api<Secret> = Api::namespaced(kube.clone(), ns);
     let creds_name = &provider.spec.connection.credentials_ref.name;
-    let secret = get_opt(&secrets, creds_name, "Secret", ns).await?;
-    let username = text(
-        secret_key(&secret, creds_name, USERNAME)?,
-        creds_name,
-        USERNAME,
-    )?;
-    let password = text(
-        secret_key(&secret, creds_name, PASSWORD)?,
-        creds_name,
-        PASSWORD,
-    )?;
-    let ca = match provider.spec.connection.ca_bundle.source() {
-        Some(Source::Inline(pem)) => pem.as_bytes().to_vec(),
-        Some(Source::ConfigMap(sel)) => {
-            let maps: Api<ConfigMap> = Api::namespaced(kube.clone(), ns);
-            let map = get_opt(&maps, &sel.name, "ConfigMap", ns).await?;
-            map.data
-                .as_ref()
-                .and_then(|d| d.get(&sel.key))
-                .map(|v| v.as_bytes().to_vec())
-                .or_else(|| {
-                    map.binary_data
-                        .as_ref()
-                        .and_then(|d| d.get(&sel.key))
-                        .map(|b| b.0.clone())
-                })
-                .ok_or_else(|| {
-                    Error::CredentialsUnavailable(format!(
-                        "ConfigMap {:?} has no key {:?}",
-                        sel.name, sel.key
-                    ))
-                })?
-        }
-        Some(Source::Secret(sel)) => {
-            let secret = get_opt(&secrets, &sel.name, "Secret", ns).await?;
-            secret_key(&secret, &sel.name, &sel.key)?
-        }
-        None => {
-            return Err(Error::CredentialsUnavailable(
-                "caBundle must set exactly one of inline, configMapRef or secretRef".into(),
-            ));
-        }
-    };
-    if ca.len() > MAX_KEY_BYTES {
-        return Err(Error::CredentialsUnavailable(format!(
-            "caBundle is larger than {MAX_KEY_BYTES} bytes"
-        )));
-    }
+    let secret = credentials::secret(kube, ns, creds_name).await?;
+    let username = credentials::secret_text(&secret, creds_name, USERNAME)?;
+    let password = credentials::secret_text(&secret, creds_name, PASSWORD)?;
+    let ca = credentials::ca_bundle(kube, ns, &provider.spec.connection.ca_bundle).await?;
     let ca_pem = String::from_utf8(ca)
         .map_err(|_| Error::CredentialsUnavailable("caBundle is not PEM text".into()))?;
     Ok(VSphereCredentials {
@@ -153,50 +103,6 @@ pub async fn connect(endpoint: &str, credentials: &VSphereCredentials) -> Result
             after: CONNECT_TIMEOUT,
         }),
     }
-}
-
-async fn get_opt<K>(api: &Api<K>, name: &str, kind: &str, ns: &str) -> Result<K>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.get_opt(name).await {
-        Ok(Some(o)) => Ok(o),
-        Ok(None) => Err(Error::CredentialsUnavailable(format!(
-            "{kind} {ns}/{name} does not exist"
-        ))),
-        Err(e) => Err(Error::CredentialsUnavailable(format!(
-            "read {kind} {ns}/{name}: {}",
-            banlieue_api::conditions::error_message(&e)
-        ))),
-    }
-}
-
-fn secret_key(secret: &Secret, name: &str, key: &str) -> Result<Vec<u8>> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| b.0.clone())
-        .or_else(|| {
-            secret
-                .string_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|s| s.as_bytes().to_vec())
-        })
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| Error::CredentialsUnavailable(format!("Secret {name:?} has no key {key:?}")))
-}
-
-fn text(bytes: Vec<u8>, name: &str, key: &str) -> Result<String> {
-    if bytes.len() > MAX_KEY_BYTES {
-        return Err(Error::CredentialsUnavailable(format!(
-            "Secret {name:?} key {key:?} is larger than {MAX_KEY_BYTES} bytes"
-        )));
-    }
-    String::from_utf8(bytes).map_err(|_| {
-        Error::CredentialsUnavailable(format!("Secret {name:?} key {key:?} is not UTF-8 text"))
-    })
 }
 
 #[cfg(test)]

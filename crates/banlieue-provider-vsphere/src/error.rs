@@ -105,6 +105,26 @@ fn session_lost(e: &banlieue_vsphere::Error) -> bool {
             .is_some_and(|f| f.is_not_authenticated() || f.kind == "InvalidLogin")
 }
 
+impl From<banlieue_provider_kit::credentials::Unavailable> for Error {
+    fn from(e: banlieue_provider_kit::credentials::Unavailable) -> Error {
+        Error::CredentialsUnavailable(e.0)
+    }
+}
+
+impl From<banlieue_provider_kit::user_data::UserDataError> for Error {
+    fn from(e: banlieue_provider_kit::user_data::UserDataError) -> Error {
+        use banlieue_provider_kit::user_data::UserDataError;
+        match e {
+            UserDataError::Refused(message) => Error::Invalid {
+                reason: banlieue_provider_kit::reasons::USER_DATA_SECRET_REFUSED,
+                message,
+            },
+            UserDataError::Missing(message) => Error::CredentialsUnavailable(message),
+            UserDataError::Kube { what, source } => Error::Kube { what, source },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

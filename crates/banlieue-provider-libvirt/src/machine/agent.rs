@@ -33,7 +33,7 @@ async fn read_ek_certificates(domain: &Domain, calls: &Counter) -> EkReading {
     let mut problems = Vec::new();
     for path in guest::EK_FILES {
         match read_file(domain, path, calls).await {
-            Ok(Some(bytes)) => match guest::ek_certificate(&bytes) {
+            Ok(Some(bytes)) => match guest::EkCertificate::from_pem(&bytes) {
                 Ok(cert) => found.push(cert),
                 Err(why) => problems.push(format!("{path} {why}")),
             },

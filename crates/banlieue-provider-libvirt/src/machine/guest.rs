@@ -1,16 +1,18 @@
 //! The pure half of reading a guest through qemu-guest-agent: the agent commands that read the
-//! guest-phase layer's files (guest/README.md, ADR-0043), their replies, the phase and EK
-//! certificates they yield, and the GuestReady and AgentConnected conditions that follow. The
-//! calls themselves are made by `agent`.
+//! guest-phase layer's files (guest/README.md, ADR-0043), their replies, and the status that
+//! follows from what they yield. What a phase or an EK certificate means, and the GuestReady
+//! condition it gives, is the provider kit's (`banlieue_provider_kit::guest`), shared with
+//! every backend. The calls themselves are made by `agent`.
 //!
 //! Everything here comes from inside a guest, which the host must not trust: replies are
 //! bounded, malformed ones are errors, and nothing a guest writes can panic the provider.
 
 use banlieue_api::LibvirtMachineStatus;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
+pub use banlieue_provider_kit::guest::{EkCertificate, Phase, still_settling};
+use banlieue_provider_kit::guest::{guest_not_connected, guest_phase_absent, guest_ready};
 use base64::Engine;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 /// The phase file of the guest-phase layer.
 pub const PHASE_FILE: &str = "/run/banlieue/phase";
@@ -118,86 +120,6 @@ pub fn parse_read(reply: &str) -> Result<ReadChunk, ReplyError> {
     })
 }
 
-/// What the guest-phase layer says, read from [`PHASE_FILE`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Phase {
-    /// `ready`: boot is over and, with a TPM, the EK certificates are in place.
-    Ready,
-    /// `failed: <why>`.
-    Failed(String),
-    /// Anything else (`configuring`, `installing`, an author's own): not yet.
-    Pending(String),
-}
-
-impl Phase {
-    /// Reads the file's bytes: one line, at most [`MAX_GUEST_FILE_BYTES`], never trusted to
-    /// be UTF-8 or single-line.
-    pub fn parse(bytes: &[u8]) -> Phase {
-        let text = String::from_utf8_lossy(bytes);
-        let line = text.lines().next().unwrap_or_default().trim();
-        let line: String = line.chars().filter(|c| !c.is_control()).collect();
-        if line == "ready" {
-            Phase::Ready
-        } else if let Some(why) = line.strip_prefix("failed:") {
-            Phase::Failed(why.trim().to_owned())
-        } else {
-            Phase::Pending(line)
-        }
-    }
-
-    /// How the phase is shown in `status.guestPhase`.
-    pub fn as_status(&self) -> String {
-        match self {
-            Phase::Ready => "ready".to_owned(),
-            Phase::Failed(why) => format!("failed: {why}"),
-            Phase::Pending(phase) => phase.clone(),
-        }
-    }
-}
-
-/// An EK certificate as recorded: its PEM and the digest of its public key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EkCertificate {
-    /// The PEM as the guest wrote it (one certificate, normalised line endings).
-    pub pem: String,
-    /// `sha256:<hex>` of the DER SubjectPublicKeyInfo.
-    pub key_digest: String,
-}
-
-/// Reads one EK certificate file: exactly one PEM certificate whose DER parses as X.509. The
-/// bytes are recorded as issued; swtpm's EK certificates carry a critical SubjectAltName
-/// (a TPM directory name) that X.509 path validators reject, which is the verifier's business,
-/// not a reason to refuse the certificate here.
-pub fn ek_certificate(bytes: &[u8]) -> Result<EkCertificate, String> {
-    let (rest, pem) = x509_parser::pem::parse_x509_pem(bytes)
-        .map_err(|e| format!("is not a PEM certificate: {e}"))?;
-    if pem.label != "CERTIFICATE" {
-        return Err(format!("holds a PEM {:?}, not a CERTIFICATE", pem.label));
-    }
-    if !String::from_utf8_lossy(rest).trim().is_empty() {
-        return Err("holds more than one PEM block".to_owned());
-    }
-    let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents)
-        .map_err(|e| format!("is not an X.509 certificate: {e}"))?;
-    let spki = cert.tbs_certificate.subject_pki.raw;
-    let key_digest = format!("sha256:{}", hex(&Sha256::digest(spki)));
-    let body = base64::engine::general_purpose::STANDARD.encode(&pem.contents);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in body.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    Ok(EkCertificate {
-        pem: out,
-        key_digest,
-    })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// What reading the guest gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestSight {
@@ -256,80 +178,43 @@ pub fn guest_status(
     let final_ready = conditions::find(&recorded.contract.conditions, types::GUEST_READY)
         .filter(|c| !still_settling(c))
         .cloned();
-    let condition = |status: &str, reason: &str, message: String| {
-        conditions::new(types::GUEST_READY, status, reason, message, generation)
-    };
     let (guest_phase, guest_ready) = match sight {
         GuestSight::NotRunning => (
             None,
-            condition(
-                status::UNKNOWN,
-                reasons::AGENT_NOT_CONNECTED,
-                "the domain is not running".to_owned(),
-            ),
+            guest_not_connected("the domain is not running".to_owned(), generation),
         ),
         GuestSight::AgentUnavailable(why) => (
             // The phase read last stays shown, and a final GuestReady with it: a guest that
             // said `ready` and then lost its agent is still ready for this boot.
             recorded.contract.guest_phase.clone(),
             final_ready.unwrap_or_else(|| {
-                condition(
-                    status::UNKNOWN,
-                    reasons::AGENT_NOT_CONNECTED,
+                guest_not_connected(
                     format!("the guest agent does not answer: {why}"),
+                    generation,
                 )
             }),
         ),
         GuestSight::NoPhaseFile => (
             None,
-            condition(
-                status::UNKNOWN,
-                reasons::GUEST_PHASE_ABSENT,
+            guest_phase_absent(
                 format!(
                     "the guest agent answers but {PHASE_FILE} does not exist: the image \
                      carries no guest-phase layer (guest/README.md), or it has not run yet"
                 ),
+                generation,
             ),
         ),
         GuestSight::Phase { phase, ek } => {
-            let shown = Some(phase.as_status());
-            let c = match phase {
-                Phase::Failed(why) => condition(
-                    status::FALSE,
-                    reasons::GUEST_PHASE_FAILED,
-                    format!("the guest reports failed: {why}"),
+            let missing = || match ek {
+                EkReading::Unreadable(why) => format!(
+                    "the guest reports ready, but its EK certificates cannot be read: {why}"
                 ),
-                Phase::Pending(p) => condition(
-                    status::FALSE,
-                    reasons::GUEST_PHASE_PENDING,
-                    format!("the guest reports phase {p:?}, not ready yet"),
-                ),
-                Phase::Ready if tpm_enabled && certificates.is_empty() => condition(
-                    status::FALSE,
-                    reasons::ENDORSEMENT_CERTIFICATES_MISSING,
-                    match ek {
-                        EkReading::Unreadable(why) => format!(
-                            "the guest reports ready, but its EK certificates cannot be \
-                             read: {why}"
-                        ),
-                        _ => "the guest reports ready; its EK certificates are not read yet"
-                            .to_owned(),
-                    },
-                ),
-                Phase::Ready => condition(
-                    status::TRUE,
-                    reasons::GUEST_PHASE_READY,
-                    if tpm_enabled {
-                        format!(
-                            "the guest reports ready; {} EK certificate(s) recorded",
-                            certificates.len()
-                        )
-                    } else {
-                        "the guest reports ready".to_owned()
-                    },
-                ),
+                _ => "the guest reports ready; its EK certificates are not read yet".to_owned(),
             };
-            (shown, c)
+            (
+                Some(phase.as_status()),
+                guest_ready(phase, tpm_enabled, certificates.len(), missing, generation),
+            )
         }
     };
     let agent_connected = match sight {
@@ -358,13 +243,6 @@ pub fn guest_status(
         guest_ready,
         agent_connected,
     }
-}
-
-/// Whether the guest must be looked at again soon: it has not reached a final phase for this
-/// boot, or a tpmEnabled guest's certificates are still missing. Once it is ready only events
-/// and the resync read it again.
-pub fn still_settling(guest_ready: &Condition) -> bool {
-    guest_ready.status != status::TRUE && guest_ready.reason != reasons::GUEST_PHASE_FAILED
 }
 
 #[cfg(test)]
@@ -416,66 +294,6 @@ mod tests {
         assert!(parse_read(r#"{"return": {"count": 1, "buf-b64": "!!", "eof": true}}"#).is_err());
         let huge = format!(r#"{{"return": "{}"}}"#, "a".repeat(MAX_REPLY_BYTES));
         assert!(parse_open(&huge).unwrap_err().problem.contains("more than"));
-    }
-
-    #[test]
-    fn phases_are_read_as_the_contract_says() {
-        assert_eq!(Phase::parse(b"ready\n"), Phase::Ready);
-        assert_eq!(
-            Phase::parse(b"failed: cloud-init: boom\n"),
-            Phase::Failed("cloud-init: boom".into())
-        );
-        assert_eq!(
-            Phase::parse(b"configuring\n"),
-            Phase::Pending("configuring".into())
-        );
-        assert_eq!(
-            Phase::parse(b"installing\nready\n"),
-            Phase::Pending("installing".into())
-        );
-        // Not UTF-8, control characters: shown, never trusted.
-        assert_eq!(
-            Phase::parse(b"\xffre\x1bady"),
-            Phase::Pending("\u{fffd}ready".into())
-        );
-        assert_eq!(Phase::parse(b""), Phase::Pending(String::new()));
-    }
-
-    #[test]
-    fn an_ek_certificate_is_recorded_with_its_key_digest() {
-        let (pem, spki) = certificate();
-        let ek = ek_certificate(pem.as_bytes()).unwrap();
-        assert_eq!(
-            ek.key_digest,
-            format!("sha256:{}", hex(&Sha256::digest(&spki)))
-        );
-        // Re-encoded with the same DER.
-        let (_, a) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
-        let (_, b) = x509_parser::pem::parse_x509_pem(ek.pem.as_bytes()).unwrap();
-        assert_eq!(a.contents, b.contents);
-    }
-
-    #[test]
-    fn bad_ek_files_are_refused_with_a_reason() {
-        let (pem, _) = certificate();
-        assert!(ek_certificate(b"not pem").is_err());
-        let twice = format!("{pem}{pem}");
-        assert_eq!(
-            ek_certificate(twice.as_bytes()).unwrap_err(),
-            "holds more than one PEM block"
-        );
-        let key = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
-        assert!(
-            ek_certificate(key.as_bytes())
-                .unwrap_err()
-                .contains("PUBLIC KEY")
-        );
-        let garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-        assert!(
-            ek_certificate(garbage.as_bytes())
-                .unwrap_err()
-                .contains("not an X.509")
-        );
     }
 
     fn status_of(sight: &GuestSight, tpm: bool, recorded: &[String]) -> GuestStatus {
@@ -545,7 +363,7 @@ mod tests {
     #[test]
     fn a_tpm_guest_is_not_ready_before_its_certificates_are_recorded() {
         let (pem, _) = certificate();
-        let ek = ek_certificate(pem.as_bytes()).unwrap();
+        let ek = EkCertificate::from_pem(pem.as_bytes()).unwrap();
         let unreadable = GuestSight::Phase {
             phase: Phase::Ready,
             ek: EkReading::Unreadable("no file".into()),

@@ -83,58 +83,6 @@ pub fn volume_missing(volume: &str, pool: &str) -> Error {
     }
 }
 
-/// The label a Secret carries, with the value `"true"`, to be readable as user-data.
-pub const USER_DATA_LABEL: &str = "banlieue.io/user-data";
-/// The Secret type that makes a Secret readable as user-data, whatever its labels.
-pub const USER_DATA_SECRET_TYPE: &str = "banlieue.io/user-data";
-
-/// What decides whether a Secret may be read for `userDataSecretRef`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UserDataSecret<'a> {
-    pub name: &'a str,
-    pub type_: Option<&'a str>,
-    /// The value of [`USER_DATA_LABEL`], if set.
-    pub label: Option<&'a str>,
-    /// The workload's own Provider, when it references this Secret (credentials or CA
-    /// source).
-    pub referenced_by: Option<&'a str>,
-    /// Whether the Secret holds a `tls.key`, as the credentials of every Provider do: the
-    /// workload may read only its own Provider (ADR-0063), so another Provider's credentials
-    /// are known by their private key.
-    pub holds_private_key: bool,
-}
-
-/// The provider reads Secrets its machines' writers may not: only a Secret that opted in to be
-/// user-data, and never one a Provider depends on (its own Provider's, or any holding a
-/// private key), ends up in a guest's seed. Otherwise anyone able to write a VirtualMachine
-/// could have a host's client key written into a guest they control.
-pub fn check_user_data_secret(secret: &UserDataSecret<'_>) -> Result<()> {
-    let refused = |why: String| Error::Invalid {
-        reason: crate::error::provider_reasons::USER_DATA_SECRET_REFUSED,
-        message: format!("userDataSecretRef: Secret {} {why}", secret.name),
-    };
-    if let Some(provider) = secret.referenced_by {
-        return Err(refused(format!(
-            "is referenced by Provider {provider} (its credentials or CA) and is never \
-             used as user-data"
-        )));
-    }
-    if secret.holds_private_key {
-        return Err(refused(format!(
-            "holds a private key ({}), as a Provider's credentials do, and is never used as \
-             user-data",
-            crate::connection::TLS_KEY
-        )));
-    }
-    if secret.type_ == Some(USER_DATA_SECRET_TYPE) || secret.label == Some("true") {
-        return Ok(());
-    }
-    Err(refused(format!(
-        "has not opted in to be user-data: give it the label {USER_DATA_LABEL}=\"true\" or \
-         the type {USER_DATA_SECRET_TYPE}"
-    )))
-}
-
 /// A volume of the machine's name that this machine did not record as its own.
 pub fn volume_not_owned(volume: &str, pool: &str) -> Error {
     Error::Invalid {
@@ -487,56 +435,6 @@ mod tests {
         ));
         let e = name_taken("ns-web", "abc");
         assert_eq!(e.reason(), "DomainNameTaken");
-    }
-
-    #[test]
-    fn only_opted_in_secrets_no_provider_references_are_user_data() {
-        let base = UserDataSecret {
-            name: "cloud-init",
-            ..Default::default()
-        };
-        let e = check_user_data_secret(&base).unwrap_err();
-        assert_eq!(e.reason(), "UserDataSecretRefused");
-        assert!(
-            e.to_string().contains("banlieue.io/user-data=\"true\""),
-            "{e}"
-        );
-        assert!(
-            check_user_data_secret(&UserDataSecret {
-                label: Some("false"),
-                ..base.clone()
-            })
-            .is_err()
-        );
-        let labelled = UserDataSecret {
-            label: Some("true"),
-            ..base.clone()
-        };
-        assert!(check_user_data_secret(&labelled).is_ok());
-        let typed = UserDataSecret {
-            type_: Some("banlieue.io/user-data"),
-            ..base.clone()
-        };
-        assert!(check_user_data_secret(&typed).is_ok());
-        // Opting in never makes a Provider's Secret readable.
-        let e = check_user_data_secret(&UserDataSecret {
-            referenced_by: Some("edge-7"),
-            ..typed
-        })
-        .unwrap_err();
-        assert_eq!(e.reason(), "UserDataSecretRefused");
-        assert!(e.to_string().contains("Provider edge-7"), "{e}");
-        // Nor another Provider's credentials, known by their private key.
-        let e = check_user_data_secret(&UserDataSecret {
-            holds_private_key: true,
-            ..labelled
-        })
-        .unwrap_err();
-        assert_eq!(e.reason(), "UserDataSecretRefused");
-        assert!(
-            e.to_string().contains("holds a private key (tls.key)"),
-            "{e}"
-        );
     }
 
     #[test]

@@ -2,13 +2,12 @@
 //! and what the host then shows. Each step first looks at what exists, so a reconcile
 //! interrupted anywhere resumes where it stopped.
 
-use banlieue_api::{LibvirtMachine, Provider};
+use banlieue_api::LibvirtMachine;
 use banlieue_libvirt::flags::StorageVolCreateFlags;
 use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
 };
-use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -298,70 +297,16 @@ async fn lookup_volume(pool: &StoragePool, name: &str) -> Result<Option<StorageV
         )))
 }
 
-/// Inline user-data, or the bytes of the Secret key it names, when that Secret opted in, its
-/// own Provider does not reference it and it holds no private key (another Provider's
-/// credentials: the workload may read only its own Provider, ADR-0063).
+/// Inline user-data, or the bytes of the Secret key it names, under the kit's policy
+/// (`banlieue_provider_kit::user_data`): the Secret opted in, its own Provider does not
+/// reference it, and it holds no credentials.
 async fn user_data(machine: &LibvirtMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
-    if let Some(inline) = &machine.spec.user_data {
-        return Ok(Some(inline.as_bytes().to_vec()));
-    }
-    let Some(sel) = &machine.spec.user_data_secret_ref else {
-        return Ok(None);
-    };
-    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let own = providers
-        .get(&ctx.cfg.provider)
-        .await
-        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
-    let conn = &own.spec.connection;
-    let referenced = conn.credentials_ref.name == sel.name
-        || conn
-            .ca_bundle
-            .secret_ref
-            .as_ref()
-            .is_some_and(|s| s.name == sel.name);
-    if referenced {
-        // Refused before the Secret is even read.
-        plan::check_user_data_secret(&plan::UserDataSecret {
-            name: &sel.name,
-            referenced_by: Some(&ctx.cfg.provider),
-            ..Default::default()
-        })?;
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let Some(secret) = secrets
-        .get_opt(&sel.name)
-        .await
-        .map_err(Error::kube(format!("read Secret {}", sel.name)))?
-    else {
-        return Err(Error::CredentialsUnavailable(format!(
-            "Secret {:?} does not exist (userDataSecretRef)",
-            sel.name
-        )));
-    };
-    plan::check_user_data_secret(&plan::UserDataSecret {
-        name: &sel.name,
-        type_: secret.type_.as_deref(),
-        label: secret
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(plan::USER_DATA_LABEL))
-            .map(String::as_str),
-        referenced_by: None,
-        holds_private_key: secret
-            .data
-            .as_ref()
-            .is_some_and(|d| d.contains_key(crate::connection::TLS_KEY)),
-    })?;
-    secret
-        .data
-        .and_then(|mut d| d.remove(&sel.key))
-        .map(|b| Some(b.0))
-        .ok_or_else(|| {
-            Error::CredentialsUnavailable(format!(
-                "Secret {:?} has no key {:?} (userDataSecretRef)",
-                sel.name, sel.key
-            ))
-        })
+    Ok(banlieue_provider_kit::user_data::read(
+        &ctx.kube,
+        &ctx.cfg.namespace,
+        &ctx.cfg.provider,
+        machine.spec.user_data.as_deref(),
+        machine.spec.user_data_secret_ref.as_ref(),
+    )
+    .await?)
 }

@@ -8,11 +8,11 @@ use banlieue_api::common::address_type;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::vsphere::{self, EXTRA_CONFIG_MACHINE_UID, GUESTINFO_PHASE};
 use banlieue_api::{MachineAddress, VSphereMachine, VSphereMachineStatus, names, quantity};
+use banlieue_provider_kit::guest::{self, EkCertificate, Phase};
 use banlieue_vsphere::GuestNic;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
@@ -21,9 +21,6 @@ pub const MAX_VM_NAME_LEN: usize = 80;
 
 /// The most addresses published: a guest reports what it likes.
 pub const MAX_ADDRESSES: usize = 32;
-
-/// The most bytes of a guest's phase kept: the guest writes it, so it is bounded here.
-pub const MAX_PHASE_BYTES: usize = 1024;
 
 /// The VM of a machine: `<namespace>-<name>`, like a libvirt domain, so two namespaces' machines
 /// of one name never meet in one folder.
@@ -140,46 +137,6 @@ pub fn vm_name_taken(path: &str) -> Error {
     }
 }
 
-/// What the guest-phase layer wrote to `guestinfo.banlieue.phase` (ADR-0043).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// `ready`.
-    Ready,
-    /// `failed: <why>`.
-    Failed(String),
-    /// Anything else: not yet.
-    Pending(String),
-}
-
-impl Phase {
-    /// Reads the value as the libvirt provider reads its phase file: the first line, control
-    /// characters dropped, at most [`MAX_PHASE_BYTES`].
-    pub fn parse(value: &str) -> Phase {
-        let mut end = value.len().min(MAX_PHASE_BYTES);
-        while !value.is_char_boundary(end) {
-            end -= 1;
-        }
-        let line = value[..end].lines().next().unwrap_or_default().trim();
-        let line: String = line.chars().filter(|c| !c.is_control()).collect();
-        if line == "ready" {
-            Phase::Ready
-        } else if let Some(why) = line.strip_prefix("failed:") {
-            Phase::Failed(why.trim().to_owned())
-        } else {
-            Phase::Pending(line)
-        }
-    }
-
-    /// How the phase is shown in `status.guestPhase`.
-    pub fn as_status(&self) -> String {
-        match self {
-            Phase::Ready => "ready".to_owned(),
-            Phase::Failed(why) => format!("failed: {why}"),
-            Phase::Pending(phase) => phase.clone(),
-        }
-    }
-}
-
 /// What a reconcile saw of the machine's VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -223,87 +180,45 @@ pub fn addresses(nics: &[GuestNic]) -> Vec<MachineAddress> {
 
 /// PEM and `sha256:<hex>` of the public key of each DER certificate that parses as X.509.
 pub fn endorsement_certificates(ders: &[Vec<u8>]) -> (Vec<String>, Vec<String>) {
-    let mut pems = Vec::new();
-    let mut digests = Vec::new();
-    for der in ders {
-        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
-            continue;
-        };
-        let digest = Sha256::digest(cert.public_key().raw);
-        digests.push(format!(
-            "sha256:{}",
-            digest
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        ));
-        let body = BASE64.encode(der);
-        let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-        for chunk in body.as_bytes().chunks(64) {
-            pem.push_str(&String::from_utf8_lossy(chunk));
-            pem.push('\n');
-        }
-        pem.push_str("-----END CERTIFICATE-----\n");
-        pems.push(pem);
-    }
-    (pems, digests)
+    ders.iter()
+        .filter_map(|der| EkCertificate::from_der(der).ok())
+        .map(|ek| (ek.pem, ek.key_digest))
+        .unzip()
 }
 
-/// GuestReady from the VM's power state and phase, in the libvirt provider's words.
+/// GuestReady from the VM's power state and phase, in the kit's words.
 pub fn guest_ready(
     observed: &Observed,
     tpm_enabled: bool,
     certificates: usize,
     generation: Option<i64>,
 ) -> Condition {
-    let condition = |status: &str, reason: &str, message: String| {
-        conditions::new(types::GUEST_READY, status, reason, message, generation)
-    };
     if !observed.powered_on {
-        return condition(
-            status::UNKNOWN,
-            reasons::AGENT_NOT_CONNECTED,
+        return guest::guest_not_connected(
             format!("the VM is {}, not powered on", observed.power_state),
+            generation,
         );
     }
     let Some(phase) = observed.phase.as_deref() else {
-        return condition(
-            status::UNKNOWN,
-            reasons::GUEST_PHASE_ABSENT,
+        return guest::guest_phase_absent(
             format!(
                 "the VM runs but {GUESTINFO_PHASE} is not set: the image carries no \
                  guest-phase layer (guest/README.md), or it has not run yet"
             ),
+            generation,
         );
     };
-    match Phase::parse(phase) {
-        Phase::Failed(why) => condition(
-            status::FALSE,
-            reasons::GUEST_PHASE_FAILED,
-            format!("the guest reports failed: {why}"),
-        ),
-        Phase::Pending(p) => condition(
-            status::FALSE,
-            reasons::GUEST_PHASE_PENDING,
-            format!("the guest reports phase {p:?}, not ready yet"),
-        ),
-        Phase::Ready if tpm_enabled && certificates == 0 => condition(
-            status::FALSE,
-            reasons::ENDORSEMENT_CERTIFICATES_MISSING,
+    guest::guest_ready(
+        &Phase::parse(phase.as_bytes()),
+        tpm_enabled,
+        certificates,
+        || {
             "the guest reports ready, but the VM's vTPM has no endorsement key certificate \
              (does the template carry a vTPM?)"
-                .to_owned(),
-        ),
-        Phase::Ready => condition(
-            status::TRUE,
-            reasons::GUEST_PHASE_READY,
-            if tpm_enabled {
-                format!("the guest reports ready; {certificates} EK certificate(s) recorded")
-            } else {
-                "the guest reports ready".to_owned()
-            },
-        ),
-    }
+                .to_owned()
+        },
+        generation,
+    )
 }
 
 /// The status after a reconcile: what was observed, or the error as the Ready condition with
@@ -334,7 +249,7 @@ pub fn status_after(
                 .phase
                 .as_deref()
                 .filter(|_| o.powered_on)
-                .map(|p| Phase::parse(p).as_status());
+                .map(|p| Phase::parse(p.as_bytes()).as_status());
             // A vTPM keeps its EK for the VM's life: certificates once recorded stay.
             if new.tpm_endorsement_certificates.is_empty() {
                 let (pems, digests) = endorsement_certificates(&o.ek_certificates);
@@ -386,8 +301,7 @@ pub fn status_after(
 
 /// Whether the guest has not said its final word: look again soon.
 pub fn guest_settling(status: &VSphereMachineStatus) -> bool {
-    conditions::find(&status.conditions, types::GUEST_READY)
-        .is_none_or(|c| c.status != status::TRUE && c.reason != reasons::GUEST_PHASE_FAILED)
+    conditions::find(&status.conditions, types::GUEST_READY).is_none_or(guest::still_settling)
 }
 
 #[cfg(test)]
@@ -488,19 +402,6 @@ mod tests {
         assert!(memory_mib(&m).is_err());
         m.spec.memory = Quantity("lots".into());
         assert!(memory_mib(&m).is_err());
-    }
-
-    #[test]
-    fn phases_are_read_as_the_libvirt_provider_reads_them() {
-        assert_eq!(Phase::parse("ready\n"), Phase::Ready);
-        assert_eq!(Phase::parse("failed: boom"), Phase::Failed("boom".into()));
-        assert_eq!(
-            Phase::parse("configuring"),
-            Phase::Pending("configuring".into())
-        );
-        assert_eq!(Phase::parse("re\u{1b}ady"), Phase::Ready);
-        let long = "é".repeat(MAX_PHASE_BYTES);
-        assert!(Phase::parse(&long).as_status().len() <= MAX_PHASE_BYTES);
     }
 
     #[test]

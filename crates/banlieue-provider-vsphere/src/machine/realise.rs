@@ -3,25 +3,17 @@
 
 use std::time::Duration;
 
+use banlieue_api::VSphereMachine;
 use banlieue_api::conditions::reasons;
 use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
-use banlieue_api::{Provider, VSphereMachine};
 use banlieue_vsphere::{
     Client, CloneSpec, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec, VmInfo,
 };
-use k8s_openapi::api::core::v1::Secret;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 
 use super::Context;
 use super::plan::{self, Observed, Ownership};
 use crate::error::{Error, Result};
-
-/// The label by which a Secret opts in to being read as user-data.
-pub const USER_DATA_LABEL: &str = "banlieue.io/user-data";
-/// The Secret type by which a Secret opts in to being read as user-data.
-pub const USER_DATA_SECRET_TYPE: &str = "banlieue.io/user-data";
-/// The reason a user-data Secret is refused with, as on libvirt.
-pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
 
 pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Observed> {
     let uid = machine.uid().ok_or_else(|| Error::Invalid {
@@ -263,77 +255,15 @@ pub(super) async fn wait_task(
     }
 }
 
-/// Inline user-data, or the bytes of the Secret key it names, under the libvirt provider's
-/// rules: the Secret opted in, its own Provider does not reference it, and it holds no
-/// Provider credentials (`password`, `tls.key`), which the workload may not hand to a guest.
+/// Inline user-data, or the bytes of the Secret key it names, under the kit's policy
+/// (`banlieue_provider_kit::user_data`), the same as on every backend.
 async fn user_data(machine: &VSphereMachine, ctx: &Context) -> Result<Option<Vec<u8>>> {
-    if let Some(inline) = &machine.spec.user_data {
-        return Ok(Some(inline.as_bytes().to_vec()));
-    }
-    let Some(sel) = &machine.spec.user_data_secret_ref else {
-        return Ok(None);
-    };
-    let refused = |why: String| Error::Invalid {
-        reason: USER_DATA_SECRET_REFUSED,
-        message: format!("userDataSecretRef: Secret {} {why}", sel.name),
-    };
-    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let own = providers
-        .get(&ctx.cfg.provider)
-        .await
-        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
-    let conn = &own.spec.connection;
-    if conn.credentials_ref.name == sel.name
-        || conn
-            .ca_bundle
-            .secret_ref
-            .as_ref()
-            .is_some_and(|s| s.name == sel.name)
-    {
-        return Err(refused(format!(
-            "is referenced by Provider {} (its credentials or CA) and is never used as user-data",
-            ctx.cfg.provider
-        )));
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let Some(secret) = secrets
-        .get_opt(&sel.name)
-        .await
-        .map_err(Error::kube(format!("read Secret {}", sel.name)))?
-    else {
-        return Err(Error::CredentialsUnavailable(format!(
-            "Secret {:?} does not exist (userDataSecretRef)",
-            sel.name
-        )));
-    };
-    let data = secret.data.unwrap_or_default();
-    if let Some(key) = [crate::connection::PASSWORD, "tls.key"]
-        .into_iter()
-        .find(|k| data.contains_key(*k))
-    {
-        return Err(refused(format!(
-            "holds {key}, as a Provider's credentials do, and is never used as user-data"
-        )));
-    }
-    let opted_in = secret.type_.as_deref() == Some(USER_DATA_SECRET_TYPE)
-        || secret
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(USER_DATA_LABEL))
-            .is_some_and(|v| v == "true");
-    if !opted_in {
-        return Err(refused(format!(
-            "has not opted in to be user-data: give it the label {USER_DATA_LABEL}=\"true\" or \
-             the type {USER_DATA_SECRET_TYPE}"
-        )));
-    }
-    data.get(&sel.key)
-        .map(|b| Some(b.0.clone()))
-        .ok_or_else(|| {
-            Error::CredentialsUnavailable(format!(
-                "Secret {:?} has no key {:?} (userDataSecretRef)",
-                sel.name, sel.key
-            ))
-        })
+    Ok(banlieue_provider_kit::user_data::read(
+        &ctx.kube,
+        &ctx.cfg.namespace,
+        &ctx.cfg.provider,
+        machine.spec.user_data.as_deref(),
+        machine.spec.user_data_secret_ref.as_ref(),
+    )
+    .await?)
 }

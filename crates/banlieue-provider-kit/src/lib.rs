@@ -1,0 +1,22 @@
+//! The provider kit: what every backend of banlieue (libvirt, vSphere, the next one) shares, so
+//! that a contract or a security check is written once (ADR-0071).
+//!
+//! - [`guest`]: the guest-phase layer's contract (the phase a guest reports, its EK
+//!   certificates) and the GuestReady condition that follows from it;
+//! - [`user_data`]: which Secret a machine's `userDataSecretRef` may name, and reading it;
+//! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded.
+//!
+//! Everything here is backend-neutral: a backend says how it observes a guest (an agent
+//! channel, guestinfo variables) and the kit says what the observation means.
+
+pub mod credentials;
+pub mod guest;
+pub mod user_data;
+
+/// Condition reasons every provider reports the same way, beside the shared ones in
+/// `banlieue_api::conditions::reasons`.
+pub mod reasons {
+    /// `userDataSecretRef` names a Secret that may not be read for user-data: it does not opt
+    /// in, its Provider references it (credentials or CA source), or it holds credentials.
+    pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
+}
