@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "dev")]
+use banlieue::dev;
 use banlieue::roles::{self, Roles};
-use banlieue::{bootstrap, cidata, dev, libvirt, login, observe};
+use banlieue::{bootstrap, cidata, libvirt, login, observe};
 use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
 use banlieue_runtime::leader::{self, LeaderElector, LeaseConfig};
 use clap::{Args, Parser, Subcommand};
@@ -53,6 +55,7 @@ enum Command {
         image: String,
     },
     /// The local default: a control plane and libvirtd on loopback, a pool and a claim.
+    #[cfg(feature = "dev")]
     #[command(subcommand)]
     Dev(dev::DevCommand),
     /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
@@ -439,6 +442,7 @@ fn main() -> ExitCode {
             bootstrap::run(client, &image).await?;
             Ok(())
         }),
+        #[cfg(feature = "dev")]
         Command::Dev(command) => block_on(dev::run(command)),
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
         Command::Cidata(args) => return cidata::run(&args),
