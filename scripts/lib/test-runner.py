@@ -230,12 +230,14 @@ def main():
 
     table = out / "timings.tsv"
     with open(table, "w") as timings:
-        timings.write("job\tstatus\tseconds\tweight\tpassed\tfailed\tignored\n")
+        # `start` is seconds after the runner began: which jobs shared the cores with which.
+        timings.write("job\tstatus\tseconds\tweight\tpassed\tfailed\tignored\tstart\n")
         for job in sorted(jobs, key=lambda job: -(job.seconds or 0)):
             passed, failed, ignored = job.counts
+            start = f"{job.started - begun:.1f}" if job.started is not None else ""
             timings.write(
                 f"{job.name}\t{job.status}\t{job.seconds or 0:.1f}\t{job.weight}"
-                f"\t{passed}\t{failed}\t{ignored}\n"
+                f"\t{passed}\t{failed}\t{ignored}\t{start}\n"
             )
     busy = sum(job.seconds or 0 for job in jobs)
     passed = sum(job.counts[0] for job in jobs)
