@@ -9,9 +9,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{LocalObjectReference, MachineAddress, SecretKeySelector};
-use crate::conditions::Condition;
-use crate::machine::MachineInitialization;
+use crate::common::{LocalObjectReference, SecretKeySelector};
+use crate::machine::MachineStatusContract;
 
 /// The finalizer a VSphereMachine holds until its VM is destroyed in vCenter (ADR-0026).
 pub const FINALIZER_VM_PROTECTION: &str = "banlieue.io/vm-protection";
@@ -101,44 +100,16 @@ pub struct VSphereMachineSpec {
     pub tpm_enabled: bool,
 }
 
-/// Observed state of a VSphereMachine, in Cluster API's shape. The contract fields and their
-/// JSON names are LibvirtMachineStatus's.
+/// Observed state of a VSphereMachine: the contract every machine kind carries, flattened
+/// (so its JSON names are LibvirtMachineStatus's), and what only vSphere knows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VSphereMachineStatus {
-    /// The VM exists and is powered on.
-    #[serde(default)]
-    pub ready: bool,
-    /// Provisioning progress.
-    #[serde(default)]
-    pub initialization: MachineInitialization,
-    /// `vsphere://<instanceUuid>`.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        rename = "providerID"
-    )]
-    pub provider_id: Option<String>,
-    /// Addresses the guest reports (VMware Tools' `guest.net`).
-    #[serde(default)]
-    pub addresses: Vec<MachineAddress>,
-    /// The guest's own phase (`guestinfo.banlieue.phase`), when it publishes one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_phase: Option<String>,
-    /// PEM certificates of the vTPM's endorsement keys.
-    #[serde(default)]
-    pub tpm_endorsement_certificates: Vec<String>,
-    /// `sha256:<hex>` of each certificate's public key (its DER SubjectPublicKeyInfo), in the
-    /// order of `tpmEndorsementCertificates`.
-    #[serde(default)]
-    pub tpm_endorsement_key_digests: Vec<String>,
-    /// Ready and GuestReady, with messages from the guide's troubleshooting table.
-    #[serde(default)]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-    /// The generation this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
+    /// What every machine kind reports: `ready` is a powered-on VM, `providerID` is
+    /// `vsphere://<instanceUuid>`, `addresses` are what VMware Tools reports in `guest.net`,
+    /// `guestPhase` is `guestinfo.banlieue.phase`.
+    #[serde(flatten)]
+    pub contract: MachineStatusContract,
     /// The VM's name in vCenter (`<namespace>-<name>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm_name: Option<String>,
@@ -216,7 +187,10 @@ mod tests {
     #[test]
     fn the_status_uses_the_contract_names() {
         let status = VSphereMachineStatus {
-            provider_id: Some(provider_id("5003")),
+            contract: MachineStatusContract {
+                provider_id: Some(provider_id("5003")),
+                ..Default::default()
+            },
             vm_mo_ref: Some("vm-42".into()),
             ..Default::default()
         };

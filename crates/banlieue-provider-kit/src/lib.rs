@@ -4,13 +4,16 @@
 //! - [`guest`]: the guest-phase layer's contract (the phase a guest reports, its EK
 //!   certificates) and the GuestReady condition that follows from it;
 //! - [`user_data`]: which Secret a machine's `userDataSecretRef` may name, and reading it;
-//! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded.
+//! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded;
+//! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
+//!   around what a backend implements ([`machine::Backend`]).
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
 pub mod credentials;
 pub mod guest;
+pub mod machine;
 pub mod user_data;
 
 /// Condition reasons every provider reports the same way, beside the shared ones in

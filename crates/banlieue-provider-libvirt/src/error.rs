@@ -52,6 +52,12 @@ pub enum Error {
     /// Building the cloud-init seed failed.
     #[error("build the cloud-init seed")]
     Seed(#[source] banlieue_iso::Error),
+    /// A reconcile's libvirt calls did not end within its deadline.
+    #[error("{what}: not done within {after:?}")]
+    Deadline {
+        what: &'static str,
+        after: std::time::Duration,
+    },
     /// The object cannot be realised as written (a message from the guide's table).
     #[error("{message}")]
     Invalid {
@@ -81,7 +87,9 @@ impl Error {
             Error::UnsupportedScheme(_) => reasons::UNSUPPORTED_SCHEME,
             Error::ConnectFailed { .. } => reasons::CONNECT_FAILED,
             Error::Libvirt { source, .. } if connection_lost(source) => reasons::CONNECT_FAILED,
-            Error::Libvirt { .. } | Error::Seed(_) => reasons::LIBVIRT_ERROR,
+            Error::Libvirt { .. } | Error::Seed(_) | Error::Deadline { .. } => {
+                reasons::LIBVIRT_ERROR
+            }
             Error::Kube { .. } | Error::Encode { .. } => reasons::PROVIDER_NOT_READY,
             Error::Invalid { reason, .. } => reason,
         }
@@ -100,9 +108,10 @@ impl Error {
     }
 
     /// Whether the libvirt connection this error came from is unusable and must be replaced.
+    /// A reconcile past its deadline counts: calls that hang are a connection to replace.
     pub fn is_connection_lost(&self) -> bool {
         match self {
-            Error::ConnectFailed { .. } => true,
+            Error::ConnectFailed { .. } | Error::Deadline { .. } => true,
             Error::Libvirt { source, .. } => connection_lost(source),
             _ => false,
         }

@@ -41,6 +41,16 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A patch could not be encoded.
+    #[error("{what}")]
+    Encode {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A reconcile's vSphere calls did not end within its deadline.
+    #[error("{what}: not done within {after:?}")]
+    Deadline { what: &'static str, after: Duration },
     /// The object cannot be realised as written.
     #[error("{message}")]
     Invalid {
@@ -60,18 +70,21 @@ impl Error {
             Error::UnsupportedScheme(_) => reasons::UNSUPPORTED_SCHEME,
             Error::ConnectFailed { .. } | Error::ConnectTimeout { .. } => reasons::CONNECT_FAILED,
             Error::VSphere { source, .. } if session_lost(source) => reasons::CONNECT_FAILED,
-            Error::VSphere { .. } | Error::TaskTimeout { .. } => {
+            Error::VSphere { .. } | Error::TaskTimeout { .. } | Error::Deadline { .. } => {
                 banlieue_api::vsphere::reasons::VSPHERE_ERROR
             }
-            Error::Kube { .. } => reasons::PROVIDER_NOT_READY,
+            Error::Kube { .. } | Error::Encode { .. } => reasons::PROVIDER_NOT_READY,
             Error::Invalid { reason, .. } => reason,
         }
     }
 
     /// Whether the session this error came from is unusable and must be replaced.
+    /// A reconcile past its deadline counts: calls that hang are a session to replace.
     pub fn is_session_lost(&self) -> bool {
         match self {
-            Error::ConnectFailed { .. } | Error::ConnectTimeout { .. } => true,
+            Error::ConnectFailed { .. } | Error::ConnectTimeout { .. } | Error::Deadline { .. } => {
+                true
+            }
             Error::VSphere { source, .. } => session_lost(source),
             _ => false,
         }

@@ -350,7 +350,7 @@ impl Env {
 fn condition<'a>(m: &'a VSphereMachine, type_: &str) -> Option<&'a conditions::Condition> {
     m.status
         .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, type_))
+        .and_then(|s| conditions::find(&s.contract.conditions, type_))
 }
 
 async fn wait(client: &Client, task: ManagedObjectRef) -> Option<ManagedObjectRef> {
@@ -530,7 +530,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     let created = env.create_machine("web-01", Some(user_data)).await;
     let machine = env
         .machine_until("web-01", "the machine Ready", |m| {
-            m.status.as_ref().is_some_and(|s| s.ready)
+            m.status.as_ref().is_some_and(|s| s.contract.ready)
         })
         .await;
     let status = machine.status.clone().expect("status");
@@ -540,7 +540,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
             .iter()
             .any(|f| f == FINALIZER_VM_PROTECTION)
     );
-    assert!(status.initialization.provisioned);
+    assert!(status.contract.initialization.provisioned);
     let vm_ref = ManagedObjectRef::new("VirtualMachine", status.vm_mo_ref.clone().expect("moref"));
 
     // The VM, as vCenter sees it: in DC0_C1's root pool, powered on, sized, with its guestinfo.
@@ -621,7 +621,10 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         .get("config.instanceUuid")
         .and_then(PropertyValue::text)
         .expect("instance UUID");
-    assert_eq!(status.provider_id, Some(format!("vsphere://{uuid}")));
+    assert_eq!(
+        status.contract.provider_id,
+        Some(format!("vsphere://{uuid}"))
+    );
     assert_eq!(status.instance_uuid.as_deref(), Some(uuid));
     // No phase yet: the guest has said nothing.
     let guest = condition(&machine, types::GUEST_READY).expect("GuestReady");
@@ -634,7 +637,8 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     set_extra_config(&vc, &vm_ref, "SET.guest.ipAddress", "192.0.2.44").await;
     env.machine_until("web-01", "the guest's address", |m| {
         m.status.as_ref().is_some_and(|s| {
-            s.addresses
+            s.contract
+                .addresses
                 .iter()
                 .any(|a| a.address == "192.0.2.44" && a.type_ == "InternalIP")
         })
@@ -655,7 +659,9 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         "False"
     );
     assert_eq!(
-        m.status.as_ref().and_then(|s| s.guest_phase.as_deref()),
+        m.status
+            .as_ref()
+            .and_then(|s| s.contract.guest_phase.as_deref()),
         Some("configuring")
     );
     set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "ready").await;
@@ -674,7 +680,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     assert!(
         m.status
             .as_ref()
-            .is_some_and(|s| s.tpm_endorsement_certificates.is_empty())
+            .is_some_and(|s| s.contract.tpm_endorsement_certificates.is_empty())
     );
 
     // Deletion blocks until the VM is gone from vCenter, then the machine goes.
@@ -764,7 +770,7 @@ async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone()
     env.start_machines();
     let m = env
         .machine_until("adopted", "the adopted machine Ready", |m| {
-            m.status.as_ref().is_some_and(|s| s.ready)
+            m.status.as_ref().is_some_and(|s| s.contract.ready)
         })
         .await;
     assert_eq!(
@@ -788,7 +794,7 @@ async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone()
     assert!(
         m.status
             .as_ref()
-            .is_some_and(|s| !s.ready && s.vm_mo_ref.is_none())
+            .is_some_and(|s| !s.contract.ready && s.vm_mo_ref.is_none())
     );
     // Deleting the machine leaves the foreign VM as it was.
     env.machines()

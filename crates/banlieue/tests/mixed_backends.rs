@@ -211,7 +211,7 @@ async fn scenario(
             .await?
             .items
             .into_iter()
-            .find(|m| m.status.as_ref().is_some_and(|s| s.ready));
+            .find(|m| m.status.as_ref().is_some_and(|s| s.contract.ready));
         Ok(ready)
     })
     .await?;

@@ -15,21 +15,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::LibvirtMachine;
+use banlieue_api::LibvirtMachineStatus;
+use banlieue_api::conditions::{self, Condition};
 use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
-use banlieue_runtime::reconcile::{self, ErrorBackoff};
-use futures::StreamExt;
+use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::domain_xml::DomainType;
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_ERROR_BACKOFF, MIN_ERROR_BACKOFF, Result};
 use crate::metrics::Metrics;
-use banlieue_api::conditions::{self, error_message};
 use host::Host;
 
 /// Settings of one provider workload.
@@ -68,11 +65,10 @@ struct Context {
     cfg: ProviderConfig,
     host: Arc<Host>,
     metrics: Metrics,
-    backoff: ErrorBackoff,
 }
 
 /// Reconciles this Provider's LibvirtMachines until `shutdown` completes, recording into
-/// `metrics`.
+/// `metrics`. Domain lifecycle and agent events wake every machine, beside the watch.
 pub async fn run_provider(
     client: kube::Client,
     cfg: ProviderConfig,
@@ -90,194 +86,174 @@ pub async fn run_provider(
     let (ticks, tick_rx) = mpsc::channel(1);
     let events = tokio::spawn(host::forward_events(host.clone(), ticks));
     let machines: Api<LibvirtMachine> = Api::namespaced(client.clone(), &cfg.namespace);
-    let ctx = Arc::new(Context {
+    let backend = Arc::new(Context {
         kube: client,
         cfg,
         host,
         metrics,
-        backoff: crate::error::error_backoff(),
     });
-    Controller::new(machines, watcher::Config::default())
-        .reconcile_all_on(futures::stream::unfold(tick_rx, |mut rx| async move {
-            rx.recv().await.map(|tick| (tick, rx))
-        }))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |machine, ctx| async move {
-                let key = ErrorBackoff::key_of("machine", machine.as_ref());
-                let outcome = reconcile(machine, ctx.clone()).await;
-                if outcome.is_ok() {
-                    ctx.backoff.succeeded(&key);
-                }
-                outcome
-            },
-            error_policy,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %error_message(&e), "machine reconcile");
-            }
-        })
-        .await;
+    let settings = Settings {
+        backoff_min: MIN_ERROR_BACKOFF,
+        backoff_max: MAX_ERROR_BACKOFF,
+        ..Settings::default()
+    };
+    let wake = futures::stream::unfold(tick_rx, |mut rx| async move {
+        rx.recv().await.map(|tick| (tick, rx))
+    });
+    skeleton::run(backend, machines, settings, wake, shutdown).await;
     events.abort();
     Ok(())
 }
 
-fn error_policy(machine: Arc<LibvirtMachine>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_error(error.reason());
-    let delay = ctx
-        .backoff
-        .failed(&ErrorBackoff::key_of("machine", machine.as_ref()));
-    tracing::warn!(error = %error_message(error), ?delay, "machine reconcile failed");
-    Action::requeue(delay)
-}
+impl Backend for Context {
+    type Machine = LibvirtMachine;
+    type Status = LibvirtMachineStatus;
+    type Observed = plan::Observed;
+    type Error = Error;
 
-#[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
-async fn reconcile(machine: Arc<LibvirtMachine>, ctx: Arc<Context>) -> Result<Action> {
-    if machine.spec.provider_ref.name != ctx.cfg.provider {
-        return Ok(Action::await_change());
+    fn finalizer(&self) -> &'static str {
+        FINALIZER_DOMAIN_PROTECTION
     }
-    let api: Api<LibvirtMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    if machine.metadata.deletion_timestamp.is_some() {
-        return teardown::run(&machine, &api, &ctx).await;
+
+    fn serves(&self, machine: &LibvirtMachine) -> bool {
+        machine.spec.provider_ref.name == self.cfg.provider
     }
-    if !machine
-        .finalizers()
-        .iter()
-        .any(|f| f == FINALIZER_DOMAIN_PROTECTION)
-    {
-        crate::finalizers::add(&api, &*machine, FINALIZER_DOMAIN_PROTECTION).await?;
-        // The patch wakes the controller again with the new object.
-        return Ok(Action::await_change());
+
+    fn status_of(machine: &LibvirtMachine) -> Option<&LibvirtMachineStatus> {
+        machine.status.as_ref()
     }
-    // The UUID is chosen and recorded before anything exists on the host: it is the seed's
-    // instance-id and the upsert guard's proof of ownership, so it must survive a crash
-    // between building the seed and defining the domain.
-    let Some(uuid) = machine.status.as_ref().and_then(|s| s.domain_uuid.clone()) else {
-        let uuid = uuid::Uuid::new_v4().to_string();
-        let names = plan::MachineNames::of(&machine);
-        let recorded = patch_status(
-            &api,
-            &machine,
-            json!({ "domainUuid": uuid, "domainName": names.domain }),
+
+    fn conditions_of(status: &LibvirtMachineStatus) -> &[Condition] {
+        &status.contract.conditions
+    }
+
+    fn running(observed: &plan::Observed) -> bool {
+        observed.running
+    }
+
+    fn resync(&self) -> Duration {
+        self.cfg.resync
+    }
+
+    /// The UUID is chosen and recorded before anything exists on the host: it is the seed's
+    /// instance-id and the upsert guard's proof of ownership, so it must survive a crash
+    /// between building the seed and defining the domain.
+    fn before_realise(&self, machine: &LibvirtMachine) -> Option<serde_json::Value> {
+        if recorded_uuid(machine).is_some() {
+            return None;
+        }
+        let names = plan::MachineNames::of(machine);
+        Some(json!({
+            "domainUuid": uuid::Uuid::new_v4().to_string(),
+            "domainName": names.domain,
+        }))
+    }
+
+    async fn realise(&self, machine: &LibvirtMachine) -> Result<plan::Observed> {
+        let uuid = recorded_uuid(machine).ok_or_else(|| Error::Invalid {
+            reason: banlieue_api::conditions::reasons::PROVIDER_NOT_READY,
+            message: "the domain UUID is not recorded yet".to_owned(),
+        })?;
+        realise::run(machine, uuid, self).await
+    }
+
+    fn status_after(
+        &self,
+        machine: &LibvirtMachine,
+        outcome: &Result<plan::Observed>,
+        now: Time,
+    ) -> LibvirtMachineStatus {
+        plan::status_after(
+            machine,
+            &self.cfg.namespace,
+            &self.cfg.provider,
+            outcome,
+            now,
         )
-        .await?;
-        return Ok(if recorded {
-            Action::await_change()
-        } else {
-            Action::requeue(AFTER_CONFLICT)
-        });
-    };
+    }
 
-    let outcome = realise::run(&machine, &uuid, &ctx).await;
-    if let Err(e) = &outcome {
-        ctx.metrics.reconcile_error(e.reason());
-        if e.is_connection_lost() {
-            ctx.host.forget().await;
+    async fn teardown(&self, machine: &LibvirtMachine) -> Result<Teardown> {
+        teardown::run(machine, self).await?;
+        Ok(Teardown::Done)
+    }
+
+    fn teardown_failed(
+        &self,
+        machine: &LibvirtMachine,
+        error: &Error,
+        now: Time,
+    ) -> LibvirtMachineStatus {
+        teardown::failed_status(machine, error, now)
+    }
+
+    async fn recover(&self, error: &Error) {
+        if error.is_connection_lost() {
+            self.host.forget().await;
         }
     }
-    let status = plan::status_after(
-        &machine,
-        &ctx.cfg.namespace,
-        &ctx.cfg.provider,
-        &outcome,
-        now(),
-    );
-    if Some(&status) != machine.status.as_ref()
-        && !patch_status(
-            &api,
-            &machine,
-            serde_json::to_value(&status).unwrap_or_default(),
-        )
-        .await?
-    {
-        return Ok(Action::requeue(AFTER_CONFLICT));
+
+    fn record_error(&self, error: &Error) {
+        self.metrics.reconcile_error(error.reason());
     }
-    let guest_ready = |s: &banlieue_api::LibvirtMachineStatus| {
-        conditions::is_true(&s.contract.conditions, conditions::types::GUEST_READY)
-    };
-    if guest_ready(&status)
-        && !machine.status.as_ref().is_some_and(guest_ready)
-        && let Some(created) = &machine.metadata.creation_timestamp
-    {
-        let waited = now().0.duration_since(created.0);
-        ctx.metrics
-            .guest_ready_latency
-            .observe(waited.as_secs_f64().max(0.0));
-    }
-    let was_ready = machine.status.as_ref().is_some_and(|s| s.contract.ready);
-    if status.contract.ready
-        && !was_ready
-        && let Some(created) = &machine.metadata.creation_timestamp
-    {
-        let waited = now().0.duration_since(created.0);
-        ctx.metrics
-            .machine_ready_latency
-            .observe(waited.as_secs_f64().max(0.0));
-    }
-    Ok(match &outcome {
-        Ok(o) if o.running && guest_settling(&status) => {
-            Action::requeue(guest_poll_interval(&status, ctx.cfg.resync))
+
+    fn status_written(
+        &self,
+        machine: &LibvirtMachine,
+        before: Option<&LibvirtMachineStatus>,
+        after: &LibvirtMachineStatus,
+    ) {
+        let Some(created) = &machine.metadata.creation_timestamp else {
+            return;
+        };
+        let waited = || {
+            let waited = Time(k8s_openapi::jiff::Timestamp::now())
+                .0
+                .duration_since(created.0);
+            waited.as_secs_f64().max(0.0)
+        };
+        let guest_ready = |s: &LibvirtMachineStatus| {
+            conditions::is_true(&s.contract.conditions, conditions::types::GUEST_READY)
+        };
+        if guest_ready(after) && !before.is_some_and(guest_ready) {
+            self.metrics.guest_ready_latency.observe(waited());
         }
-        Ok(o) if o.running => Action::requeue(ctx.cfg.resync),
-        // A domain starting, or an error: look again soon.
-        _ => Action::requeue(Duration::from_secs(5).min(ctx.cfg.resync)),
-    })
+        if after.contract.ready && !before.is_some_and(|s| s.contract.ready) {
+            self.metrics.machine_ready_latency.observe(waited());
+        }
+    }
+
+    fn patch_failed(what: String, error: PatchError) -> Error {
+        match error {
+            PatchError::Kube(source) => Error::Kube { what, source },
+            PatchError::Encode(source) => Error::Encode { what, source },
+        }
+    }
+
+    fn deadline_exceeded(what: &'static str, after: Duration) -> Error {
+        Error::Deadline { what, after }
+    }
 }
 
-/// The guest has not said its final word for this boot: look again before the resync.
-fn guest_settling(status: &banlieue_api::LibvirtMachineStatus) -> bool {
-    conditions::find(
-        &status.contract.conditions,
-        banlieue_api::conditions::types::GUEST_READY,
-    )
-    .is_some_and(guest::still_settling)
+fn recorded_uuid(machine: &LibvirtMachine) -> Option<&str> {
+    machine.status.as_ref()?.domain_uuid.as_deref()
 }
 
-/// How soon a settling guest is read again: a quarter of the time its GuestReady has been
-/// unchanged, between 2 s and the resync. A booting guest is asked often; a guest without the
-/// layer (or without an agent) soon only at the resync.
-fn guest_poll_interval(status: &banlieue_api::LibvirtMachineStatus, resync: Duration) -> Duration {
-    let since = conditions::find(
-        &status.contract.conditions,
-        banlieue_api::conditions::types::GUEST_READY,
-    )
-    .map(|c| now().0.duration_since(c.last_transition_time.0))
-    .and_then(|d| Duration::try_from(d).ok())
-    .unwrap_or_default();
-    (since / 4).clamp(Duration::from_secs(2), resync.max(Duration::from_secs(2)))
-}
-
-/// Patches the status, guarded by the resourceVersion the reconcile read. The reconcile sees
-/// the controller's cache, which can lag behind its own last write; an unguarded write from a
-/// stale copy would, for example, replace a recorded domain UUID with a new one after the
-/// domain was defined with the first. Returns false when the object changed meanwhile (409):
-/// the caller looks again at the fresh object.
+/// Patches the status, guarded by the resourceVersion `machine` was read at. Returns false
+/// when the object changed meanwhile (409): the caller reads it again.
 async fn patch_status(
     api: &Api<LibvirtMachine>,
     machine: &LibvirtMachine,
     status: serde_json::Value,
 ) -> Result<bool> {
+    use kube::ResourceExt;
     let name = machine.name_any();
     let version = machine.resource_version();
-    match reconcile::patch_status(api, &name, &status, version.as_deref()).await {
+    match banlieue_runtime::reconcile::patch_status(api, &name, &status, version.as_deref()).await {
         Ok(_) => Ok(true),
         Err(e) if e.is_stale() => Ok(false),
-        Err(reconcile::PatchError::Kube(source)) => Err(Error::Kube {
-            what: format!("patch LibvirtMachine {name} status"),
-            source,
-        }),
-        Err(reconcile::PatchError::Encode(source)) => Err(Error::Encode {
-            what: format!("patch LibvirtMachine {name} status"),
-            source,
-        }),
+        Err(e) => Err(<Context as Backend>::patch_failed(
+            format!("patch LibvirtMachine {name} status"),
+            e,
+        )),
     }
-}
-
-/// Retry soon after a write lost to a concurrent change.
-const AFTER_CONFLICT: Duration = Duration::from_millis(500);
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
 }

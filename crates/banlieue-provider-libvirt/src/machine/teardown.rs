@@ -2,16 +2,12 @@
 //! delete the machine's own volumes → look the domain up again. Each step accepts that its
 //! object is already gone; a failing step is reported in Ready (TeardownFailed) and retried.
 
-use std::time::Duration;
-
-use banlieue_api::LibvirtMachine;
 use banlieue_api::conditions::reasons;
 use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
+use banlieue_api::{LibvirtMachine, LibvirtMachineStatus};
 use banlieue_libvirt::flags::DomainUndefineFlags;
 use banlieue_libvirt::{Domain, StoragePool, StorageVol};
-use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::controller::Action;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Context;
 use super::plan::{self, Existing, MachineNames};
@@ -24,52 +20,28 @@ pub const UNDEFINE_FLAGS: DomainUndefineFlags = DomainUndefineFlags::NVRAM
     .union(DomainUndefineFlags::TPM)
     .union(DomainUndefineFlags::MANAGED_SAVE);
 
-pub(super) async fn run(
+/// The status of a machine whose teardown failed: Ready=False, TeardownFailed, the error's
+/// chain as its message.
+pub(super) fn failed_status(
     machine: &LibvirtMachine,
-    api: &Api<LibvirtMachine>,
-    ctx: &Context,
-) -> Result<Action> {
-    if !machine
-        .finalizers()
-        .iter()
-        .any(|f| f == FINALIZER_DOMAIN_PROTECTION)
-    {
-        return Ok(Action::await_change());
-    }
-    match teardown(machine, ctx).await {
-        Ok(()) => {
-            crate::finalizers::remove(api, machine, FINALIZER_DOMAIN_PROTECTION).await?;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            if e.is_connection_lost() {
-                ctx.host.forget().await;
-            }
-            let failed = Error::Invalid {
-                reason: reasons::TEARDOWN_FAILED,
-                message: error_message(&e),
-            };
-            let mut status = machine.status.clone().unwrap_or_default();
-            status.contract.ready = false;
-            banlieue_api::conditions::set(
-                &mut status.contract.conditions,
-                plan::condition_for(&failed, machine.metadata.generation),
-                super::now(),
-            );
-            if Some(&status) != machine.status.as_ref() {
-                super::patch_status(
-                    api,
-                    machine,
-                    serde_json::to_value(&status).unwrap_or_default(),
-                )
-                .await?;
-            }
-            Ok(Action::requeue(Duration::from_secs(5)))
-        }
-    }
+    error: &Error,
+    now: Time,
+) -> LibvirtMachineStatus {
+    let failed = Error::Invalid {
+        reason: reasons::TEARDOWN_FAILED,
+        message: error_message(error),
+    };
+    let mut status = machine.status.clone().unwrap_or_default();
+    status.contract.ready = false;
+    banlieue_api::conditions::set(
+        &mut status.contract.conditions,
+        plan::condition_for(&failed, machine.metadata.generation),
+        now,
+    );
+    status
 }
 
-async fn teardown(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
+pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
     let names = MachineNames::of(machine);
     let recorded = machine.status.as_ref().and_then(|s| s.domain_uuid.clone());
     let Some(uuid) = recorded else {

@@ -11,16 +11,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::VSphereMachine;
-use banlieue_api::conditions::error_message;
+use banlieue_api::conditions::Condition;
 use banlieue_api::vsphere::FINALIZER_VM_PROTECTION;
-use futures::StreamExt;
+use banlieue_api::{VSphereMachine, VSphereMachineStatus};
+use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
-use serde_json::json;
+use kube::api::Api;
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
@@ -71,133 +67,99 @@ pub async fn run_provider(
     let (wake, woken) = mpsc::channel(1);
     let pump = tokio::spawn(watch::run(session.clone(), cfg.namespace.clone(), wake));
     let machines: Api<VSphereMachine> = Api::namespaced(client.clone(), &cfg.namespace);
-    let ctx = Arc::new(Context {
+    // A reconcile holds at most a clone, a reconfigure and a power-on: three tasks' deadlines.
+    let settings = Settings {
+        deadline: cfg.task_timeout.saturating_mul(3),
+        ..Settings::default()
+    };
+    let backend = Arc::new(Context {
         kube: client,
         cfg,
         session,
     });
-    Controller::new(machines, watcher::Config::default())
-        .reconcile_all_on(futures::stream::unfold(woken, |mut rx| async move {
-            rx.recv().await.map(|tick| (tick, rx))
-        }))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %error_message(&e), "machine reconcile");
-            }
-        })
-        .await;
+    let wake = futures::stream::unfold(woken, |mut rx| async move {
+        rx.recv().await.map(|tick| (tick, rx))
+    });
+    skeleton::run(backend, machines, settings, wake, shutdown).await;
     pump.abort();
     Ok(())
 }
 
-fn error_policy(_machine: Arc<VSphereMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error_message(error), "machine reconcile failed");
-    Action::requeue(Duration::from_secs(5))
-}
+impl Backend for Context {
+    type Machine = VSphereMachine;
+    type Status = VSphereMachineStatus;
+    type Observed = plan::Observed;
+    type Error = Error;
 
-#[tracing::instrument(skip_all, fields(machine = %machine.name_any()))]
-async fn reconcile(machine: Arc<VSphereMachine>, ctx: Arc<Context>) -> Result<Action> {
-    if machine.spec.provider_ref.name != ctx.cfg.provider {
-        return Ok(Action::await_change());
+    fn finalizer(&self) -> &'static str {
+        FINALIZER_VM_PROTECTION
     }
-    let api: Api<VSphereMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    if machine.metadata.deletion_timestamp.is_some() {
-        return teardown::run(&machine, &api, &ctx).await;
+
+    fn serves(&self, machine: &VSphereMachine) -> bool {
+        machine.spec.provider_ref.name == self.cfg.provider
     }
-    if !machine
-        .finalizers()
-        .iter()
-        .any(|f| f == FINALIZER_VM_PROTECTION)
-    {
-        let mut finalizers = machine.finalizers().to_vec();
-        finalizers.push(FINALIZER_VM_PROTECTION.to_owned());
-        patch_finalizers(&api, &machine, finalizers).await?;
-        return Ok(Action::await_change());
+
+    fn status_of(machine: &VSphereMachine) -> Option<&VSphereMachineStatus> {
+        machine.status.as_ref()
     }
-    let outcome = realise::run(&machine, &ctx).await;
-    if let Err(e) = &outcome
-        && e.is_session_lost()
-    {
-        ctx.session.forget().await;
+
+    fn conditions_of(status: &VSphereMachineStatus) -> &[Condition] {
+        &status.contract.conditions
     }
-    let status = plan::status_after(&machine, &outcome, now());
-    if Some(&status) != machine.status.as_ref()
-        && !patch_status(
-            &api,
-            &machine,
-            serde_json::to_value(&status).unwrap_or_default(),
-        )
-        .await?
-    {
-        return Ok(Action::requeue(AFTER_CONFLICT));
+
+    fn running(observed: &plan::Observed) -> bool {
+        observed.powered_on
     }
-    Ok(match &outcome {
-        // The property wait wakes the machine on every change; this is the backstop.
-        Ok(o) if o.powered_on && plan::guest_settling(&status) => {
-            Action::requeue(Duration::from_secs(10).min(ctx.cfg.resync))
+
+    fn resync(&self) -> Duration {
+        self.cfg.resync
+    }
+
+    async fn realise(&self, machine: &VSphereMachine) -> Result<plan::Observed> {
+        realise::run(machine, self).await
+    }
+
+    fn status_after(
+        &self,
+        machine: &VSphereMachine,
+        outcome: &Result<plan::Observed>,
+        now: Time,
+    ) -> VSphereMachineStatus {
+        plan::status_after(machine, outcome, now)
+    }
+
+    async fn teardown(&self, machine: &VSphereMachine) -> Result<Teardown> {
+        Ok(if teardown::destroy(machine, self).await? {
+            Teardown::Done
+        } else {
+            // Destroyed, but the lookup still finds it: look again shortly.
+            Teardown::Again(Duration::from_secs(1))
+        })
+    }
+
+    fn teardown_failed(
+        &self,
+        machine: &VSphereMachine,
+        error: &Error,
+        now: Time,
+    ) -> VSphereMachineStatus {
+        teardown::failed_status(machine, error, now)
+    }
+
+    async fn recover(&self, error: &Error) {
+        if error.is_session_lost() {
+            self.session.forget().await;
         }
-        Ok(o) if o.powered_on => Action::requeue(ctx.cfg.resync),
-        _ => Action::requeue(Duration::from_secs(5).min(ctx.cfg.resync)),
-    })
-}
-
-/// Sets the finalizer list, guarded by the resourceVersion so a concurrent writer's finalizer
-/// is never dropped.
-async fn patch_finalizers(
-    api: &Api<VSphereMachine>,
-    machine: &VSphereMachine,
-    finalizers: Vec<String>,
-) -> Result<()> {
-    let name = machine.name_any();
-    api.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({
-            "metadata": {
-                "resourceVersion": machine.resource_version(),
-                "finalizers": finalizers,
-            }
-        })),
-    )
-    .await
-    .map_err(Error::kube(format!(
-        "update the finalizers of VSphereMachine {name}"
-    )))?;
-    Ok(())
-}
-
-/// Patches the status, guarded by the resourceVersion the reconcile read, so a stale cache
-/// never overwrites a newer status. False when the object changed meanwhile (409).
-async fn patch_status(
-    api: &Api<VSphereMachine>,
-    machine: &VSphereMachine,
-    status: serde_json::Value,
-) -> Result<bool> {
-    let name = machine.name_any();
-    match api
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": { "resourceVersion": machine.resource_version() },
-                "status": status,
-            })),
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(Error::kube(format!("patch VSphereMachine {name} status"))(
-            e,
-        )),
     }
-}
 
-/// Retry soon after a write lost to a concurrent change.
-const AFTER_CONFLICT: Duration = Duration::from_millis(500);
+    fn patch_failed(what: String, error: PatchError) -> Error {
+        match error {
+            PatchError::Kube(source) => Error::Kube { what, source },
+            PatchError::Encode(source) => Error::Encode { what, source },
+        }
+    }
 
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
+    fn deadline_exceeded(what: &'static str, after: Duration) -> Error {
+        Error::Deadline { what, after }
+    }
 }

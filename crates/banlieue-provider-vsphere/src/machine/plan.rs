@@ -230,39 +230,37 @@ pub fn status_after(
 ) -> VSphereMachineStatus {
     let old = machine.status.clone().unwrap_or_default();
     let generation = machine.metadata.generation;
-    let mut new = VSphereMachineStatus {
-        observed_generation: generation,
-        ..old.clone()
-    };
+    let mut new = old.clone();
+    new.contract.observed_generation = generation;
     let ready = match outcome {
         Ok(o) => {
             new.vm_name = Some(o.vm_name.clone());
             new.vm_mo_ref = Some(o.moref.clone());
             if let Some(uuid) = &o.instance_uuid {
                 new.instance_uuid = Some(uuid.clone());
-                new.provider_id = Some(vsphere::provider_id(uuid));
+                new.contract.provider_id = Some(vsphere::provider_id(uuid));
             }
-            new.initialization.provisioned = true;
-            new.ready = o.powered_on;
-            new.addresses = addresses(&o.nics);
-            new.guest_phase = o
+            new.contract.initialization.provisioned = true;
+            new.contract.ready = o.powered_on;
+            new.contract.addresses = addresses(&o.nics);
+            new.contract.guest_phase = o
                 .phase
                 .as_deref()
                 .filter(|_| o.powered_on)
                 .map(|p| Phase::parse(p.as_bytes()).as_status());
             // A vTPM keeps its EK for the VM's life: certificates once recorded stay.
-            if new.tpm_endorsement_certificates.is_empty() {
+            if new.contract.tpm_endorsement_certificates.is_empty() {
                 let (pems, digests) = endorsement_certificates(&o.ek_certificates);
-                new.tpm_endorsement_certificates = pems;
-                new.tpm_endorsement_key_digests = digests;
+                new.contract.tpm_endorsement_certificates = pems;
+                new.contract.tpm_endorsement_key_digests = digests;
             }
             let guest = guest_ready(
                 o,
                 machine.spec.tpm_enabled,
-                new.tpm_endorsement_certificates.len(),
+                new.contract.tpm_endorsement_certificates.len(),
                 generation,
             );
-            conditions::set(&mut new.conditions, guest, now.clone());
+            conditions::set(&mut new.contract.conditions, guest, now.clone());
             if o.powered_on {
                 conditions::new(
                     types::READY,
@@ -285,7 +283,7 @@ pub fn status_after(
             }
         }
         Err(e) => {
-            new.ready = false;
+            new.contract.ready = false;
             conditions::new(
                 types::READY,
                 status::FALSE,
@@ -295,13 +293,8 @@ pub fn status_after(
             )
         }
     };
-    conditions::set(&mut new.conditions, ready, now);
+    conditions::set(&mut new.contract.conditions, ready, now);
     new
-}
-
-/// Whether the guest has not said its final word: look again soon.
-pub fn guest_settling(status: &VSphereMachineStatus) -> bool {
-    conditions::find(&status.conditions, types::GUEST_READY).is_none_or(guest::still_settling)
 }
 
 #[cfg(test)]
@@ -408,41 +401,50 @@ mod tests {
     fn status_follows_the_vm_and_the_guest() {
         let m = machine();
         let s = status_after(&m, &Ok(observed()), Time(Default::default()));
-        assert!(s.ready && s.initialization.provisioned);
-        assert_eq!(s.provider_id.as_deref(), Some("vsphere://5003-abcd"));
-        let addrs: Vec<_> = s.addresses.iter().map(|a| a.address.as_str()).collect();
+        assert!(s.contract.ready && s.contract.initialization.provisioned);
+        assert_eq!(
+            s.contract.provider_id.as_deref(),
+            Some("vsphere://5003-abcd")
+        );
+        let addrs: Vec<_> = s
+            .contract
+            .addresses
+            .iter()
+            .map(|a| a.address.as_str())
+            .collect();
         assert_eq!(addrs, ["192.0.2.10", "2001:db8::10"]);
-        let guest = conditions::find(&s.conditions, types::GUEST_READY).unwrap();
+        let guest = conditions::find(&s.contract.conditions, types::GUEST_READY).unwrap();
         assert_eq!(
             (guest.status.as_str(), guest.reason.as_str()),
             ("Unknown", "GuestPhaseAbsent")
         );
-        assert!(guest_settling(&s));
+        assert!(banlieue_provider_kit::guest::still_settling(guest));
 
         let pending = Observed {
             phase: Some("configuring".into()),
             ..observed()
         };
         let s = status_after(&m, &Ok(pending), Time(Default::default()));
-        let guest = conditions::find(&s.conditions, types::GUEST_READY).unwrap();
+        let guest = conditions::find(&s.contract.conditions, types::GUEST_READY).unwrap();
         assert_eq!(
             (guest.status.as_str(), guest.reason.as_str()),
             ("False", "GuestPhasePending")
         );
-        assert_eq!(s.guest_phase.as_deref(), Some("configuring"));
+        assert_eq!(s.contract.guest_phase.as_deref(), Some("configuring"));
 
         let ready = Observed {
             phase: Some("ready".into()),
             ..observed()
         };
         let s = status_after(&m, &Ok(ready.clone()), Time(Default::default()));
-        assert!(conditions::is_true(&s.conditions, types::GUEST_READY));
-        assert!(!guest_settling(&s));
+        let guest = conditions::find(&s.contract.conditions, types::GUEST_READY).unwrap();
+        assert_eq!(guest.status, "True");
+        assert!(!banlieue_provider_kit::guest::still_settling(guest));
 
         let mut tpm = machine();
         tpm.spec.tpm_enabled = true;
         let s = status_after(&tpm, &Ok(ready), Time(Default::default()));
-        let guest = conditions::find(&s.conditions, types::GUEST_READY).unwrap();
+        let guest = conditions::find(&s.contract.conditions, types::GUEST_READY).unwrap();
         assert_eq!(guest.reason, "EndorsementCertificatesMissing");
 
         let off = Observed {
@@ -451,8 +453,8 @@ mod tests {
             ..observed()
         };
         let s = status_after(&m, &Ok(off), Time(Default::default()));
-        assert!(!s.ready);
-        let ready = conditions::find(&s.conditions, types::READY).unwrap();
+        assert!(!s.contract.ready);
+        let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
         assert_eq!(ready.reason, "Provisioning");
     }
 
@@ -462,9 +464,9 @@ mod tests {
         m.status = Some(status_after(&m, &Ok(observed()), Time(Default::default())));
         let e = vm_name_taken("DC0/vm/team-a-web-01");
         let s = status_after(&m, &Err(e), Time(Default::default()));
-        assert!(!s.ready);
+        assert!(!s.contract.ready);
         assert_eq!(s.vm_mo_ref.as_deref(), Some("vm-42"));
-        let ready = conditions::find(&s.conditions, types::READY).unwrap();
+        let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
         assert_eq!(ready.reason, "VMNameTaken");
     }
 

@@ -1,72 +1,42 @@
 //! Deleting a VSphereMachine: power its VM off, destroy it, look it up again, and only then let
 //! the machine go (ADR-0026). A VM of the machine's name that is not its own is left alone.
 
-use std::time::Duration;
-
-use banlieue_api::VSphereMachine;
 use banlieue_api::conditions::{self, reasons, status, types};
-use banlieue_api::vsphere::FINALIZER_VM_PROTECTION;
+use banlieue_api::{VSphereMachine, VSphereMachineStatus};
 use banlieue_vsphere::{ManagedObjectRef, PowerState};
-use kube::api::Api;
-use kube::runtime::controller::Action;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
+use super::Context;
 use super::plan::{self, Ownership};
 use super::realise::{find_vm, is_not_found, wait_task};
-use super::{Context, patch_finalizers, patch_status};
 use crate::error::{Error, Result};
 
-pub(super) async fn run(
+/// The status of a machine whose teardown failed: Ready=False, TeardownFailed, the error's
+/// chain as its message.
+pub(super) fn failed_status(
     machine: &VSphereMachine,
-    api: &Api<VSphereMachine>,
-    ctx: &Context,
-) -> Result<Action> {
-    if !machine
-        .finalizers()
-        .iter()
-        .any(|f| f == FINALIZER_VM_PROTECTION)
-    {
-        return Ok(Action::await_change());
-    }
-    match destroy(machine, ctx).await {
-        Ok(true) => {
-            let rest = machine
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER_VM_PROTECTION)
-                .cloned()
-                .collect();
-            patch_finalizers(api, machine, rest).await?;
-            Ok(Action::await_change())
-        }
-        // Destroyed, but the lookup still finds it: look again shortly.
-        Ok(false) => Ok(Action::requeue(Duration::from_secs(1))),
-        Err(e) => {
-            if e.is_session_lost() {
-                ctx.session.forget().await;
-            }
-            let mut status = machine.status.clone().unwrap_or_default();
-            conditions::set(
-                &mut status.conditions,
-                conditions::new(
-                    types::READY,
-                    status::FALSE,
-                    reasons::TEARDOWN_FAILED,
-                    conditions::error_message(&e),
-                    machine.meta().generation,
-                ),
-                super::now(),
-            );
-            status.ready = false;
-            patch_status(api, machine, json!(status)).await?;
-            Ok(Action::requeue(Duration::from_secs(5)))
-        }
-    }
+    error: &Error,
+    now: Time,
+) -> VSphereMachineStatus {
+    let mut status = machine.status.clone().unwrap_or_default();
+    conditions::set(
+        &mut status.contract.conditions,
+        conditions::new(
+            types::READY,
+            status::FALSE,
+            reasons::TEARDOWN_FAILED,
+            conditions::error_message(error),
+            machine.meta().generation,
+        ),
+        now,
+    );
+    status.contract.ready = false;
+    status
 }
 
 /// Destroys the machine's own VM. True once no VM of the machine is found any more.
-async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<bool> {
+pub(super) async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<bool> {
     let uid = machine.uid().unwrap_or_default();
     let vm_name = plan::vm_name(machine)?;
     let path = plan::vm_path(machine, &vm_name);
