@@ -6,14 +6,20 @@
 //! - [`user_data`]: which Secret a machine's `userDataSecretRef` may name, and reading it;
 //! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded;
 //! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
-//!   around what a backend implements ([`machine::Backend`]).
+//!   around what a backend implements ([`machine::Backend`]);
+//! - [`operator`]: the Provider operator, which runs every backend's workload;
+//! - [`provider_status`]: publishing a Provider's Ready condition and failure domains;
+//! - [`import_settings`]: where a ProviderClass's image imports run.
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
 pub mod credentials;
 pub mod guest;
+pub mod import_settings;
 pub mod machine;
+pub mod operator;
+pub mod provider_status;
 pub mod user_data;
 
 /// Condition reasons every provider reports the same way, beside the shared ones in

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{Provider, ProviderClass};
-use banlieue_provider_libvirt::operator::{OperatorConfig, run_operator, workloads};
+use banlieue_provider_kit::operator::{OperatorConfig, run_operator, workloads};
 use banlieue_provider_libvirt::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
 use common::{

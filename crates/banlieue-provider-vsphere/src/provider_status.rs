@@ -8,16 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{DomainCapacity, FailureDomain, Provider, ProviderStatus};
+use banlieue_api::{DomainCapacity, FailureDomain, Provider};
 use banlieue_vsphere::{Client, PropertyValue};
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use crate::connection;
 use crate::error::{Error, Result};
@@ -104,7 +102,15 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
     let generation = provider.metadata.generation;
     let endpoint = &provider.spec.connection.endpoint;
     let (ready, failure_domains) = decide(&outcome, endpoint, generation);
-    publish(&ctx.api, &ctx.recorder, &provider, ready, failure_domains).await?;
+    banlieue_provider_kit::provider_status::publish(
+        &ctx.api,
+        &ctx.recorder,
+        &provider,
+        ready,
+        failure_domains,
+    )
+    .await
+    .map_err(Error::kube("patch Provider status"))?;
     Ok(match outcome {
         // The spec's fault: nothing changes until the spec does.
         Err(Error::UnsupportedScheme(_)) => Action::await_change(),
@@ -209,65 +215,4 @@ pub async fn inventory(client: &Client) -> Result<Inventory> {
         );
     }
     Ok(found)
-}
-
-/// Writes the Provider's Ready condition and failure domains when they changed, and records
-/// an Event when Ready's status or reason changed.
-pub async fn publish(
-    api: &Api<Provider>,
-    recorder: &Recorder,
-    provider: &Provider,
-    ready: Condition,
-    failure_domains: Vec<FailureDomain>,
-) -> Result<()> {
-    let old = provider.status.clone().unwrap_or_default();
-    let previous = conditions::find(&old.conditions, types::READY).cloned();
-    let mut new = ProviderStatus {
-        conditions: old.conditions.clone(),
-        failure_domains,
-        observed_generation: provider.metadata.generation,
-    };
-    conditions::set(&mut new.conditions, ready.clone(), now());
-    if new == old {
-        return Ok(());
-    }
-    api.patch_status(
-        &provider.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
-    )
-    .await
-    .map_err(Error::kube("patch Provider status"))?;
-    let transitioned = previous
-        .as_ref()
-        .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
-    if transitioned {
-        record(recorder, provider, &ready).await;
-    }
-    Ok(())
-}
-
-/// Records a Ready transition as an Event; failing to record one changes nothing.
-async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition) {
-    let event = Event {
-        type_: if ready.status == status::TRUE {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        },
-        reason: ready.reason.clone(),
-        note: Some(conditions::bounded_message(
-            ready.message.clone(),
-            conditions::MAX_EVENT_NOTE_BYTES,
-        )),
-        action: "Probe".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &provider.object_ref(&())).await {
-        tracing::debug!(error = %error_message(&e), "record provider event");
-    }
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -389,7 +389,7 @@ fn main() -> ExitCode {
             serve: args,
         })) => block_on(serve(
             Roles {
-                provider: Some((provider, namespace)),
+                libvirt_provider: Some((provider, namespace)),
                 ..Roles::default()
             },
             args,

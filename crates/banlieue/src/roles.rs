@@ -1,13 +1,13 @@
-//! The long-running roles (controller, libvirt operator, libvirt and vSphere providers) as
+//! The long-running roles (controller, Provider operator, libvirt and vSphere providers) as
 //! tasks, so the same wiring serves `banlieue controller`, `banlieue provider libvirt run`,
 //! `banlieue provider vsphere run` and `dev up`.
 
 use banlieue_controller::{ControllerConfig, Metrics};
 use banlieue_imagebuilder::reconcile::ReconcilerConfig;
+use banlieue_provider_kit::operator::OperatorConfig;
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
 use banlieue_provider_libvirt::machine::ProviderConfig;
-use banlieue_provider_libvirt::operator::OperatorConfig;
 use banlieue_provider_libvirt::provider_status::StatusConfig;
 use kube::Client;
 use prometheus_client::registry::Registry;
@@ -23,11 +23,12 @@ pub struct Roles {
     pub controller: bool,
     /// The Provider operator: each Provider's workload (never its host).
     pub operator: bool,
-    /// One Provider's workload: its readiness, LibvirtMachines and image imports:
+    /// One libvirt Provider's workload: its readiness, LibvirtMachines and image imports:
     /// (name, namespace).
-    pub provider: Option<(String, String)>,
-    /// Forces the provider's domain type instead of deriving it from the host's capabilities.
-    pub domain_type: Option<DomainType>,
+    pub libvirt_provider: Option<(String, String)>,
+    /// Forces the libvirt provider's domain type instead of deriving it from the host's
+    /// capabilities.
+    pub libvirt_domain_type: Option<DomainType>,
     /// The controller's ReadinessSignalAbsent grace, instead of its default.
     pub readiness_signal_grace: Option<std::time::Duration>,
     /// The controller's lost-host grace, instead of its default.
@@ -73,8 +74,8 @@ pub fn spawn_all(
     }
     if roles.operator {
         let (kube, stop) = (kube.clone(), shutdown.clone());
-        tasks.push(supervise("libvirt operator", shutdown, async move {
-            banlieue_provider_libvirt::operator::run_operator(
+        tasks.push(supervise("provider operator", shutdown, async move {
+            banlieue_provider_kit::operator::run_operator(
                 kube,
                 OperatorConfig::default(),
                 stop.cancelled_owned(),
@@ -83,11 +84,11 @@ pub fn spawn_all(
             .map_err(BoxError::from)
         }));
     }
-    if let Some((name, namespace)) = roles.provider {
+    if let Some((name, namespace)) = roles.libvirt_provider {
         let (client, stop) = (kube.clone(), shutdown.clone());
         let mut cfg = ProviderConfig::new(name.clone(), namespace.clone());
-        if roles.domain_type.is_some() {
-            cfg.domain_type = roles.domain_type;
+        if roles.libvirt_domain_type.is_some() {
+            cfg.domain_type = roles.libvirt_domain_type;
         }
         let metrics = banlieue_provider_libvirt::metrics::Metrics::register(registry);
         tasks.push(supervise("libvirt provider", shutdown, async move {

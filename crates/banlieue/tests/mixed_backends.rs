@@ -30,8 +30,8 @@ use banlieue_api::{
     StorageClassMapping, StorageTarget, VMImage, VSphereCapabilities, VSphereDatacenter,
     VSphereMachine, ValueOrSource, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_provider_kit::operator::workloads;
 use banlieue_provider_libvirt::domain_xml::DomainType;
-use banlieue_provider_libvirt::operator::workloads;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::poll;

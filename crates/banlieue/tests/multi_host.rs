@@ -1,6 +1,6 @@
 //! A pool across three real libvirt hosts, and a host that goes away: a real control plane,
 //! three private libvirtd instances on loopback registered as three Providers, the controller
-//! and the libvirt operator running in this process as the controller's ServiceAccount and each
+//! and the Provider operator running in this process as the controller's ServiceAccount and each
 //! Provider's workload as the ServiceAccount the operator made for it, all under the shipped RBAC
 //! (as `banlieue dev up` wires its one host).
 //!

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use banlieue::bootstrap;
-use banlieue_provider_libvirt::operator::{OperatorConfig, run_operator};
+use banlieue_provider_kit::operator::{OperatorConfig, run_operator};
 use banlieue_testenv::access;
 use banlieue_testenv::control_plane::ControlPlane;
 use kube::Client;

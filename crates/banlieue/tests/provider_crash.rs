@@ -22,9 +22,9 @@ use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{
     ClaimPhase, LibvirtMachine, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_provider_kit::operator::workloads::workload_name;
 use banlieue_provider_libvirt::host::DOMAIN_TYPE_ENV;
 use banlieue_provider_libvirt::machine::CRASH_AFTER_DOMAIN_DEFINE;
-use banlieue_provider_libvirt::operator::workloads::workload_name;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::poll;

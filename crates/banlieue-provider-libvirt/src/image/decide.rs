@@ -21,8 +21,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-/// The PVC the build artifacts live on when the ProviderClass names none.
-pub const DEFAULT_ARTIFACTS_CLAIM: &str = "banlieue-artifacts";
+pub use banlieue_provider_kit::import_settings::{DEFAULT_ARTIFACTS_CLAIM, ImportSettings};
 /// Where the import Job mounts the artifacts PVC.
 pub const ARTIFACTS_MOUNT: &str = "/artifacts";
 /// The value of `app.kubernetes.io/managed-by` on import Jobs.
@@ -64,44 +63,6 @@ pub fn storage_pools(provider: &Provider) -> Vec<String> {
         }
     }
     pools
-}
-
-/// The import settings of a ProviderClass with their defaults applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImportSettings {
-    pub namespace: String,
-    /// `None`: [`names::DEFAULT_IMPORT_SERVICE_ACCOUNT`], which the operator creates.
-    pub service_account: Option<String>,
-    pub artifacts_claim: String,
-}
-
-impl ImportSettings {
-    pub fn of(class: &ProviderClass) -> Self {
-        let import = &class.spec.import;
-        ImportSettings {
-            namespace: import
-                .namespace
-                .clone()
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| names::DEFAULT_BUILD_NAMESPACE.to_owned()),
-            service_account: import
-                .service_account_name
-                .clone()
-                .filter(|n| !n.is_empty()),
-            artifacts_claim: import
-                .artifacts_claim_name
-                .clone()
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| DEFAULT_ARTIFACTS_CLAIM.to_owned()),
-        }
-    }
-
-    /// The ServiceAccount the Job's pods run as.
-    pub fn effective_service_account(&self) -> &str {
-        self.service_account
-            .as_deref()
-            .unwrap_or(names::DEFAULT_IMPORT_SERVICE_ACCOUNT)
-    }
 }
 
 /// Whether a Url source's build half is done, and where its file is.

@@ -11,18 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{DomainCapacity, FailureDomain, Provider, ProviderStatus};
+use banlieue_api::{DomainCapacity, FailureDomain, Provider};
 use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
-use banlieue_runtime::reconcile::{self, ErrorBackoff};
+use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use crate::connection;
 use crate::error::{Error, Result};
@@ -125,7 +123,15 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
     let outcome = probe_host(&ctx.kube, &provider, &ctx.cfg).await;
     let generation = provider.metadata.generation;
     let (ready, failure_domains) = decide(&outcome, generation);
-    publish(&ctx.api, &ctx.recorder, &provider, ready, failure_domains).await?;
+    banlieue_provider_kit::provider_status::publish(
+        &ctx.api,
+        &ctx.recorder,
+        &provider,
+        ready,
+        failure_domains,
+    )
+    .await
+    .map_err(Error::kube("patch Provider status"))?;
     Ok(match outcome {
         // A scheme error is the spec's fault: nothing changes until the spec does.
         Err(Error::UnsupportedScheme(_)) => Action::await_change(),
@@ -207,70 +213,4 @@ async fn inventory(client: &Client) -> Result<HostInventory> {
             cpus: node.cpus,
         }),
     })
-}
-
-/// Writes the Provider's Ready condition and failure domains when they changed, and records an
-/// Event when Ready's status or reason changed. Shared with the operator, which writes Ready
-/// while the workload cannot.
-pub async fn publish(
-    api: &Api<Provider>,
-    recorder: &Recorder,
-    provider: &Provider,
-    ready: Condition,
-    failure_domains: Vec<FailureDomain>,
-) -> Result<()> {
-    if let Some(previous) = publish_ready(api, provider, ready.clone(), failure_domains).await? {
-        let transitioned = previous
-            .as_ref()
-            .is_none_or(|p| p.status != ready.status || p.reason != ready.reason);
-        if transitioned {
-            record(recorder, provider, &ready).await;
-        }
-    }
-    Ok(())
-}
-
-/// Writes the Provider's Ready condition and failure domains when they differ from what it
-/// holds. Returns `None` when nothing was written, else the Ready condition it replaced.
-async fn publish_ready(
-    api: &Api<Provider>,
-    provider: &Provider,
-    ready: Condition,
-    failure_domains: Vec<FailureDomain>,
-) -> Result<Option<Option<Condition>>> {
-    let old = provider.status.clone().unwrap_or_default();
-    let previous = conditions::find(&old.conditions, types::READY).cloned();
-    let mut new = ProviderStatus {
-        conditions: old.conditions.clone(),
-        failure_domains,
-        observed_generation: provider.metadata.generation,
-    };
-    conditions::set(&mut new.conditions, ready, now());
-    if new == old {
-        return Ok(None);
-    }
-    api.patch_status(
-        &provider.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": new })),
-    )
-    .await
-    .map_err(Error::kube("patch Provider status"))?;
-    Ok(Some(previous))
-}
-
-/// Records a Ready transition as an Event on the Provider. An Event is a courtesy to the
-/// reader; failing to record one changes nothing.
-async fn record(recorder: &Recorder, provider: &Provider, ready: &Condition) {
-    let type_ = if ready.status == status::TRUE {
-        EventType::Normal
-    } else {
-        EventType::Warning
-    };
-    let event = reconcile::event(type_, &ready.reason, "Probe", ready.message.clone());
-    reconcile::publish(recorder, &provider.object_ref(&()), &event).await;
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -14,7 +14,7 @@ use banlieue_api::{
     ProviderCapabilities, ProviderClass, ProviderClassSpec, ProviderConnection, ProviderSpec,
     StorageClassMapping, StorageTarget, ValueOrSource,
 };
-use banlieue_provider_libvirt::operator::workloads::{self, Workloads};
+use banlieue_provider_kit::operator::workloads::{self, Workloads};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use k8s_openapi::ByteString;

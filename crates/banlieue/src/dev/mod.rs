@@ -523,8 +523,8 @@ pub async fn spawn_provider_workload(
         registry,
         shutdown,
         crate::roles::Roles {
-            provider: Some((provider.to_owned(), SYSTEM_NAMESPACE.to_owned())),
-            domain_type,
+            libvirt_provider: Some((provider.to_owned(), SYSTEM_NAMESPACE.to_owned())),
+            libvirt_domain_type: domain_type,
             ..crate::roles::Roles::default()
         },
     )
@@ -541,7 +541,7 @@ async fn workload_account(
     provider: &str,
     deadline: Duration,
 ) -> Result<String, BoxError> {
-    let name = banlieue_provider_libvirt::operator::workloads::workload_name(provider);
+    let name = banlieue_provider_kit::operator::workloads::workload_name(provider);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
     let until = tokio::time::Instant::now() + deadline;

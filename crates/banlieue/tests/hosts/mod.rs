@@ -80,7 +80,7 @@ pub async fn register(admin: &Client, daemons: Vec<Libvirtd>) -> Result<Vec<Host
     Ok(hosts)
 }
 
-/// Runs the controller (with `provider_lost_after`) and the libvirt operator in this process
+/// Runs the controller (with `provider_lost_after`) and the Provider operator in this process
 /// as the controller's ServiceAccount, then each host's workload as its own ServiceAccount,
 /// all under the shipped RBAC.
 pub async fn spawn_roles(

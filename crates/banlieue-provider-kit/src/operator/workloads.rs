@@ -36,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use kube::api::ApiResource;
 
-use crate::image::decide::ImportSettings;
+use crate::import_settings::ImportSettings;
 
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "banlieue-operator";

@@ -1,14 +1,18 @@
 //! The Provider operator, run inside `banlieue controller`: it creates and repairs each
 //! Provider's workload (ADR-0012) and nothing else. It never reads a Secret and never talks to
-//! libvirt; the workload probes the host and publishes the Provider's readiness
-//! ([`crate::provider_status`], ADR-0063).
+//! a backend; the workload probes its host and publishes the Provider's readiness through
+//! [`crate::provider_status`] (ADR-0063). It serves every backend: a class's machine kind
+//! says which `provider <backend> run` its workload is ([`workloads::backend_workload`]).
 //!
 //! The operator writes the Provider's Ready condition only while the workload cannot:
 //! the class is missing (`ProviderClassNotFound`), the administrator's class role is missing
 //! (`ProviderClassRoleMissing`), the workload has not reported yet (`WorkloadStarting`), or the
 //! Provider is being deleted while machines remain (`MachinesRemain`).
 
+mod error;
 pub mod workloads;
+
+pub use error::{Error, Result};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,7 +33,6 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize as _, Serialize};
 
-use crate::error::{Error, Result};
 use crate::provider_status;
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
@@ -37,6 +40,11 @@ use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 /// removes the Provider's objects outside its namespace, which the garbage collector cannot tie
 /// to a namespaced owner.
 pub const FINALIZER_PROVIDER_WORKLOADS: &str = "banlieue.io/provider-workloads";
+
+/// The first retry of a Provider after a failed reconcile; each further failure doubles it up
+/// to [`MAX_ERROR_BACKOFF`], and a success starts over.
+const MIN_ERROR_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Reasons of the Ready condition the operator owns; any other reason is the workload's.
 const OPERATOR_REASONS: [&str; 4] = [
@@ -104,7 +112,7 @@ pub async fn run_operator(
         ),
         kube: client.clone(),
         cfg,
-        backoff: crate::error::error_backoff(),
+        backoff: ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF),
     });
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
@@ -248,7 +256,9 @@ async fn publish(
     } else {
         Vec::new()
     };
-    provider_status::publish(api, &ctx.recorder, provider, ready, domains).await
+    provider_status::publish(api, &ctx.recorder, provider, ready, domains)
+        .await
+        .map_err(Error::kube("patch Provider status"))
 }
 
 /// Applies the workload in dependency order: accounts and grants before the Deployment that
@@ -404,7 +414,10 @@ async fn ensure_finalizer(provider: &Provider, api: &Api<Provider>) -> Result<()
     {
         return Ok(());
     }
-    crate::finalizers::add(api, provider, FINALIZER_PROVIDER_WORKLOADS).await
+    banlieue_runtime::reconcile::add_finalizer(api, provider, FINALIZER_PROVIDER_WORKLOADS)
+        .await
+        .map(|_| ())
+        .map_err(finalizer_error(provider))
 }
 
 /// The names of the machines (of any kind) that still name `provider`, sorted. A machine
@@ -490,7 +503,7 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
     )
     .await?;
     if let Some(class) = class {
-        let build = crate::image::decide::ImportSettings::of(&class).namespace;
+        let build = crate::import_settings::ImportSettings::of(&class).namespace;
         delete_if_present(
             Api::<RoleBinding>::namespaced(ctx.kube.clone(), &build),
             &outside,
@@ -498,7 +511,9 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         )
         .await?;
     }
-    crate::finalizers::remove(api, provider, FINALIZER_PROVIDER_WORKLOADS).await?;
+    banlieue_runtime::reconcile::remove_finalizer(api, provider, FINALIZER_PROVIDER_WORKLOADS)
+        .await
+        .map_err(finalizer_error(provider))?;
     Ok(Action::await_change())
 }
 
@@ -510,6 +525,19 @@ where
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(Error::kube(format!("delete {kind} {name}"))(e)),
+    }
+}
+
+fn finalizer_error(
+    provider: &Provider,
+) -> impl FnOnce(banlieue_runtime::reconcile::PatchError) -> Error {
+    let what = format!("update the finalizers of Provider {}", provider.name_any());
+    move |error| match error {
+        banlieue_runtime::reconcile::PatchError::Kube(source) => Error::Kube { what, source },
+        banlieue_runtime::reconcile::PatchError::Encode(source) => Error::Invalid {
+            reason: reasons::PROVIDER_NOT_READY,
+            message: format!("{what}: {source}"),
+        },
     }
 }
 
