@@ -26,7 +26,7 @@ use banlieue_api::conditions::{self, Condition, error_message, types};
 /// Why a write of the skeleton's failed; a backend maps it into its own error.
 pub use banlieue_runtime::reconcile::PatchError;
 use banlieue_runtime::reconcile::{self, ErrorBackoff};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -34,6 +34,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
 
 /// How a teardown step ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,16 +159,20 @@ struct Context<B: Backend> {
     backoff: ErrorBackoff,
 }
 
-/// Reconciles the machines `api` lists until `shutdown` completes. Every item of `wake`
+/// Reconciles the machines `api` lists until `shutdown` completes. Every message on `wake`
 /// reconciles every machine again (the backend's own change feed: domain events, property
-/// waits), beside the watch on the machines themselves.
+/// waits), beside the watch on the machines themselves; a channel of one is enough, since one
+/// pending pass covers a burst of changes.
 pub async fn run<B: Backend>(
     backend: Arc<B>,
     api: Api<B::Machine>,
     settings: Settings,
-    wake: impl Stream<Item = ()> + Send + Sync + 'static,
+    wake: mpsc::Receiver<()>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let wake = futures::stream::unfold(wake, |mut rx| async move {
+        rx.recv().await.map(|tick| (tick, rx))
+    });
     let ctx = Arc::new(Context {
         backend,
         api: api.clone(),

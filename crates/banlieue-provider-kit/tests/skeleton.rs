@@ -235,6 +235,8 @@ async fn start(deadline: Duration) -> TestResult<Harness> {
     let api = Api::namespaced(client, &cp.fresh_namespace().await?);
     let fake = Arc::new(Fake(Mutex::default()));
     let (stop, stopped) = tokio::sync::oneshot::channel();
+    // Nothing wakes the machines but their own changes and the schedule.
+    let (_, wake) = tokio::sync::mpsc::channel(1);
     let settings = Settings {
         deadline,
         backoff_min: Duration::from_millis(200),
@@ -244,7 +246,7 @@ async fn start(deadline: Duration) -> TestResult<Harness> {
         fake.clone(),
         api.clone(),
         settings,
-        futures::stream::pending(),
+        wake,
         async move {
             let _ = stopped.await;
         },

@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::domain_xml::DomainType;
-use crate::error::{Error, MAX_ERROR_BACKOFF, MIN_ERROR_BACKOFF, Result};
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use host::Host;
 
@@ -92,15 +92,7 @@ pub async fn run_provider(
         host,
         metrics,
     });
-    let settings = Settings {
-        backoff_min: MIN_ERROR_BACKOFF,
-        backoff_max: MAX_ERROR_BACKOFF,
-        ..Settings::default()
-    };
-    let wake = futures::stream::unfold(tick_rx, |mut rx| async move {
-        rx.recv().await.map(|tick| (tick, rx))
-    });
-    skeleton::run(backend, machines, settings, wake, shutdown).await;
+    skeleton::run(backend, machines, Settings::default(), tick_rx, shutdown).await;
     events.abort();
     Ok(())
 }

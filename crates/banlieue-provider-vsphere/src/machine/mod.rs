@@ -77,10 +77,7 @@ pub async fn run_provider(
         cfg,
         session,
     });
-    let wake = futures::stream::unfold(woken, |mut rx| async move {
-        rx.recv().await.map(|tick| (tick, rx))
-    });
-    skeleton::run(backend, machines, settings, wake, shutdown).await;
+    skeleton::run(backend, machines, settings, woken, shutdown).await;
     pump.abort();
     Ok(())
 }
