@@ -484,3 +484,236 @@ async fn only_a_writer_who_may_read_a_secret_names_it_as_user_data() {
     );
     assert!(message.contains("Secret other"), "{message}");
 }
+
+/// A VirtualMachine as the controller makes a pool's member: the pool label and a controller
+/// reference to the pool; a bound one carries the claim label and `bound-at` instead.
+fn member(name: &str, pool: &DynamicObject, bound: bool) -> Value {
+    let mut object = machine_object("VirtualMachine", name, None);
+    let pool_name = pool.metadata.name.clone().expect("pool name");
+    object["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "VirtualMachinePool",
+        "name": pool_name,
+        "uid": pool.metadata.uid.clone().expect("pool uid"),
+        "controller": true,
+        "blockOwnerDeletion": true
+    }]);
+    object["metadata"]["labels"] = if bound {
+        json!({ "banlieue.io/claim": "victims-claim", "team": "a" })
+    } else {
+        json!({ "banlieue.io/pool": pool_name, "team": "a" })
+    };
+    if bound {
+        object["metadata"]["annotations"] =
+            json!({ "banlieue.io/bound-at": "2026-01-01T00:00:00Z" });
+    }
+    object
+}
+
+async fn try_patch(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// The controller's ServiceAccount, allowed to write machines in `namespace`: the one identity
+/// the reserved-metadata policy lets through.
+async fn controller_client(
+    cp: &banlieue_testenv::control_plane::ControlPlane,
+    namespace: &str,
+) -> Client {
+    let admin = cp.client().expect("admin");
+    let apply = PatchParams::apply(common::FIELD_MANAGER).force();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(
+            SYSTEM,
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": SYSTEM }
+            })),
+        )
+        .await
+        .expect("the system namespace");
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), SYSTEM)
+        .patch(
+            "banlieue-controller",
+            &apply,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": { "name": "banlieue-controller", "namespace": SYSTEM }
+            })),
+        )
+        .await
+        .expect("the controller's ServiceAccount");
+    Api::<RoleBinding>::namespaced(admin, namespace)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some("controller-writes-machines".into()),
+                    namespace: Some(namespace.into()),
+                    ..ObjectMeta::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: "machine-writers".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: "banlieue-controller".into(),
+                    namespace: Some(SYSTEM.into()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await
+        .expect("bind the controller's ServiceAccount");
+    cp.client_as_service_account(SYSTEM, "banlieue-controller")
+        .await
+        .expect("the controller's client")
+}
+
+#[tokio::test]
+async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    grant_machines(&admin, &ns, "cloud-init").await;
+    let mallory = cp.client_as("bob").await.expect("bob");
+    let mallory_vms = api_of(&mallory, "VirtualMachine", &ns).await;
+    let mallory_machines = api_of(&mallory, "LibvirtMachine", &ns).await;
+
+    // The controller's objects, made before the policy: a pool, an unclaimed and a bound member.
+    let admin_pools = api_of(&admin, "VirtualMachinePool", &ns).await;
+    let pool = create(
+        &admin_pools,
+        machine_object("VirtualMachinePool", "victims-pool", None),
+    )
+    .await
+    .expect("the pool");
+    let admin_vms = api_of(&admin, "VirtualMachine", &ns).await;
+    create(&admin_vms, member("warm", &pool, false))
+        .await
+        .expect("a member");
+    create(&admin_vms, member("bound", &pool, true))
+        .await
+        .expect("a bound member");
+
+    // Without the policy RBAC alone decides: a writer of VirtualMachines plants a member.
+    let planted = || member("planted", &pool, false);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let plant = |object: Value| {
+        let api = mallory_vms.clone();
+        let params = dry_run.clone();
+        async move {
+            let object: DynamicObject = serde_json::from_value(object).expect("object");
+            api.create(&params, &object).await
+        }
+    };
+    plant(planted())
+        .await
+        .expect("unchecked before deploy/admission is applied");
+
+    apply_file(&admin, "deploy/admission/reserved-metadata.yaml", None).await;
+    wait_for(
+        "the reserved-metadata policy in force",
+        TAKES_EFFECT,
+        || async { Ok(plant(planted()).await.is_err().then_some(())) },
+    )
+    .await
+    .expect("the policy takes effect");
+
+    // Planting: the pool label, or the pool's controller reference alone, is refused.
+    let message = forbidden(plant(planted()).await);
+    assert!(
+        message.contains("label banlieue.io/pool is written only by banlieue's controller: bob"),
+        "{message}"
+    );
+    let mut owned_only = planted();
+    owned_only["metadata"]["labels"] = json!({ "team": "b" });
+    let message = forbidden(plant(owned_only).await);
+    assert!(
+        message.contains("ownerReferences to banlieue objects"),
+        "{message}"
+    );
+    // A VirtualMachine of one's own, with labels of one's own, is still fine.
+    let mut own = machine_object("VirtualMachine", "mine", None);
+    own["metadata"]["labels"] = json!({ "team": "b" });
+    plant(own).await.expect("a user's own VirtualMachine");
+
+    // Relabelling a member, stretching a bound member's TTL, freeing it from its claim.
+    let rows = [
+        (
+            "warm",
+            json!({ "metadata": { "labels": { "banlieue.io/pool": "elsewhere" } } }),
+            "label banlieue.io/pool",
+        ),
+        (
+            "warm",
+            json!({ "metadata": { "labels": { "banlieue.io/pool": null } } }),
+            "label banlieue.io/pool",
+        ),
+        (
+            "bound",
+            json!({ "metadata": { "annotations": { "banlieue.io/bound-at": "2099-01-01T00:00:00Z" } } }),
+            "annotation banlieue.io/bound-at",
+        ),
+        (
+            "bound",
+            json!({ "metadata": { "labels": { "banlieue.io/claim": null } } }),
+            "label banlieue.io/claim",
+        ),
+        (
+            "bound",
+            json!({ "metadata": { "ownerReferences": [] } }),
+            "ownerReferences to banlieue objects",
+        ),
+    ];
+    for (name, patch, key) in rows {
+        let message = forbidden(try_patch(&mallory_vms, name, patch.clone()).await);
+        assert!(
+            message.contains(key) && message.contains("bob"),
+            "{name} {patch}: {message}"
+        );
+    }
+    // What is not banlieue's stays the users': a label of their own on a member.
+    try_patch(
+        &mallory_vms,
+        "warm",
+        json!({ "metadata": { "labels": { "team": "b" } } }),
+    )
+    .await
+    .expect("a label of the user's own");
+
+    // The machine kinds: a planted failure domain or a reference to a VirtualMachine.
+    let mut machine = machine_object("LibvirtMachine", "planted-machine", None);
+    machine["metadata"]["annotations"] = json!({ "banlieue.io/failure-domain": "host-a" });
+    let object: DynamicObject = serde_json::from_value(machine).expect("object");
+    let message = forbidden(mallory_machines.create(&dry_run, &object).await);
+    assert!(
+        message.contains("annotation banlieue.io/failure-domain"),
+        "{message}"
+    );
+
+    // The controller's own ServiceAccount writes all of it.
+    let controller = api_of(&controller_client(cp, &ns).await, "VirtualMachine", &ns).await;
+    try_patch(
+        &controller,
+        "warm",
+        json!({ "metadata": { "labels": { "banlieue.io/pool": null, "banlieue.io/claim": "c" } } }),
+    )
+    .await
+    .expect("the controller binds a member");
+    let object: DynamicObject = serde_json::from_value(planted()).expect("object");
+    controller
+        .create(&dry_run, &object)
+        .await
+        .expect("the controller makes members");
+}
