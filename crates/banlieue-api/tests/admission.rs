@@ -299,9 +299,14 @@ async fn grant_machines(client: &Client, namespace: &str, readable: &str) {
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec!["banlieue.io".into()]),
             resources: Some(
-                ["virtualmachines", "virtualmachinepools", "libvirtmachines"]
-                    .map(String::from)
-                    .to_vec(),
+                [
+                    "virtualmachines",
+                    "virtualmachinepools",
+                    "libvirtmachines",
+                    "vspheremachines",
+                ]
+                .map(String::from)
+                .to_vec(),
             ),
             verbs: ["create", "get", "list", "patch", "update"]
                 .map(String::from)
@@ -347,7 +352,8 @@ fn vm_spec(secret: Option<&str>) -> Value {
     spec
 }
 
-/// A VirtualMachine, VirtualMachinePool or LibvirtMachine naming `secret` as user-data.
+/// A VirtualMachine, VirtualMachinePool, LibvirtMachine or VSphereMachine naming `secret` as
+/// user-data.
 fn machine_object(kind: &str, name: &str, secret: Option<&str>) -> Value {
     let spec = match kind {
         "VirtualMachine" => vm_spec(secret),
@@ -357,14 +363,25 @@ fn machine_object(kind: &str, name: &str, secret: Option<&str>) -> Value {
             "template": { "spec": vm_spec(secret) }
         }),
         _ => {
-            let mut spec = json!({
-                "providerRef": { "name": "edge" },
-                "pool": "default",
-                "network": "default",
-                "disk": { "backingVolume": "base.raw", "size": "1Gi" },
-                "cpu": 1,
-                "memory": "256Mi"
-            });
+            let mut spec = if kind == "VSphereMachine" {
+                json!({
+                    "providerRef": { "name": "vcenter" },
+                    "datacenter": "DC0",
+                    "cluster": "DC0_C0",
+                    "template": "/DC0/vm/ubuntu-2404",
+                    "cpu": 1,
+                    "memory": "256Mi"
+                })
+            } else {
+                json!({
+                    "providerRef": { "name": "edge" },
+                    "pool": "default",
+                    "network": "default",
+                    "disk": { "backingVolume": "base.raw", "size": "1Gi" },
+                    "cpu": 1,
+                    "memory": "256Mi"
+                })
+            };
             if let Some(name) = secret {
                 spec["userDataSecretRef"] = json!({ "name": name, "key": "user-data" });
             }
@@ -403,7 +420,12 @@ async fn try_machine(
 
 #[tokio::test]
 async fn only_a_writer_who_may_read_a_secret_names_it_as_user_data() {
-    const KINDS: [&str; 3] = ["VirtualMachine", "VirtualMachinePool", "LibvirtMachine"];
+    const KINDS: [&str; 4] = [
+        "VirtualMachine",
+        "VirtualMachinePool",
+        "LibvirtMachine",
+        "VSphereMachine",
+    ];
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     let ns = cp.fresh_namespace().await.expect("namespace");
