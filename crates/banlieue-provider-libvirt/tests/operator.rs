@@ -723,3 +723,107 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
     classes.delete("vsphere", &DeleteParams::default()).await?;
     Ok(())
 }
+
+/// Provider `x-y` in namespace `<n>` and Provider `y` in namespace `<n>-x` once shared the
+/// name of their ClusterRoleBinding (`banlieue-provider-<n>-x-y`): the operator force-applied
+/// one over the other, and deleting either Provider deleted the binding of both. Each now has
+/// its own, a binding of the old name is swept, and deleting one leaves the other's.
+#[tokio::test]
+async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings() -> Result<()> {
+    let cp = control_plane().await;
+    let kube = cp.client()?;
+    let first = cp.fresh_namespace().await?;
+    let second = format!("{first}-x");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(kube.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": { "name": second, "labels": { "banlieue.io/test": "true" } }
+            }))?,
+        )
+        .await?;
+    let class = plain_class(&kube).await?;
+    let crbs: Api<ClusterRoleBinding> = Api::all(kube.clone());
+    // What an earlier release made for `x-y`: the ambiguous name, with the Provider's labels.
+    let legacy = format!("banlieue-provider-{first}-x-y");
+    let legacy_binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": legacy, "labels": {
+            "banlieue.io/provider": "x-y", "banlieue.io/provider-namespace": first,
+            "app.kubernetes.io/managed-by": "banlieue" } },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": workloads::PROVIDER_CLUSTER_ROLE },
+        "subjects": [{ "kind": "ServiceAccount", "namespace": first,
+                       "name": workloads::workload_name("x-y") }]
+    }))?;
+    crbs.create(&PostParams::default(), &legacy_binding).await?;
+
+    let mut operators = Vec::new();
+    for (ns, name) in [(&first, "x-y"), (&second, "y")] {
+        operators.push(start_operator(&controller_identity(cp, ns).await?, ns));
+        Api::<Provider>::namespaced(kube.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &provider(
+                    name,
+                    &class.name_any(),
+                    "qemu+tls://127.0.0.1:1/system",
+                    Default::default(),
+                ),
+            )
+            .await?;
+    }
+    let ours = workloads::cluster_role_binding_name(&first, "x-y");
+    let theirs = workloads::cluster_role_binding_name(&second, "y");
+    assert_ne!(ours, theirs);
+    let subject_namespace = |b: &ClusterRoleBinding| {
+        b.subjects.clone().unwrap_or_default()[0]
+            .namespace
+            .clone()
+            .unwrap_or_default()
+    };
+    for (name, ns) in [(&ours, &first), (&theirs, &second)] {
+        let binding = eventually(&format!("ClusterRoleBinding {name}"), 60, || async {
+            Ok(crbs.get_opt(name).await?)
+        })
+        .await?;
+        assert_eq!(&subject_namespace(&binding), ns, "{name}");
+    }
+    eventually("the ambiguous binding swept", 60, || async {
+        Ok(crbs.get_opt(&legacy).await?.is_none().then_some(()))
+    })
+    .await?;
+
+    // Deleting `y` deletes its binding and nothing of `x-y`'s.
+    let second_providers: Api<Provider> = Api::namespaced(kube.clone(), &second);
+    second_providers
+        .delete("y", &DeleteParams::default())
+        .await?;
+    eventually("Provider y gone", 60, || async {
+        Ok(second_providers.get_opt("y").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert!(crbs.get_opt(&theirs).await?.is_none());
+    let kept = crbs.get(&ours).await?;
+    assert_eq!(subject_namespace(&kept), first);
+
+    let first_providers: Api<Provider> = Api::namespaced(kube.clone(), &first);
+    first_providers
+        .delete("x-y", &DeleteParams::default())
+        .await?;
+    eventually("Provider x-y gone", 60, || async {
+        Ok(first_providers
+            .get_opt("x-y")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    assert!(crbs.get_opt(&ours).await?.is_none());
+    drop(operators);
+    namespaces.delete(&second, &DeleteParams::default()).await?;
+    Api::<ProviderClass>::all(kube)
+        .delete(&class.name_any(), &DeleteParams::default())
+        .await?;
+    Ok(())
+}

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -33,6 +33,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize as _, Serialize};
 
+use crate::import_settings::ImportSettings;
 use crate::provider_status;
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
@@ -195,7 +196,7 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
             message: format!("ProviderClass {class_name:?} does not exist"),
         }),
         Some(class) => match workloads::build(&provider, class) {
-            Some(w) => apply_workloads(&ctx.kube, class, &w).await,
+            Some(w) => apply_workloads(&ctx.kube, &provider, class, &w).await,
             None => Ok(()),
         },
     };
@@ -264,7 +265,12 @@ async fn publish(
 /// Applies the workload in dependency order: accounts and grants before the Deployment that
 /// runs with them. A class role the administrator has not created (or not allowed the operator
 /// to bind) stops here with `ProviderClassRoleMissing`, before anything runs.
-async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloads) -> Result<()> {
+async fn apply_workloads(
+    kube: &kube::Client,
+    provider: &Provider,
+    class: &ProviderClass,
+    w: &Workloads,
+) -> Result<()> {
     if w.binds_class_role {
         check_class_role(kube, class, &w.class_binding.role_ref.name).await?;
     }
@@ -327,6 +333,53 @@ async fn apply_workloads(kube: &kube::Client, class: &ProviderClass, w: &Workloa
         &w.deployment,
     )
     .await?;
+    // Bindings of this Provider under another name: made by an earlier release, whose names
+    // could collide across namespaces.
+    let keep = w.cluster_role_binding.metadata.name.as_deref();
+    let import = ImportSettings::of(class).namespace;
+    let namespace = provider.namespace().unwrap_or_default();
+    delete_outside(kube, &namespace, &provider.name_any(), &import, keep).await
+}
+
+/// Deletes this Provider's objects outside its namespace (found by their labels, not their
+/// names) except the one named `keep`: its ClusterRoleBindings, and its RoleBindings in the
+/// class's import namespace.
+async fn delete_outside(
+    kube: &kube::Client,
+    namespace: &str,
+    provider: &str,
+    import_namespace: &str,
+    keep: Option<&str>,
+) -> Result<()> {
+    let selector = ListParams::default().labels(&format!(
+        "{}={provider},{LABEL_PROVIDER_NAMESPACE}={namespace}",
+        banlieue_api::names::LABEL_PROVIDER
+    ));
+    let stale = |meta: &kube::api::ObjectMeta| meta.name.as_deref() != keep;
+    let cluster = Api::<ClusterRoleBinding>::all(kube.clone());
+    for binding in cluster
+        .list(&selector)
+        .await
+        .map_err(Error::kube("list ClusterRoleBindings"))?
+        .items
+        .into_iter()
+        .filter(|b| stale(&b.metadata))
+    {
+        delete_if_present(cluster.clone(), &binding.name_any(), "ClusterRoleBinding").await?;
+    }
+    let build = Api::<RoleBinding>::namespaced(kube.clone(), import_namespace);
+    for binding in build
+        .list(&selector)
+        .await
+        .map_err(Error::kube(format!(
+            "list RoleBindings in {import_namespace}"
+        )))?
+        .items
+        .into_iter()
+        .filter(|b| stale(&b.metadata))
+    {
+        delete_if_present(build.clone(), &binding.name_any(), "RoleBinding").await?;
+    }
     Ok(())
 }
 
@@ -495,22 +548,11 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         publish(provider, api, ctx, ready).await?;
         return Ok(Action::requeue(ctx.cfg.deletion_poll));
     }
-    let outside = workloads::cluster_role_binding_name(&ns, &name);
-    delete_if_present(
-        Api::<ClusterRoleBinding>::all(ctx.kube.clone()),
-        &outside,
-        "ClusterRoleBinding",
-    )
-    .await?;
-    if let Some(class) = class {
-        let build = crate::import_settings::ImportSettings::of(&class).namespace;
-        delete_if_present(
-            Api::<RoleBinding>::namespaced(ctx.kube.clone(), &build),
-            &outside,
-            "RoleBinding",
-        )
-        .await?;
-    }
+    let build = class.as_ref().map_or_else(
+        || banlieue_api::names::DEFAULT_BUILD_NAMESPACE.to_owned(),
+        |class| ImportSettings::of(class).namespace,
+    );
+    delete_outside(&ctx.kube, &ns, &name, &build, None).await?;
     banlieue_runtime::reconcile::remove_finalizer(api, provider, FINALIZER_PROVIDER_WORKLOADS)
         .await
         .map_err(finalizer_error(provider))?;

@@ -9,8 +9,8 @@
 //! |---|---|---|
 //! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object (resourceNames) |
 //! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
-//! | ClusterRoleBinding `banlieue-provider-<ns>-<p>` | — | ClusterRole `banlieue-provider-cluster` |
-//! | RoleBinding `banlieue-provider-<ns>-<p>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
+//! | ClusterRoleBinding `banlieue-provider-<ns>-<p>-<hash>` | — | ClusterRole `banlieue-provider-cluster` |
+//! | RoleBinding `banlieue-provider-<ns>-<p>-<hash>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-provider-<p>-class` | Provider's (vSphere) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to the import ServiceAccount |
 //!
@@ -160,9 +160,15 @@ pub fn class_role_name(class: &str) -> String {
 }
 
 /// The name of a Provider's objects outside its namespace (its ClusterRoleBinding and its
-/// RoleBinding in the build namespace): namespace and name, since several namespaces meet there.
+/// RoleBinding in the build namespace), where several namespaces meet. `<namespace>-<name>`
+/// alone is ambiguous (`a-b`/`c` and `a`/`b-c` give the same), and the operator force-applies
+/// and deletes these by name, so one Provider would take over and then delete the other's: a
+/// digest of `<namespace>/<name>` (a `/` is in neither) makes the name unique.
 pub fn cluster_role_binding_name(namespace: &str, provider: &str) -> String {
-    names::shorten(&format!("banlieue-provider-{namespace}-{provider}"))
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{namespace}/{provider}").as_bytes());
+    let hash: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    names::shorten(&format!("banlieue-provider-{namespace}-{provider}-{hash}"))
 }
 
 /// The RoleBinding granting the import ServiceAccount its reads in the Provider's namespace.
@@ -536,6 +542,21 @@ mod tests {
         let path = format!("{}/../../deploy/rbac/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(path).unwrap();
         serde_saphyr::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn outside_names_of_providers_in_different_namespaces_never_collide() {
+        let a = cluster_role_binding_name("a-b", "c");
+        let b = cluster_role_binding_name("a", "b-c");
+        assert_ne!(a, b);
+        assert!(a.starts_with("banlieue-provider-a-b-c-"), "{a}");
+        assert_eq!(a, cluster_role_binding_name("a-b", "c"), "stable");
+        let long = cluster_role_binding_name(&"n".repeat(63), &"p".repeat(63));
+        assert!(long.len() <= names::MAX_NAME_LEN, "{long}");
+        assert_ne!(
+            long,
+            cluster_role_binding_name(&"n".repeat(63), &"p".repeat(62))
+        );
     }
 
     #[test]
