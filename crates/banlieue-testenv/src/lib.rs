@@ -1,6 +1,7 @@
 //! Real peers for tests: a kube control plane (optionally with a node that runs pods), a
-//! libvirtd, started on loopback and stopped by PID, and the guest image they boot. A
-//! dev-dependency only; nothing in the product links it.
+//! libvirtd, started on loopback and stopped by PID, and the guest image they boot. The
+//! tests' dev-dependency, and `banlieue dev`'s behind that crate's `dev` feature: the product
+//! binary in the container image is built without it (docs/guides/image.md).
 
 pub mod access;
 pub mod control_plane;
