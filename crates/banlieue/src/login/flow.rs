@@ -118,14 +118,16 @@ impl Attempt {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.into_owned())
         };
-        if let Some(error) = query("error") {
-            let description = query("error_description").unwrap_or_default();
-            return Err(LoginError::Refused(format!("{error}: {description}")));
-        }
+        // The state first: any local process can reach the callback port, and a request
+        // without this login's state, an `error=` included, is no answer of the issuer's.
         if query("state").as_deref() != Some(self.state.as_str()) {
             return Err(LoginError::Callback(
                 "its state is not this login's (a stale or forged callback)".into(),
             ));
+        }
+        if let Some(error) = query("error") {
+            let description = query("error_description").unwrap_or_default();
+            return Err(LoginError::Refused(format!("{error}: {description}")));
         }
         query("code").ok_or_else(|| LoginError::Callback("no code".into()))
     }
@@ -326,6 +328,13 @@ mod tests {
             e.to_string(),
             "the issuer refused the login: access_denied: no way"
         );
+        // An error without this login's state is ignored like any stray request, so a local
+        // process cannot end the login by calling the port first.
+        let stray = "GET /callback?error=access_denied&state=other HTTP/1.1";
+        assert!(matches!(
+            a.code_from_callback(stray),
+            Err(LoginError::Callback(_))
+        ));
         assert!(a.code_from_callback("POST /callback HTTP/1.1").is_err());
         assert!(a.code_from_callback("GET /favicon.ico HTTP/1.1").is_err());
         assert!(a.code_from_callback("").is_err());

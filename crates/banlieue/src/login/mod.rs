@@ -346,15 +346,58 @@ fn write_cache(path: &Path, tokens: &Tokens) -> Result<(), LoginError> {
     let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec(tokens).unwrap_or_default();
     let write = || -> std::io::Result<()> {
+        // A leftover temporary file, or a link someone planted under its name, goes first: the
+        // new one is created exclusively and never through a link, so the tokens land in a
+        // file this process just made, readable by its owner only.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
         file.write_all(&bytes)?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     };
     write().map_err(LoginError::io(format!("write {}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn tokens() -> Tokens {
+        serde_json::from_value(serde_json::json!({ "id_token": "secret-token" })).expect("tokens")
+    }
+
+    #[test]
+    fn the_cache_is_written_through_no_link_and_only_its_owner_reads_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cache").join("tokens.json");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // Someone else's file, and a link to it planted where the temporary file goes.
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        std::os::unix::fs::symlink(&victim, path.with_extension("json.tmp")).unwrap();
+        // An earlier cache that others could read.
+        std::fs::write(&path, "{}").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+        write_cache(&path, &tokens()).expect("written");
+
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("secret-token")
+        );
+        assert!(!path.with_extension("json.tmp").exists());
+    }
 }
