@@ -218,6 +218,16 @@ mod tests {
     }
 
     #[test]
+    fn a_login_request_never_prints_its_password() {
+        let sm = moref("SessionManager", "SessionManager");
+        let request = login(&sm, "administrator@vsphere.local", "hunter2-secret");
+        assert!(request.body.contains("hunter2-secret"), "sent, of course");
+        let shown = format!("{request:?} {request:#?}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        assert!(shown.contains("Login"), "{shown}");
+    }
+
+    #[test]
     fn session_requests() {
         let sm = moref("SessionManager", "SessionManager");
         insta::assert_snapshot!(

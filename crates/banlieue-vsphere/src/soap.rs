@@ -17,8 +17,9 @@ xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\">\
 <soapenv:Body>";
 const ENVELOPE_END: &str = "</soapenv:Body></soapenv:Envelope>";
 
-/// A request ready to POST to `/sdk`: the method it calls and its SOAP envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A request ready to POST to `/sdk`: the method it calls and its SOAP envelope. `Debug`
+/// shows the method and the envelope's size, never the envelope: `Login`'s holds the password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Request {
     /// The vim25 method, e.g. `RetrievePropertiesEx`: the response is `<{method}Response>`.
     pub method: &'static str,
@@ -26,9 +27,18 @@ pub struct Request {
     pub body: String,
 }
 
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .finish()
+    }
+}
+
 /// Writes one method call's body. Element order is the WSDL's sequence order, which the
-/// callers keep: vCenter validates it (vcsim does not).
-#[derive(Debug)]
+/// callers keep: vCenter validates it (vcsim does not). No `Debug`: the body may hold a
+/// password.
 pub(crate) struct BodyWriter {
     method: &'static str,
     buf: String,
