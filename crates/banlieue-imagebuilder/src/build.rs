@@ -28,8 +28,12 @@ use crate::reason::{BuildError, Reason};
 
 /// How often a running build reports its progress on the VMImage (and in its log).
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
-/// The largest disk a build writes, unless told otherwise: 256 GiB.
-pub const DEFAULT_MAX_DISK_BYTES: u64 = 256 << 30;
+/// The largest disk a build writes (and the largest download it makes), unless told
+/// otherwise: 40 GiB. A build holds its download and the raw disk on the artifacts volume at
+/// once, so the default keeps both inside the shipped volume
+/// (`deploy/imagebuild/artifacts-pvc.yaml`, 100 GiB) rather than letting one VMImage fill it
+/// for everyone's builds.
+pub const DEFAULT_MAX_DISK_BYTES: u64 = 40 << 30;
 
 /// What one build is asked to do (the Job's arguments).
 #[derive(Clone, Debug)]
@@ -352,5 +356,30 @@ async fn report(api: Api<VMImage>, name: String, digest: String, progress: Arc<P
             Ok(Guarded::Superseded) => return,
             Err(e) => tracing::warn!(error = %e, "could not publish build progress"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_within_the_default_limit_fits_the_shipped_artifacts_volume() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/imagebuild/artifacts-pvc.yaml"
+        );
+        let text = std::fs::read_to_string(path).expect("the shipped PVC");
+        let storage = text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("storage:"))
+            .map(str::trim)
+            .expect("a storage request");
+        let volume = banlieue_api::quantity::to_bytes(storage).expect("a quantity");
+        // The download and the raw disk at once, each at most the limit.
+        assert!(
+            2 * DEFAULT_MAX_DISK_BYTES <= volume,
+            "{DEFAULT_MAX_DISK_BYTES} twice does not fit {storage}"
+        );
     }
 }
