@@ -223,6 +223,9 @@ pub fn addresses(interfaces: &[InterfaceAddresses]) -> Vec<MachineAddress> {
 pub struct Observed {
     pub running: bool,
     pub addresses: Vec<MachineAddress>,
+    /// The addresses are what the guest's agent reports, not the host's DHCP leases: the
+    /// guest chose them, and the Ready message says so.
+    pub addresses_from_guest: bool,
     /// What the guest says about itself through its agent.
     pub guest: super::guest::GuestSight,
 }
@@ -272,7 +275,15 @@ pub fn status_after(
                     types::READY,
                     status::TRUE,
                     reasons::DOMAIN_RUNNING,
-                    format!("domain {} is running", names.domain),
+                    if observed.addresses_from_guest {
+                        format!(
+                            "domain {} is running; its addresses are as its guest agent \
+                             reports them (the host holds no DHCP lease for it)",
+                            names.domain
+                        )
+                    } else {
+                        format!("domain {} is running", names.domain)
+                    },
                     generation,
                 )
             } else {
@@ -490,11 +501,32 @@ mod tests {
             &Ok(Observed {
                 running: true,
                 addresses: vec![],
+                addresses_from_guest: false,
                 guest: super::super::guest::GuestSight::NoPhaseFile,
             }),
             at.clone(),
         );
         assert!(s.contract.ready);
+        let ready = conditions::find(&s.contract.conditions, "Ready").unwrap();
+        assert_eq!(ready.message, "domain banlieue-system-web-01 is running");
+        let from_guest = status_after(
+            &m,
+            "banlieue-system",
+            "edge-7",
+            &Ok(Observed {
+                running: true,
+                addresses: vec![],
+                addresses_from_guest: true,
+                guest: super::super::guest::GuestSight::NoPhaseFile,
+            }),
+            at.clone(),
+        );
+        let ready = conditions::find(&from_guest.contract.conditions, "Ready").unwrap();
+        assert!(
+            ready.message.ends_with("its addresses are as its guest agent reports them (the host holds no DHCP lease for it)"),
+            "{}",
+            ready.message
+        );
         assert!(s.contract.initialization.provisioned);
         assert_eq!(
             s.contract.provider_id.as_deref(),

@@ -60,6 +60,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         return Ok(Observed {
             running,
             addresses: Vec::new(),
+            addresses_from_guest: false,
             guest: GuestSight::NotRunning,
         });
     }
@@ -73,31 +74,33 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
     if agent_answers {
         calls.inc();
     }
-    let addresses = observe_addresses(&domain, agent_answers).await;
+    let (addresses, addresses_from_guest) = observe_addresses(&domain, agent_answers).await;
     Ok(Observed {
         running,
         addresses,
+        addresses_from_guest,
         guest,
     })
 }
 
-/// Addresses the guest agent reports (`guest-network-get-interfaces`), else the network's
-/// DHCP leases. Neither is an error when absent: an isolated network has no leases and a guest
-/// may run no agent.
+/// The network's DHCP leases, which the host hands out, else what the guest agent reports
+/// (`guest-network-get-interfaces`), which the guest chooses: true when the addresses are
+/// the guest's word. Neither is an error when absent: an isolated network has no leases and a
+/// guest may run no agent.
 async fn observe_addresses(
     domain: &Domain,
     agent_answers: bool,
-) -> Vec<banlieue_api::MachineAddress> {
+) -> (Vec<banlieue_api::MachineAddress>, bool) {
     let agent = agent_answers.then_some(InterfaceAddressesSource::Agent);
-    for source in agent.into_iter().chain([InterfaceAddressesSource::Lease]) {
+    for source in [InterfaceAddressesSource::Lease].into_iter().chain(agent) {
         if let Ok(ifaces) = domain.interface_addresses(source).await {
             let found = plan::addresses(&ifaces);
             if !found.is_empty() {
-                return found;
+                return (found, source == InterfaceAddressesSource::Agent);
             }
         }
     }
-    Vec::new()
+    (Vec::new(), false)
 }
 
 /// The crash point (`BANLIEUE_CRASH_AT`, [`banlieue_runtime::crash`]) right after a domain is
