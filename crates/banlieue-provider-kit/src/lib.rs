@@ -22,6 +22,18 @@ pub mod operator;
 pub mod provider_status;
 pub mod user_data;
 
+/// The first retry of an object after a failed reconcile, in every provider reconciler (the
+/// machine reconcile, the operator, a backend's probe); each further failure doubles it up to
+/// [`MAX_ERROR_BACKOFF`], and a success starts over.
+pub const MIN_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest wait before retrying a failing object.
+pub const MAX_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The per-object error backoff of a provider reconciler.
+pub fn error_backoff() -> banlieue_runtime::reconcile::ErrorBackoff {
+    banlieue_runtime::reconcile::ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
+}
+
 /// Condition reasons every provider reports the same way, beside the shared ones in
 /// `banlieue_api::conditions::reasons`.
 pub mod reasons {

@@ -146,8 +146,8 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             deadline: Duration::from_secs(600),
-            backoff_min: Duration::from_secs(5),
-            backoff_max: Duration::from_secs(60),
+            backoff_min: crate::MIN_ERROR_BACKOFF,
+            backoff_max: crate::MAX_ERROR_BACKOFF,
         }
     }
 }
@@ -185,14 +185,11 @@ pub async fn run<B: Backend>(
         .run(
             |machine, ctx: Arc<Context<B>>| async move {
                 let key = ErrorBackoff::key_of("machine", machine.as_ref());
-                let outcome = reconcile(machine.as_ref(), &ctx).await;
-                match &outcome {
-                    Ok(Step::Settled(_)) => ctx.backoff.succeeded(&key),
-                    Ok(Step::Failed) => {}
-                    Err(_) => {}
-                }
-                outcome.map(|step| match step {
-                    Step::Settled(action) => action,
+                Ok(match reconcile(machine.as_ref(), &ctx).await? {
+                    Step::Settled(action) => {
+                        ctx.backoff.succeeded(&key);
+                        action
+                    }
                     // Reported in the status already: retried on the same backoff as an error.
                     Step::Failed => Action::requeue(ctx.backoff.failed(&key)),
                 })

@@ -218,6 +218,9 @@ impl Drop for Harness {
 
 async fn start(deadline: Duration) -> TestResult<Harness> {
     let cp = ControlPlane::shared().await?;
+    // The administrator's client: this tests the skeleton's protocol with the API server, not
+    // a role's grants. Each backend's workload runs it as its own ServiceAccount under the
+    // shipped RBAC in the providers' tests (`machine.rs`, `vcsim.rs`).
     let client = cp.client()?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = banlieue_api::crds()

@@ -68,17 +68,6 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The first retry of an object after a failed reconcile; each further failure doubles it up
-/// to [`MAX_ERROR_BACKOFF`], and a success starts over.
-pub const MIN_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
-/// The longest wait before retrying a failing object.
-pub const MAX_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// The per-object error backoff of one of the provider's reconcilers.
-pub(crate) fn error_backoff() -> banlieue_runtime::reconcile::ErrorBackoff {
-    banlieue_runtime::reconcile::ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
-}
-
 impl Error {
     /// The condition reason this error is reported with.
     pub fn reason(&self) -> &'static str {

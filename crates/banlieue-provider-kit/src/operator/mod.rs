@@ -42,11 +42,6 @@ use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 /// to a namespaced owner.
 pub const FINALIZER_PROVIDER_WORKLOADS: &str = "banlieue.io/provider-workloads";
 
-/// The first retry of a Provider after a failed reconcile; each further failure doubles it up
-/// to [`MAX_ERROR_BACKOFF`], and a success starts over.
-const MIN_ERROR_BACKOFF: Duration = Duration::from_secs(5);
-const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
-
 /// Reasons of the Ready condition the operator owns; any other reason is the workload's.
 const OPERATOR_REASONS: [&str; 4] = [
     reasons::PROVIDER_CLASS_NOT_FOUND,
@@ -113,7 +108,7 @@ pub async fn run_operator(
         ),
         kube: client.clone(),
         cfg,
-        backoff: ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF),
+        backoff: crate::error_backoff(),
     });
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());

@@ -80,7 +80,7 @@ pub async fn run_status(
             },
         ),
         cfg,
-        backoff: crate::error::error_backoff(),
+        backoff: banlieue_provider_kit::error_backoff(),
     });
     Controller::new(api, watch)
         .graceful_shutdown_on(shutdown)
