@@ -236,7 +236,10 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
         ("create", "", "serviceaccounts", false),
         ("create", rbac, "roles", false),
         ("create", rbac, "rolebindings", false),
-        ("create", rbac, "clusterrolebindings", true),
+        // One shared ClusterRoleBinding, changed by name: no other is its to create or delete.
+        ("create", rbac, "clusterrolebindings", false),
+        ("delete", rbac, "clusterrolebindings", false),
+        ("update", rbac, "clusterrolebindings", false),
         // Never unrestricted RBAC power.
         ("escalate", rbac, "roles", false),
         ("escalate", rbac, "clusterroles", false),

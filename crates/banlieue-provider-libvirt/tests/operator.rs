@@ -231,16 +231,19 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
             wl.clone()
         ]
     );
-    let crb_name = workloads::cluster_role_binding_name(&ns, "edge-7");
     let crbs: Api<ClusterRoleBinding> = Api::all(kube.clone());
-    let crb = crbs.get(&crb_name).await?;
-    // Cluster-scoped: no owner reference to a namespaced owner (the GC would delete it).
-    assert!(crb.owner_references().is_empty());
-    assert_eq!(crb.role_ref.name, workloads::PROVIDER_CLUSTER_ROLE);
-    let subject = &crb.subjects.clone().unwrap()[0];
-    assert_eq!(
-        (subject.name.as_str(), subject.namespace.as_deref()),
-        (wl.as_str(), Some(ns.as_str()))
+    let is_ours = |s: &k8s_openapi::api::rbac::v1::Subject| {
+        s.name == wl && s.namespace.as_deref() == Some(ns.as_str())
+    };
+    let joined = || async {
+        let shared = crbs.get(workloads::PROVIDERS_CLUSTER_BINDING).await?;
+        assert_eq!(shared.role_ref.name, workloads::PROVIDER_CLUSTER_ROLE);
+        anyhow::Ok(shared.subjects.unwrap_or_default().iter().any(is_ours))
+    };
+    assert!(
+        joined().await?,
+        "the workload's account is not a subject of {}",
+        workloads::PROVIDERS_CLUSTER_BINDING
     );
     // The import Jobs' account exists in the build namespace, owned by the class.
     let build_accounts = Api::<ServiceAccount>::namespaced(kube.clone(), "banlieue-imagebuild");
@@ -263,6 +266,10 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     Api::<banlieue_api::VMImage>::namespaced(as_provider.clone(), &ns)
         .list(&Default::default())
         .await?;
+    // The shared cluster binding's one right.
+    Api::<ProviderClass>::all(as_provider.clone())
+        .get(&class.name_any())
+        .await?;
     let refused = Api::<Secret>::namespaced(as_provider.clone(), &ns)
         .list(&Default::default())
         .await
@@ -283,7 +290,23 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     // Drift: objects deleted by hand come back.
     deployments.delete(&wl, &DeleteParams::default()).await?;
     roles.delete(&wl, &DeleteParams::default()).await?;
-    crbs.delete(&crb_name, &DeleteParams::default()).await?;
+    // An edit of the shared binding that drops this account (what an administrator's
+    // `kubectl apply` of a subjects list would do).
+    let mut shared = crbs.get(workloads::PROVIDERS_CLUSTER_BINDING).await?;
+    shared.subjects = Some(
+        shared
+            .subjects
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| !is_ours(s))
+            .collect(),
+    );
+    crbs.replace(
+        workloads::PROVIDERS_CLUSTER_BINDING,
+        &PostParams::default(),
+        &shared,
+    )
+    .await?;
     let old_uid = deployment.uid();
     eventually("Deployment re-created", 60, || async {
         Ok(deployments
@@ -297,16 +320,15 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
         Ok(roles.get_opt(&wl).await?)
     })
     .await?;
-    eventually("ClusterRoleBinding re-created", 60, || async {
-        Ok(crbs.get_opt(&crb_name).await?)
+    eventually("the account back in the shared binding", 60, || async {
+        Ok(joined().await?.then_some(()))
     })
     .await?;
 
-    // Deleting the Provider removes the cluster-scoped binding through the finalizer.
+    // Deleting the Provider removes its account through the finalizer.
     api.delete("edge-7", &DeleteParams::default()).await?;
-    eventually("Provider and its ClusterRoleBinding gone", 60, || async {
-        let gone =
-            api.get_opt("edge-7").await?.is_none() && crbs.get_opt(&crb_name).await?.is_none();
+    eventually("Provider gone and its account out", 60, || async {
+        let gone = api.get_opt("edge-7").await?.is_none() && !joined().await?;
         Ok(gone.then_some(()))
     })
     .await?;
@@ -726,10 +748,11 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
 
 /// Provider `x-y` in namespace `<n>` and Provider `y` in namespace `<n>-x` once shared the
 /// name of their ClusterRoleBinding (`banlieue-provider-<n>-x-y`): the operator force-applied
-/// one over the other, and deleting either Provider deleted the binding of both. Each now has
-/// its own, a binding of the old name is swept, and deleting one leaves the other's.
+/// one over the other, and deleting either Provider deleted the binding of both. Now both
+/// accounts are subjects of the one shared binding, each joins and leaves alone, and the
+/// controller, which changes that binding, cannot delete or create any ClusterRoleBinding.
 #[tokio::test]
-async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings() -> Result<()> {
+async fn providers_whose_namespace_and_name_read_alike_keep_their_own_grants() -> Result<()> {
     let cp = control_plane().await;
     let kube = cp.client()?;
     let first = cp.fresh_namespace().await?;
@@ -745,22 +768,13 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings()
         .await?;
     let class = plain_class(&kube).await?;
     let crbs: Api<ClusterRoleBinding> = Api::all(kube.clone());
-    // What an earlier release made for `x-y`: the ambiguous name, with the Provider's labels.
-    let legacy = format!("banlieue-provider-{first}-x-y");
-    let legacy_binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": legacy, "labels": {
-            "banlieue.io/provider": "x-y", "banlieue.io/provider-namespace": first,
-            "app.kubernetes.io/managed-by": "banlieue" } },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": workloads::PROVIDER_CLUSTER_ROLE },
-        "subjects": [{ "kind": "ServiceAccount", "namespace": first,
-                       "name": workloads::workload_name("x-y") }]
-    }))?;
-    crbs.create(&PostParams::default(), &legacy_binding).await?;
 
     let mut operators = Vec::new();
+    let mut controller = None;
     for (ns, name) in [(&first, "x-y"), (&second, "y")] {
-        operators.push(start_operator(&controller_identity(cp, ns).await?, ns));
+        let identity = controller_identity(cp, ns).await?;
+        operators.push(start_operator(&identity, ns));
+        controller = Some(identity);
         Api::<Provider>::namespaced(kube.clone(), ns)
             .create(
                 &PostParams::default(),
@@ -773,28 +787,53 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings()
             )
             .await?;
     }
-    let ours = workloads::cluster_role_binding_name(&first, "x-y");
-    let theirs = workloads::cluster_role_binding_name(&second, "y");
-    assert_ne!(ours, theirs);
-    let subject_namespace = |b: &ClusterRoleBinding| {
-        b.subjects.clone().unwrap_or_default()[0]
-            .namespace
-            .clone()
-            .unwrap_or_default()
+    let account = |ns: &str, name: &str| (workloads::workload_name(name), ns.to_owned());
+    let ours = account(&first, "x-y");
+    let theirs = account(&second, "y");
+    let members = || async {
+        let shared = crbs.get(workloads::PROVIDERS_CLUSTER_BINDING).await?;
+        assert_eq!(shared.role_ref.name, workloads::PROVIDER_CLUSTER_ROLE);
+        anyhow::Ok(
+            shared
+                .subjects
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| (s.name, s.namespace.unwrap_or_default()))
+                .collect::<Vec<_>>(),
+        )
     };
-    for (name, ns) in [(&ours, &first), (&theirs, &second)] {
-        let binding = eventually(&format!("ClusterRoleBinding {name}"), 60, || async {
-            Ok(crbs.get_opt(name).await?)
-        })
-        .await?;
-        assert_eq!(&subject_namespace(&binding), ns, "{name}");
-    }
-    eventually("the ambiguous binding swept", 60, || async {
-        Ok(crbs.get_opt(&legacy).await?.is_none().then_some(()))
+    eventually("both accounts in the shared binding", 60, || async {
+        let now = members().await?;
+        Ok((now.contains(&ours) && now.contains(&theirs)).then_some(()))
     })
     .await?;
 
-    // Deleting `y` deletes its binding and nothing of `x-y`'s.
+    // The controller's rights end at that one binding.
+    let controller = controller.expect("an identity");
+    let as_controller: Api<ClusterRoleBinding> = Api::all(controller);
+    let refused = as_controller
+        .delete("banlieue-controller", &DeleteParams::default())
+        .await
+        .expect_err("the controller deleted another ClusterRoleBinding");
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "{refused}"
+    );
+    let mut copy = crbs.get(workloads::PROVIDERS_CLUSTER_BINDING).await?;
+    copy.metadata = kube::api::ObjectMeta {
+        name: Some(format!("banlieue-test-{first}")),
+        ..Default::default()
+    };
+    let refused = as_controller
+        .create(&PostParams::default(), &copy)
+        .await
+        .expect_err("the controller created a ClusterRoleBinding");
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "{refused}"
+    );
+
+    // Deleting `y` removes its account and nothing of `x-y`'s.
     let second_providers: Api<Provider> = Api::namespaced(kube.clone(), &second);
     second_providers
         .delete("y", &DeleteParams::default())
@@ -803,9 +842,8 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings()
         Ok(second_providers.get_opt("y").await?.is_none().then_some(()))
     })
     .await?;
-    assert!(crbs.get_opt(&theirs).await?.is_none());
-    let kept = crbs.get(&ours).await?;
-    assert_eq!(subject_namespace(&kept), first);
+    let now = members().await?;
+    assert!(!now.contains(&theirs) && now.contains(&ours), "{now:?}");
 
     let first_providers: Api<Provider> = Api::namespaced(kube.clone(), &first);
     first_providers
@@ -819,7 +857,7 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_bindings()
             .then_some(()))
     })
     .await?;
-    assert!(crbs.get_opt(&ours).await?.is_none());
+    assert!(!members().await?.contains(&ours));
     drop(operators);
     namespaces.delete(&second, &DeleteParams::default()).await?;
     Api::<ProviderClass>::all(kube)

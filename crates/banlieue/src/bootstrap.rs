@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
 
 use crate::apply::{self, Applied, ApplyError};
 
@@ -34,6 +35,8 @@ pub enum BootstrapError {
     NotEstablished(String, Duration),
     #[error("reading CRD {0}: {1}")]
     Crd(String, #[source] kube::Error),
+    #[error("removing the per-Provider ClusterRoleBindings of an earlier release ({0}): {1}")]
+    Legacy(String, #[source] kube::Error),
     #[error("encoding CRD {0}: {1}")]
     Encode(String, #[source] serde_json::Error),
     #[error(
@@ -209,8 +212,43 @@ pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
         .filter(|a| a.change != apply::Change::Unchanged)
         .count();
     println!("{changed} of {} objects changed", applied.len());
+    for name in remove_legacy_provider_bindings(&client).await? {
+        println!(
+            "clusterrolebinding.rbac.authorization.k8s.io/{name} deleted (replaced by banlieue-providers)"
+        );
+    }
     eprintln!("{ADMISSION_REMINDER}");
     Ok(())
+}
+
+/// The operator's label on the objects it made for a Provider.
+const OPERATOR_MANAGED: &str = "app.kubernetes.io/managed-by=banlieue-operator";
+
+/// Deletes the ClusterRoleBindings an earlier operator made per Provider to
+/// `banlieue-provider-cluster`: every Provider's account is now a subject of the one shipped
+/// binding `banlieue-providers`, and the controller may no longer delete ClusterRoleBindings
+/// itself. Returns the names deleted.
+pub async fn remove_legacy_provider_bindings(
+    client: &Client,
+) -> Result<Vec<String>, BootstrapError> {
+    let api: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let listed = api
+        .list(&ListParams::default().labels(OPERATOR_MANAGED))
+        .await
+        .map_err(|e| BootstrapError::Legacy("list".into(), e))?;
+    let mut deleted = Vec::new();
+    for binding in listed.items {
+        if binding.role_ref.name != "banlieue-provider-cluster" {
+            continue;
+        }
+        let name = binding.metadata.name.unwrap_or_default();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => deleted.push(name),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(BootstrapError::Legacy(format!("delete {name}"), e)),
+        }
+    }
+    Ok(deleted)
 }
 
 #[cfg(test)]

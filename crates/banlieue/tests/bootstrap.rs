@@ -1,6 +1,7 @@
 //! `banlieue bootstrap` against a real API server: everything applies, a second run changes
 //! nothing, the admission policy is left for the operator to apply, and `--image` names the
-//! controller's image.
+//! controller's image; it replaces an earlier release's per-Provider ClusterRoleBindings and
+//! keeps the Provider accounts the operator added to the shared one.
 
 use banlieue::apply::Change;
 use banlieue::bootstrap;
@@ -116,4 +117,72 @@ async fn bootstrap_image_names_the_controller_image() {
         bootstrap::DEFAULT_IMAGE,
         format!("localhost/banlieue:{}", env!("CARGO_PKG_VERSION"))
     );
+}
+
+#[tokio::test]
+async fn bootstrap_replaces_per_provider_bindings_and_keeps_the_operators_subjects() {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Subject};
+    use kube::api::{DeleteParams, PostParams};
+    let _turn = CLUSTER_WIDE.lock().await;
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let client = control_plane.client().unwrap();
+    run_bootstrap(control_plane, None).await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding = |name: &str, role: &str| -> ClusterRoleBinding {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name,
+                          "labels": { "app.kubernetes.io/managed-by": "banlieue-operator" } },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
+            "subjects": [{ "kind": "ServiceAccount", "name": "banlieue-provider-old", "namespace": "old" }]
+        }))
+        .unwrap()
+    };
+    // An earlier release's binding, and one of the same label to another role (not ours).
+    let legacy = "banlieue-provider-old-old-0011aabb";
+    let other = "banlieue-bootstrap-test-other-role";
+    for (name, role) in [
+        (legacy, "banlieue-provider-cluster"),
+        (other, "banlieue-provider-base"),
+    ] {
+        let _ = bindings.delete(name, &DeleteParams::default()).await;
+        bindings
+            .create(&PostParams::default(), &binding(name, role))
+            .await
+            .unwrap();
+    }
+    // The operator's account in the shared binding, as the operator adds it (an update).
+    let mut shared = bindings.get("banlieue-providers").await.unwrap();
+    let ours = Subject {
+        kind: "ServiceAccount".into(),
+        name: "banlieue-provider-edge".into(),
+        namespace: Some("bootstrap-test".into()),
+        api_group: None,
+    };
+    let mut subjects = shared.subjects.clone().unwrap_or_default();
+    subjects.retain(|s| s != &ours);
+    subjects.push(ours.clone());
+    shared.subjects = Some(subjects);
+    bindings
+        .replace("banlieue-providers", &PostParams::default(), &shared)
+        .await
+        .unwrap();
+
+    run_bootstrap(control_plane, None).await;
+    assert!(
+        bindings.get_opt(legacy).await.unwrap().is_none(),
+        "legacy binding kept"
+    );
+    assert!(
+        bindings.get_opt(other).await.unwrap().is_some(),
+        "another role's binding deleted"
+    );
+    let shared = bindings.get("banlieue-providers").await.unwrap();
+    assert!(
+        shared.subjects.unwrap_or_default().contains(&ours),
+        "bootstrap dropped the operator's subject"
+    );
+    bindings
+        .delete(other, &DeleteParams::default())
+        .await
+        .unwrap();
 }

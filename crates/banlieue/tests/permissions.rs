@@ -91,6 +91,21 @@ const ASKS: &[Ask] = &[
     Ask("escalate", RBAC, "clusterroles", None, true),
     Ask("create", RBAC, "clusterroles", None, true),
     Ask("create", RBAC, "clusterrolebindings", None, true),
+    Ask("delete", RBAC, "clusterrolebindings", None, true),
+    Ask(
+        "update",
+        RBAC,
+        "clusterrolebindings",
+        Some("banlieue-providers"),
+        true,
+    ),
+    Ask(
+        "update",
+        RBAC,
+        "clusterrolebindings",
+        Some("banlieue-controller"),
+        true,
+    ),
     Ask(
         "update",
         COORDINATION,

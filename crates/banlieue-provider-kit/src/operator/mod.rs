@@ -24,8 +24,8 @@ use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding, Subject};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -113,21 +113,33 @@ pub async fn run_operator(
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
     let store = controller.store();
-    // Objects outside the Provider's namespace name it by label.
-    let by_labels = |labels: &std::collections::BTreeMap<String, String>| {
-        let name = labels.get(banlieue_api::names::LABEL_PROVIDER)?;
-        let ns = labels.get(LABEL_PROVIDER_NAMESPACE)?;
-        Some(ObjectRef::<Provider>::new(name).within(ns))
-    };
+    let missing_store = store.clone();
     controller
         .owns(scoped::<Deployment>(&client, &ns), managed.clone())
         .owns(scoped::<ServiceAccount>(&client, &ns), managed.clone())
         .owns(scoped::<Role>(&client, &ns), managed.clone())
-        .owns(scoped::<RoleBinding>(&client, &ns), managed.clone())
+        .owns(scoped::<RoleBinding>(&client, &ns), managed)
+        // The shared binding, by name (the only one the operator may read): a Provider whose
+        // account an edit removed joins again.
         .watches(
             Api::<ClusterRoleBinding>::all(client.clone()),
-            managed,
-            move |crb| by_labels(crb.labels()),
+            watcher::Config::default().fields(&format!(
+                "metadata.name={}",
+                workloads::PROVIDERS_CLUSTER_BINDING
+            )),
+            move |binding| {
+                let subjects = binding.subjects.unwrap_or_default();
+                missing_store
+                    .state()
+                    .into_iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        let subject = workloads::provider_subject(p);
+                        workloads::cluster_subjects(&subjects, &subject, true).is_some()
+                    })
+                    .map(|p| ObjectRef::from_obj(&*p))
+                    .collect::<Vec<_>>()
+            },
         )
         .watches(classes, watcher::Config::default(), move |class| {
             // A changed class changes every one of its Providers' workloads.
@@ -297,12 +309,7 @@ async fn apply_workloads(
         &w.import_service_account,
     )
     .await?;
-    apply(
-        FIELD_MANAGER,
-        Api::<ClusterRoleBinding>::all(kube.clone()),
-        &w.cluster_role_binding,
-    )
-    .await?;
+    set_cluster_subject(kube, &w.cluster_subject, true).await?;
     if w.binds_class_role {
         apply(
             FIELD_MANAGER,
@@ -330,15 +337,14 @@ async fn apply_workloads(
     .await?;
     // Bindings of this Provider under another name: made by an earlier release, whose names
     // could collide across namespaces.
-    let keep = w.cluster_role_binding.metadata.name.as_deref();
+    let keep = w.class_binding.metadata.name.as_deref();
     let import = ImportSettings::of(class).namespace;
     let namespace = provider.namespace().unwrap_or_default();
     delete_outside(kube, &namespace, &provider.name_any(), &import, keep).await
 }
 
-/// Deletes this Provider's objects outside its namespace (found by their labels, not their
-/// names) except the one named `keep`: its ClusterRoleBindings, and its RoleBindings in the
-/// class's import namespace.
+/// Deletes this Provider's RoleBindings in the class's import namespace (found by their labels,
+/// not their names) except the one named `keep`.
 async fn delete_outside(
     kube: &kube::Client,
     namespace: &str,
@@ -351,17 +357,6 @@ async fn delete_outside(
         banlieue_api::names::LABEL_PROVIDER
     ));
     let stale = |meta: &kube::api::ObjectMeta| meta.name.as_deref() != keep;
-    let cluster = Api::<ClusterRoleBinding>::all(kube.clone());
-    for binding in cluster
-        .list(&selector)
-        .await
-        .map_err(Error::kube("list ClusterRoleBindings"))?
-        .items
-        .into_iter()
-        .filter(|b| stale(&b.metadata))
-    {
-        delete_if_present(cluster.clone(), &binding.name_any(), "ClusterRoleBinding").await?;
-    }
     let build = Api::<RoleBinding>::namespaced(kube.clone(), import_namespace);
     for binding in build
         .list(&selector)
@@ -375,6 +370,37 @@ async fn delete_outside(
     {
         delete_if_present(build.clone(), &binding.name_any(), "RoleBinding").await?;
     }
+    Ok(())
+}
+
+/// Adds `subject` to the shared [`workloads::PROVIDERS_CLUSTER_BINDING`] (`member`) or removes
+/// it. The binding is `bootstrap`'s: the operator may read and replace it by name and nothing
+/// else, so a binding that is missing is an installation to repair, not one to create. The
+/// replace carries the resourceVersion read: two Providers changing it at once conflict, and
+/// the loser retries with backoff.
+async fn set_cluster_subject(kube: &kube::Client, subject: &Subject, member: bool) -> Result<()> {
+    let name = workloads::PROVIDERS_CLUSTER_BINDING;
+    let api = Api::<ClusterRoleBinding>::all(kube.clone());
+    let Some(mut binding) = api
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("read ClusterRoleBinding {name}")))?
+    else {
+        return Err(Error::Invalid {
+            reason: reasons::PROVIDER_NOT_READY,
+            message: format!(
+                "ClusterRoleBinding {name} does not exist: `banlieue bootstrap` creates it (deploy/rbac/)"
+            ),
+        });
+    };
+    let current = binding.subjects.clone().unwrap_or_default();
+    let Some(subjects) = workloads::cluster_subjects(&current, subject, member) else {
+        return Ok(());
+    };
+    binding.subjects = Some(subjects);
+    api.replace(name, &PostParams::default(), &binding)
+        .await
+        .map_err(Error::kube(format!("update ClusterRoleBinding {name}")))?;
     Ok(())
 }
 
@@ -548,6 +574,7 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         |class| ImportSettings::of(class).namespace,
     );
     delete_outside(&ctx.kube, &ns, &name, &build, None).await?;
+    set_cluster_subject(&ctx.kube, &workloads::provider_subject(provider), false).await?;
     banlieue_runtime::reconcile::remove_finalizer(api, provider, FINALIZER_PROVIDER_WORKLOADS)
         .await
         .map_err(finalizer_error(provider))?;

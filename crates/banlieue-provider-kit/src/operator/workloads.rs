@@ -3,13 +3,15 @@
 //!
 //! Every grant is a binding to a fixed ClusterRole shipped in `deploy/rbac/` (ADR-0063), or a
 //! Role holding only rules the operator itself holds, so creating them needs neither
-//! `escalate` nor `bind` on arbitrary roles:
+//! `escalate` nor `bind` on arbitrary roles. The one cluster-wide grant is not a binding per
+//! Provider: the operator may write no ClusterRoleBinding but the fixed one `bootstrap`
+//! creates, and only its subjects ([`cluster_subjects`]).
 //!
 //! | object | namespace | grants |
 //! |---|---|---|
 //! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object (resourceNames) |
 //! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
-//! | ClusterRoleBinding `banlieue-provider-<ns>-<p>-<hash>` | — | ClusterRole `banlieue-provider-cluster` |
+//! | its ServiceAccount among the subjects of ClusterRoleBinding `banlieue-providers` | — | ClusterRole `banlieue-provider-cluster` |
 //! | RoleBinding `banlieue-provider-<ns>-<p>-<hash>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-provider-<p>-class` | Provider's (vSphere) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to the import ServiceAccount |
@@ -27,14 +29,12 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     ServiceAccount,
 };
-use k8s_openapi::api::rbac::v1::{
-    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
-};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::Resource;
 use kube::api::ApiResource;
+use kube::{Resource, ResourceExt};
 
 use crate::import_settings::ImportSettings;
 
@@ -42,14 +42,17 @@ use crate::import_settings::ImportSettings;
 pub const FIELD_MANAGER: &str = "banlieue-operator";
 /// Value of `app.kubernetes.io/managed-by` on the workloads.
 pub const MANAGED_BY: &str = "banlieue-operator";
-/// Label naming the Provider's namespace on the objects outside it (its ClusterRoleBinding, its
-/// RoleBinding in the build namespace), which cannot say it any other way.
+/// Label naming the Provider's namespace on its objects outside it (its RoleBinding in the
+/// build namespace), which cannot say it any other way.
 pub const LABEL_PROVIDER_NAMESPACE: &str = "banlieue.io/provider-namespace";
 
 /// The shipped ClusterRole every provider workload holds in its Provider's namespace.
 pub const PROVIDER_BASE_ROLE: &str = "banlieue-provider-base";
 /// The shipped ClusterRole every provider workload holds cluster-wide (reading ProviderClasses).
 pub const PROVIDER_CLUSTER_ROLE: &str = "banlieue-provider-cluster";
+/// The shipped ClusterRoleBinding (deploy/rbac/) granting [`PROVIDER_CLUSTER_ROLE`] to every
+/// Provider's ServiceAccount: the only ClusterRoleBinding the operator may change.
+pub const PROVIDERS_CLUSTER_BINDING: &str = "banlieue-providers";
 /// The shipped ClusterRole of an import Job's pod, held in the Provider's namespace.
 pub const IMPORT_ROLE: &str = "banlieue-import";
 
@@ -73,9 +76,9 @@ pub struct Workloads {
     /// The import Jobs' ServiceAccount in the build namespace, shared by the class's Providers
     /// and owned by the ProviderClass.
     pub import_service_account: ServiceAccount,
-    /// Cluster-scoped, so it cannot be owned by the namespaced Provider; removed through the
-    /// Provider's finalizer instead.
-    pub cluster_role_binding: ClusterRoleBinding,
+    /// The workload's ServiceAccount as a subject of [`PROVIDERS_CLUSTER_BINDING`]: added
+    /// while the Provider exists, removed through its finalizer.
+    pub cluster_subject: Subject,
     /// The class's role, where [`BackendWorkload::class_role`] says. In the build namespace
     /// (another namespace than the Provider's) it is removed through the finalizer too; in the
     /// Provider's it is owned by the Provider.
@@ -159,16 +162,43 @@ pub fn class_role_name(class: &str) -> String {
     names::shorten(&format!("banlieue-provider-class-{class}"))
 }
 
-/// The name of a Provider's objects outside its namespace (its ClusterRoleBinding and its
-/// RoleBinding in the build namespace), where several namespaces meet. `<namespace>-<name>`
+/// The name of a Provider's objects outside its namespace (its RoleBinding in the build
+/// namespace), where several namespaces meet. `<namespace>-<name>`
 /// alone is ambiguous (`a-b`/`c` and `a`/`b-c` give the same), and the operator force-applies
 /// and deletes these by name, so one Provider would take over and then delete the other's: a
 /// digest of `<namespace>/<name>` (a `/` is in neither) makes the name unique.
-pub fn cluster_role_binding_name(namespace: &str, provider: &str) -> String {
+pub fn outside_name(namespace: &str, provider: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{namespace}/{provider}").as_bytes());
     let hash: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
     names::shorten(&format!("banlieue-provider-{namespace}-{provider}-{hash}"))
+}
+
+/// The ServiceAccount `provider`'s workload runs as.
+pub fn provider_subject(provider: &Provider) -> Subject {
+    service_account_subject(
+        &workload_name(&provider.name_any()),
+        &provider.namespace().unwrap_or_default(),
+    )
+}
+
+/// The subjects [`PROVIDERS_CLUSTER_BINDING`] should have once `subject` is in it (`member`)
+/// or out of it, or `None` when `current` already is that. The binding's other subjects are
+/// other Providers' and are kept as they are; the list is RBAC's atomic one, so the operator
+/// writes it whole, guarded by the binding's resourceVersion.
+pub fn cluster_subjects(
+    current: &[Subject],
+    subject: &Subject,
+    member: bool,
+) -> Option<Vec<Subject>> {
+    let same = |s: &Subject| {
+        s.kind == subject.kind && s.name == subject.name && s.namespace == subject.namespace
+    };
+    match (current.iter().any(same), member) {
+        (true, true) | (false, false) => None,
+        (false, true) => Some(current.iter().cloned().chain([subject.clone()]).collect()),
+        (true, false) => Some(current.iter().filter(|s| !same(s)).cloned().collect()),
+    }
 }
 
 /// The RoleBinding granting the import ServiceAccount its reads in the Provider's namespace.
@@ -413,23 +443,11 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         status: None,
     };
 
-    let cluster_role_binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(cluster_role_binding_name(&ns, &name)),
-            labels: Some(outside_labels.clone()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: PROVIDER_CLUSTER_ROLE.into(),
-        },
-        subjects: Some(vec![workload_subject.clone()]),
-    };
+    let cluster_subject = provider_subject(provider);
     let (class_binding_meta, binds_class_role) = match backend.class_role {
         ClassRoleScope::BuildNamespace => (
             ObjectMeta {
-                name: Some(cluster_role_binding_name(&ns, &name)),
+                name: Some(outside_name(&ns, &name)),
                 namespace: Some(import.namespace.clone()),
                 labels: Some(outside_labels),
                 ..ObjectMeta::default()
@@ -452,7 +470,7 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         import_binding,
         deployment,
         import_service_account,
-        cluster_role_binding,
+        cluster_subject,
         class_binding,
         binds_class_role,
     })
@@ -546,17 +564,36 @@ mod tests {
 
     #[test]
     fn outside_names_of_providers_in_different_namespaces_never_collide() {
-        let a = cluster_role_binding_name("a-b", "c");
-        let b = cluster_role_binding_name("a", "b-c");
+        let a = outside_name("a-b", "c");
+        let b = outside_name("a", "b-c");
         assert_ne!(a, b);
         assert!(a.starts_with("banlieue-provider-a-b-c-"), "{a}");
-        assert_eq!(a, cluster_role_binding_name("a-b", "c"), "stable");
-        let long = cluster_role_binding_name(&"n".repeat(63), &"p".repeat(63));
+        assert_eq!(a, outside_name("a-b", "c"), "stable");
+        let long = outside_name(&"n".repeat(63), &"p".repeat(63));
         assert!(long.len() <= names::MAX_NAME_LEN, "{long}");
-        assert_ne!(
-            long,
-            cluster_role_binding_name(&"n".repeat(63), &"p".repeat(62))
-        );
+        assert_ne!(long, outside_name(&"n".repeat(63), &"p".repeat(62)));
+    }
+
+    #[test]
+    fn a_provider_joins_and_leaves_the_shared_binding_without_touching_the_others() {
+        let sa = |name: &str, ns: &str| service_account_subject(name, ns);
+        let ours = sa("banlieue-provider-edge-7", "a");
+        let others = vec![
+            sa("banlieue-provider-edge-7", "b"),
+            sa("banlieue-provider-x", "a"),
+        ];
+        let joined = cluster_subjects(&others, &ours, true).unwrap();
+        assert_eq!(joined[..2], others[..]);
+        assert_eq!(joined[2], ours);
+        assert_eq!(cluster_subjects(&joined, &ours, true), None, "already in");
+        assert_eq!(cluster_subjects(&joined, &ours, false).unwrap(), others);
+        assert_eq!(cluster_subjects(&others, &ours, false), None, "already out");
+        // A User of the same name is not the ServiceAccount.
+        let user = Subject {
+            kind: "User".into(),
+            ..ours.clone()
+        };
+        assert_eq!(cluster_subjects(&[user], &ours, false), None);
     }
 
     #[test]
@@ -634,7 +671,13 @@ mod tests {
         );
         assert_eq!(w.base_binding.role_ref.name, PROVIDER_BASE_ROLE);
         assert_eq!(w.import_binding.role_ref.name, IMPORT_ROLE);
-        assert_eq!(w.cluster_role_binding.role_ref.name, PROVIDER_CLUSTER_ROLE);
+        assert_eq!(
+            (
+                w.cluster_subject.name.as_str(),
+                w.cluster_subject.namespace.as_deref()
+            ),
+            ("banlieue-provider-edge-7", Some("banlieue-system"))
+        );
         assert_eq!(
             w.class_binding.role_ref.name,
             "banlieue-provider-class-libvirt"
@@ -668,7 +711,6 @@ mod tests {
     #[test]
     fn objects_outside_the_providers_namespace_never_point_at_it() {
         let w = build(&provider(), &class()).unwrap();
-        assert!(w.cluster_role_binding.metadata.owner_references.is_none());
         assert!(w.class_binding.metadata.owner_references.is_none());
         let owner = &w.import_service_account.metadata.owner_references.unwrap()[0];
         assert_eq!(owner.kind, "ProviderClass");

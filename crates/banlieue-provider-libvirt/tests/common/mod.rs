@@ -537,8 +537,18 @@ async fn apply_operator_objects(
     let import = &w.import_service_account;
     let per_class = format!("{OPERATOR}/{}", class.name_any());
     apply(&per_class, accounts(&import.metadata), import).await?;
-    let crb = &w.cluster_role_binding;
-    apply(OPERATOR, Api::<ClusterRoleBinding>::all(admin.clone()), crb).await?;
+    let crbs = Api::<ClusterRoleBinding>::all(admin.clone());
+    let mut shared = crbs.get(workloads::PROVIDERS_CLUSTER_BINDING).await?;
+    let current = shared.subjects.clone().unwrap_or_default();
+    if let Some(subjects) = workloads::cluster_subjects(&current, &w.cluster_subject, true) {
+        shared.subjects = Some(subjects);
+        crbs.replace(
+            workloads::PROVIDERS_CLUSTER_BINDING,
+            &PostParams::default(),
+            &shared,
+        )
+        .await?;
+    }
     if class_binding {
         let binding = &w.class_binding;
         apply(OPERATOR, bindings(&binding.metadata), binding).await?;
