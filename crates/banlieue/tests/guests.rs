@@ -14,6 +14,8 @@
 //! - cloud-init consumed the seed: the user-data's file exists, the instance-id is the
 //!   domain's UUID, and a replacement member is a new instance;
 //! - the agent going away is reported on the machine and touches nothing bound;
+//! - a guest that answers for its agent and trickles files out is given up on after a few
+//!   reads, and its machine's teardown is not held up;
 //! - a guest without the guest-phase layer leaves its pool `ReadinessSignalAbsent`;
 //! - a Deferred image installs itself onto an empty disk, reboots, and only then is handed out.
 //!
@@ -404,7 +406,111 @@ async fn scenario(
     assert!(vm.metadata.deletion_timestamp.is_none());
     assert!(guest_ready(&vm), "GuestReady is final for the boot");
 
+    hostile_agent(&admin, libvirtd, &claims_admin, &machines).await?;
     deferred_install(&admin, libvirtd, &claims, &vms).await
+}
+
+/// Stands in for qemu-guest-agent on the guest's own virtio-serial port, as the guest's root
+/// can: it answers every command, but gives each file out one byte at a time and never says
+/// `eof`. libvirt's `guest-sync` before each command is answered as qemu-ga answers it.
+const HOSTILE_AGENT: &str = r#"
+import json, os, subprocess, time
+time.sleep(2)  # let the guest-exec that started this finish first
+subprocess.run(["systemctl", "stop", "qemu-guest-agent"])
+port = os.open("/dev/virtio-ports/org.qemu.guest_agent.0", os.O_RDWR)
+pending = b""
+while True:
+    chunk = os.read(port, 4096)
+    if not chunk:
+        time.sleep(0.1)
+        continue
+    pending += chunk.replace(b"\xff", b"")
+    while b"\n" in pending:
+        line, pending = pending.split(b"\n", 1)
+        try:
+            command = json.loads(line)
+        except ValueError:
+            continue
+        name = command.get("execute", "")
+        arguments = command.get("arguments", {})
+        if name.startswith("guest-sync"):
+            reply = {"return": arguments.get("id")}
+        elif name == "guest-file-open":
+            reply = {"return": 7}
+        elif name == "guest-file-read":
+            time.sleep(0.2)
+            reply = {"return": {"count": 1, "buf-b64": "cg==", "eof": False}}
+        else:
+            reply = {"return": {}}
+        prefix = b"\xff" if name == "guest-sync-delimited" else b""
+        os.write(port, prefix + json.dumps(reply).encode() + b"\n")
+"#;
+
+/// A guest whose root answers for its agent and trickles the phase file out a byte at a time
+/// cannot hold its machine: the provider gives up after its read cap and says so, and releasing
+/// the claim tears the machine down at once (before the cap, each look could take 16,385 reads).
+async fn hostile_agent(
+    admin: &Client,
+    libvirtd: &Libvirtd,
+    claims: &Api<VirtualMachineClaim>,
+    machines: &Api<LibvirtMachine>,
+) -> Result<(), BoxError> {
+    use kube::api::{Patch, PatchParams};
+    // No refill: the warm members go, and no new guest boots beside the next steps.
+    let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    pools
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await?;
+    let member = claims
+        .get("warm")
+        .await?
+        .status
+        .and_then(|s| s.virtual_machine_ref)
+        .ok_or("the warm claim names no member")?
+        .name;
+    let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
+    guest_agent::run(
+        libvirtd,
+        &domain,
+        "/usr/bin/systemd-run",
+        &[
+            "--unit=hostile-agent",
+            "/usr/bin/python3",
+            "-c",
+            HOSTILE_AGENT,
+        ],
+    )
+    .await?;
+    let said = wait_until(
+        "the provider to give up on the trickling agent",
+        DEADLINE,
+        || async {
+            let m = machines.get(&member).await?;
+            let conds = m.status.map(|s| s.contract.conditions).unwrap_or_default();
+            Ok(conditions::find(&conds, types::AGENT_CONNECTED)
+                .filter(|c| c.status == status::FALSE && c.message.contains("reads"))
+                .cloned())
+        },
+    )
+    .await?;
+    eprintln!("hostile agent: {}: {}", said.reason, said.message);
+    let released = Instant::now();
+    claims.delete("warm", &DeleteParams::default()).await?;
+    wait_until(
+        "the hostile guest's machine to be torn down",
+        DEADLINE,
+        || async { Ok(machines.get_opt(&member).await?.is_none().then_some(())) },
+    )
+    .await?;
+    eprintln!(
+        "hostile guest's machine gone {:.1?} after its claim was released",
+        released.elapsed()
+    );
+    Ok(())
 }
 
 /// A Deferred image: each member boots the installer CD beside its empty disk; the installer

@@ -69,12 +69,14 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         .as_ref()
         .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
     let calls = &ctx.metrics.agent_commands;
-    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls).await;
+    let until = tokio::time::Instant::now() + agent::CONVERSATION_DEADLINE;
+    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls, until).await;
     let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
     if agent_answers {
         calls.inc();
     }
-    let (addresses, addresses_from_guest) = observe_addresses(&domain, agent_answers).await;
+    let agent_until = agent_answers.then_some(until);
+    let (addresses, addresses_from_guest) = observe_addresses(&domain, agent_until).await;
     Ok(Observed {
         running,
         addresses,
@@ -84,19 +86,29 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
 }
 
 /// The network's DHCP leases, which the host hands out, else what the guest agent reports
-/// (`guest-network-get-interfaces`), which the guest chooses: true when the addresses are
-/// the guest's word. Neither is an error when absent: an isolated network has no leases and a
-/// guest may run no agent.
+/// (`guest-network-get-interfaces`, asked only with `agent_until`, the end of the agent
+/// conversation), which the guest chooses: true when the addresses are the guest's word.
+/// Neither is an error when absent: an isolated network has no leases and a guest may run no
+/// agent.
 async fn observe_addresses(
     domain: &Domain,
-    agent_answers: bool,
+    agent_until: Option<tokio::time::Instant>,
 ) -> (Vec<banlieue_api::MachineAddress>, bool) {
-    let agent = agent_answers.then_some(InterfaceAddressesSource::Agent);
-    for source in [InterfaceAddressesSource::Lease].into_iter().chain(agent) {
-        if let Ok(ifaces) = domain.interface_addresses(source).await {
+    if let Ok(ifaces) = domain
+        .interface_addresses(InterfaceAddressesSource::Lease)
+        .await
+    {
+        let found = plan::addresses(&ifaces);
+        if !found.is_empty() {
+            return (found, false);
+        }
+    }
+    if let Some(until) = agent_until {
+        let asked = domain.interface_addresses(InterfaceAddressesSource::Agent);
+        if let Ok(Ok(ifaces)) = tokio::time::timeout_at(until, asked).await {
             let found = plan::addresses(&ifaces);
             if !found.is_empty() {
-                return (found, source == InterfaceAddressesSource::Agent);
+                return (found, true);
             }
         }
     }
