@@ -76,6 +76,18 @@ pub struct ProviderCapabilities {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub features: Vec<String>,
+    /// libvirt Providers: the volumes of its pools that VMImages may name as a `BackingFile`
+    /// source, each an exact name or a prefix ending in `*` (`golden-*`). A BackingFile naming
+    /// any other volume is refused, as is a machine's own OS disk or seed whatever this says:
+    /// otherwise whoever writes a VMImage could attach another guest's disk or user-data to a
+    /// VM of its own. Empty (the default): no BackingFile source is accepted.
+    #[serde(default)]
+    #[schemars(
+        extend("x-kubernetes-list-type" = "set"),
+        length(max = 64),
+        inner(length(min = 1, max = 255))
+    )]
+    pub backing_file_volumes: Vec<String>,
     /// How much memory the scheduler may promise on each failure domain, as a percentage of the
     /// memory the host reports (`status.failureDomains[].capacity`). 100 (the default): never
     /// more than the host has; above 100 overcommits. Unset capacity is not limited.

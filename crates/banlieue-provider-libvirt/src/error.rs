@@ -10,6 +10,9 @@ pub mod provider_reasons {
     /// A volume of the machine's name exists on the host, but nothing proves this machine
     /// made it: it is neither adopted nor deleted.
     pub const VOLUME_NOT_OWNED: &str = "VolumeNotOwned";
+    /// The machine's image volume is neither one the Provider declared for BackingFile
+    /// sources nor one its import made, or it is a machine's own disk or seed.
+    pub const IMAGE_VOLUME_REFUSED: &str = "ImageVolumeRefused";
 }
 
 /// Everything the provider can fail with.

@@ -17,6 +17,12 @@ pub fn cidata_volume_name(domain: &str) -> String {
     format!("{domain}-cidata.iso")
 }
 
+/// Whether `volume` has the shape of a machine's own volume (its OS disk or its seed): never
+/// an image, whoever names it and whatever the Provider declares.
+pub fn is_machine_volume(volume: &str) -> bool {
+    volume.ends_with("-os.qcow2") || volume.ends_with("-cidata.iso")
+}
+
 /// The longest volume name of the longest machine in the longest namespace: what
 /// [`MAX_MACHINE_NAME_LEN`] is chosen for (a host's file system allows 255 bytes).
 pub fn longest_volume_name() -> usize {

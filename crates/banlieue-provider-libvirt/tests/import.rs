@@ -670,8 +670,11 @@ async fn two_providers_writing_one_image_at_once_keep_both_entries() {
     }
 }
 
+/// A BackingFile is Ready only when it names a volume the Provider declared and that volume is
+/// in the pool; a machine's own disk or seed never, whatever the declaration says. The hostile
+/// rows are VMImages written by bob, who may write VMImages in the namespace and nothing else.
 #[tokio::test]
-async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
+async fn backing_file_is_ready_only_when_declared_and_in_the_pool() {
     let Some((d, _dir)) = libvirtd_with_pool("images").await else {
         return;
     };
@@ -688,6 +691,13 @@ async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
     let c = cluster().await;
     c.credentials(&d).await;
     let edge = c.provider(&d.tls_uri(), &[("standard", "images")]).await;
+    // The administrator declares the image volumes; `*` would not admit a machine's volumes.
+    let declared = json!({"spec": {"capabilities": {
+        "backingFileVolumes": ["base.qcow2", "missing.qcow2", "*"]}}});
+    Api::<Provider>::namespaced(c.client.clone(), &c.ns)
+        .patch(PROVIDER, &PatchParams::default(), &Patch::Merge(&declared))
+        .await
+        .expect("declare the volumes");
     let backing = |volume: &str| ImageSource {
         provider_class: c.class.name_any(),
         kind: ImageSourceKind::BackingFile,
@@ -729,6 +739,69 @@ async fn backing_file_is_ready_only_when_its_volume_is_in_the_pool() {
     let status = c.get_image("absent").await.status.expect("status");
     assert_ne!(status.phase, Some(banlieue_api::ImagePhase::Ready));
     assert!(c.jobs().await.is_empty(), "a BackingFile never gets a Job");
+
+    // bob's images naming a victim machine's seed and OS disk: present in the pool, matched by
+    // the declared `*`, and refused.
+    let victim = format!("{}-victim", c.ns);
+    let bob = common::tenant_writing(c.cp, &c.ns, "bob", "vmimages")
+        .await
+        .expect("bob");
+    let as_bob: Api<VMImage> = Api::namespaced(bob, &c.ns);
+    for (name, volume) in [
+        ("seed", format!("{victim}-cidata.iso")),
+        ("osdisk", format!("{victim}-os.qcow2")),
+    ] {
+        d.virsh(["vol-create-as", "images", &volume, "1M", "--format", "raw"])
+            .await
+            .expect("the victim's volume");
+        let mut image = VMImage::new(
+            name,
+            VMImageSpec {
+                install_mode: InstallMode::Immediate,
+                revision: None,
+                disk_size: None,
+                sources: vec![backing(&volume)],
+            },
+        );
+        image.metadata.namespace = Some(c.ns.clone());
+        as_bob
+            .create(&PostParams::default(), &image)
+            .await
+            .expect("bob's image");
+        let zones = reconciler
+            .reconcile(&c.get_image(name).await)
+            .await
+            .expect("reconcile")
+            .expect("ours");
+        assert_eq!(zones[0].phase, ZonePhase::Failed, "{name}");
+        let message = zones[0].message.as_deref().unwrap_or_default();
+        assert!(
+            message.contains(&format!("volume {volume} is a machine's own disk or seed")),
+            "{name}: {message}"
+        );
+    }
+
+    // Without the declaration, a volume that is there is refused too.
+    let undeclared = json!({"spec": {"capabilities": {"backingFileVolumes": ["missing.qcow2"]}}});
+    Api::<Provider>::namespaced(c.client.clone(), &c.ns)
+        .patch(
+            PROVIDER,
+            &PatchParams::default(),
+            &Patch::Merge(&undeclared),
+        )
+        .await
+        .expect("narrow the declaration");
+    let zones = reconciler
+        .reconcile(&c.get_image("present").await)
+        .await
+        .expect("reconcile")
+        .expect("ours");
+    assert_eq!(zones[0].phase, ZonePhase::Failed);
+    let message = zones[0].message.as_deref().unwrap_or_default();
+    assert!(
+        message.contains("volume base.qcow2 is not declared for BackingFile sources on Provider"),
+        "{message}"
+    );
 }
 
 /// 256 MiB: data, hole, data, hole (the trailing hole only in the file's length).

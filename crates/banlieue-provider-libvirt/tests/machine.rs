@@ -461,6 +461,73 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
         format!("volume missing.raw is not in pool {}", host.pool)
     );
 
+    // Image volumes a machine's writer may not name, refused before anything is made: a
+    // victim machine's seed and OS disk, and a volume the Provider did not declare. Written
+    // by bob, who may write LibvirtMachines in this namespace and nothing else.
+    let bob = common::tenant_writing(control_plane().await, &ns, "bob", "libvirtmachines").await?;
+    let as_bob: Api<LibvirtMachine> = Api::namespaced(bob, &ns);
+    let victim = format!("{ns}-victim");
+    let rows = [
+        (
+            "seed",
+            format!("{victim}-cidata.iso"),
+            "a machine's own disk or seed",
+        ),
+        (
+            "osdisk",
+            format!("{victim}-os.qcow2"),
+            "a machine's own disk or seed",
+        ),
+        (
+            "undeclared",
+            "undeclared.raw".to_owned(),
+            "neither declared for BackingFile sources",
+        ),
+    ];
+    for (_, volume, _) in &rows {
+        host.create_raw_volume(volume, 1 << 20).await?;
+    }
+    for (name, volume, why) in &rows {
+        as_bob
+            .create(
+                &PostParams::default(),
+                &machine(name, &host, backing(volume)),
+            )
+            .await?;
+        let m = wait_machine(&api, name, "ImageVolumeRefused", 60, |c| {
+            c.reason == "ImageVolumeRefused"
+        })
+        .await?;
+        let message = ready(&m).unwrap().message;
+        assert!(
+            message.contains(volume.as_str()) && message.contains(why),
+            "{name}: {message}"
+        );
+        assert!(
+            !volume_names(&host)
+                .await?
+                .contains(&format!("{ns}-{name}-os.qcow2")),
+            "{name}: a disk was made over a refused image"
+        );
+    }
+    // What an import made (it has the completion record) is an image without a declaration:
+    // the machine gets past the check, here to the missing volume itself.
+    host.create_raw_volume("imported.raw.complete", 4096)
+        .await?;
+    as_bob
+        .create(
+            &PostParams::default(),
+            &machine("imported", &host, backing("imported.raw")),
+        )
+        .await?;
+    wait_machine(&api, "imported", "VolumeNotInPool", 60, |c| {
+        c.reason == "VolumeNotInPool"
+    })
+    .await?;
+    for (name, _, _) in rows.iter().chain([&("imported", String::new(), "")]) {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+
     // The pool is absent.
     let mut nopool = machine("nopool", &host, backing("missing.raw"));
     nopool.spec.pool = "nvme-pool".into();

@@ -133,9 +133,17 @@ impl ImageReconciler {
             }
             ImageSourceKind::BackingFile => {
                 let volume = source.volume.clone().unwrap_or_default();
+                let refusal = decide::backing_file_refusal(
+                    &volume,
+                    &provider.name_any(),
+                    &provider.spec.capabilities.backing_file_volumes,
+                );
                 let mut zones = Vec::with_capacity(pools.len());
                 for pool in &pools {
-                    let presence = self.backing_file_presence(&provider, pool, &volume).await;
+                    let presence = match &refusal {
+                        Some(why) => Presence::Refused(why.clone()),
+                        None => self.backing_file_presence(&provider, pool, &volume).await,
+                    };
                     zones.push(decide::zone_backing_file(pool, &volume, &presence));
                 }
                 zones

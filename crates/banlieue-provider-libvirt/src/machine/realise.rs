@@ -2,7 +2,7 @@
 //! and what the host then shows. Each step first looks at what exists, so a reconcile
 //! interrupted anywhere resumes where it stopped.
 
-use banlieue_api::LibvirtMachine;
+use banlieue_api::{LibvirtMachine, Provider};
 use banlieue_libvirt::flags::StorageVolCreateFlags;
 use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
@@ -16,6 +16,7 @@ use super::agent;
 use super::guest::GuestSight;
 use super::plan::{self, Existing, MachineNames, Observed};
 use crate::error::{Error, Result};
+use crate::image::{decide, marker};
 use crate::volume_xml::{self, Backing, BackingFormat};
 
 /// Brings the machine's domain into existence and running; returns what the host shows.
@@ -115,6 +116,37 @@ async fn observe_addresses(
     (Vec::new(), false)
 }
 
+/// Refuses an image volume a machine may not boot from. Whoever writes a LibvirtMachine names
+/// its volumes, so the VMImage's check is not enough: the volume must be one the Provider
+/// declared for BackingFile sources, or one its import made (it has the import's completion
+/// record), and never a machine's own disk or seed.
+async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> Result<()> {
+    let refused = |message: String| Error::Invalid {
+        reason: crate::error::provider_reasons::IMAGE_VOLUME_REFUSED,
+        message,
+    };
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let provider = providers
+        .get(&ctx.cfg.provider)
+        .await
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let declared = &provider.spec.capabilities.backing_file_volumes;
+    match decide::backing_file_refusal(volume, &ctx.cfg.provider, declared) {
+        None => return Ok(()),
+        Some(why) if crate::names::is_machine_volume(volume) => return Err(refused(why)),
+        Some(_) => {}
+    }
+    let marker = marker::marker_volume_name(volume);
+    if lookup_volume(pool, &marker).await?.is_some() {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "volume {volume} is neither declared for BackingFile sources on Provider {} \
+         (spec.capabilities.backingFileVolumes) nor imported by it",
+        ctx.cfg.provider
+    )))
+}
+
 /// The crash point (`BANLIEUE_CRASH_AT`, [`banlieue_runtime::crash`]) right after a domain is
 /// defined and before it is started: a provider that dies there leaves a defined, stopped
 /// domain its next run must adopt and start, never define twice.
@@ -158,6 +190,7 @@ async fn provision(
             reason: banlieue_api::conditions::reasons::PROVISIONING,
             message: "exactly one of disk.backingVolume or disk.installMedia must be set".into(),
         })?;
+    check_image_volume(image_name, &pool, ctx).await?;
     let image = lookup_volume(&pool, image_name)
         .await?
         .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))?;

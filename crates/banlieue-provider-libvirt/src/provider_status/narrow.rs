@@ -127,6 +127,7 @@ mod tests {
                 },
             }],
             features: vec!["vtpm".into()],
+            backing_file_volumes: Vec::new(),
             memory_overcommit_percent: None,
             vsphere: None,
         }

@@ -202,6 +202,10 @@ pub fn provider(endpoint: &str) -> Provider {
                 }],
                 // swtpm is installed beside libvirtd here, so guests may have a vTPM.
                 features: vec!["vtpm".into()],
+                // The volumes dev up uploads, and nothing else of the pool.
+                backing_file_volumes: [IMAGE_VOLUME, GUEST_IMAGE_VOLUME, INSTALLER_VOLUME]
+                    .map(String::from)
+                    .to_vec(),
                 memory_overcommit_percent: None,
                 vsphere: None,
             },
