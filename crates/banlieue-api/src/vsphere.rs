@@ -35,6 +35,8 @@ pub mod reasons {
     pub const INVENTORY_NOT_FOUND: &str = "InventoryNotFound";
     /// A vSphere call or task failed.
     pub const VSPHERE_ERROR: &str = "VSphereError";
+    /// `spec.template` is outside the Provider's declared template folders, or not a template.
+    pub const TEMPLATE_REFUSED: &str = "TemplateRefused";
 }
 
 /// The desired state of a VSphereMachine.
@@ -134,6 +136,37 @@ pub struct VSphereCapabilities {
         length(max = 16)
     )]
     pub datacenters: Vec<VSphereDatacenter>,
+    /// Inventory folders (`<datacenter>/vm/<folder>`) whose templates VMImages may name as a
+    /// `Template` source, and VSphereMachines clone. A path outside every listed folder, or a VM
+    /// that is not a template (`config.template`), is refused: otherwise whoever writes a
+    /// VMImage could clone any VM the Provider's account sees, with its disks. Empty (the
+    /// default): no Template source is accepted.
+    #[serde(default)]
+    #[schemars(
+        extend("x-kubernetes-list-type" = "set"),
+        length(max = 16),
+        inner(length(min = 1, max = 255))
+    )]
+    pub template_folders: Vec<String>,
+}
+
+/// Why `template` (an inventory path) may not be cloned by this Provider's rules before vCenter
+/// is asked, or `None`: it must lie under one of the declared `folders`.
+pub fn template_folder_refusal(template: &str, folders: &[String]) -> Option<String> {
+    let path = template.trim_matches('/');
+    let inside = folders.iter().any(|folder| {
+        let folder = folder.trim_matches('/');
+        !folder.is_empty()
+            && path
+                .strip_prefix(folder)
+                .is_some_and(|rest| rest.starts_with('/') && rest.len() > 1)
+    });
+    (!inside).then(|| {
+        format!(
+            "{template} is not in a template folder the Provider declares \
+             (spec.capabilities.vsphere.templateFolders)"
+        )
+    })
 }
 
 /// One declared datacenter.
@@ -172,6 +205,33 @@ pub fn provider_id(instance_uuid: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_template_must_lie_under_a_declared_folder() {
+        let folders = vec!["DC0/vm/templates".to_owned(), "/DC1/vm/".to_owned()];
+        assert_eq!(
+            template_folder_refusal("DC0/vm/templates/ubuntu", &folders),
+            None
+        );
+        assert_eq!(
+            template_folder_refusal("DC0/vm/templates/a/b", &folders),
+            None
+        );
+        assert_eq!(template_folder_refusal("DC1/vm/golden", &folders), None);
+        for outside in [
+            "DC0/vm/templates",
+            "DC0/vm/templates-old/x",
+            "DC0/vm/other",
+            "DC2/vm/templates/x",
+            "DC0/vm/templates/",
+        ] {
+            let why = template_folder_refusal(outside, &folders).expect(outside);
+            assert!(why.contains("templateFolders"), "{why}");
+        }
+        assert!(template_folder_refusal("DC0/vm/templates/x", &[]).is_some());
+        assert!(template_folder_refusal("DC0/vm/x", &["/".to_owned()]).is_some());
+    }
+
     use super::*;
 
     #[test]

@@ -743,9 +743,10 @@ async fn backing_file_is_ready_only_when_declared_and_in_the_pool() {
     // bob's images naming a victim machine's seed and OS disk: present in the pool, matched by
     // the declared `*`, and refused.
     let victim = format!("{}-victim", c.ns);
-    let bob = common::tenant_writing(c.cp, &c.ns, "bob", "vmimages")
-        .await
-        .expect("bob");
+    let bob =
+        c.cp.tenant_writing(&c.ns, "bob", "vmimages")
+            .await
+            .expect("bob");
     let as_bob: Api<VMImage> = Api::namespaced(bob, &c.ns);
     for (name, volume) in [
         ("seed", format!("{victim}-cidata.iso")),

@@ -464,7 +464,10 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
     // Image volumes a machine's writer may not name, refused before anything is made: a
     // victim machine's seed and OS disk, and a volume the Provider did not declare. Written
     // by bob, who may write LibvirtMachines in this namespace and nothing else.
-    let bob = common::tenant_writing(control_plane().await, &ns, "bob", "libvirtmachines").await?;
+    let bob = control_plane()
+        .await
+        .tenant_writing(&ns, "bob", "libvirtmachines")
+        .await?;
     let as_bob: Api<LibvirtMachine> = Api::namespaced(bob, &ns);
     let victim = format!("{ns}-victim");
     let rows = [

@@ -20,6 +20,8 @@ use kube::runtime::watcher;
 
 use crate::connection;
 use crate::error::{Error, Result};
+use crate::template::{self, TemplateSight};
+use banlieue_api::vsphere::template_folder_refusal;
 
 /// Settings of the image loop of one Provider's workload.
 #[derive(Clone, Debug)]
@@ -117,28 +119,32 @@ fn datastores(provider: &Provider) -> BTreeSet<String> {
         .collect()
 }
 
-async fn lookup(kube: &kube::Client, provider: &Provider, template: &str) -> Result<bool> {
+async fn lookup(kube: &kube::Client, provider: &Provider, template: &str) -> Result<TemplateSight> {
+    // Refused by the declaration alone: no session for a path the Provider never clones.
+    if let Some(why) = template_folder_refusal(template, template::declared_folders(provider)) {
+        return Ok(TemplateSight::Refused(why));
+    }
     let endpoint = &provider.spec.connection.endpoint;
     connection::check_endpoint(endpoint)?;
     let credentials = connection::load(kube, provider).await?;
     let client = connection::connect(endpoint, &credentials).await?;
-    let found = client.find_by_inventory_path(template).await;
+    let sight = template::look(&client, provider, template).await;
     let _ = client.logout().await;
-    Ok(found
-        .map_err(Error::vsphere(format!("look up {template}")))?
-        .is_some())
+    sight.map_err(Error::vsphere(format!("look up {template}")))
 }
 
-/// One zone per datastore: Ready with the template as its volume when vCenter has it, Failed
-/// naming the path (or why it could not be looked up) otherwise.
+/// One zone per datastore: Ready with the template as its volume when vCenter has it and the
+/// Provider may clone it, Failed naming the path and why (or why it could not be looked up)
+/// otherwise.
 pub fn zones(
     datastores: &BTreeSet<String>,
     template: &str,
-    found: &std::result::Result<bool, String>,
+    found: &std::result::Result<TemplateSight, String>,
 ) -> Vec<ZoneImageStatus> {
     let (phase, message) = match found {
-        Ok(true) => (ZonePhase::Ready, None),
-        Ok(false) => (
+        Ok(TemplateSight::Template(_)) => (ZonePhase::Ready, None),
+        Ok(TemplateSight::Refused(why)) => (ZonePhase::Failed, Some(why.clone())),
+        Ok(TemplateSight::Missing) => (
             ZonePhase::Failed,
             Some(format!(
                 "no VM or template at {template} in vCenter (govc ls {template})"
@@ -206,12 +212,28 @@ mod tests {
     #[test]
     fn a_found_template_is_ready_on_every_datastore_and_a_missing_one_named() {
         let datastores: BTreeSet<String> = ["LocalDS_0", "LocalDS_1"].map(String::from).into();
-        let ready = zones(&datastores, "DC0/vm/t", &Ok(true));
+        let ready = zones(
+            &datastores,
+            "DC0/vm/t",
+            &Ok(TemplateSight::Template(
+                banlieue_vsphere::ManagedObjectRef::new("VirtualMachine", "vm-1"),
+            )),
+        );
         assert_eq!(ready.len(), 2);
         assert!(ready.iter().all(|z| z.phase == ZonePhase::Ready
             && z.volume.as_deref() == Some("DC0/vm/t")
             && z.message.is_none()));
-        let missing = zones(&datastores, "DC0/vm/t", &Ok(false));
+        let refused = zones(
+            &datastores,
+            "DC0/vm/t",
+            &Ok(TemplateSight::Refused(
+                "DC0/vm/t is a VM, not a template".into(),
+            )),
+        );
+        assert!(refused.iter().all(|z| z.phase == ZonePhase::Failed
+            && z.volume.is_none()
+            && z.message.as_deref() == Some("DC0/vm/t is a VM, not a template")));
+        let missing = zones(&datastores, "DC0/vm/t", &Ok(TemplateSight::Missing));
         assert!(
             missing
                 .iter()

@@ -12,5 +12,6 @@ pub mod machine;
 pub mod narrow;
 pub mod provider_status;
 pub mod session;
+pub mod template;
 
 pub use error::{Error, Result};

@@ -165,6 +165,7 @@ mod tests {
                         clusters: vec!["DC7_C0".into()],
                     },
                 ],
+                template_folders: Vec::new(),
             }),
         }
     }

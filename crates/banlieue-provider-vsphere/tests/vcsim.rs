@@ -134,6 +134,7 @@ async fn setup(declared: VSphereCapabilities, password: Option<&str>) -> Option<
         return None;
     }
     let vcsim = Vcsim::start(VcsimOptions::new()).await.expect("vcsim");
+    make_template(&vcsim, TEMPLATE).await;
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     let ns = cp.fresh_namespace().await.expect("namespace");
@@ -310,7 +311,7 @@ impl Env {
                 provider_ref: LocalObjectReference::new(PROVIDER),
                 datacenter: "DC0".into(),
                 cluster: "DC0_C1".into(),
-                template: "DC0/vm/DC0_C0_RP0_VM0".into(),
+                template: TEMPLATE.into(),
                 folder: None,
                 datastore: Some("LocalDS_0".into()),
                 cpu: 2,
@@ -353,6 +354,33 @@ fn condition<'a>(m: &'a VSphereMachine, type_: &str) -> Option<&'a conditions::C
         .and_then(|s| conditions::find(&s.contract.conditions, type_))
 }
 
+/// The template every clone here starts from, and a VM beside it that is no template.
+const TEMPLATE: &str = "DC0/vm/DC0_C0_RP0_VM0";
+const NOT_A_TEMPLATE: &str = "DC0/vm/DC0_C1_RP0_VM0";
+
+/// Makes the VM at `path` a template, as an administrator does: powered off, then marked.
+async fn make_template(vcsim: &Vcsim, path: &str) {
+    let client = Client::connect(
+        vcsim.url(),
+        vcsim.ca_pem(),
+        Credentials::new(vcsim.username(), vcsim.password()),
+    )
+    .await
+    .expect("log in to vcsim");
+    let vm = client
+        .find_by_inventory_path(path)
+        .await
+        .expect("find")
+        .expect("the VM to make a template");
+    wait(&client, client.power_off_vm(&vm).await.expect("power off")).await;
+    client
+        .mark_as_template(&vm)
+        .await
+        .expect("mark as template");
+    assert!(client.is_template(&vm).await.expect("config.template"));
+    let _ = client.logout().await;
+}
+
 async fn wait(client: &Client, task: ManagedObjectRef) -> Option<ManagedObjectRef> {
     tokio::time::timeout(TASK_DEADLINE, client.wait_task(&task))
         .await
@@ -382,6 +410,8 @@ fn declared(datacenters: &[(&str, &[&str])]) -> VSphereCapabilities {
                 clusters: clusters.iter().map(|c| (*c).to_owned()).collect(),
             })
             .collect(),
+        // vcsim's VMs are all in DC0/vm; `setup` makes DC0_C0_RP0_VM0 the one template.
+        template_folders: vec!["DC0/vm".into()],
     }
 }
 
@@ -552,6 +582,54 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     );
     let info = vc.vm_info(&vm_ref).await.expect("vm info");
     assert_eq!(info.power_state, PowerState::PoweredOn);
+
+    // bob, who may write VSphereMachines in the namespace and nothing else, names a VM that is
+    // no template: refused, and nothing cloned.
+    let bob = control_plane()
+        .await
+        .tenant_writing(&env.ns, "bob", "vspheremachines")
+        .await
+        .expect("bob");
+    let mut stolen = env.machines().get("web-01").await.expect("get");
+    stolen.metadata = kube::api::ObjectMeta {
+        name: Some("stolen".into()),
+        ..Default::default()
+    };
+    stolen.status = None;
+    stolen.spec.template = NOT_A_TEMPLATE.into();
+    stolen.spec.user_data = None;
+    Api::<VSphereMachine>::namespaced(bob, &env.ns)
+        .create(&PostParams::default(), &stolen)
+        .await
+        .expect("bob's machine");
+    let refused = env
+        .machine_until("stolen", "the machine refused", |m| {
+            m.status.as_ref().is_some_and(|s| {
+                conditions::find(&s.contract.conditions, types::READY)
+                    .is_some_and(|c| c.reason == banlieue_api::vsphere::reasons::TEMPLATE_REFUSED)
+            })
+        })
+        .await;
+    let ready = conditions::find(
+        &refused.status.expect("status").contract.conditions,
+        types::READY,
+    )
+    .cloned()
+    .expect("Ready");
+    assert!(
+        ready.message.contains(NOT_A_TEMPLATE) && ready.message.contains("not a template"),
+        "{}",
+        ready.message
+    );
+    let stolen_path = format!("DC0/vm/{}", env.vm_name("stolen"));
+    assert_eq!(
+        vc.find_by_inventory_path(&stolen_path).await.expect("find"),
+        None
+    );
+    env.machines()
+        .delete("stolen", &Default::default())
+        .await
+        .expect("delete");
     let b64 = base64::engine::general_purpose::STANDARD;
     assert_eq!(
         info.extra_config.get("guestinfo.userdata"),
@@ -729,7 +807,7 @@ async fn preclone(
         .find(|c| c.name == "DC0_C1")
         .expect("DC0_C1");
     let template = vc
-        .find_by_inventory_path("DC0/vm/DC0_C0_RP0_VM0")
+        .find_by_inventory_path(TEMPLATE)
         .await
         .expect("find")
         .expect("template");
@@ -816,7 +894,18 @@ async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone()
 
 /// A VMImage with a Template source for `class`, created by the administrator.
 async fn create_template_image(env: &Env, name: &str, class: &str, template: &str) {
-    let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
+    create_template_image_as(&env.admin, env, name, class, template).await
+}
+
+/// A VMImage with a Template source for `class`, created by `writer`.
+async fn create_template_image_as(
+    writer: &kube::Client,
+    env: &Env,
+    name: &str,
+    class: &str,
+    template: &str,
+) {
+    let images: Api<banlieue_api::VMImage> = Api::namespaced(writer.clone(), &env.ns);
     let image: banlieue_api::VMImage = serde_json::from_value(json!({
         "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
         "metadata": {"name": name},
@@ -838,9 +927,9 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
     env.start_status();
     provider_ready(&env, "Ready=True", |c| c.status == "True").await;
     env.start_images();
-    create_template_image(&env, "present", "vsphere", "DC0/vm/DC0_C0_RP0_VM0").await;
+    create_template_image(&env, "present", "vsphere", TEMPLATE).await;
     create_template_image(&env, "missing", "vsphere", "DC0/vm/no-such-template").await;
-    create_template_image(&env, "other-class", "libvirt", "DC0/vm/DC0_C0_RP0_VM0").await;
+    create_template_image(&env, "other-class", "libvirt", TEMPLATE).await;
     let images: Api<banlieue_api::VMImage> = Api::namespaced(env.admin.clone(), &env.ns);
     let zones_of = |image: &banlieue_api::VMImage| {
         image
@@ -859,7 +948,7 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
     assert_eq!(zones.len(), 1, "one datastore: {zones:?}");
     assert_eq!(zones[0].pool, "LocalDS_0");
     assert_eq!(zones[0].phase, banlieue_api::ZonePhase::Ready);
-    assert_eq!(zones[0].volume.as_deref(), Some("DC0/vm/DC0_C0_RP0_VM0"));
+    assert_eq!(zones[0].volume.as_deref(), Some(TEMPLATE));
     let status = present.status.expect("status");
     assert_eq!(status.phase, Some(banlieue_api::ImagePhase::Ready));
     assert_eq!(
@@ -884,6 +973,36 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
             .contains("DC0/vm/no-such-template"),
         "{missing:?}"
     );
+    // bob, who may write VMImages in the namespace and nothing else, names a VM that is no
+    // template, and a template path outside the declared folders: each zone Failed, saying why.
+    let bob = control_plane()
+        .await
+        .tenant_writing(&env.ns, "bob", "vmimages")
+        .await
+        .expect("bob");
+    create_template_image_as(&bob, &env, "plain-vm", "vsphere", NOT_A_TEMPLATE).await;
+    create_template_image_as(&bob, &env, "elsewhere", "vsphere", "DC0/host/DC0_C0").await;
+    for (name, why) in [
+        ("plain-vm", "is a VM, not a template"),
+        (
+            "elsewhere",
+            "is not in a template folder the Provider declares",
+        ),
+    ] {
+        let zone = eventually(&format!("the {name} zone"), 30, || async {
+            let image = images.get(name).await?;
+            Ok(zones_of(&image).map(|zones| zones[0].clone()))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(zone.phase, banlieue_api::ZonePhase::Failed, "{name}");
+        assert!(zone.volume.is_none(), "{name}");
+        assert!(
+            zone.message.as_deref().unwrap_or("").contains(why),
+            "{name}: {zone:?}"
+        );
+    }
+
     // Another class's source is not this provider's: it writes nothing there.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let other = images.get("other-class").await.expect("get");

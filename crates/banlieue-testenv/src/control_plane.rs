@@ -411,6 +411,67 @@ impl ControlPlane {
         Ok(Client::try_from(config)?)
     }
 
+    /// The client of `user` (one of [`USERS`]) once it may write the banlieue objects
+    /// `resource` (a plural: `vmimages`, `libvirtmachines`) in `namespace`, and nothing else
+    /// this grant adds: a tenant of the namespace, the identity isolation tests attack as.
+    /// Admin makes the grant, as an administrator would.
+    pub async fn tenant_writing(
+        &self,
+        namespace: &str,
+        user: &str,
+        resource: &str,
+    ) -> Result<Client> {
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        let admin = self.client()?;
+        let name = format!("tenant-{user}-{resource}");
+        let role: Role = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "rules": [{ "apiGroups": ["banlieue.io"], "resources": [resource],
+                        "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"] }]
+        }))
+        .expect("a Role");
+        Api::<Role>::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &role)
+            .await?;
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }]
+        }))
+        .expect("a RoleBinding");
+        Api::<RoleBinding>::namespaced(admin, namespace)
+            .create(&PostParams::default(), &binding)
+            .await?;
+        let tenant = self.client_as(user).await?;
+        let objects = Api::<kube::api::DynamicObject>::namespaced_with(
+            tenant.clone(),
+            namespace,
+            &kube::api::ApiResource {
+                group: "banlieue.io".into(),
+                version: "v1alpha1".into(),
+                api_version: "banlieue.io/v1alpha1".into(),
+                kind: String::new(),
+                plural: resource.into(),
+            },
+        );
+        // The authorizer learns of the binding through its informer.
+        crate::poll::until(
+            "the tenant's grant",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                Ok::<_, kube::Error>(objects.list(&Default::default()).await.ok().map(|_| ()))
+            },
+        )
+        .await
+        .map_err(|e| Error::Timeout {
+            what: e.what.clone(),
+            after: e.after,
+            detail: String::new(),
+        })?;
+        Ok(tenant)
+    }
+
     /// A client authenticated as a service account, with a bound token from the TokenRequest
     /// API (valid for a day).
     pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {

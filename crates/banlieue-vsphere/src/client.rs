@@ -479,6 +479,27 @@ impl Client {
         VmInfo::from_content(&self.retrieve_one(vm, VM_INFO_PATHS).await?)
     }
 
+    /// Whether `vm` is a template (`config.template`): what an administrator made a template
+    /// is what clones may start from.
+    pub async fn is_template(&self, vm: &ManagedObjectRef) -> Result<bool> {
+        let content = self.retrieve_one(vm, &["config.template"]).await?;
+        match content.get("config.template") {
+            Some(PropertyValue::Bool(template)) => Ok(*template),
+            // No config (an inaccessible VM) is no template.
+            None => Ok(false),
+            Some(_) => Err(Error::malformed(
+                "VirtualMachine",
+                "config.template is not a boolean",
+            )),
+        }
+    }
+
+    /// Makes `vm` a template (`MarkAsTemplate`, immediate: no task).
+    pub async fn mark_as_template(&self, vm: &ManagedObjectRef) -> Result<()> {
+        self.call(&methods::mark_as_template(vm)).await?;
+        Ok(())
+    }
+
     // ---- VM operations (each returns its Task) ----------------------------------------------
 
     /// Starts cloning `template` (a VM or template) as `spec` says; the task's result is the

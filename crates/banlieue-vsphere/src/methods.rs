@@ -181,6 +181,11 @@ pub fn power_off_vm_task(vm: &ManagedObjectRef) -> Request {
     BodyWriter::new("PowerOffVM_Task", vm).finish()
 }
 
+/// `VirtualMachine.MarkAsTemplate()`: the VM becomes a template (powered off, not a task).
+pub fn mark_as_template(vm: &ManagedObjectRef) -> Request {
+    BodyWriter::new("MarkAsTemplate", vm).finish()
+}
+
 /// `ManagedEntity.Destroy_Task()`: deletes a VM and its files (or any managed entity).
 pub fn destroy_task(entity: &ManagedObjectRef) -> Request {
     BodyWriter::new("Destroy_Task", entity).finish()
@@ -362,5 +367,6 @@ mod tests {
         insta::assert_snapshot!("power_on_vm_task", check(&power_on_vm_task(&vm)));
         insta::assert_snapshot!("power_off_vm_task", check(&power_off_vm_task(&vm)));
         insta::assert_snapshot!("destroy_task", check(&destroy_task(&vm)));
+        insta::assert_snapshot!("mark_as_template", check(&mark_as_template(&vm)));
     }
 }

@@ -381,6 +381,21 @@ async fn register_libvirt(admin: &Client, libvirtd: &Libvirtd) -> Result<(), Box
 /// credentials Secret and CA ConfigMap, and its Provider: one cluster, a datastore and a
 /// network, under classes only it offers.
 async fn register_vsphere(admin: &Client, vcsim: &Vcsim) -> Result<(), BoxError> {
+    // The administrator's template: vcsim's model VM, powered off and marked.
+    let vc = banlieue_vsphere::Client::connect(
+        vcsim.url(),
+        vcsim.ca_pem(),
+        Credentials::new(vcsim.username(), vcsim.password()),
+    )
+    .await?;
+    let model = vc
+        .find_by_inventory_path(TEMPLATE)
+        .await?
+        .ok_or("no model VM in vcsim")?;
+    let off = vc.power_off_vm(&model).await?;
+    vc.wait_task(&off).await?;
+    vc.mark_as_template(&model).await?;
+    let _ = vc.logout().await;
     let mut class: ProviderClass = objects::provider_class("banlieue:dev");
     class.metadata.name = Some(VSPHERE_CLASS.into());
     class.spec.machine_kind = MachineKind::VSphereMachine;
@@ -431,6 +446,7 @@ async fn register_vsphere(admin: &Client, vcsim: &Vcsim) -> Result<(), BoxError>
                         name: "DC0".into(),
                         clusters: vec!["DC0_C0".into()],
                     }],
+                    template_folders: vec!["DC0/vm".into()],
                 }),
                 ..ProviderCapabilities::default()
             },

@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use tokio::sync::OnceCell;
 
@@ -326,53 +326,6 @@ pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(relative)
-}
-
-/// The client of `user` (one of the control plane's users), who may write the banlieue objects
-/// `resource` (a plural: `vmimages`, `libvirtmachines`) in `ns` and nothing else: a tenant of
-/// the namespace, the identity the isolation tests attack as. Admin makes the grant, as an
-/// administrator would.
-pub async fn tenant_writing(
-    cp: &ControlPlane,
-    ns: &str,
-    user: &str,
-    resource: &str,
-) -> Result<kube::Client> {
-    let admin = cp.client()?;
-    let name = format!("tenant-{user}-{resource}");
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": name },
-        "rules": [{ "apiGroups": ["banlieue.io"], "resources": [resource],
-                    "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"] }]
-    }))?;
-    Api::<Role>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await?;
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": name },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
-        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }]
-    }))?;
-    Api::<RoleBinding>::namespaced(admin, ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let tenant = cp.client_as(user).await?;
-    let api = Api::<DynamicObject>::namespaced_with(
-        tenant.clone(),
-        ns,
-        &kube::api::ApiResource {
-            group: "banlieue.io".into(),
-            version: "v1alpha1".into(),
-            api_version: "banlieue.io/v1alpha1".into(),
-            kind: String::new(),
-            plural: resource.into(),
-        },
-    );
-    eventually("the tenant's grant", 30, || async {
-        Ok(api.list(&Default::default()).await.ok().map(|_| ()))
-    })
-    .await?;
-    Ok(tenant)
 }
 
 /// The controller's namespace and ServiceAccount, as deploy/ names them.

@@ -3,17 +3,18 @@
 
 use std::time::Duration;
 
-use banlieue_api::VSphereMachine;
 use banlieue_api::conditions::reasons;
 use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
+use banlieue_api::{Provider, VSphereMachine};
 use banlieue_vsphere::{
     Client, CloneSpec, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec, VmInfo,
 };
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 
 use super::Context;
 use super::plan::{self, Observed, Ownership};
 use crate::error::{Error, Result};
+use crate::template::{self, TemplateSight};
 
 pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Observed> {
     let uid = machine.uid().ok_or_else(|| Error::Invalid {
@@ -145,6 +146,35 @@ pub(super) fn is_not_found(e: &banlieue_vsphere::Error) -> bool {
     e.fault().is_some_and(|f| f.kind == "ManagedObjectNotFound")
 }
 
+/// The template a VSphereMachine names, if this Provider may clone it: whoever writes the
+/// machine names the path, so it is held to the same rule as a VMImage's Template source
+/// ([`crate::template`]).
+async fn cloneable_template(
+    client: &Client,
+    ctx: &Context,
+    template: &str,
+) -> Result<ManagedObjectRef> {
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let provider = providers
+        .get(&ctx.cfg.provider)
+        .await
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let sight = template::look(client, &provider, template)
+        .await
+        .map_err(Error::vsphere(format!("look up {template}")))?;
+    match sight {
+        TemplateSight::Template(found) => Ok(found),
+        TemplateSight::Missing => Err(Error::Invalid {
+            reason: vsphere::reasons::INVENTORY_NOT_FOUND,
+            message: format!("VirtualMachine {template:?} does not exist in vCenter"),
+        }),
+        TemplateSight::Refused(why) => Err(Error::Invalid {
+            reason: vsphere::reasons::TEMPLATE_REFUSED,
+            message: why,
+        }),
+    }
+}
+
 /// Clones the template into the cluster's root resource pool, powered off, carrying its
 /// guestinfo and owner.
 async fn clone(
@@ -186,7 +216,7 @@ async fn clone(
             Err(e) => Err(Error::vsphere(format!("look up {path}"))(e)),
         }
     };
-    let template = lookup(spec.template.clone(), "VirtualMachine").await?;
+    let template = cloneable_template(client, ctx, &spec.template).await?;
     let folder = match spec
         .folder
         .as_deref()
