@@ -39,8 +39,8 @@ pub struct VMImageSpec {
     /// Size of a machine's OS disk when its class does not set one. Defaults to 10Gi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_size: Option<Quantity>,
-    /// Where the image comes from, per provider class.
-    #[schemars(length(min = 1))]
+    /// Where the image comes from, per provider class (at most 16: one per class in use).
+    #[schemars(length(min = 1, max = 16))]
     pub sources: Vec<ImageSource>,
 }
 

@@ -739,3 +739,140 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
         .await
         .expect("the controller makes members");
 }
+
+/// A VMImage whose one Url source pulls with `secret`.
+fn image_object(name: &str, secret: Option<&str>) -> Value {
+    let mut source = json!({
+        "providerClass": "libvirt",
+        "kind": "Url",
+        "url": "oci://registry.example/images/ubuntu:24.04"
+    });
+    if let Some(secret) = secret {
+        source["pullSecretName"] = json!(secret);
+    }
+    json!({
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "VMImage",
+        "metadata": { "name": name },
+        "spec": { "installMode": "Immediate", "sources": [source] }
+    })
+}
+
+/// A dry-run create of a VMImage pulling with `secret`.
+async fn try_image(api: &Api<DynamicObject>, secret: Option<&str>) -> Result<DynamicObject, Error> {
+    let object: DynamicObject =
+        serde_json::from_value(image_object("probe", secret)).expect("object");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        &object,
+    )
+    .await
+}
+
+/// The image builder pulls with the Secret a VMImage names: only a writer who may read those
+/// credentials may name them. alice and bob may both write VMImages; only alice may read
+/// `registry-alice`, and nobody but the administrator `registry-ops`.
+#[tokio::test]
+async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let alice_client = cp
+        .tenant_writing(&ns, "alice", "vmimages")
+        .await
+        .expect("alice");
+    let bob_client = cp
+        .tenant_writing(&ns, "bob", "vmimages")
+        .await
+        .expect("bob");
+    let reader: Role = serde_json::from_value(json!({
+        "metadata": { "name": "registry-alice-reader" },
+        "rules": [{ "apiGroups": [""], "resources": ["secrets"],
+                    "resourceNames": ["registry-alice"], "verbs": ["get"] }]
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &reader)
+        .await
+        .expect("the reader Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "registry-alice-reader" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "registry-alice-reader" },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice" }]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the reader RoleBinding");
+    let shape = image_object("x", None);
+    let alice = common::api_for(&alice_client, &shape, Some(ns.as_str())).await;
+    let bob = common::api_for(&bob_client, &shape, Some(ns.as_str())).await;
+    let admin_images = common::api_for(&admin, &shape, Some(ns.as_str())).await;
+
+    // Before the policy RBAC alone decides, and it does not look at the reference.
+    try_image(&bob, Some("registry-ops"))
+        .await
+        .expect("unchecked before deploy/admission is applied");
+
+    apply_file(
+        &admin,
+        "deploy/admission/pull-secret-authorization.yaml",
+        None,
+    )
+    .await;
+    wait_for("the pull-secret policy in force", TAKES_EFFECT, || async {
+        Ok(try_image(&bob, Some("registry-ops"))
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await
+    .expect("the policy takes effect");
+
+    try_image(&alice, Some("registry-alice"))
+        .await
+        .expect("alice may name what she may read");
+    try_image(&bob, None)
+        .await
+        .expect("no credentials, nothing to check");
+    let message = forbidden(try_image(&alice, Some("registry-ops")).await);
+    assert!(
+        message.contains(&format!(
+            "pullSecretName names Secret registry-ops in namespace {ns}, which alice may not get"
+        )),
+        "{message}"
+    );
+    let message = forbidden(try_image(&bob, Some("registry-alice")).await);
+    assert!(message.contains("which bob may not get"), "{message}");
+
+    // UPDATE: credentials the image already named are not checked again; new ones are.
+    create(&admin_images, image_object("ubuntu", Some("registry-ops")))
+        .await
+        .expect("the administrator may name any Secret");
+    bob.patch(
+        "ubuntu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "labels": { "team": "b" } } })),
+    )
+    .await
+    .expect("a metadata change keeps the credentials");
+    let mut changed = image_object("ubuntu", Some("registry-alice"));
+    changed["metadata"] = json!({ "name": "ubuntu" });
+    let message = forbidden(
+        bob.patch(
+            "ubuntu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": changed["spec"] })),
+        )
+        .await,
+    );
+    assert!(message.contains("Secret registry-alice"), "{message}");
+    Api::<DynamicObject>::delete(&admin_images, "ubuntu", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
