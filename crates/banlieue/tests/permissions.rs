@@ -2,8 +2,13 @@
 //! answers them after `banlieue bootstrap` and the operator's grants for the guide's Provider,
 //! compared with the committed table in docs/security.md: any widening is a reviewed diff.
 //!
-//! The administrator (admin) applies bootstrap, the ProviderClass and the Provider, as the guide
-//! does; the operator runs as the controller's ServiceAccount and makes the grants itself.
+//! The administrator (admin) applies bootstrap, the ProviderClasses and the Providers (libvirt
+//! and vSphere), as the guides do; the operator runs as the controller's ServiceAccount and
+//! makes the grants itself.
+//!
+//! The table answers the questions it asks. So that a widening no row asks about is seen too,
+//! each identity also asks the API server for all its rules (SelfSubjectRulesReview, as that
+//! identity) in each namespace, pinned with insta: a new rule is a reviewed snapshot diff.
 
 use std::time::Duration;
 
@@ -19,7 +24,7 @@ const BUILD: &str = "banlieue-imagebuild";
 /// Any namespace an administrator did not enable.
 const OTHER: &str = "default";
 
-const IDENTITIES: [(&str, &str); 5] = [
+const IDENTITIES: [(&str, &str); 6] = [
     (
         "controller",
         "system:serviceaccount:banlieue-system:banlieue-controller",
@@ -39,6 +44,10 @@ const IDENTITIES: [(&str, &str); 5] = [
     (
         "build",
         "system:serviceaccount:banlieue-imagebuild:banlieue-build",
+    ),
+    (
+        "vsphere provider",
+        "system:serviceaccount:banlieue-system:banlieue-provider-vcenter-lab",
     ),
 ];
 
@@ -130,6 +139,8 @@ const ASKS: &[Ask] = &[
     Ask("create", B, "libvirtmachines", None, false),
     Ask("patch", B, "libvirtmachines", None, false),
     Ask("patch", B, "libvirtmachines/status", None, false),
+    Ask("patch", B, "vspheremachines", None, false),
+    Ask("patch", B, "vspheremachines/status", None, false),
     Ask("get", B, "providers", Some(PROVIDER), false),
     Ask("get", B, "providers", Some("another-host"), false),
     Ask("list", B, "providers", None, false),
@@ -237,6 +248,8 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
     for example in [
         "examples/09-providerclass-libvirt.yaml",
         "examples/02-provider-libvirt-edge.yaml",
+        "examples/09-providerclass-vsphere.yaml",
+        "examples/04-provider-vsphere.yaml",
     ] {
         let (_, text) = bootstrap::EXAMPLES
             .iter()
@@ -287,6 +300,11 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
             SYSTEM,
         ),
         (import, Ask("get", "", "secrets", None, false), SYSTEM),
+        (
+            IDENTITIES[5].1,
+            Ask("watch", B, "vspheremachines", None, false),
+            SYSTEM,
+        ),
         // Bootstrap's own RoleBinding, which the authorizer learns of like the others.
         (
             IDENTITIES[0].1,
@@ -313,6 +331,16 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
     }
 
     let actual = table(&admin).await;
+    let mut rules = Vec::new();
+    for (label, user) in IDENTITIES {
+        let mut parts = user.split(':').skip(2);
+        let (ns, name) = (parts.next().expect("ns"), parts.next().expect("name"));
+        let client = cp
+            .client_as_service_account(ns, name)
+            .await
+            .expect("the identity's token");
+        rules.push((label, effective_rules(&client).await));
+    }
     let _ = stop.send(());
     let _ = operator.await;
     assert!(
@@ -320,4 +348,63 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
         "the permissions differ from docs/security.md; if the change is intended, replace the \
          table there with:\n\n{actual}"
     );
+    for (label, rules) in rules {
+        insta::assert_snapshot!(format!("rules_{}", label.replace(' ', "_")), rules);
+    }
+}
+
+/// Every rule the API server says `client`'s identity holds in each namespace the table looks
+/// at, one line per rule, sorted: `verbs | groups | resources | names`. The self-review rules
+/// every authenticated user holds are left out: they are Kubernetes', not banlieue's.
+async fn effective_rules(client: &Client) -> String {
+    use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
+    let reviews: kube::Api<SelfSubjectRulesReview> = kube::Api::all(client.clone());
+    let mut out = String::new();
+    for (label, ns) in [("system", SYSTEM), ("build", BUILD), ("other", OTHER)] {
+        let review = SelfSubjectRulesReview {
+            spec: SelfSubjectRulesReviewSpec {
+                namespace: Some(ns.to_owned()),
+            },
+            ..Default::default()
+        };
+        let answer = reviews
+            .create(&Default::default(), &review)
+            .await
+            .expect("SelfSubjectRulesReview");
+        let status = answer.status.expect("a status");
+        let join = |xs: &[String]| {
+            let mut xs = xs.to_vec();
+            xs.sort();
+            xs.join(",")
+        };
+        let mut lines: Vec<String> = status
+            .resource_rules
+            .iter()
+            .filter(|r| {
+                !r.api_groups
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|g| g == "authorization.k8s.io" || g == "authentication.k8s.io")
+                    || r.api_groups.as_deref().unwrap_or_default().is_empty()
+            })
+            .map(|r| {
+                format!(
+                    "{} | {} | {} | {}",
+                    join(&r.verbs),
+                    join(r.api_groups.as_deref().unwrap_or_default()),
+                    join(r.resources.as_deref().unwrap_or_default()),
+                    join(r.resource_names.as_deref().unwrap_or_default()),
+                )
+            })
+            .collect();
+        lines.sort();
+        lines.dedup();
+        out.push_str(&format!("# {label} ({ns})\n"));
+        for line in lines {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
 }
