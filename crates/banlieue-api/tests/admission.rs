@@ -876,3 +876,144 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
         .await
         .expect("delete");
 }
+
+/// Two providers share a namespace, each holding the machine rights of its role: only the
+/// one a machine names may write its status or its finalizers. Tried as the other provider's
+/// own ServiceAccount.
+#[tokio::test]
+async fn only_the_machines_provider_writes_it() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let accounts = ["banlieue-provider-edge-a", "banlieue-provider-edge-b"];
+    for account in accounts {
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({ "metadata": { "name": account } })).expect("sa");
+        Api::namespaced(admin.clone(), &ns)
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("the account");
+    }
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": "machine-rights" },
+        "rules": [{ "apiGroups": ["banlieue.io"],
+                    "resources": ["libvirtmachines", "libvirtmachines/status",
+                                  "libvirtmachines/finalizers"],
+                    "verbs": ["get", "list", "watch", "patch"] }]
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "machine-rights" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "machine-rights" },
+        "subjects": accounts.map(|a| json!({ "kind": "ServiceAccount", "name": a,
+                                             "namespace": ns.clone() }))
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the RoleBinding");
+    let shape = machine_object("LibvirtMachine", "x", None);
+    let admin_machines = common::api_for(&admin, &shape, Some(ns.as_str())).await;
+    let mut machine = machine_object("LibvirtMachine", "web", None);
+    machine["spec"]["providerRef"]["name"] = json!("edge-a");
+    create(&admin_machines, machine)
+        .await
+        .expect("the controller's machine, naming edge-a");
+    let as_account = |account: &'static str| {
+        let ns = ns.clone();
+        let shape = shape.clone();
+        async move {
+            let client = cp
+                .client_as_service_account(&ns, account)
+                .await
+                .expect("token");
+            common::api_for(&client, &shape, Some(ns.as_str())).await
+        }
+    };
+    let ours = as_account(accounts[0]).await;
+    let theirs = as_account(accounts[1]).await;
+    let status = json!({ "status": { "addresses": [{ "type": "InternalIP",
+                                                      "address": "10.0.0.9" }] } });
+    let finalizer = json!({ "metadata": { "finalizers": ["banlieue.io/held"] } });
+    // Before the policy RBAC alone decides: edge-b may write edge-a's machine.
+    wait_for("edge-b's grant", TAKES_EFFECT, || async {
+        Ok(theirs
+            .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await
+    .expect("unchecked before deploy/admission is applied");
+
+    apply_file(
+        &admin,
+        "deploy/admission/machine-provider-writes.yaml",
+        None,
+    )
+    .await;
+    wait_for(
+        "the machine-writes policy in force",
+        TAKES_EFFECT,
+        || async {
+            let outcome = theirs
+                .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+                .await;
+            Ok(outcome.is_err().then_some(()))
+        },
+    )
+    .await
+    .expect("the policy takes effect");
+
+    let message = forbidden(
+        theirs
+            .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+            .await,
+    );
+    assert!(
+        message.contains(&format!(
+            "system:serviceaccount:{ns}:banlieue-provider-edge-b may not write libvirtmachines/status web: it names Provider edge-a"
+        )),
+        "{message}"
+    );
+    let message = forbidden(
+        theirs
+            .patch("web", &PatchParams::default(), &Patch::Merge(&finalizer))
+            .await,
+    );
+    assert!(
+        message.contains("may not write libvirtmachines web"),
+        "{message}"
+    );
+    // Moving the machine to itself first is the same write.
+    let message = forbidden(
+        theirs
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "providerRef": { "name": "edge-b" } } })),
+            )
+            .await,
+    );
+    assert!(message.contains("it names Provider edge-a"), "{message}");
+    // The machine's own provider writes as before.
+    ours.patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("edge-a writes its machine's status");
+    ours.patch("web", &PatchParams::default(), &Patch::Merge(&finalizer))
+        .await
+        .expect("edge-a holds its machine");
+    ours.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .expect("edge-a lets go");
+}
