@@ -406,16 +406,7 @@ async fn try_machine(
     kind: &str,
     secret: Option<&str>,
 ) -> Result<DynamicObject, Error> {
-    let object: DynamicObject =
-        serde_json::from_value(machine_object(kind, "probe", secret)).expect("object");
-    api.create(
-        &PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        },
-        &object,
-    )
-    .await
+    common::dry_run_create(api, machine_object(kind, "probe", secret)).await
 }
 
 #[tokio::test]
@@ -760,16 +751,7 @@ fn image_object(name: &str, secret: Option<&str>) -> Value {
 
 /// A dry-run create of a VMImage pulling with `secret`.
 async fn try_image(api: &Api<DynamicObject>, secret: Option<&str>) -> Result<DynamicObject, Error> {
-    let object: DynamicObject =
-        serde_json::from_value(image_object("probe", secret)).expect("object");
-    api.create(
-        &PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        },
-        &object,
-    )
-    .await
+    common::dry_run_create(api, image_object("probe", secret)).await
 }
 
 /// The image builder pulls with the Secret a VMImage names: only a writer who may read those

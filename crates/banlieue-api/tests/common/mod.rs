@@ -169,7 +169,15 @@ pub async fn try_claim(
     issuer: &str,
     id: &str,
 ) -> Result<DynamicObject, Error> {
-    let object: DynamicObject = serde_json::from_value(claim("probe", issuer, id)).expect("object");
+    dry_run_create(api, claim("probe", issuer, id)).await
+}
+
+/// A dry-run create of `object`: what admission says, with nothing stored.
+pub async fn dry_run_create(
+    api: &Api<DynamicObject>,
+    object: Value,
+) -> Result<DynamicObject, Error> {
+    let object: DynamicObject = serde_json::from_value(object).expect("object");
     api.create(
         &PostParams {
             dry_run: true,
