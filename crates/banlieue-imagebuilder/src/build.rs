@@ -198,6 +198,13 @@ async fn build(
         credentials::load_access(kube, &args.namespace, source, reference.resolve_registry())
             .await?;
 
+    // The manifest comes first, from the VMImage's own repository with its own credentials:
+    // an artifact is shared by every image of the same digest, and knowing a digest (it is in
+    // every VMImage's status) must not stand in for being allowed to pull it.
+    let puller = Puller::new(reference, &access)?;
+    progress.stage("resolving", 0);
+    let raw = puller.manifest(reference).await?;
+
     let final_path = args.artifacts.join(decide::artifact_path(digest));
     let _lock = lock(&final_path).await?;
     if let Some(record) = reusable(&final_path, digest).await {
@@ -208,7 +215,6 @@ async fn build(
         });
     }
 
-    let puller = Puller::new(reference, &access)?;
     let work = args
         .artifacts
         .join(format!(".work-{}", digest.replace(':', "-")));
@@ -216,7 +222,15 @@ async fn build(
     tokio::fs::create_dir_all(&work)
         .await
         .map_err(|e| BuildError::from_io("creating the work directory", e))?;
-    let result = pull_and_convert(&puller, args, reference, &final_path, &work, progress).await;
+    let result = pull_and_convert(
+        &puller,
+        &raw,
+        args,
+        reference,
+        (&final_path, &work),
+        progress,
+    )
+    .await;
     let _ = tokio::fs::remove_dir_all(&work).await;
     let record = result?;
     let completion = CompletionRecord::new(digest, &record);
@@ -231,17 +245,16 @@ async fn build(
     })
 }
 
+/// Pulls what the manifest `raw` names and converts it into `final_path`, working in `work`.
 async fn pull_and_convert(
     puller: &Puller,
+    raw: &[u8],
     args: &BuildArgs,
     reference: &Reference,
-    final_path: &Path,
-    work: &Path,
+    (final_path, work): (&Path, &Path),
     progress: &Arc<Progress>,
 ) -> Result<ArtifactRecord, BuildError> {
-    progress.stage("resolving", 0);
-    let raw = puller.manifest(reference).await?;
-    let manifest = manifest::parse_manifest(&raw).map_err(convert::build_error)?;
+    let manifest = manifest::parse_manifest(raw).map_err(convert::build_error)?;
     let config = match manifest.image_config() {
         Some(config) => Some(
             puller

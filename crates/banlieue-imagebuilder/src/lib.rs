@@ -15,13 +15,14 @@
 //! - [`reconcile`]: the reconciler (`banlieue imagebuild controller`) that resolves each
 //!   VMImage's Url source to a manifest digest and keeps one build Job per digest ([`decide`]
 //!   is its pure half; ADR-0064);
-//! - [`build`]: what a build Job runs (`banlieue imagebuild run`); [`pull`] is its network side,
-//!   [`credentials`] how it reaches a registry, [`convert`] the blocking middle, [`publish`] how
+//! - [`build`]: what a build Job runs (`banlieue imagebuild run`); [`pull`] is its network side
+//!   ([`challenge`] its authentication, without I/O), [`credentials`] how it reaches a registry, [`convert`] the blocking middle, [`publish`] how
 //!   it writes `status.buildArtifact`;
 //! - [`reason`]: why a build stops short, as published.
 
 pub mod artifact;
 pub mod build;
+pub mod challenge;
 pub mod classify;
 pub mod convert;
 pub mod credentials;

@@ -1,19 +1,23 @@
 //! The network side of a build: resolving a reference to a manifest digest, and fetching the
 //! manifest, config and layer blobs of that digest, each checked against its digest as it
-//! streams to disk. A thin shell over the `oci-client` crate; every failure maps to one of the
-//! build reasons in [`crate::reason`].
+//! streams to disk. A thin shell over `reqwest` speaking the distribution spec's pull
+//! endpoints; [`crate::challenge`] decides, without I/O, how to answer a 401. Every body the
+//! registry sends is read with a bound (manifest, config, token, error) while it streams, so a
+//! hostile registry can neither exhaust memory nor write an unbounded message to status, and
+//! every failure maps to one of the build reasons in [`crate::reason`].
 
 use std::net::IpAddr;
 use std::path::Path;
+use std::time::Duration;
 
-use futures::StreamExt;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use base64::Engine as _;
+use oci_client::Reference;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use reqwest::{Method, Response, StatusCode};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
+use crate::challenge::{self, Challenge};
 use crate::reason::{BuildError, Reason};
 
 /// A manifest is JSON of a few KiB; anything larger is refused before parsing.
@@ -26,6 +30,11 @@ const MANIFEST_TYPES: &[&str] = &[
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 ];
+/// What a registry answers for an image index or manifest list.
+const INDEX_TYPES: &[&str] = &[
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
 
 /// How to reach one registry: its credentials, extra trust, and whether plain HTTP is allowed.
 #[derive(Clone, Default)]
@@ -36,6 +45,8 @@ pub struct Access {
     pub ca_pem: Option<Vec<u8>>,
     /// Plain HTTP; only ever used for a loopback registry.
     pub plain_http: bool,
+    /// Hosts besides the registry's own that may serve its bearer tokens (HTTPS only).
+    pub token_realm_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for Access {
@@ -44,6 +55,7 @@ impl std::fmt::Debug for Access {
             .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
             .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
             .field("plain_http", &self.plain_http)
+            .field("token_realm_hosts", &self.token_realm_hosts)
             .finish()
     }
 }
@@ -72,27 +84,41 @@ pub fn pinned(reference: &Reference, digest: &str) -> Reference {
     )
 }
 
-/// True when `registry` (`host[:port]`) names a loopback address.
-pub fn is_loopback(registry: &str) -> bool {
+/// The host of `registry` (`host[:port]`, `[v6]:port`), without port or brackets.
+pub fn host_of(registry: &str) -> &str {
     let host = match registry.rsplit_once(':') {
         // `[::1]:5000`, `127.0.0.1:5000`, `localhost:5000`; a bare IPv6 literal has several ':'.
         Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) && !h.ends_with(':') => h,
         _ => registry,
     };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// True when `registry` (`host[:port]`) names a loopback address.
+pub fn is_loopback(registry: &str) -> bool {
+    let host = host_of(registry);
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// A client for one reference's registry.
+/// A client for one reference's registry, holding the authorization it earned.
 pub struct Puller {
-    client: Client,
-    auth: RegistryAuth,
+    http: reqwest::Client,
+    /// The same, never following a redirect.
+    token_http: reqwest::Client,
+    /// `https://host:port` (or `http://` on loopback).
+    base: String,
+    registry: String,
+    access: Access,
+    /// The Authorization header a 401 taught, sent on every later request.
+    authorization: tokio::sync::Mutex<Option<HeaderValue>>,
 }
 
 impl std::fmt::Debug for Puller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // RegistryAuth's own Debug hides the password.
-        f.debug_struct("Puller").field("auth", &self.auth).finish()
+        f.debug_struct("Puller")
+            .field("base", &self.base)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
     }
 }
 
@@ -110,56 +136,74 @@ impl Puller {
                 ),
             ));
         }
-        let config = ClientConfig {
-            protocol: if access.plain_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            extra_root_certificates: access
-                .ca_pem
-                .iter()
-                .map(|pem| Certificate {
-                    encoding: CertificateEncoding::Pem,
-                    data: pem.clone(),
-                })
-                .collect(),
-            // A manifest list is refused by name rather than resolved for the builder's own
-            // platform: the disk runs on the hypervisor, not where the builder happens to run.
-            platform_resolver: None,
-            connect_timeout: Some(std::time::Duration::from_secs(15)),
-            read_timeout: Some(std::time::Duration::from_secs(60)),
-            user_agent: concat!("banlieue-imagebuilder/", env!("CARGO_PKG_VERSION")),
-            ..ClientConfig::default()
-        };
-        let auth = match &access.credentials {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        // Client::new panics where this fails (for one, a system with no CA certificates).
-        let client = Client::try_from(config).map_err(|e| {
+        let no_client = |e: &(dyn std::error::Error + 'static)| {
             BuildError::new(
                 Reason::RegistryUnreachable,
                 format!(
                     "no HTTPS client for {registry}: {}",
-                    crate::convert::error_chain(&e)
+                    crate::convert::error_chain(e)
                 ),
             )
-        })?;
-        Ok(Puller { client, auth })
+        };
+        let extra_roots = match &access.ca_pem {
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem).map_err(|e| no_client(&e))?,
+            None => Vec::new(),
+        };
+        // reqwest is built without a crypto provider of its own: the workspace's ring provider
+        // is the process default (a no-op when the binary installed it already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let builder = || {
+            reqwest::Client::builder()
+                .tls_certs_merge(extra_roots.clone())
+                .connect_timeout(Duration::from_secs(15))
+                .read_timeout(Duration::from_secs(60))
+                .user_agent(concat!("banlieue-imagebuilder/", env!("CARGO_PKG_VERSION")))
+        };
+        // Registries redirect blob downloads to storage; reqwest drops the Authorization
+        // header when a redirect leaves the host.
+        let http = builder().build().map_err(|e| no_client(&e))?;
+        // The token service gets the credentials: it was checked, where it redirects was not.
+        let token_http = builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| no_client(&e))?;
+        let scheme = if access.plain_http { "http" } else { "https" };
+        Ok(Puller {
+            http,
+            token_http,
+            base: format!("{scheme}://{registry}"),
+            registry,
+            access: access.clone(),
+            authorization: tokio::sync::Mutex::new(None),
+        })
     }
 
-    /// The digest the reference resolves to now (a HEAD, or a GET where the registry gives no
-    /// digest header).
+    /// The digest the reference resolves to now: a tag by a HEAD (or a GET where the registry
+    /// gives no digest header); a digest by [`Puller::manifest`], so a digest nobody can show
+    /// with these credentials is never taken for resolved.
     pub async fn resolve(&self, reference: &Reference) -> Result<String, BuildError> {
         if let Some(digest) = reference.digest() {
+            self.manifest(reference).await?;
             return Ok(digest.to_owned());
         }
-        let (raw, _) = self.manifest_bytes(reference).await?;
+        let tag = reference.tag().unwrap_or("latest");
+        let url = self.manifest_url(reference, tag);
+        let response = self.send(Method::HEAD, &url, reference).await?;
+        if let Some(digest) = response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .filter(|d| d.starts_with("sha256:"))
+        {
+            return Ok(digest.to_owned());
+        }
+        let raw = self.manifest_bytes(reference, tag).await?;
         Ok(sha256_digest(&raw))
     }
 
     /// The manifest of `digest` (a pinned reference): its bytes, checked against the digest.
+    /// Fetching it is also the proof that these credentials may read the image: an artifact
+    /// built earlier is reused only after this succeeds.
     pub async fn manifest(&self, reference: &Reference) -> Result<Vec<u8>, BuildError> {
         let Some(expected) = reference.digest() else {
             return Err(BuildError::new(
@@ -167,7 +211,8 @@ impl Puller {
                 format!("{reference} is not pinned to a digest"),
             ));
         };
-        let (raw, _) = self.manifest_bytes(reference).await?;
+        // An index is returned too: classify refuses it naming its platforms.
+        let raw = self.manifest_bytes(reference, expected).await?;
         let actual = sha256_digest(&raw);
         if actual != expected {
             return Err(BuildError::new(
@@ -178,22 +223,161 @@ impl Puller {
         Ok(raw)
     }
 
-    async fn manifest_bytes(&self, reference: &Reference) -> Result<(Vec<u8>, String), BuildError> {
-        let (raw, digest) = self
-            .client
-            .pull_manifest_raw(reference, &self.auth, MANIFEST_TYPES)
-            .await
-            .map_err(|e| from_oci(reference, e))?;
-        if raw.len() > MAX_MANIFEST_BYTES {
+    /// The manifest bytes at `tag_or_digest`, bounded, if the registry says they are a
+    /// manifest or an index.
+    async fn manifest_bytes(
+        &self,
+        reference: &Reference,
+        tag_or_digest: &str,
+    ) -> Result<Vec<u8>, BuildError> {
+        let url = self.manifest_url(reference, tag_or_digest);
+        let response = self.send(Method::GET, &url, reference).await?;
+        let media_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or(v).trim().to_owned())
+            .unwrap_or_default();
+        if !MANIFEST_TYPES.contains(&media_type.as_str())
+            && !INDEX_TYPES.contains(&media_type.as_str())
+        {
             return Err(BuildError::new(
-                Reason::TooLarge,
+                Reason::UnsupportedImage,
                 format!(
-                    "manifest of {reference} is {} bytes (at most {MAX_MANIFEST_BYTES})",
-                    raw.len()
+                    "{reference}: the registry answered a manifest of type {:?}, not an OCI or \
+                     Docker v2 image manifest",
+                    truncate(&media_type, 100)
                 ),
             ));
         }
-        Ok((raw.to_vec(), digest))
+        read_bounded(response, MAX_MANIFEST_BYTES, || {
+            format!("manifest of {reference}")
+        })
+        .await
+    }
+
+    fn manifest_url(&self, reference: &Reference, tag_or_digest: &str) -> String {
+        format!(
+            "{}/v2/{}/manifests/{tag_or_digest}",
+            self.base,
+            reference.repository()
+        )
+    }
+
+    /// Sends `method url` with the Accept header of manifests and the authorization learnt so
+    /// far; on a 401, answers its challenge once and sends again. A non-success answer is an
+    /// error whose body is read only up to [`challenge::MAX_ERROR_BYTES`].
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        reference: &Reference,
+    ) -> Result<Response, BuildError> {
+        let mut answered = false;
+        loop {
+            let mut request = self
+                .http
+                .request(method.clone(), url)
+                .header(ACCEPT, [MANIFEST_TYPES, INDEX_TYPES].concat().join(", "));
+            if let Some(value) = self.authorization.lock().await.clone() {
+                request = request.header(AUTHORIZATION, value);
+            }
+            let response = request.send().await.map_err(|e| unreachable(url, &e))?;
+            if response.status() == StatusCode::UNAUTHORIZED && !answered {
+                let challenge = challenge::parse(
+                    response
+                        .headers()
+                        .get_all(WWW_AUTHENTICATE)
+                        .iter()
+                        .filter_map(|v| v.to_str().ok()),
+                );
+                if let Some(value) = self.answer(challenge, reference).await? {
+                    *self.authorization.lock().await = Some(value);
+                    answered = true;
+                    continue;
+                }
+            }
+            if response.status().is_success() {
+                return Ok(response);
+            }
+            let status = response.status().as_u16();
+            let body = read_prefix(response, challenge::MAX_ERROR_BYTES).await;
+            return Err(challenge::error(&reference.to_string(), status, &body));
+        }
+    }
+
+    /// The Authorization header that answers `challenge`, or `None` when there is nothing to
+    /// answer with (the 401 then stands as Unauthorized).
+    async fn answer(
+        &self,
+        challenge: Option<Challenge>,
+        reference: &Reference,
+    ) -> Result<Option<HeaderValue>, BuildError> {
+        let basic = self.access.credentials.as_ref().map(|(user, password)| {
+            let encoded =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            format!("Basic {encoded}")
+        });
+        let value = match challenge {
+            None => None,
+            Some(Challenge::Basic) => basic,
+            Some(Challenge::Bearer { realm, service }) => {
+                let url = challenge::check_realm(
+                    &realm,
+                    &self.registry,
+                    self.access.plain_http,
+                    &self.access.token_realm_hosts,
+                )?;
+                Some(format!(
+                    "Bearer {}",
+                    self.token(url, service, basic, reference).await?
+                ))
+            }
+        };
+        Ok(value.and_then(|v| HeaderValue::from_str(&v).ok()))
+    }
+
+    /// Asks the token service at `realm` for a pull token of the reference's repository.
+    async fn token(
+        &self,
+        mut realm: reqwest::Url,
+        service: Option<String>,
+        basic: Option<String>,
+        reference: &Reference,
+    ) -> Result<String, BuildError> {
+        realm.query_pairs_mut().append_pair(
+            "scope",
+            &format!("repository:{}:pull", reference.repository()),
+        );
+        if let Some(service) = &service {
+            realm.query_pairs_mut().append_pair("service", service);
+        }
+        let what = format!(
+            "token for {reference} from {}",
+            realm.origin().ascii_serialization()
+        );
+        let mut request = self.token_http.get(realm.clone());
+        if let Some(basic) = basic {
+            request = request.header(AUTHORIZATION, basic);
+        }
+        let response = request.send().await.map_err(|e| unreachable(&what, &e))?;
+        if response.status().is_redirection() {
+            return Err(BuildError::new(
+                Reason::TokenRealmRefused,
+                format!("{what}: the token service answered a redirect, which is not followed"),
+            ));
+        }
+        if !response.status().is_success() {
+            let status = response.status().as_u16();
+            let body = read_prefix(response, challenge::MAX_ERROR_BYTES).await;
+            let mut e = challenge::error(&what, status, &body);
+            if e.reason == Reason::ManifestNotFound {
+                e.reason = Reason::Unauthorized;
+            }
+            return Err(e);
+        }
+        let body = read_bounded(response, challenge::MAX_TOKEN_BYTES, || what.clone()).await?;
+        challenge::token(&body)
     }
 
     /// Streams the blob `digest` of `size` bytes into `path`, checking its length and digest as
@@ -229,27 +413,25 @@ impl Puller {
                 format!("blob digest {digest:?} is not sha256"),
             ));
         };
-        self.client
-            .store_auth_if_needed(reference.resolve_registry(), &self.auth)
-            .await;
-        let sized = self
-            .client
-            .pull_blob_stream(reference, digest)
-            .await
-            .map_err(|e| from_oci(reference, e))?;
-        let mut stream = sized.stream;
+        let url = format!("{}/v2/{}/blobs/{digest}", self.base, reference.repository());
+        let mut response = self.send(Method::GET, &url, reference).await?;
+        if response.content_length().is_some_and(|len| len != size) {
+            return Err(BuildError::new(
+                Reason::DigestMismatch,
+                format!(
+                    "blob {digest} is {} bytes long where its descriptor says {size}",
+                    response.content_length().unwrap_or_default()
+                ),
+            ));
+        }
         let mut file = tokio::fs::File::create(path).await.map_err(io_error)?;
         let mut hasher = Sha256::new();
         let mut written: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                // The client's own verifying stream reports a wrong digest as an I/O error.
-                if e.to_string().to_ascii_lowercase().contains("digest") {
-                    BuildError::new(Reason::DigestMismatch, format!("blob {digest}: {e}"))
-                } else {
-                    BuildError::new(Reason::RegistryUnreachable, format!("blob {digest}: {e}"))
-                }
-            })?;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| unreachable(&format!("blob {digest}"), &e))?
+        {
             written += chunk.len() as u64;
             if written > size {
                 return Err(BuildError::new(
@@ -295,6 +477,62 @@ impl Puller {
     }
 }
 
+/// The whole body, refused as TooLarge as soon as it passes `max` bytes (by its declared
+/// length first, then as it streams).
+async fn read_bounded(
+    mut response: Response,
+    max: usize,
+    what: impl Fn() -> String,
+) -> Result<Vec<u8>, BuildError> {
+    let too_large = |len: u64| {
+        BuildError::new(
+            Reason::TooLarge,
+            format!("{} is {len} bytes or more (at most {max})", what()),
+        )
+    };
+    if let Some(len) = response.content_length().filter(|len| *len > max as u64) {
+        return Err(too_large(len));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| unreachable(&what(), &e))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(too_large((body.len() + chunk.len()) as u64));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// At most `max` bytes of the body; the rest is never read. Read failures end the prefix.
+async fn read_prefix(mut response: Response, max: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < max {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = max - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    body
+}
+
+fn unreachable(what: &str, e: &reqwest::Error) -> BuildError {
+    BuildError::new(
+        Reason::RegistryUnreachable,
+        format!("{what}: {}", crate::convert::error_chain(e)),
+    )
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}
+
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex(&Sha256::digest(bytes)))
@@ -306,46 +544,6 @@ fn hex(bytes: &[u8]) -> String {
 
 fn io_error(e: std::io::Error) -> BuildError {
     BuildError::from_io("writing a blob", e)
-}
-
-/// One reason per client failure: what a user can act on.
-fn from_oci(reference: &Reference, e: OciDistributionError) -> BuildError {
-    use OciDistributionError as E;
-    let reason = match &e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Reason::Unauthorized,
-        E::ImageManifestNotFoundError(_) => Reason::ManifestNotFound,
-        E::ImageIndexParsingNoPlatformResolverError => Reason::UnsupportedImage,
-        E::UnsupportedMediaTypeError(_)
-        | E::ManifestParsingError(_)
-        | E::VersionedParsingError(_)
-        | E::UnsupportedSchemaVersionError(_)
-        | E::IncompatibleLayerMediaTypeError(_) => Reason::UnsupportedImage,
-        E::DigestError(_) => Reason::DigestMismatch,
-        E::RegistryError { envelope, .. } => {
-            let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-            if codes
-                .iter()
-                .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-            {
-                Reason::Unauthorized
-            } else if codes.iter().any(|c| {
-                matches!(
-                    c,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::BlobUnknown
-                )
-            }) {
-                Reason::ManifestNotFound
-            } else {
-                Reason::RegistryUnreachable
-            }
-        }
-        E::ServerError { code, .. } if *code == 401 || *code == 403 => Reason::Unauthorized,
-        E::ServerError { code, .. } if *code == 404 => Reason::ManifestNotFound,
-        _ => Reason::RegistryUnreachable,
-    };
-    BuildError::new(reason, format!("{reference}: {e}"))
 }
 
 #[cfg(test)]

@@ -16,6 +16,9 @@ pub enum Reason {
     RegistryUnreachable,
     /// `plainHttp` on a registry that is not on loopback.
     PlainHttpRefused,
+    /// The registry sent the builder to a token service it may not give credentials to (not
+    /// HTTPS, or not on the registry's host or a host the source lists in `tokenRealmHosts`).
+    TokenRealmRefused,
     /// What the reference names is not a disk banlieue can build (a bootable container, a
     /// manifest list, no disk layer, several…); the message says which.
     UnsupportedImage,
@@ -43,6 +46,7 @@ impl Reason {
             Reason::CredentialsUnavailable => "CredentialsUnavailable",
             Reason::RegistryUnreachable => "RegistryUnreachable",
             Reason::PlainHttpRefused => "PlainHttpRefused",
+            Reason::TokenRealmRefused => "TokenRealmRefused",
             Reason::UnsupportedImage => "UnsupportedImage",
             Reason::DigestMismatch => "DigestMismatch",
             Reason::TooLarge => "TooLarge",

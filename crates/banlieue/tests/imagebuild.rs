@@ -154,6 +154,25 @@ impl Env {
 
     /// Creates a VMImage (as admin, the administrator publishing an image) naming `url`.
     async fn image(&self, name: &str, url: &str, with_credentials: bool) -> Result {
+        let mut source = json!({"providerClass": "libvirt", "kind": "Url", "url": url});
+        if with_credentials {
+            source["pullSecretName"] = json!(PULL_SECRET);
+            source["caConfigMapName"] = json!(CA_MAP);
+        }
+        self.create_image(&self.admin, name, source).await
+    }
+
+    /// Creates a VMImage as `writer` naming `url`, with only the CA ConfigMap `ca`.
+    async fn image_as(&self, writer: &Client, name: &str, url: &str, ca: Option<&str>) -> Result {
+        let mut source = json!({"providerClass": "libvirt", "kind": "Url", "url": url});
+        if let Some(ca) = ca {
+            source["caConfigMapName"] = json!(ca);
+        }
+        self.create_image(writer, name, source).await
+    }
+
+    /// Replaces VMImage `name` with one of the single `source`, created by `writer`.
+    async fn create_image(&self, writer: &Client, name: &str, source: serde_json::Value) -> Result {
         let _ = self.images().delete(name, &DeleteParams::default()).await;
         poll::until(
             &format!("old VMImage {name} gone"),
@@ -164,17 +183,14 @@ impl Env {
             },
         )
         .await?;
-        let mut source = json!({"providerClass": "libvirt", "kind": "Url", "url": url});
-        if with_credentials {
-            source["pullSecretName"] = json!(PULL_SECRET);
-            source["caConfigMapName"] = json!(CA_MAP);
-        }
         let image: VMImage = serde_json::from_value(json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
             "metadata": {"name": name, "namespace": NS},
             "spec": {"installMode": "Immediate", "sources": [source]},
         }))?;
-        self.images().create(&PostParams::default(), &image).await?;
+        Api::<VMImage>::namespaced(writer.clone(), NS)
+            .create(&PostParams::default(), &image)
+            .await?;
         Ok(())
     }
 
@@ -440,6 +456,44 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
     let job = env.job("shape-artifact-again", &artifact_digest).await?;
     let (ok, out) = env.run_job(&job)?;
     assert!(ok && out.contains("reused"), "{out}");
+
+    // A tenant who knows that digest (it is in every status) but has no credentials for the
+    // private repository gets nothing: the reference does not resolve without showing the
+    // manifest, so no Job is made.
+    let bob = ControlPlane::shared()
+        .await?
+        .tenant_writing(NS, "bob", "vmimages")
+        .await?;
+    let borrowed = format!(
+        "oci://{}/disks/qcow2@{artifact_digest}",
+        env.registry.host()
+    );
+    env.image_as(&bob, "borrowed", &borrowed, Some(CA_MAP))
+        .await?;
+    let refused = env
+        .artifact_until("borrowed", "Unauthorized", |a| {
+            a.phase == ArtifactPhase::Failed
+        })
+        .await?;
+    assert_eq!(
+        refused.reason.as_deref(),
+        Some("Unauthorized"),
+        "{refused:?}"
+    );
+    assert_eq!(refused.path, None, "{refused:?}");
+    let jobs: Api<Job> = Api::namespaced(env.admin.clone(), BUILD_NS);
+    let made = jobs
+        .list(&ListParams::default().labels("banlieue.io/vmimage=borrowed"))
+        .await?;
+    assert!(made.items.is_empty(), "a Job for a digest nobody showed");
+    // A Job made while the image could pull (here: the Job of the second image, after its
+    // pull Secret is taken away) does not reuse the artifact either.
+    env.image_as(&env.admin, "shape-artifact-again", &borrowed, Some(CA_MAP))
+        .await?;
+    let job = env.job("shape-artifact-again", &artifact_digest).await?;
+    let (ok, out) = env.run_job(&job)?;
+    assert!(!ok && !out.contains("reused"), "{out}");
+    assert!(out.contains("Unauthorized"), "{out}");
 
     // A bootable container image needs an installer: refused with its reason.
     let layer = containerdisk_layer(&qcow2, &work.join("bootc.tar"))?;
