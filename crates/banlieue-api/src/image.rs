@@ -96,6 +96,12 @@ pub struct ImageSource {
     /// Speak plain HTTP to the registry. Refused unless the registry is on a loopback address.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plain_http: bool,
+    /// Hosts besides the registry's own whose token service may be given the pull Secret's
+    /// credentials, over HTTPS (for Docker Hub, `auth.docker.io`). A registry naming any other
+    /// token realm fails with `TokenRealmRefused`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), inner(length(min = 1, max = 253)))]
+    pub token_realm_hosts: Vec<String>,
 }
 
 /// Kinds of image source.
@@ -166,8 +172,10 @@ pub struct BuildArtifact {
     /// Why the build is Pending or Failed, as a CamelCase reason (docs/guides/image-builder.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// What happened, for people.
+    /// What happened, for people (at most 4096 bytes: longer ones are cut by the writer, as
+    /// condition messages are).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub message: Option<String>,
     /// Bytes of the disk written so far, while Building.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -97,6 +97,7 @@ pub async fn load_access(
 ) -> Result<Access, BuildError> {
     let mut access = Access {
         plain_http: source.plain_http,
+        token_realm_hosts: source.token_realm_hosts.clone(),
         ..Access::default()
     };
     if let Some(name) = &source.pull_secret_name {

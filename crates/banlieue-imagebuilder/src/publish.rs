@@ -2,6 +2,7 @@
 //! only while it still names the digest the Job builds, so a Job left over from a tag that
 //! has since moved can never overwrite the newer build's status.
 
+use banlieue_api::conditions::{MAX_MESSAGE_BYTES, bounded_message};
 use banlieue_api::{BuildArtifact, VMImage};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -12,7 +13,7 @@ pub const FIELD_MANAGER: &str = "banlieue-imagebuilder";
 /// A merge patch that makes `status.buildArtifact` exactly `artifact`: fields it does not
 /// set are removed (a merge patch would otherwise keep the previous build's sha256 and size).
 pub fn replace_patch(artifact: &BuildArtifact) -> Value {
-    let mut value = serde_json::to_value(artifact).unwrap_or_else(|_| json!({}));
+    let mut value = serde_json::to_value(bounded(artifact)).unwrap_or_else(|_| json!({}));
     if let Value::Object(map) = &mut value {
         for field in [
             "claimName",
@@ -36,8 +37,20 @@ pub fn replace_patch(artifact: &BuildArtifact) -> Value {
 pub fn guarded_patch(digest: &str, artifact: &BuildArtifact) -> Value {
     json!([
         { "op": "test", "path": "/status/buildArtifact/manifestDigest", "value": digest },
-        { "op": "replace", "path": "/status/buildArtifact", "value": artifact },
+        { "op": "replace", "path": "/status/buildArtifact", "value": bounded(artifact) },
     ])
+}
+
+/// `artifact` with its message cut to what the CRD accepts: a message quotes registry answers
+/// and references, and a write the API server refuses would leave the previous status standing.
+fn bounded(artifact: &BuildArtifact) -> BuildArtifact {
+    BuildArtifact {
+        message: artifact
+            .message
+            .as_ref()
+            .map(|m| bounded_message(m.as_str(), MAX_MESSAGE_BYTES)),
+        ..artifact.clone()
+    }
 }
 
 /// Replaces the status (the reconciler's write).
@@ -110,5 +123,23 @@ mod tests {
         assert_eq!(p[1]["path"], "/status/buildArtifact");
         let parsed: Result<json_patch::Patch, _> = serde_json::from_value(p);
         assert!(parsed.is_ok());
+    }
+
+    #[test]
+    fn both_writes_cut_a_long_message_to_what_the_crd_accepts() {
+        let long = BuildArtifact {
+            message: Some("é".repeat(MAX_MESSAGE_BYTES)),
+            ..BuildArtifact::default()
+        };
+        let replaced = replace_patch(&long);
+        let guarded = guarded_patch("sha256:1", &long);
+        for message in [
+            &replaced["status"]["buildArtifact"]["message"],
+            &guarded[1]["value"]["message"],
+        ] {
+            let message = message.as_str().expect("a message");
+            assert!(message.len() <= MAX_MESSAGE_BYTES, "{}", message.len());
+            assert!(message.ends_with(banlieue_api::conditions::TRUNCATION_MARKER));
+        }
     }
 }

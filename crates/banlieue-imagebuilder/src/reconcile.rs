@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use banlieue_api::VMImage;
 use banlieue_api::names::{LABEL_MANAGED_BY, LABEL_VMIMAGE};
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -27,8 +27,8 @@ use crate::reason::BuildError;
 #[derive(Clone, Debug)]
 pub struct ReconcilerConfig {
     pub build: BuildSettings,
-    /// The namespace whose VMImages are built; all namespaces when unset.
-    pub namespace: Option<String>,
+    /// The namespaces whose VMImages are built; all namespaces when empty.
+    pub namespaces: Vec<String>,
     /// How often a built tag is resolved again, to notice that it moved.
     pub refresh: Duration,
     /// How soon a reference that did not resolve is tried again.
@@ -39,7 +39,7 @@ impl Default for ReconcilerConfig {
     fn default() -> Self {
         ReconcilerConfig {
             build: BuildSettings::default(),
-            namespace: None,
+            namespaces: Vec::new(),
             refresh: Duration::from_secs(600),
             retry: Duration::from_secs(30),
         }
@@ -56,34 +56,54 @@ struct Context {
     config: ReconcilerConfig,
 }
 
-/// Runs until `shutdown` completes.
+/// Runs until `shutdown` completes: one controller per namespace it is limited to, or one for
+/// the whole cluster.
 pub async fn run(
     client: Client,
     config: ReconcilerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), kube::Error> {
-    let images: Api<VMImage> = match &config.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+    let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
+        vec![None]
+    } else {
+        config.namespaces.iter().cloned().map(Some).collect()
     };
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &config.build.namespace);
-    let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
-    let ctx = Arc::new(Context { client, config });
-    Controller::new(images, watcher::Config::default())
-        .watches(jobs, watcher::Config::default().labels(&selector), |job| {
-            let labels = job.labels();
-            let name = labels.get(LABEL_VMIMAGE)?;
-            let namespace = labels.get(LABEL_VMIMAGE_NAMESPACE)?;
-            Some(ObjectRef::<VMImage>::new(name).within(namespace))
-        })
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "build reconcile");
-            }
-        })
-        .await;
+    let shutdown = shutdown.shared();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config,
+    });
+    let controllers = scopes.into_iter().map(|scope| {
+        let (ctx, shutdown) = (ctx.clone(), shutdown.clone());
+        let images: Api<VMImage> = match &scope {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ctx.config.build.namespace);
+        let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+        Controller::new(images, watcher::Config::default())
+            .watches(
+                jobs,
+                watcher::Config::default().labels(&selector),
+                move |job| {
+                    let labels = job.labels();
+                    let name = labels.get(LABEL_VMIMAGE)?;
+                    let namespace = labels.get(LABEL_VMIMAGE_NAMESPACE)?;
+                    if scope.as_ref().is_some_and(|only| only != namespace) {
+                        return None;
+                    }
+                    Some(ObjectRef::<VMImage>::new(name).within(namespace))
+                },
+            )
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile, error_policy, ctx)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "build reconcile");
+                }
+            })
+    });
+    futures::future::join_all(controllers).await;
     Ok(())
 }
 

@@ -228,6 +228,7 @@ impl Cluster {
             pull_secret_name: None,
             ca_config_map_name: None,
             plain_http: false,
+            token_realm_hosts: Vec::new(),
         }
     }
 
@@ -707,6 +708,7 @@ async fn backing_file_is_ready_only_when_declared_and_in_the_pool() {
         pull_secret_name: None,
         ca_config_map_name: None,
         plain_http: false,
+        token_realm_hosts: Vec::new(),
     };
     c.image("present", backing("base.qcow2")).await;
     c.image("absent", backing("missing.qcow2")).await;

@@ -266,6 +266,7 @@ async fn setup_objects(client: &kube::Client, ns: &str, class: &str, d: &Libvirt
                 pull_secret_name: None,
                 ca_config_map_name: None,
                 plain_http: false,
+                token_realm_hosts: Vec::new(),
             }],
         },
     );

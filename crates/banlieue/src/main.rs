@@ -107,9 +107,14 @@ enum ImagebuildCommand {
 struct ImagebuildControllerArgs {
     #[command(flatten)]
     serve: ServeArgs,
-    /// Build only the VMImages of this namespace (all namespaces when unset).
-    #[arg(long, env = "BANLIEUE_IMAGEBUILD_WATCH_NAMESPACE")]
-    namespace: Option<String>,
+    /// Build only the VMImages of these namespaces (repeat the flag, or separate them with
+    /// commas; all namespaces when none is given).
+    #[arg(
+        long = "namespace",
+        env = "BANLIEUE_IMAGEBUILD_WATCH_NAMESPACE",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
     /// The build namespace, where build Jobs run next to the artifacts PVC.
     #[arg(long, default_value = banlieue_api::names::DEFAULT_BUILD_NAMESPACE)]
     build_namespace: String,
@@ -451,7 +456,7 @@ fn main() -> ExitCode {
         }
         Command::Imagebuild(ImagebuildCommand::Controller(args)) => {
             let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
-                namespace: args.namespace,
+                namespaces: args.namespaces,
                 refresh: Duration::from_secs(args.refresh_seconds.max(1)),
                 ..Default::default()
             };

@@ -109,7 +109,7 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
         .client_as_service_account(NS, "banlieue-imagebuilder")
         .await?;
     let config = ReconcilerConfig {
-        namespace: Some(NS.to_owned()),
+        namespaces: vec![NS.to_owned()],
         refresh,
         retry: Duration::from_secs(1),
         ..ReconcilerConfig::default()
@@ -547,6 +547,22 @@ async fn failures_say_why_and_leave_no_artifact() -> Result {
         .await?;
     let url = format!("oci://{}", env.registry.reference("disks/fail", "v1"));
 
+    // The reconciler watches only its namespaces: an image elsewhere, made first, is never
+    // resolved (checked below, once the one in NS has been reconciled twice).
+    let elsewhere = ControlPlane::shared().await?.fresh_namespace().await?;
+    let outside: Api<VMImage> = Api::namespaced(env.admin.clone(), &elsewhere);
+    outside
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "banlieue.io/v1alpha1", "kind": "VMImage",
+                "metadata": {"name": "outside", "namespace": elsewhere},
+                "spec": {"installMode": "Immediate", "sources": [
+                    {"providerClass": "libvirt", "kind": "Url", "url": url}]},
+            }))?,
+        )
+        .await?;
+
     // No credentials: the registry refuses to resolve the tag; no Job is made.
     env.image("fail-anonymous", &url, false).await?;
     let failed = env
@@ -578,6 +594,11 @@ async fn failures_say_why_and_leave_no_artifact() -> Result {
         .list(&ListParams::default().labels("banlieue.io/vmimage=fail-anonymous"))
         .await?;
     assert!(made.items.is_empty(), "a Job for an unresolved reference");
+    let outside = outside.get("outside").await?;
+    assert!(
+        outside.status.and_then(|s| s.build_artifact).is_none(),
+        "an image outside the reconciler's namespaces was resolved"
+    );
 
     // A tag that does not exist.
     env.image(

@@ -496,6 +496,7 @@ mod tests {
                     pull_secret_name: None,
                     ca_config_map_name: None,
                     plain_http: false,
+                    token_realm_hosts: Vec::new(),
                 }],
             },
         )

@@ -242,6 +242,7 @@ pub fn image() -> VMImage {
                 pull_secret_name: None,
                 ca_config_map_name: None,
                 plain_http: false,
+                token_realm_hosts: Vec::new(),
             }],
         },
     );
