@@ -43,6 +43,10 @@ pub const USERS: [&str; 3] = ["alice", "bob", "broker"];
 pub const TEST_NAMESPACE_LABEL: &str = "banlieue.io/test";
 
 const STARTUP_DEADLINE: Duration = Duration::from_secs(90);
+
+/// The API server's admission configuration: Pod Security's exemption of the test node's
+/// runtime class (shared with `scripts/control-plane`).
+const POD_SECURITY: &str = include_str!("node/pod-security.yaml");
 const CRD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Errors of the control-plane harness.
@@ -282,6 +286,13 @@ impl ControlPlane {
             &etcd_args(&dir, etcd_client, etcd_peer),
         )?;
         let mut args = apiserver_args(&dir, &pki, &kubelet_client, etcd_client, apiserver);
+        // Pod Security as the built-in defaults, with the test node's exemption (see the file).
+        let admission = dir.join("pod-security.yaml");
+        std::fs::write(&admission, POD_SECURITY).map_err(|source| Error::Io {
+            what: format!("write {}", admission.display()),
+            source,
+        })?;
+        args.push(path_arg("admission-control-config-file", &admission));
         if let Some(config) = &options.authentication_config {
             let path = dir.join("authentication-config.yaml");
             std::fs::write(&path, config).map_err(|source| Error::Io {

@@ -1,6 +1,7 @@
 //! A real node beside the test control plane: it becomes Ready, runs pods from locally built
 //! images, serves their logs through the API, lets them call the API server in-cluster under
-//! their own ServiceAccount (RBAC enforced), and mounts hostPath persistent volumes.
+//! their own ServiceAccount (RBAC enforced), mounts hostPath persistent volumes, and keeps Pod
+//! Security's `restricted` standard although it makes every pod hostNetwork.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -475,5 +476,76 @@ async fn ten_pods_created_at_once_all_become_ready() {
         "pods: ten created at once, all Ready after {:.2} s",
         started.elapsed().as_secs_f64()
     );
+    delete_namespace(&client, &ns).await;
+}
+
+/// In a `restricted` namespace (banlieue's own are), a pod that asks for nothing the standard
+/// forbids runs although the node makes it hostNetwork (its runtime class is exempt here), and
+/// a privileged one is still refused by Pod Security, as on a production cluster.
+#[tokio::test]
+async fn pod_security_restricted_holds_beside_the_test_nodes_host_network() {
+    let cp = cluster().await;
+    let image = tools_image(cp).await;
+    let ns = namespace(cp).await;
+    let client = cp.client().expect("client");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted"}}})),
+        )
+        .await
+        .expect("label the namespace");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = |name: &str, security: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never",
+                    "args": ["exec sleep 3600"], "securityContext": security}],
+                "terminationGracePeriodSeconds": 0,
+            }
+        }))
+        .expect("pod")
+    };
+    let restricted = json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+    let created = pods
+        .create(&PostParams::default(), &pod("restricted", restricted))
+        .await
+        .expect("a restricted pod is admitted");
+    let spec = created.spec.expect("spec");
+    assert_eq!(spec.host_network, Some(true));
+    assert_eq!(
+        spec.runtime_class_name.as_deref(),
+        Some("banlieue-test-node")
+    );
+    wait_pod_ready(&pods, "restricted").await;
+
+    for (name, security, violation) in [
+        (
+            "privileged",
+            json!({"privileged": true, "capabilities": {"drop": ["ALL"]}}),
+            "privileged",
+        ),
+        (
+            "escalating",
+            json!({"capabilities": {"drop": ["ALL"]}}),
+            "allowPrivilegeEscalation",
+        ),
+    ] {
+        let refused = pods
+            .create(&PostParams::default(), &pod(name, security))
+            .await
+            .expect_err("refused by Pod Security");
+        let message = refused.to_string();
+        assert!(
+            message.contains("violates PodSecurity \"restricted") && message.contains(violation),
+            "{name}: {message}"
+        );
+    }
     delete_namespace(&client, &ns).await;
 }

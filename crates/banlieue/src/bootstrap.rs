@@ -198,8 +198,11 @@ async fn wait_established(client: &Client, name: &str) -> Result<(), BootstrapEr
 pub const ADMISSION_REMINDER: &str = "\
 deploy/admission/ was not applied. Applying it is a separate, mandatory step:
   kubectl apply -f deploy/admission/
-then edit the issuers list in ConfigMap banlieue-claim-subject-policy. Until then claims are
-not checked against their creator, and once applied with no ConfigMap every claim is denied.";
+then edit the issuers list in ConfigMap banlieue-claim-subject-policy, and list the image you
+installed in ConfigMap banlieue-workload-images if it is not the default. Until then claims are
+not checked against their creator and banlieue's identities may start any workload they may
+create; once applied with no ConfigMap every claim, and every Job or Deployment they start, is
+denied.";
 
 /// `banlieue bootstrap`, the controller running `image`.
 pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
@@ -347,6 +350,12 @@ mod tests {
         assert_eq!(
             class.data.pointer("/spec/image").and_then(|i| i.as_str()),
             Some(DEFAULT_IMAGE)
+        );
+        // The admission policy's list of images banlieue's identities may start.
+        let images = include_str!("../../../deploy/admission/workload-images.yaml");
+        assert!(
+            images.lines().any(|l| l.trim() == DEFAULT_IMAGE),
+            "deploy/admission/workload-images.yaml does not list {DEFAULT_IMAGE}"
         );
     }
 

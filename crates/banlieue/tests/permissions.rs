@@ -341,6 +341,7 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
             .expect("the identity's token");
         rules.push((label, effective_rules(&client).await));
     }
+    workloads_are_pinned(cp, &admin).await;
     let _ = stop.send(());
     let _ = operator.await;
     assert!(
@@ -407,4 +408,199 @@ async fn effective_rules(client: &Client) -> String {
         }
     }
     out
+}
+
+/// `deploy/admission/workload-pins.yaml` and the `restricted` Pod Security labels bootstrap puts
+/// on its namespaces: each identity that may create Jobs or Deployments, as itself, may create
+/// what banlieue makes and is refused a privileged, hostPath, host-network, foreign-image or
+/// foreign-account variant of it, with a message naming what was refused; a privileged pod is
+/// refused in the build namespace even to the administrator.
+async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    use serde_json::{Value, json};
+
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // A privileged pod in a banlieue namespace is refused by Pod Security, whoever asks.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD);
+    let pod = |security: Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pod-security-probe"},
+            "spec": {"containers": [{"name": "c", "image": bootstrap::DEFAULT_IMAGE,
+                "securityContext": security}]}
+        }))
+        .expect("a Pod")
+    };
+    let refused = pods
+        .create(&dry_run, &pod(json!({"privileged": true})))
+        .await
+        .expect_err("a privileged pod in the build namespace");
+    assert!(
+        refused
+            .to_string()
+            .contains("violates PodSecurity \"restricted"),
+        "{refused}"
+    );
+    let restricted = pod(
+        json!({"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+        "runAsUser": 65532, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}),
+    );
+    pods.create(&dry_run, &restricted)
+        .await
+        .expect("a restricted pod in the build namespace");
+
+    for file in ["workload-images.yaml", "workload-pins.yaml"] {
+        let text = std::fs::read_to_string(format!(
+            "{}/../../deploy/admission/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .expect("the policy file");
+        let objects = bootstrap::objects_of(&[(file, text.as_str())]).expect("policy objects");
+        bootstrap::apply_all(admin, &objects, |_| {})
+            .await
+            .expect("apply the policy");
+    }
+
+    // What each identity makes: the operator's Deployment for the guide's Provider, the image
+    // builder's build Job, and the same Job as a provider's import (its own account).
+    let provider_account = format!("banlieue-provider-{PROVIDER}");
+    let deployment = Api::<Deployment>::namespaced(admin.clone(), SYSTEM)
+        .get(&provider_account)
+        .await
+        .expect("the operator's Deployment");
+    let mut deployment = serde_json::to_value(deployment).expect("json");
+    deployment["metadata"] = json!({"name": "pinned-probe"});
+    deployment["status"] = Value::Null;
+    let settings = banlieue_imagebuilder::decide::BuildSettings::default();
+    let mut build = serde_json::to_value(banlieue_imagebuilder::decide::build_job(
+        &settings,
+        SYSTEM,
+        "probe",
+        &format!("sha256:{}", "0".repeat(64)),
+        "127.0.0.1:5000/probe@sha256:0",
+    ))
+    .expect("json");
+    build["metadata"]["name"] = json!("pinned-probe");
+    let mut import = build.clone();
+    import["spec"]["template"]["spec"]["serviceAccountName"] = json!("banlieue-import");
+
+    /// What is changed, how (on the pod template's spec), and what the refusal says.
+    type Variant = (&'static str, fn(&mut Value), &'static str);
+    let variants: [Variant; 7] = [
+        (
+            "privileged",
+            |p| {
+                // The API server itself refuses privileged without escalation.
+                p["containers"][0]["securityContext"]["privileged"] = json!(true);
+                p["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+            },
+            "unprivileged, non-root containers",
+        ),
+        (
+            "added capability",
+            |p| p["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["SYS_ADMIN"]),
+            "without added",
+        ),
+        (
+            "hostPath",
+            |p| {
+                let root = json!({"name": "root", "hostPath": {"path": "/"}});
+                match p["volumes"].as_array_mut() {
+                    Some(volumes) => volumes.push(root),
+                    None => p["volumes"] = json!([root]),
+                }
+            },
+            "may not mount a hostPath volume (root)",
+        ),
+        (
+            "hostNetwork",
+            |p| p["hostNetwork"] = json!(true),
+            "host network",
+        ),
+        (
+            "runtime class",
+            |p| p["runtimeClassName"] = json!("banlieue-test-node"),
+            "may not choose a runtime class",
+        ),
+        (
+            "foreign image",
+            |p| p["containers"][0]["image"] = json!("attacker.example/root:1"),
+            "not attacker.example/root:1",
+        ),
+        (
+            "foreign account",
+            |p| p["serviceAccountName"] = json!("banlieue-controller"),
+            "running as ServiceAccount banlieue-controller",
+        ),
+    ];
+    let controller = IDENTITIES[0].1;
+    let provider = IDENTITIES[1].1;
+    let imagebuilder = IDENTITIES[3].1;
+    for (user, namespace, object) in [
+        (controller, SYSTEM, &deployment),
+        (imagebuilder, BUILD, &build),
+        (provider, BUILD, &import),
+    ] {
+        let mut parts = user.split(':').skip(2);
+        let (ns, name) = (parts.next().expect("ns"), parts.next().expect("name"));
+        let client = cp
+            .client_as_service_account(ns, name)
+            .await
+            .expect("the identity's token");
+        let create = |object: &Value| {
+            let client = client.clone();
+            let object = object.clone();
+            let dry_run = dry_run.clone();
+            async move {
+                if object["kind"] == "Deployment" {
+                    let d: Deployment = serde_json::from_value(object).expect("a Deployment");
+                    Api::<Deployment>::namespaced(client, namespace)
+                        .create(&dry_run, &d)
+                        .await
+                        .map(|_| ())
+                } else {
+                    let j: Job = serde_json::from_value(object).expect("a Job");
+                    Api::<Job>::namespaced(client, namespace)
+                        .create(&dry_run, &j)
+                        .await
+                        .map(|_| ())
+                }
+            }
+        };
+        // The policy and its ConfigMap reach the admission plugin through informers.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let mut privileged = object.clone();
+        (variants[0].1)(&mut privileged["spec"]["template"]["spec"]);
+        while !create(&privileged)
+            .await
+            .is_err_and(|e| e.to_string().contains("banlieue-workload-pins"))
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the workload policy never took effect"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        create(object)
+            .await
+            .unwrap_or_else(|e| panic!("{name} refused what banlieue makes: {e}"));
+        for (what, change, says) in &variants {
+            let mut variant = object.clone();
+            change(&mut variant["spec"]["template"]["spec"]);
+            let refused = create(&variant)
+                .await
+                .expect_err(&format!("{name} created a {what} workload"));
+            let message = refused.to_string();
+            assert!(
+                message.contains("banlieue-workload-pins") && message.contains(says),
+                "{name}, {what}: {message}"
+            );
+        }
+    }
 }
