@@ -155,6 +155,8 @@ enum VsphereProviderCommand {
         namespace: String,
         #[command(flatten)]
         serve: ServeArgs,
+        #[command(flatten)]
+        election: ElectionArgs,
     },
 }
 
@@ -171,6 +173,8 @@ enum LibvirtProviderCommand {
         namespace: String,
         #[command(flatten)]
         serve: ServeArgs,
+        #[command(flatten)]
+        election: ElectionArgs,
     },
     /// Import an image file into a storage pool of a Provider (what an import Job runs).
     ///
@@ -228,13 +232,15 @@ struct ControllerArgs {
     provider_lost_after_seconds: u64,
 }
 
-/// Leader election on the Lease `banlieue-controller` (ADR-0067).
+/// Leader election on a Lease (ADR-0067): the controller's `banlieue-controller`, a provider's
+/// named after its workload account (`banlieue-provider-<provider>`) in the Provider's namespace.
 #[derive(Debug, Args)]
 struct ElectionArgs {
-    /// Take the Lease `banlieue-controller` in the pod's namespace (POD_NAMESPACE, else the
-    /// in-cluster namespace, else banlieue-system) before acting, so that of several replicas
-    /// one acts; exit with status 1 when it is lost. The holder identity is POD_NAME, else the
-    /// host name and pid.
+    /// Take the Lease before acting, so that of several replicas (or a pod on a partitioned node
+    /// and its replacement) one acts; exit with status 1 when it is lost. The controller's is
+    /// `banlieue-controller` in the pod's namespace (POD_NAMESPACE, else the in-cluster
+    /// namespace, else banlieue-system); a provider's is named after its workload account, in
+    /// the Provider's namespace. The holder identity is POD_NAME, else the host name and pid.
     #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
           action = clap::ArgAction::Set, value_name = "BOOL")]
     leader_elect: bool,
@@ -255,8 +261,8 @@ struct ElectionArgs {
 }
 
 impl ElectionArgs {
-    /// The Lease to take, or `None` without leader election.
-    fn lease(&self) -> Option<LeaseConfig> {
+    /// The Lease `name` in `namespace` to take, or `None` without leader election.
+    fn lease(&self, namespace: String, name: &str) -> Option<LeaseConfig> {
         if !self.leader_elect || self.no_leader_elect {
             return None;
         }
@@ -264,11 +270,7 @@ impl ElectionArgs {
             lease_duration: Duration::from_secs(self.leader_elect_lease_duration),
             renew_deadline: Duration::from_secs(self.leader_elect_renew_deadline),
             retry_period: Duration::from_secs(self.leader_elect_retry_period),
-            ..LeaseConfig::new(
-                leader::namespace_from_environment(),
-                banlieue_controller::LEASE_NAME,
-                leader::identity_from_environment(),
-            )
+            ..LeaseConfig::new(namespace, name, leader::identity_from_environment())
         })
     }
 }
@@ -347,6 +349,12 @@ async fn serve(roles: Roles, args: ServeArgs, lease: Option<LeaseConfig>) -> Res
     }
 }
 
+/// The Lease a provider workload holds while it acts: named after its workload account, which
+/// its own Role grants it by name.
+fn provider_lease_name(provider: &str) -> String {
+    banlieue_provider_kit::operator::workloads::workload_name(provider)
+}
+
 /// Leadership was lost: another replica may take the Lease over once the lease duration has
 /// passed since the last renewal, and this one must have stopped writing by then. Exiting at
 /// once, with reconciles in flight, is the simplest stop that cannot be late (as
@@ -386,32 +394,43 @@ fn main() -> ExitCode {
                 ..Roles::default()
             },
             args.serve,
-            args.election.lease(),
+            args.election.lease(
+                leader::namespace_from_environment(),
+                banlieue_controller::LEASE_NAME,
+            ),
         )),
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
             provider,
             namespace,
             serve: args,
-        })) => block_on(serve(
-            Roles {
-                libvirt_provider: Some((provider, namespace)),
-                ..Roles::default()
-            },
-            args,
-            None,
-        )),
+            election,
+        })) => {
+            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
+            block_on(serve(
+                Roles {
+                    libvirt_provider: Some((provider, namespace)),
+                    ..Roles::default()
+                },
+                args,
+                lease,
+            ))
+        }
         Command::Provider(ProviderCommand::Vsphere(VsphereProviderCommand::Run {
             provider,
             namespace,
             serve: args,
-        })) => block_on(serve(
-            Roles {
-                vsphere_provider: Some((provider, namespace)),
-                ..Roles::default()
-            },
-            args,
-            None,
-        )),
+            election,
+        })) => {
+            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
+            block_on(serve(
+                Roles {
+                    vsphere_provider: Some((provider, namespace)),
+                    ..Roles::default()
+                },
+                args,
+                lease,
+            ))
+        }
         Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
             vmimage,
             provider,
@@ -527,7 +546,10 @@ mod tests {
     fn election(args: &[&str]) -> Result<Option<LeaseConfig>, clap::Error> {
         let cli = Cli::try_parse_from(["banlieue", "controller"].iter().chain(args))?;
         match cli.command {
-            Command::Controller(args) => Ok(args.election.lease()),
+            Command::Controller(args) => Ok(args.election.lease(
+                leader::namespace_from_environment(),
+                banlieue_controller::LEASE_NAME,
+            )),
             _ => unreachable!("parsed a controller command"),
         }
     }
@@ -585,5 +607,59 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(short.lease_duration, Duration::from_secs(6));
+    }
+
+    /// Each provider holds its own Lease in its Provider's namespace, named as the Role the
+    /// operator makes grants it (a pod on a partitioned node and its replacement never both act).
+    #[test]
+    fn a_provider_elects_on_its_own_lease_in_its_namespace() {
+        for backend in ["libvirt", "vsphere"] {
+            let parse = |extra: &[&str]| {
+                let args = [
+                    "banlieue",
+                    "provider",
+                    backend,
+                    "run",
+                    "--provider",
+                    "edge-7",
+                ]
+                .into_iter()
+                .chain(["--namespace", "team-a"])
+                .chain(extra.iter().copied());
+                let cli = Cli::try_parse_from(args).unwrap();
+                match cli.command {
+                    Command::Provider(
+                        ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
+                            provider,
+                            namespace,
+                            election,
+                            ..
+                        })
+                        | ProviderCommand::Vsphere(VsphereProviderCommand::Run {
+                            provider,
+                            namespace,
+                            election,
+                            ..
+                        }),
+                    ) => election.lease(namespace, &provider_lease_name(&provider)),
+                    other => panic!("not a provider run: {other:?}"),
+                }
+            };
+            let lease = parse(&[]).expect("leader election by default");
+            assert_eq!(
+                (lease.namespace.as_str(), lease.name.as_str()),
+                ("team-a", "banlieue-provider-edge-7")
+            );
+            let granted = banlieue_provider_kit::operator::workloads::own_provider_rules("edge-7");
+            assert!(
+                granted.iter().any(|r| {
+                    r.resources.as_deref() == Some(&["leases".to_owned()][..])
+                        && r.resource_names.as_deref() == Some(&[lease.name.clone()][..])
+                        && r.verbs.contains(&"update".to_owned())
+                }),
+                "{granted:?}"
+            );
+            assert!(parse(&["--no-leader-elect"]).is_none());
+        }
     }
 }

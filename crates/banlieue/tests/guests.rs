@@ -116,7 +116,12 @@ async fn scenario(
     dev::admit_claimant(&admin).await?;
     dev::prepare_libvirt(libvirtd, &format!("bng{}", std::process::id())).await?;
     dev::upload_guest_image(libvirtd, &image).await?;
-    dev::register_provider(&admin, libvirtd, &objects::provider_class("banlieue:dev")).await?;
+    dev::register_provider(
+        &admin,
+        libvirtd,
+        &objects::provider_class(objects::DEV_IMAGE),
+    )
+    .await?;
     workers.extend(
         dev::spawn_controller_with(control_plane, registry, shutdown, Some(SIGNAL_GRACE)).await?,
     );

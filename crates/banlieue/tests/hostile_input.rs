@@ -577,7 +577,7 @@ async fn run(
     dev::register_provider(
         &admin,
         libvirtd,
-        &dev::objects::provider_class("banlieue:dev"),
+        &dev::objects::provider_class(objects::DEV_IMAGE),
     )
     .await?;
     let mut registry = Registry::default();

@@ -369,7 +369,7 @@ async fn register_libvirt(admin: &Client, libvirtd: &Libvirtd) -> Result<(), Box
     let ca = std::fs::read_to_string(libvirtd.ca_cert_path())?;
     dev::apply(admin, &objects::credentials_secret(&cert, &key)).await?;
     dev::apply(admin, &objects::ca_configmap(&ca)).await?;
-    dev::apply(admin, &objects::provider_class("banlieue:dev")).await?;
+    dev::apply(admin, &objects::provider_class(objects::DEV_IMAGE)).await?;
     let mut provider = objects::provider(&libvirtd.tls_uri());
     provider.spec.capabilities.features.clear();
     provider.spec.attestation = None;
@@ -396,7 +396,7 @@ async fn register_vsphere(admin: &Client, vcsim: &Vcsim) -> Result<(), BoxError>
     vc.wait_task(&off).await?;
     vc.mark_as_template(&model).await?;
     let _ = vc.logout().await;
-    let mut class: ProviderClass = objects::provider_class("banlieue:dev");
+    let mut class: ProviderClass = objects::provider_class(objects::DEV_IMAGE);
     class.metadata.name = Some(VSPHERE_CLASS.into());
     class.spec.machine_kind = MachineKind::VSphereMachine;
     class.spec.additional_rules.clear();

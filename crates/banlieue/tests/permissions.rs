@@ -129,6 +129,21 @@ const ASKS: &[Ask] = &[
         Some("another-lease"),
         false,
     ),
+    // Each provider's own Lease: only that provider (and the controller, which grants it).
+    Ask(
+        "update",
+        COORDINATION,
+        "leases",
+        Some("banlieue-provider-libvirt-edge-host-7"),
+        false,
+    ),
+    Ask(
+        "update",
+        COORDINATION,
+        "leases",
+        Some("banlieue-provider-vcenter-lab"),
+        false,
+    ),
     Ask("create", COORDINATION, "leases", None, false),
     Ask("create", B, "virtualmachineclaims", None, false),
     Ask("update", B, "virtualmachineclaims", None, false),

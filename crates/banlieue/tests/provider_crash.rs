@@ -8,7 +8,8 @@
 //! defined. Then the host holds a defined, stopped domain; the next run must adopt and start
 //! that very domain (same UUID, never a second definition), the pool's member becomes
 //! available and a claim binds it; deleting the pool leaves no domain and no volume of the
-//! member's behind.
+//! member's behind. Each run acts only while it holds the provider's own Lease: the second
+//! waits for the crashed run's to expire, and a third started beside the second stays standby.
 
 // Shared with multi_host.rs, which starts three daemons; this binary needs one.
 #[allow(dead_code)]
@@ -29,6 +30,7 @@ use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::poll;
 use hosts::{BoxError, Host};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -65,7 +67,7 @@ async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Resul
     }
     let released = hosts::release(&hosts).await;
     if outcome.is_err() {
-        for log in ["first.log", "second.log"] {
+        for log in ["first.log", "second.log", "third.log"] {
             let text = std::fs::read_to_string(logs.path().join(log)).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(30).collect();
             eprintln!(
@@ -105,6 +107,19 @@ async fn scenario(
         Some(CRASH_AFTER_DOMAIN_DEFINE),
     )?;
     hosts::wait_ready(admin, std::slice::from_ref(host), DEADLINE).await?;
+    // It acts only while it holds its own Lease (its Role grants it by name).
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let holder = |lease: Option<Lease>| {
+        lease
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default()
+    };
+    let first_pid = format!("_{}", first.child.id());
+    assert!(
+        holder(leases.get_opt(&account).await?).ends_with(&first_pid),
+        "the first run does not hold Lease {account}"
+    );
     dev::apply(admin, &objects::image()).await?;
     dev::apply(admin, &objects::class()).await?;
     let mut pool = objects::pool();
@@ -170,9 +185,36 @@ async fn scenario(
     })
     .await?;
     eprintln!(
-        "member available {:.1?} after the provider restarted",
+        "member available {:.1?} after the provider restarted (the crashed run's Lease had to \
+         expire first)",
         restarted.elapsed()
     );
+    let second_pid = format!("_{}", second.child.id());
+    let lease = leases.get(&account).await?;
+    assert!(
+        holder(Some(lease.clone())).ends_with(&second_pid),
+        "the second run acts without holding Lease {account}"
+    );
+    assert!(
+        lease
+            .spec
+            .and_then(|s| s.lease_transitions)
+            .is_some_and(|t| t >= 1),
+        "the second run did not take the Lease over"
+    );
+    // A third run for the same host (a replacement pod while the old one still runs) waits.
+    let mut third =
+        ProviderProcess::start(&host.provider, &kubeconfig, &logs.join("third.log"), None)?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        third.child.try_wait()?.is_none(),
+        "the standby run exited: see third.log"
+    );
+    assert!(
+        holder(leases.get_opt(&account).await?).ends_with(&second_pid),
+        "a second provider took the Lease of a live one"
+    );
+    third.stop();
     assert_eq!(hosts::domains(&host.libvirtd).await?, vec![domain.clone()]);
     assert_eq!(
         hosts::running_domains(&host.libvirtd).await?,

@@ -9,7 +9,7 @@
 //!
 //! | object | namespace | grants |
 //! |---|---|---|
-//! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object (resourceNames) |
+//! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object and Lease (resourceNames) |
 //! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
 //! | its ServiceAccount among the subjects of ClusterRoleBinding `banlieue-providers` | — | ClusterRole `banlieue-provider-cluster` |
 //! | RoleBinding `banlieue-provider-<ns>-<p>-<hash>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
@@ -217,10 +217,18 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> 
     }
 }
 
-/// The per-Provider Role: its own Provider, read and status, by name. Watching by name works
-/// because the workload's watches select `metadata.name`.
+/// The per-Provider Role: its own Provider, read and status, by name (watching by name works
+/// because the workload's watches select `metadata.name`), and its own Lease, named after its
+/// workload account, which it holds while it acts so that two pods never act for one host
+/// (`create` on Leases, which cannot be limited by name, is in `banlieue-provider-base`).
 pub fn own_provider_rules(provider: &str) -> Vec<PolicyRule> {
     vec![
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "update"],
+            &[&workload_name(provider)],
+        ),
         rule(
             &[names::GROUP],
             &["providers"],

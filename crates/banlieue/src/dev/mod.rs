@@ -311,7 +311,7 @@ async fn drive(
     let class = if args.deployed {
         objects::deployed_provider_class(bootstrap::DEFAULT_IMAGE, &args.domain_type)
     } else {
-        objects::provider_class("banlieue:dev")
+        objects::provider_class(objects::DEV_IMAGE)
     };
     register_provider(&kube, libvirtd, &class).await?;
 
@@ -432,12 +432,13 @@ pub async fn bootstrap_cluster(kube: &Client) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Applies the shipped admission policies with the dev issuer, and lets [`objects::CLAIMANT`]
+/// Applies the shipped admission policies with the dev issuer and images, and lets [`objects::CLAIMANT`]
 /// create and read claims in the system namespace.
 pub async fn admit_claimant(kube: &Client) -> Result<(), BoxError> {
     let admission = bootstrap::objects_of(bootstrap::ADMISSION)?;
     bootstrap::apply_all(kube, &admission, |_| {}).await?;
     apply(kube, &objects::claim_policy_configmap()).await?;
+    apply(kube, &objects::workload_images_configmap()).await?;
     let (role, binding) = objects::claimant_rbac();
     apply(kube, &role).await?;
     apply(kube, &binding).await?;

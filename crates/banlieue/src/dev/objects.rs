@@ -82,6 +82,26 @@ pub fn ca_configmap(ca_pem: &str) -> ConfigMap {
     }
 }
 
+/// The image the in-process roles' ProviderClass names: no pod ever runs it (the workload runs
+/// in this process), but the operator still writes its Deployment.
+pub const DEV_IMAGE: &str = "banlieue:dev";
+
+/// The workload policy's parameters (`deploy/admission/workload-images.yaml`): the images
+/// `dev` names, the in-process one and the deployed one, and the shipped import account.
+pub fn workload_images_configmap() -> ConfigMap {
+    ConfigMap {
+        metadata: meta("banlieue-workload-images"),
+        data: Some(BTreeMap::from([
+            (
+                "images".to_owned(),
+                format!("{DEV_IMAGE}\n{}\n", crate::bootstrap::DEFAULT_IMAGE),
+            ),
+            ("importAccounts".to_owned(), "banlieue-import\n".to_owned()),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
 /// The claim-subject policy's parameters: the dev issuer, no brokers.
 pub fn claim_policy_configmap() -> ConfigMap {
     ConfigMap {
