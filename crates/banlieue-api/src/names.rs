@@ -14,9 +14,6 @@ pub const API_VERSION: &str = "banlieue.io/v1alpha1";
 pub const SYSTEM_NAMESPACE: &str = "banlieue-system";
 /// Namespace where import Jobs run next to the artifacts PVC (ADR-0016).
 pub const DEFAULT_BUILD_NAMESPACE: &str = "banlieue-imagebuild";
-/// The ServiceAccount import Jobs run as in the build namespace when the ProviderClass names
-/// none. The operator creates it; it is never the namespace's `default` account (ADR-0063).
-pub const DEFAULT_IMPORT_SERVICE_ACCOUNT: &str = "banlieue-import";
 
 /// Label on a pool member naming its pool. Removed at bind: a bound member belongs to its claim.
 pub const LABEL_POOL: &str = "banlieue.io/pool";

@@ -266,7 +266,10 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
         }
     }
     // Leader election (ADR-0067): its own Lease, in its own namespace, by name; `create`
-    // cannot be narrowed by name, so it covers any Lease of that namespace, and no other.
+    // cannot be narrowed by name, so it covers any Lease of that namespace, and no other. In
+    // the namespaces enabled for Providers (banlieue-system is) it may also get and update any
+    // Lease, so that it can grant each provider its own by name without `escalate`: it could
+    // pause a provider, whose Deployment it writes anyway.
     let coordination = "coordination.k8s.io";
     for (verb, lease, namespace, want) in [
         ("get", Some("banlieue-controller"), "banlieue-system", true),
@@ -277,7 +280,7 @@ async fn the_controller_role_grants_what_it_needs_and_nothing_more() {
             true,
         ),
         ("create", None, "banlieue-system", true),
-        ("update", Some("kube-scheduler"), "banlieue-system", false),
+        ("update", Some("kube-scheduler"), "banlieue-system", true),
         ("get", Some("banlieue-controller"), ns, false),
         ("update", Some("banlieue-controller"), "kube-system", false),
         ("create", None, ns, false),

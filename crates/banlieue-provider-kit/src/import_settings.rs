@@ -11,7 +11,8 @@ pub const DEFAULT_ARTIFACTS_CLAIM: &str = "banlieue-artifacts";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportSettings {
     pub namespace: String,
-    /// `None`: [`names::DEFAULT_IMPORT_SERVICE_ACCOUNT`], which the operator creates.
+    /// `None`: one account per Provider ([`ImportSettings::account_for`]), which the operator
+    /// creates.
     pub service_account: Option<String>,
     pub artifacts_claim: String,
 }
@@ -37,10 +38,14 @@ impl ImportSettings {
         }
     }
 
-    /// The ServiceAccount the Job's pods run as.
-    pub fn effective_service_account(&self) -> &str {
-        self.service_account
-            .as_deref()
-            .unwrap_or(names::DEFAULT_IMPORT_SERVICE_ACCOUNT)
+    /// The ServiceAccount the import Jobs of `provider` (in `namespace`) run as: the class's
+    /// `serviceAccountName` when it names one (then shared by the class's Providers, the
+    /// administrator's choice), else the Provider's own, which the operator creates in the
+    /// import namespace so that one Provider's import pod cannot read another's namespace.
+    pub fn account_for(&self, namespace: &str, provider: &str) -> String {
+        match &self.service_account {
+            Some(shared) => shared.clone(),
+            None => crate::operator::workloads::import_account_name(namespace, provider),
+        }
     }
 }

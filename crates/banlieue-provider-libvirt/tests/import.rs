@@ -75,7 +75,7 @@ async fn cluster_with_rules(additional_rules: Vec<PolicyRule>) -> Cluster {
             additional_rules,
             import: ImportJobSettings {
                 namespace: Some(build_ns.clone()),
-                // The import Jobs run as banlieue-import, the default.
+                // The import Jobs run as the Provider's own account, the default.
                 service_account_name: None,
                 artifacts_claim_name: None,
             },
@@ -148,7 +148,7 @@ impl Cluster {
             .expect("the provider's identity")
     }
 
-    /// The client of the import Jobs' ServiceAccount (banlieue-import in the build namespace),
+    /// The client of the import Jobs' ServiceAccount (the Provider's own, in the build namespace),
     /// with the grants the operator gives it; after [`Cluster::provider`].
     async fn importer(&self) -> kube::Client {
         import_identity(self.cp, &self.read_provider().await, &self.class)
@@ -371,7 +371,15 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
         "securityContext": pod.security_context,
         "podLabels": ours(spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref())),
         "restartPolicy": pod.restart_policy,
-        "serviceAccountName": pod.service_account_name,
+        // The Provider's own import account, whose name ends in a hash of its namespace.
+        "serviceAccountName": pod.service_account_name.as_deref().map(|a| {
+            let own = banlieue_provider_kit::operator::workloads::import_account_name(&c.ns, PROVIDER);
+            if a == own {
+                "[the provider's own import account]".to_owned()
+            } else {
+                a.to_owned()
+            }
+        }),
         "containers": pod.containers.iter().map(|c| json!({
             "name": c.name,
             "image": c.image,
@@ -491,7 +499,7 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
         // The importer's ServiceAccount does not exist in the build namespace.
         let message = zone.message.as_deref().unwrap_or_default();
         assert!(
-            message.contains("ServiceAccount banlieue-import not found"),
+            message.contains(&format!("ServiceAccount {account} not found")),
             "{message}"
         );
     }

@@ -245,17 +245,25 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
         "the workload's account is not a subject of {}",
         workloads::PROVIDERS_CLUSTER_BINDING
     );
-    // The import Jobs' account exists in the build namespace, owned by the class.
+    // The import Jobs' account is the Provider's own, in the build namespace: no other
+    // Provider's import pods hold its namespace's reads.
     let build_accounts = Api::<ServiceAccount>::namespaced(kube.clone(), "banlieue-imagebuild");
-    let import_sa = eventually("the import ServiceAccount", 30, || async {
-        Ok(build_accounts.get_opt("banlieue-import").await?)
+    let own_import = workloads::import_account_name(&ns, "edge-7");
+    eventually("the Provider's import ServiceAccount", 30, || async {
+        Ok(build_accounts.get_opt(&own_import).await?)
     })
     .await?;
-    assert!(
-        import_sa
-            .owner_references()
+    let import_binding = bindings
+        .get(&workloads::import_binding_name("edge-7"))
+        .await?;
+    assert_eq!(
+        import_binding
+            .subjects
+            .unwrap_or_default()
             .iter()
-            .any(|r| r.kind == "ProviderClass" && r.name == class.name_any())
+            .map(|s| (s.name.as_str(), s.namespace.as_deref()))
+            .collect::<Vec<_>>(),
+        [(own_import.as_str(), Some("banlieue-imagebuild"))]
     );
 
     // The workload's account really holds its grants, and no more.
@@ -325,10 +333,13 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     })
     .await?;
 
-    // Deleting the Provider removes its account through the finalizer.
+    // Deleting the Provider removes its account and its import account through the
+    // finalizer.
     api.delete("edge-7", &DeleteParams::default()).await?;
-    eventually("Provider gone and its account out", 60, || async {
-        let gone = api.get_opt("edge-7").await?.is_none() && !joined().await?;
+    eventually("Provider gone and its accounts out", 60, || async {
+        let gone = api.get_opt("edge-7").await?.is_none()
+            && !joined().await?
+            && build_accounts.get_opt(&own_import).await?.is_none();
         Ok(gone.then_some(()))
     })
     .await?;

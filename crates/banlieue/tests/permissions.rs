@@ -33,9 +33,10 @@ const IDENTITIES: [(&str, &str); 6] = [
         "provider",
         "system:serviceaccount:banlieue-system:banlieue-provider-libvirt-edge-host-7",
     ),
+    // The guide's Provider's own import account (`workloads::import_account_name`).
     (
         "import",
-        "system:serviceaccount:banlieue-imagebuild:banlieue-import",
+        "system:serviceaccount:banlieue-imagebuild:banlieue-import-banlieue-system-libvirt-edge-host-7-729e95a3",
     ),
     (
         "imagebuilder",
@@ -296,6 +297,14 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
     // thing only they give it.
     let (_, provider) = IDENTITIES[1];
     let (_, import) = IDENTITIES[2];
+    assert_eq!(
+        import,
+        format!(
+            "system:serviceaccount:{BUILD}:{}",
+            banlieue_provider_kit::operator::workloads::import_account_name(SYSTEM, PROVIDER)
+        ),
+        "the import identity is not the guide's Provider's own import account"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     for (user, ask, ns) in [
         (provider, Ask("create", "batch", "jobs", None, false), BUILD),
@@ -502,8 +511,10 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
     ))
     .expect("json");
     build["metadata"]["name"] = json!("pinned-probe");
+    use banlieue_provider_kit::operator::workloads::import_account_name;
     let mut import = build.clone();
-    import["spec"]["template"]["spec"]["serviceAccountName"] = json!("banlieue-import");
+    import["spec"]["template"]["spec"]["serviceAccountName"] =
+        json!(import_account_name(SYSTEM, PROVIDER));
 
     /// What is changed, how (on the pod template's spec), and what the refusal says.
     type Variant = (&'static str, fn(&mut Value), &'static str);
@@ -615,6 +626,28 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
             assert!(
                 message.contains("banlieue-workload-pins") && message.contains(says),
                 "{name}, {what}: {message}"
+            );
+        }
+        if user != provider {
+            continue;
+        }
+        // A provider imports as its own account only: not as another Provider's, not even
+        // one whose name extends its own.
+        for other in [
+            import_account_name(SYSTEM, "vcenter-lab"),
+            import_account_name(SYSTEM, &format!("{PROVIDER}-2")),
+            import_account_name(OTHER, PROVIDER),
+        ] {
+            let mut variant = object.clone();
+            variant["spec"]["template"]["spec"]["serviceAccountName"] = json!(other);
+            let refused = create(&variant)
+                .await
+                .expect_err(&format!("{name} started a Job as {other}"));
+            assert!(
+                refused.to_string().contains(&format!(
+                    "may not start a workload running as ServiceAccount {other}"
+                )),
+                "{refused}"
             );
         }
     }

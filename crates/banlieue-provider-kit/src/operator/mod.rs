@@ -335,30 +335,45 @@ async fn apply_workloads(
         &w.deployment,
     )
     .await?;
-    // Bindings of this Provider under another name: made by an earlier release, whose names
-    // could collide across namespaces.
-    let keep = w.class_binding.metadata.name.as_deref();
+    // This Provider's objects under another name: bindings an earlier release made (whose
+    // names could collide across namespaces), or its own import account once its class names
+    // a shared one.
+    let keep = [
+        w.class_binding.metadata.name.as_deref(),
+        w.import_service_account.metadata.name.as_deref(),
+    ];
     let import = ImportSettings::of(class).namespace;
     let namespace = provider.namespace().unwrap_or_default();
-    delete_outside(kube, &namespace, &provider.name_any(), &import, keep).await
+    delete_outside(
+        kube,
+        &namespace,
+        &provider.name_any(),
+        &import,
+        &keep.into_iter().flatten().collect::<Vec<_>>(),
+    )
+    .await
 }
 
-/// Deletes this Provider's RoleBindings in the class's import namespace (found by their labels,
-/// not their names) except the one named `keep`.
+/// Deletes this Provider's RoleBindings and ServiceAccounts in the class's import namespace
+/// (found by their labels, not their names) except those named in `keep`.
 async fn delete_outside(
     kube: &kube::Client,
     namespace: &str,
     provider: &str,
     import_namespace: &str,
-    keep: Option<&str>,
+    keep: &[&str],
 ) -> Result<()> {
     let selector = ListParams::default().labels(&format!(
         "{}={provider},{LABEL_PROVIDER_NAMESPACE}={namespace}",
         banlieue_api::names::LABEL_PROVIDER
     ));
-    let stale = |meta: &kube::api::ObjectMeta| meta.name.as_deref() != keep;
-    let build = Api::<RoleBinding>::namespaced(kube.clone(), import_namespace);
-    for binding in build
+    let stale = |meta: &kube::api::ObjectMeta| {
+        meta.name
+            .as_deref()
+            .is_some_and(|name| !keep.contains(&name))
+    };
+    let bindings = Api::<RoleBinding>::namespaced(kube.clone(), import_namespace);
+    for binding in bindings
         .list(&selector)
         .await
         .map_err(Error::kube(format!(
@@ -368,7 +383,20 @@ async fn delete_outside(
         .into_iter()
         .filter(|b| stale(&b.metadata))
     {
-        delete_if_present(build.clone(), &binding.name_any(), "RoleBinding").await?;
+        delete_if_present(bindings.clone(), &binding.name_any(), "RoleBinding").await?;
+    }
+    let accounts = Api::<ServiceAccount>::namespaced(kube.clone(), import_namespace);
+    for account in accounts
+        .list(&selector)
+        .await
+        .map_err(Error::kube(format!(
+            "list ServiceAccounts in {import_namespace}"
+        )))?
+        .items
+        .into_iter()
+        .filter(|a| stale(&a.metadata))
+    {
+        delete_if_present(accounts.clone(), &account.name_any(), "ServiceAccount").await?;
     }
     Ok(())
 }
@@ -573,7 +601,7 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         || banlieue_api::names::DEFAULT_BUILD_NAMESPACE.to_owned(),
         |class| ImportSettings::of(class).namespace,
     );
-    delete_outside(&ctx.kube, &ns, &name, &build, None).await?;
+    delete_outside(&ctx.kube, &ns, &name, &build, &[]).await?;
     set_cluster_subject(&ctx.kube, &workloads::provider_subject(provider), false).await?;
     banlieue_runtime::reconcile::remove_finalizer(api, provider, FINALIZER_PROVIDER_WORKLOADS)
         .await

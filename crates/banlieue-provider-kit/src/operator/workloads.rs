@@ -14,7 +14,8 @@
 //! | its ServiceAccount among the subjects of ClusterRoleBinding `banlieue-providers` | — | ClusterRole `banlieue-provider-cluster` |
 //! | RoleBinding `banlieue-provider-<ns>-<p>-<hash>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
 //! | RoleBinding `banlieue-provider-<p>-class` | Provider's (vSphere) | ClusterRole `banlieue-provider-class-<class>` |
-//! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to the import ServiceAccount |
+//! | RoleBinding `banlieue-import-<p>` | Provider's | ClusterRole `banlieue-import` to its import ServiceAccount |
+//! | ServiceAccount `banlieue-import-<ns>-<p>-<hash>` | build (libvirt) | the import Jobs' account, unless the class names a shared one |
 //!
 //! What differs between the classes' workloads (the provider they run, where and when the
 //! class's ClusterRole is bound) is decided once, by the class's machine kind, in
@@ -70,11 +71,12 @@ pub struct Workloads {
     pub own_provider_binding: RoleBinding,
     /// `banlieue-provider-base` in the Provider's namespace.
     pub base_binding: RoleBinding,
-    /// `banlieue-import` in the Provider's namespace, for the import ServiceAccount.
+    /// `banlieue-import` in the Provider's namespace, for its import ServiceAccount.
     pub import_binding: RoleBinding,
     pub deployment: Deployment,
-    /// The import Jobs' ServiceAccount in the build namespace, shared by the class's Providers
-    /// and owned by the ProviderClass.
+    /// The import Jobs' ServiceAccount in the build namespace: the Provider's own (removed
+    /// through its finalizer), or the one the class names, shared by the class's Providers and
+    /// owned by the ProviderClass.
     pub import_service_account: ServiceAccount,
     /// The workload's ServiceAccount as a subject of [`PROVIDERS_CLUSTER_BINDING`]: added
     /// while the Provider exists, removed through its finalizer.
@@ -168,10 +170,28 @@ pub fn class_role_name(class: &str) -> String {
 /// and deletes these by name, so one Provider would take over and then delete the other's: a
 /// digest of `<namespace>/<name>` (a `/` is in neither) makes the name unique.
 pub fn outside_name(namespace: &str, provider: &str) -> String {
+    names::shorten(&format!(
+        "banlieue-provider-{namespace}-{provider}-{}",
+        outside_hash(namespace, provider)
+    ))
+}
+
+/// The ServiceAccount a Provider's import Jobs run as in the import namespace when its class
+/// names none: `banlieue-import-<namespace>-<name>-<hash>`, unique per Provider for the reason
+/// [`outside_name`] gives. `deploy/admission/workload-pins.yaml` lets a provider start Jobs as
+/// the account that begins with this name's first 40 characters (CEL cannot compute the hash).
+pub fn import_account_name(namespace: &str, provider: &str) -> String {
+    names::shorten(&format!(
+        "banlieue-import-{namespace}-{provider}-{}",
+        outside_hash(namespace, provider)
+    ))
+}
+
+/// 8 hex digits of the SHA-256 of `<namespace>/<name>` (a `/` is in neither).
+fn outside_hash(namespace: &str, provider: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{namespace}/{provider}").as_bytes());
-    let hash: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-    names::shorten(&format!("banlieue-provider-{namespace}-{provider}-{hash}"))
+    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The ServiceAccount `provider`'s workload runs as.
@@ -348,25 +368,36 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         PROVIDER_BASE_ROLE,
         workload_subject.clone(),
     );
+    let import_account = import.account_for(&ns, &name);
     let import_binding = binding(
         meta(import_binding_name(&name)),
         "ClusterRole",
         IMPORT_ROLE,
-        service_account_subject(import.effective_service_account(), &import.namespace),
+        service_account_subject(&import_account, &import.namespace),
     );
     let import_service_account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(import.effective_service_account().to_owned()),
-            namespace: Some(import.namespace.clone()),
-            labels: Some(
-                [
-                    ("banlieue.io/provider-class".to_owned(), class_name.clone()),
-                    (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
-                ]
-                .into(),
-            ),
-            owner_references: Some(vec![class_owner]),
-            ..ObjectMeta::default()
+        metadata: match &import.service_account {
+            // The class's own account, shared by its Providers and owned by the class.
+            Some(_) => ObjectMeta {
+                name: Some(import_account.clone()),
+                namespace: Some(import.namespace.clone()),
+                labels: Some(
+                    [
+                        ("banlieue.io/provider-class".to_owned(), class_name.clone()),
+                        (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+                    ]
+                    .into(),
+                ),
+                owner_references: Some(vec![class_owner]),
+                ..ObjectMeta::default()
+            },
+            // The Provider's own: outside its namespace, removed through its finalizer.
+            None => ObjectMeta {
+                name: Some(import_account.clone()),
+                namespace: Some(import.namespace.clone()),
+                labels: Some(outside_labels.clone()),
+                ..ObjectMeta::default()
+            },
         },
         ..ServiceAccount::default()
     };
@@ -695,15 +726,17 @@ mod tests {
             w.class_binding.metadata.namespace.as_deref(),
             Some("banlieue-imagebuild")
         );
-        // The import Jobs' account is the class's, in the build namespace; never `default`.
+        // The import Jobs' account is the Provider's own, in the build namespace; never
+        // `default`, never another Provider's.
+        let own = import_account_name("banlieue-system", "edge-7");
         assert_eq!(
             w.import_service_account.metadata.name.as_deref(),
-            Some("banlieue-import")
+            Some(own.as_str())
         );
         let subject = &w.import_binding.subjects.unwrap()[0];
         assert_eq!(
             (subject.name.as_str(), subject.namespace.as_deref()),
-            ("banlieue-import", Some("banlieue-imagebuild"))
+            (own.as_str(), Some("banlieue-imagebuild"))
         );
         for shipped in [
             "provider-base-clusterrole.yaml",
@@ -720,6 +753,17 @@ mod tests {
     fn objects_outside_the_providers_namespace_never_point_at_it() {
         let w = build(&provider(), &class()).unwrap();
         assert!(w.class_binding.metadata.owner_references.is_none());
+        // The Provider's own import account is removed through its finalizer, by its labels.
+        assert!(w.import_service_account.metadata.owner_references.is_none());
+        let labels = w.import_service_account.metadata.labels.unwrap();
+        assert_eq!(
+            labels.get(LABEL_PROVIDER_NAMESPACE).map(String::as_str),
+            Some("banlieue-system")
+        );
+        // A class that names its account shares it among its Providers and owns it.
+        let mut shared = class();
+        shared.spec.import.service_account_name = Some("banlieue-import".into());
+        let w = build(&provider(), &shared).unwrap();
         let owner = &w.import_service_account.metadata.owner_references.unwrap()[0];
         assert_eq!(owner.kind, "ProviderClass");
         let owner = &w.base_binding.metadata.owner_references.unwrap()[0];

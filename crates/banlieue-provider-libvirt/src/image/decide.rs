@@ -272,7 +272,10 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     // Never the build namespace's `default` account (ADR-0063).
-                    service_account_name: Some(settings.effective_service_account().to_owned()),
+                    service_account_name: Some(settings.account_for(
+                        provider.metadata.namespace.as_deref().unwrap_or_default(),
+                        provider_name,
+                    )),
                     // The importer reads one file and talks TLS: it needs no privilege, no
                     // writable root and no capability.
                     security_context: Some(pods::restricted_pod(None)),
@@ -636,14 +639,21 @@ mod tests {
         let s = ImportSettings::of(&class(Default::default()));
         assert_eq!(s.namespace, "banlieue-imagebuild");
         assert_eq!(s.artifacts_claim, "banlieue-artifacts");
-        assert_eq!(s.effective_service_account(), "banlieue-import");
+        // No account named: each Provider its own, distinct across namespaces.
+        let own = s.account_for("team-a", "edge");
+        assert!(own.starts_with("banlieue-import-team-a-edge-"), "{own}");
+        assert_ne!(own, s.account_for("team-a-edge", ""));
+        assert_ne!(own, s.account_for("team", "a-edge"));
         let s = ImportSettings::of(&class(ImportJobSettings {
             namespace: Some("build".into()),
             service_account_name: Some("importer".into()),
             artifacts_claim_name: Some("arts".into()),
         }));
         assert_eq!(
-            (s.namespace.as_str(), s.effective_service_account()),
+            (
+                s.namespace.as_str(),
+                s.account_for("team-a", "edge").as_str()
+            ),
             ("build", "importer")
         );
     }
@@ -774,8 +784,14 @@ mod tests {
         // 2 GB: 2 × (600 + 200) seconds.
         assert_eq!(spec.active_deadline_seconds, Some(1600));
         let pod = spec.template.spec.as_ref().unwrap();
-        // The class names no account: the operator's, never the namespace's `default`.
-        assert_eq!(pod.service_account_name.as_deref(), Some("banlieue-import"));
+        // The class names no account: the Provider's own, never the namespace's `default`.
+        let p = provider(&[("gold", "nvme")]);
+        let own = ImportSettings::of(&class(Default::default())).account_for(
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default(),
+        );
+        assert!(own.starts_with("banlieue-import-"), "{own}");
+        assert_eq!(pod.service_account_name.as_deref(), Some(own.as_str()));
         let psc = pod.security_context.as_ref().unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
         assert_eq!(psc.run_as_user, Some(65532));

@@ -177,6 +177,7 @@ impl ImageReconciler {
         requests: &[decide::ImportRequest<'_>],
     ) -> Result<Vec<ZoneImageStatus>> {
         let settings = ImportSettings::of(class);
+        let account = settings.account_for(&self.cfg.namespace, &self.cfg.provider);
         let class_name = class.name_any();
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &settings.namespace);
         let mut zones = Vec::with_capacity(requests.len());
@@ -192,9 +193,9 @@ impl ImageReconciler {
             zones.push(zone);
         }
         if zones.iter().any(|z| z.phase == ZonePhase::Importing)
-            && self.service_account_missing(&settings).await
+            && self.service_account_missing(&settings, &account).await
         {
-            let sa = settings.effective_service_account().to_owned();
+            let sa = account.clone();
             zones = zones
                 .into_iter()
                 .map(|z| {
@@ -207,10 +208,10 @@ impl ImageReconciler {
 
     /// Whether the Jobs' ServiceAccount is known to be absent. Any other answer (403
     /// included: the provider need not be allowed to read ServiceAccounts) is not evidence.
-    async fn service_account_missing(&self, settings: &ImportSettings) -> bool {
+    async fn service_account_missing(&self, settings: &ImportSettings, account: &str) -> bool {
         let accounts: Api<ServiceAccount> =
             Api::namespaced(self.client.clone(), &settings.namespace);
-        match accounts.get(settings.effective_service_account()).await {
+        match accounts.get(account).await {
             Err(e) if api_status(&e) == Some(404) => true,
             Err(e) => {
                 debug!(error = %e, "cannot tell whether the import ServiceAccount exists");

@@ -456,7 +456,7 @@ pub async fn provider_identity(
 }
 
 /// The identity of the import Jobs of `provider`'s class (ADR-0063): the class's import
-/// ServiceAccount (`banlieue-import` in the build namespace unless the class names another),
+/// ServiceAccount (the Provider's own in the build namespace unless the class names one),
 /// which [`provider_identity`] created with the operator's RoleBinding to the shipped
 /// ClusterRole `banlieue-import` in the Provider's namespace. Returns a client authenticated
 /// as that account, once the authorizer has its grants.

@@ -87,7 +87,8 @@ pub fn ca_configmap(ca_pem: &str) -> ConfigMap {
 pub const DEV_IMAGE: &str = "banlieue:dev";
 
 /// The workload policy's parameters (`deploy/admission/workload-images.yaml`): the images
-/// `dev` names, the in-process one and the deployed one, and the shipped import account.
+/// `dev` names, the in-process one and the deployed one; each Provider imports as its own
+/// account.
 pub fn workload_images_configmap() -> ConfigMap {
     ConfigMap {
         metadata: meta("banlieue-workload-images"),
@@ -96,7 +97,7 @@ pub fn workload_images_configmap() -> ConfigMap {
                 "images".to_owned(),
                 format!("{DEV_IMAGE}\n{}\n", crate::bootstrap::DEFAULT_IMAGE),
             ),
-            ("importAccounts".to_owned(), "banlieue-import\n".to_owned()),
+            ("importAccounts".to_owned(), String::new()),
         ])),
         ..ConfigMap::default()
     }
