@@ -184,6 +184,15 @@ async fn an_endless_error_body_is_cut_and_its_message_bounded() {
     assert!(e.message.len() < 512, "{}", e.message.len());
 }
 
+/// A token service on `host` that hands out the token `good` to whoever asks.
+async fn token_service(host: &str) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    serve(
+        host,
+        Arc::new(|_: &Seen| Reply::Fixed(200, vec![], br#"{"token":"good"}"#.to_vec())),
+    )
+    .await
+}
+
 /// A registry whose 401 names `realm`; the manifest is served to whoever sends `Bearer good`.
 fn bearer_registry(realm: String) -> Answer {
     Arc::new(move |seen: &Seen| {
@@ -212,11 +221,7 @@ fn bearer_registry(realm: String) -> Answer {
 
 #[tokio::test]
 async fn a_token_realm_on_its_own_host_gets_the_credentials_and_a_pull_token() {
-    let (tokens, asked) = serve(
-        "127.0.0.1",
-        Arc::new(|_: &Seen| Reply::Fixed(200, vec![], br#"{"token":"good"}"#.to_vec())),
-    )
-    .await;
+    let (tokens, asked) = token_service("127.0.0.1").await;
     let (registry, _) = serve(
         "127.0.0.1",
         bearer_registry(format!("http://{tokens}/token")),
@@ -246,11 +251,7 @@ async fn a_token_realm_on_its_own_host_gets_the_credentials_and_a_pull_token() {
 #[tokio::test]
 async fn a_token_realm_elsewhere_or_in_plain_http_never_sees_the_credentials() {
     // The token service an attacker runs, on another loopback address.
-    let (elsewhere, asked) = serve(
-        "127.0.0.2",
-        Arc::new(|_: &Seen| Reply::Fixed(200, vec![], br#"{"token":"good"}"#.to_vec())),
-    )
-    .await;
+    let (elsewhere, asked) = token_service("127.0.0.2").await;
     for (realm, plain_http, why) in [
         (format!("http://{elsewhere}/token"), true, "only over https"),
         (
@@ -278,11 +279,7 @@ async fn a_token_realm_elsewhere_or_in_plain_http_never_sees_the_credentials() {
 
 #[tokio::test]
 async fn a_token_service_that_redirects_or_never_stops_is_refused() {
-    let (moved, moved_asked) = serve(
-        "127.0.0.2",
-        Arc::new(|_: &Seen| Reply::Fixed(200, vec![], br#"{"token":"good"}"#.to_vec())),
-    )
-    .await;
+    let (moved, moved_asked) = token_service("127.0.0.2").await;
     for (answer, reason) in [
         (
             Arc::new(move |_: &Seen| {

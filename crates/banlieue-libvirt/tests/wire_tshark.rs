@@ -89,11 +89,15 @@ async fn the_dissector_decodes_what_we_sent() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
+        // tshark captures through a dumpcap child, which outlives tshark when only tshark is
+        // stopped: both go in a group of their own, stopped whole by `_capture`.
+        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
         Err(e) => panic!("tshark is installed (run scripts/setup): {e}"),
     };
+    let _capture = ProcessGroup(tshark.id());
     // Wait until tshark captures, or learn why it cannot.
     let mut stderr = BufReader::new(tshark.stderr.take().expect("stderr")).lines();
     let mut said = Vec::new();
@@ -215,4 +219,20 @@ async fn the_dissector_decodes_what_we_sent() {
         raw.join("\n")
     );
     assert_eq!(seen, expected, "tshark printed:\n{}", raw.join("\n"));
+}
+
+/// A process group this test started (its leader's PID), sent SIGTERM when dropped, whether
+/// the test passed or panicked.
+struct ProcessGroup(Option<u32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(leader) = self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", "--", &format!("-{leader}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }

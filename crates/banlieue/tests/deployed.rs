@@ -862,9 +862,14 @@ async fn import_image(
         .ok_or("the Secret's key")?;
     for pod in &ran {
         let spec = pod.spec.as_ref().ok_or("pod spec")?;
+        // The Provider's own import account: no other Provider's import pods read its
+        // namespace.
         assert_eq!(
             spec.service_account_name.as_deref(),
-            Some("banlieue-import")
+            Some(
+                banlieue_provider_kit::operator::workloads::import_account_name(NS, PROVIDER)
+                    .as_str()
+            )
         );
         let text = serde_json::to_string(spec)?;
         assert!(

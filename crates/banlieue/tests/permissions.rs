@@ -357,12 +357,7 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
     let actual = table(&admin).await;
     let mut rules = Vec::new();
     for (label, user) in IDENTITIES {
-        let mut parts = user.split(':').skip(2);
-        let (ns, name) = (parts.next().expect("ns"), parts.next().expect("name"));
-        let client = cp
-            .client_as_service_account(ns, name)
-            .await
-            .expect("the identity's token");
+        let client = client_of(cp, user).await;
         rules.push((label, effective_rules(&client).await));
     }
     workloads_are_pinned(cp, &admin).await;
@@ -376,6 +371,15 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
     for (label, rules) in rules {
         insta::assert_snapshot!(format!("rules_{}", label.replace(' ', "_")), rules);
     }
+}
+
+/// A client with the token of `user`, a `system:serviceaccount:<namespace>:<name>`.
+async fn client_of(cp: &ControlPlane, user: &str) -> Client {
+    let mut parts = user.split(':').skip(2);
+    let (ns, name) = (parts.next().expect("ns"), parts.next().expect("name"));
+    cp.client_as_service_account(ns, name)
+        .await
+        .expect("the identity's token")
 }
 
 /// Every rule the API server says `client`'s identity holds in each namespace the table looks
@@ -573,12 +577,8 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
         (imagebuilder, BUILD, &build),
         (provider, BUILD, &import),
     ] {
-        let mut parts = user.split(':').skip(2);
-        let (ns, name) = (parts.next().expect("ns"), parts.next().expect("name"));
-        let client = cp
-            .client_as_service_account(ns, name)
-            .await
-            .expect("the identity's token");
+        let name = user.rsplit(':').next().unwrap_or(user);
+        let client = client_of(cp, user).await;
         let create = |object: &Value| {
             let client = client.clone();
             let object = object.clone();

@@ -421,20 +421,41 @@ pub fn is_declared_backing_file(volume: &str, declared: &[String]) -> bool {
     })
 }
 
+/// Why a BackingFile source may not name a volume; [`BackingFileRefusal::message`] says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackingFileRefusal {
+    /// A machine's own OS disk or seed (another guest's disk or user-data): never.
+    MachineVolume(String),
+    /// Not in the Provider's `capabilities.backingFileVolumes`. A LibvirtMachine may still
+    /// name it if an import made it.
+    Undeclared(String),
+}
+
+impl BackingFileRefusal {
+    pub fn message(&self) -> &str {
+        match self {
+            BackingFileRefusal::MachineVolume(m) | BackingFileRefusal::Undeclared(m) => m,
+        }
+    }
+}
+
 /// Why a BackingFile source may not name `volume` on this Provider, or `None` when it may: a
-/// machine's OS disk or seed never (another guest's disk or user-data), any other volume only
-/// when the administrator declared it.
-pub fn backing_file_refusal(volume: &str, provider: &str, declared: &[String]) -> Option<String> {
+/// machine's OS disk or seed never, any other volume only when the administrator declared it.
+pub fn backing_file_refusal(
+    volume: &str,
+    provider: &str,
+    declared: &[String],
+) -> Option<BackingFileRefusal> {
     if crate::names::is_machine_volume(volume) {
-        return Some(format!(
+        return Some(BackingFileRefusal::MachineVolume(format!(
             "volume {volume} is a machine's own disk or seed: a BackingFile can never name one"
-        ));
+        )));
     }
     (!is_declared_backing_file(volume, declared)).then(|| {
-        format!(
+        BackingFileRefusal::Undeclared(format!(
             "volume {volume} is not declared for BackingFile sources on Provider {provider} \
              (spec.capabilities.backingFileVolumes)"
-        )
+        ))
     })
 }
 
@@ -872,13 +893,20 @@ mod tests {
             None
         );
         let undeclared = backing_file_refusal("base.qcow2.bak", "p", &declared).unwrap();
-        assert!(undeclared.contains("not declared"), "{undeclared}");
+        assert!(
+            matches!(&undeclared, BackingFileRefusal::Undeclared(m) if m.contains("not declared")),
+            "{undeclared:?}"
+        );
         assert!(backing_file_refusal("golden", "p", &declared).is_some());
         // Whatever the declaration says: not another guest's disk or seed.
         let everything = ["*".to_owned()];
         for volume in ["golden-ns-vm-os.qcow2", "ns-vm-cidata.iso"] {
             let why = backing_file_refusal(volume, "p", &everything).unwrap();
-            assert!(why.contains("a machine's own disk or seed"), "{why}");
+            assert!(
+                matches!(&why, BackingFileRefusal::MachineVolume(_))
+                    && why.message().contains("a machine's own disk or seed"),
+                "{why:?}"
+            );
         }
         assert!(
             backing_file_refusal("any.raw", "p", &[]).is_some(),

@@ -141,7 +141,7 @@ impl ImageReconciler {
                 let mut zones = Vec::with_capacity(pools.len());
                 for pool in &pools {
                     let presence = match &refusal {
-                        Some(why) => Presence::Refused(why.clone()),
+                        Some(why) => Presence::Refused(why.message().to_owned()),
                         None => self.backing_file_presence(&provider, pool, &volume).await,
                     };
                     zones.push(decide::zone_backing_file(pool, &volume, &presence));

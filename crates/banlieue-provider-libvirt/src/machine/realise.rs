@@ -133,8 +133,11 @@ async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> 
     let declared = &provider.spec.capabilities.backing_file_volumes;
     match decide::backing_file_refusal(volume, &ctx.cfg.provider, declared) {
         None => return Ok(()),
-        Some(why) if crate::names::is_machine_volume(volume) => return Err(refused(why)),
-        Some(_) => {}
+        Some(never @ decide::BackingFileRefusal::MachineVolume(_)) => {
+            return Err(refused(never.message().to_owned()));
+        }
+        // An import's own volume is the machine writer's to name: its marker says so.
+        Some(decide::BackingFileRefusal::Undeclared(_)) => {}
     }
     let marker = marker::marker_volume_name(volume);
     if lookup_volume(pool, &marker).await?.is_some() {
