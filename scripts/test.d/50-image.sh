@@ -50,8 +50,15 @@ version=$(cargo metadata --no-deps --format-version 1 --offline --locked |
 name=localhost/banlieue:$version
 
 # --- same source, same bytes ----------------------------------------------------------------
-scripts/image --out "$work/a" >"$work/a.out"
-binary=$CARGO_TARGET_DIR/image/banlieue
+# scripts/test hands over the product's binary its build made (the image's features, the test
+# profile); run alone, this part builds it as users do, with the release `image` profile.
+if [[ -n ${BANLIEUE_PRODUCT_BINARY:-} ]]; then
+    binary=$BANLIEUE_PRODUCT_BINARY
+    scripts/image --out "$work/a" --binary "$binary" >"$work/a.out"
+else
+    scripts/image --out "$work/a" >"$work/a.out"
+    binary=$CARGO_TARGET_DIR/image/banlieue
+fi
 scripts/image --out "$work/b" --binary "$binary" >"$work/b.out"
 digest=$(field "$work/a.out" digest)
 [[ $digest == sha256:* ]] || fail "scripts/image printed no digest: $(cat "$work/a.out")"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The operator as users deploy it: banlieue's image on the test cluster's real node, installed
 # with `banlieue bootstrap --image`, and the guides followed with kubectl against a real
-# libvirtd (crates/banlieue/tests/deployed.rs). Runs after 50-image.sh, so the image binary is
-# already built and only packaged here.
+# libvirtd (crates/banlieue/tests/deployed.rs). The image's binary is one already built, and
+# only packaged here.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
@@ -11,8 +11,14 @@ source scripts/lib/env.sh
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/banlieue-deployed.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+# The binary scripts/test built for the image, or the release one 50-image.sh built; run
+# alone with neither, scripts/image builds it.
 binary=()
-[[ -x $CARGO_TARGET_DIR/image/banlieue ]] && binary=(--binary "$CARGO_TARGET_DIR/image/banlieue")
+if [[ -n ${BANLIEUE_PRODUCT_BINARY:-} ]]; then
+    binary=(--binary "$BANLIEUE_PRODUCT_BINARY")
+elif [[ -x $CARGO_TARGET_DIR/image/banlieue ]]; then
+    binary=(--binary "$CARGO_TARGET_DIR/image/banlieue")
+fi
 scripts/image --out "$work" "${binary[@]}" >"$work/image.out"
 archive=$(find "$work" -name '*.docker.tar' | head -1)
 [[ -f $archive ]] || { echo "FAIL: scripts/image wrote no docker archive" >&2; cat "$work/image.out" >&2; exit 1; }
