@@ -37,11 +37,12 @@ RUNS_A_NODE = {
 # Durations on a fresh 2-core machine (docs/testing.md), for the order of a first run; later
 # runs order by the timings the last run wrote.
 FIRST_ESTIMATES = {
-    "banlieue::guests": 515,
-    "banlieue::dev": 108,
-    "test.d/50-image": 60,
-    "test.d/60-deployed": 293,
-    "clippy": 200,
+    "banlieue::guests": 549,
+    "banlieue::dev": 88,
+    "banlieue-testenv::guest": 120,
+    "test.d/50-image": 45,
+    "test.d/60-deployed": 275,
+    "clippy": 147,
 }
 
 
