@@ -15,7 +15,7 @@ const REGENERATE: &str = "cargo run -p banlieue -- crds --out deploy/crds \
      (or: BANLIEUE_UPDATE_CRDS=1 cargo test -p banlieue-api --test crds)";
 
 fn crd_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds")
+    banlieue_testenv::repo_path("deploy/crds")
 }
 
 fn yaml_files(dir: &Path) -> BTreeSet<String> {

@@ -3,9 +3,9 @@
 //! shipped RBAC: banlieue-provider-base and banlieue-provider-class-vsphere bound in the
 //! Provider's namespace, plus the per-Provider Role the operator makes (ADR-0063, ADR-0069).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use banlieue_api::conditions::{self, types};
 use banlieue_api::vsphere::{EXTRA_CONFIG_MACHINE_UID, FINALIZER_VM_PROTECTION};
 use banlieue_api::{
@@ -23,7 +23,6 @@ use banlieue_vsphere::{
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -34,11 +33,7 @@ use tokio::task::JoinHandle;
 const PROVIDER: &str = "vc";
 const TASK_DEADLINE: Duration = Duration::from_secs(30);
 
-fn repo_path(relative: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
+use banlieue_testenv::repo_path;
 
 /// The shared control plane with the CRDs from the types and the shipped RBAC, as
 /// `banlieue bootstrap` applies it.
@@ -48,33 +43,9 @@ async fn control_plane() -> &'static ControlPlane {
         .get_or_init(|| async {
             let cp = ControlPlane::shared().await.expect("control plane");
             let admin = cp.client().expect("admin");
-            let crds: Api<CustomResourceDefinition> = Api::all(admin);
-            for crd in banlieue_api::crds() {
-                let name = crd.name_any();
-                crds.patch(
-                    &name,
-                    &PatchParams::apply("test").force(),
-                    &Patch::Apply(&crd),
-                )
+            banlieue_testenv::control_plane::apply_crds(&admin, banlieue_api::crds())
                 .await
-                .expect("apply CRD");
-                eventually(&format!("CRD {name}"), 30, || {
-                    let crds = crds.clone();
-                    let name = name.clone();
-                    async move {
-                        let crd = crds.get(&name).await?;
-                        Ok(crd
-                            .status
-                            .and_then(|s| s.conditions)
-                            .unwrap_or_default()
-                            .iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                            .then_some(()))
-                    }
-                })
-                .await
-                .expect("CRD established");
-            }
+                .expect("install the CRDs");
             cp.apply_yaml(repo_path("deploy/namespace.yaml"))
                 .await
                 .expect("namespace");
@@ -94,16 +65,14 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let last = probe().await;
-        match last {
-            Ok(Some(v)) => return Ok(v),
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-            Ok(None) => bail!("timed out after {secs} s waiting for {what}"),
-            Err(e) => bail!("timed out after {secs} s waiting for {what}; last error: {e:#}"),
-        }
-    }
+    let interval = Duration::from_millis(200);
+    Ok(
+        banlieue_testenv::poll::until(what, Duration::from_secs(secs), interval, || {
+            let attempt = probe();
+            async move { attempt.await.map_err(|error| format!("{error:#}")) }
+        })
+        .await?,
+    )
 }
 
 /// vcsim, a fresh namespace with a Provider for it, and the provider's identity. The

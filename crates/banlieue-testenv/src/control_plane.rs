@@ -11,7 +11,6 @@ pub(crate) mod process;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
-pub use apply::{apply_yaml_with, wait_established};
+pub use apply::{apply_crds, apply_yaml_with, wait_established};
 
 use crate::node::Node;
 use pki::{CertFiles, Pki};
@@ -276,7 +275,8 @@ impl ControlPlane {
         let mut processes = Processes::new()?;
         let dir = processes.dir().to_owned();
         let pki = Pki::generate(&dir.join("pki"))?;
-        let [etcd_client, etcd_peer, apiserver] = free_ports()?;
+        let [etcd_client, etcd_peer, apiserver] = crate::ports::free_loopback_ports()
+            .map_err(|source| Error::io("find free ports", source))?;
         // The API server's identity towards kubelets (logs, exec, port-forward).
         let kubelet_client = pki.client("kube-apiserver-kubelet-client", Some("system:masters"))?;
 
@@ -701,7 +701,7 @@ impl ControlPlane {
 
     /// Installs every CRD under the repository's `deploy/crds/`, when that directory exists.
     async fn install_crds(&self) -> Result<()> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+        let dir = crate::repo_path("deploy/crds");
         let Ok(entries) = std::fs::read_dir(&dir) else {
             return Ok(());
         };
@@ -728,30 +728,19 @@ where
     Fut: Future<Output = Result<Option<T>>>,
 {
     const INTERVAL: Duration = Duration::from_millis(100);
-    let started = Instant::now();
-    loop {
-        let last = probe().await;
-        match last {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) | Err(_) if started.elapsed() < deadline => {
-                tokio::time::sleep(INTERVAL).await;
-            }
-            Ok(None) => {
-                return Err(Error::Timeout {
-                    what: what.to_owned(),
-                    after: deadline,
-                    detail: String::new(),
-                });
-            }
-            Err(error) => {
-                return Err(Error::Timeout {
-                    what: what.to_owned(),
-                    after: deadline,
-                    detail: format!("; last error: {}", error_chain(&error)),
-                });
-            }
-        }
-    }
+    crate::poll::until(what, deadline, INTERVAL, || {
+        let attempt = probe();
+        async move { attempt.await.map_err(|error| error_chain(&error)) }
+    })
+    .await
+    .map_err(|timeout| Error::Timeout {
+        what: timeout.what,
+        after: timeout.after,
+        detail: timeout
+            .last_error
+            .map(|error| format!("; last error: {error}"))
+            .unwrap_or_default(),
+    })
 }
 
 /// An error with its sources, on one line.
@@ -834,26 +823,6 @@ fn with_logs(error: Error, processes: &Processes) -> Error {
         },
         other => other,
     }
-}
-
-/// Three distinct free loopback ports. Held open together so they differ; released just
-/// before use, which leaves a small window another process could take one in.
-fn free_ports() -> Result<[u16; 3]> {
-    let bind = || {
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .map_err(|source| Error::io("find a free port", source))
-    };
-    let listeners = [bind()?, bind()?, bind()?];
-    let port = |l: &TcpListener| {
-        l.local_addr()
-            .map(|a| a.port())
-            .map_err(|source| Error::io("find a free port", source))
-    };
-    Ok([
-        port(&listeners[0])?,
-        port(&listeners[1])?,
-        port(&listeners[2])?,
-    ])
 }
 
 fn path_arg(flag: &str, path: &Path) -> String {

@@ -3,6 +3,8 @@
 //! tests' dev-dependency, and `banlieue dev`'s behind that crate's `dev` feature: the product
 //! binary in the container image is built without it (docs/guides/image.md).
 
+use std::path::{Path, PathBuf};
+
 pub mod access;
 pub mod control_plane;
 pub mod guest_agent;
@@ -10,6 +12,15 @@ pub mod guest_image;
 pub mod libvirtd;
 pub mod node;
 pub mod oidc;
+mod pki;
 pub mod poll;
+mod ports;
 pub mod registry;
 pub mod vcsim;
+
+/// `relative` inside the repository (manifests, docs, scripts), for tests in any crate.
+pub fn repo_path(relative: impl AsRef<Path>) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(relative)
+}

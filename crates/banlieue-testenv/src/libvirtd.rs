@@ -27,7 +27,7 @@ mod process;
 
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -37,8 +37,8 @@ use anyhow::{Context, Result, bail, ensure};
 use rustix::process::Signal;
 use tempfile::TempDir;
 
+use crate::pki::Authority;
 use layout::Layout;
-use pki::Authority;
 use process::{
     POLL, in_other_mount_namespace, is_running, pids_from_pid_files, proc_stat, signal, wait_until,
 };
@@ -296,7 +296,7 @@ impl Libvirtd {
             .create()
             .context("lay out the instance's directories")?;
         let authority = Authority::new("banlieue test CA")?;
-        authority.write_instance_files(&layout.pki_dir())?;
+        pki::write_instance_files(&authority, &layout.pki_dir())?;
 
         let mut instance = Self {
             layout,
@@ -313,7 +313,9 @@ impl Libvirtd {
         };
         let mut attempt = 1;
         loop {
-            let (tls_port, tcp_port) = free_ports(instance.options.tcp)?;
+            let [tls_port, tcp_port] =
+                crate::ports::free_loopback_ports().context("pick free ports")?;
+            let tcp_port = instance.options.tcp.then_some(tcp_port);
             instance.tls_port = tls_port;
             instance.tcp_port = tcp_port;
             instance
@@ -437,7 +439,7 @@ impl Libvirtd {
     pub fn write_untrusted_client_pki(&self) -> Result<PathBuf> {
         let dir = self.dir().join("pki-untrusted");
         let other = Authority::new("banlieue unrelated CA")?;
-        other.write_client_files(&dir, self.authority.cert_pem())?;
+        pki::write_client_files(&other, &dir, self.authority.cert_pem())?;
         Ok(dir)
     }
 
@@ -778,22 +780,6 @@ fn missing_daemon_message() -> String {
     format!(
         "libvirtd is not installed at {LIBVIRTD_BINARY}: run scripts/setup (or scripts/setup libvirtd)"
     )
-}
-
-/// Two distinct free loopback ports, picked by binding port 0.
-fn free_ports(tcp: bool) -> Result<(u16, Option<u16>)> {
-    // Both listeners stay open until both ports are known, so they differ.
-    let tls = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("pick a free port")?;
-    let tcp = if tcp {
-        Some(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("pick a free port")?)
-    } else {
-        None
-    };
-    let tcp_port = match &tcp {
-        Some(listener) => Some(listener.local_addr()?.port()),
-        None => None,
-    };
-    Ok((tls.local_addr()?.port(), tcp_port))
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -14,7 +14,6 @@
 //! probes ask `127.0.0.1`; product manifests stay exactly as users deploy them.
 
 use std::ffi::OsString;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -194,7 +193,9 @@ impl Node {
         let kubelet_dir = dir.join("kubelet");
         create_dir(&kubelet_dir)?;
         let kubelet_config = kubelet_dir.join("config.yaml");
-        let port = free_port()?.to_string();
+        let port = crate::ports::free_loopback_port()
+            .map_err(|source| Error::io("find a free port", source))?
+            .to_string();
         let text = |path: &Path| path.display().to_string();
         write_file(
             &kubelet_config,
@@ -546,13 +547,6 @@ fn scheduler_args(kubeconfig: &Path) -> Vec<String> {
         "--secure-port=0".into(),
         "--leader-elect=false".into(),
     ]
-}
-
-fn free_port() -> Result<u16> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .map_err(|source| Error::io("find a free port", source))
 }
 
 fn path_arg(flag: &str, path: &Path) -> String {

@@ -200,7 +200,10 @@ impl Issuer {
         let mut processes = Processes::new()?;
         let dir = processes.dir().to_owned();
         let pki = pki::generate(&dir.join("certs"), &dir.join("tls"))?;
-        let port = free_port()?;
+        let port = crate::ports::free_loopback_port().map_err(|source| Error::Io {
+            what: "pick a free port".into(),
+            source,
+        })?;
         let config = dir.join("dex.yaml");
         write(&config, &config_yaml(port, &pki, &options)?)?;
         processes.spawn(
@@ -503,15 +506,6 @@ fn form(pairs: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
         .collect::<Vec<_>>()
         .join("&")
-}
-
-fn free_port() -> Result<u16> {
-    let io = |e| Error::Io {
-        what: "pick a free port".into(),
-        source: e,
-    };
-    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).map_err(io)?;
-    Ok(listener.local_addr().map_err(io)?.port())
 }
 
 fn write(path: &Path, contents: &str) -> Result<()> {

@@ -1,19 +1,30 @@
 //! Waiting in tests for something a real peer does in its own time: one poll loop with a
 //! deadline, whose error says what was awaited and the probe's last error.
 
-use std::fmt::Display;
+use std::fmt::{self, Display};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// A wait that ran out: what was awaited, for how long, and the probe's last error if the
 /// probe failed rather than said "not yet".
-#[derive(Debug, thiserror::Error)]
-#[error("{what}: not within {after:?}{last_error}")]
+#[derive(Debug)]
 pub struct PollTimeout {
     pub what: String,
     pub after: Duration,
-    last_error: String,
+    pub last_error: Option<String>,
 }
+
+impl Display for PollTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: not within {:?}", self.what, self.after)?;
+        match &self.last_error {
+            Some(error) => write!(f, "; last error: {error}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for PollTimeout {}
 
 /// Calls `probe` every `interval` until it yields a value. Errors end the wait only at the
 /// deadline (a peer coming up answers with errors for a while), reported with the last one.
@@ -38,14 +49,14 @@ where
                 return Err(PollTimeout {
                     what: what.to_owned(),
                     after: deadline,
-                    last_error: String::new(),
+                    last_error: None,
                 });
             }
             Err(error) => {
                 return Err(PollTimeout {
                     what: what.to_owned(),
                     after: deadline,
-                    last_error: format!("; last error: {error}"),
+                    last_error: Some(error.to_string()),
                 });
             }
         }

@@ -333,7 +333,8 @@ impl Registry {
             }
             None => None,
         };
-        let port = free_port()?;
+        let port =
+            crate::ports::free_loopback_port().map_err(|e| Error::io("pick a free port", e))?;
         let config = dir.join("config.yml");
         write(
             &config,
@@ -753,17 +754,6 @@ fn fresh_secret(purpose: &str) -> String {
         .take(16)
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// A free loopback port, picked by binding port 0.
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| Error::io("pick a free port", e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| Error::io("pick a free port", e))?
-        .port();
-    Ok(port)
 }
 
 /// Repository names as the distribution spec allows them: path components of lower-case

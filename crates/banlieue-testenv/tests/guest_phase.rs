@@ -4,14 +4,14 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use anyhow::{Context, Result, ensure};
 use tempfile::TempDir;
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/banlieue-guest-phase")
+    banlieue_testenv::repo_path("guest/banlieue-guest-phase")
 }
 
 /// A guest's /run in a temp dir: the layer's directory, cloud-init's and a bin/ for fakes.

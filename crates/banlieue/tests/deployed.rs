@@ -30,6 +30,7 @@ use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, MEDIA_TYPE_QCOW2};
 use banlieue_testenv::control_plane::{ControlPlane, bin_dir};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::registry::{Layer, OciLayout, Registry, RegistryOptions};
+use banlieue_testenv::repo_path;
 use base64::Engine as _;
 use guide::Guides;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -57,12 +58,6 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + 
 
 /// The Lease the controller replicas take (deploy/controller.yaml, ADR-0067).
 const CONTROLLER_LEASE: &str = "banlieue-controller";
-
-fn repo(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
 
 /// Runs kubectl as `identity` (a kubeconfig of the test control plane); returns stdout.
 fn kubectl(cp: &ControlPlane, identity: &str, args: &[&str]) -> Result<String> {
@@ -308,7 +303,7 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     //    substitutions listed at the top of this file made in the reader's copies.
     let admin_kubeconfig = kubeconfig;
     let alice_kubeconfig = cp.kubeconfig("alice").ok_or("alice's kubeconfig")?;
-    let mut guides = Guides::load(&repo(""), &[PROVIDER_GUIDE, CLAIMS_GUIDE])?;
+    let mut guides = Guides::load(&repo_path(""), &[PROVIDER_GUIDE, CLAIMS_GUIDE])?;
     let client_files = guides.home().join(".config/banlieue/libvirt");
     std::fs::create_dir_all(&client_files)?;
     std::fs::copy(
@@ -709,7 +704,7 @@ async fn import_image(
     kubectl_apply(
         cp,
         "admin",
-        &guide::yaml_block(&repo(""), PROVIDER_GUIDE, "name: banlieue-artifacts")?,
+        &guide::yaml_block(&repo_path(""), PROVIDER_GUIDE, "name: banlieue-artifacts")?,
     )?;
 
     // The administrator stores the registry's credentials and CA beside the image and names

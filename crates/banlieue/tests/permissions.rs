@@ -243,7 +243,7 @@ async fn table(client: &Client) -> String {
 
 /// The committed table, between the markers in docs/security.md.
 fn committed() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/security.md");
+    let path = banlieue_testenv::repo_path("docs/security.md");
     let text = std::fs::read_to_string(path).expect("docs/security.md");
     let begin = "<!-- permissions:begin -->\n";
     let start = text.find(begin).expect("the begin marker") + begin.len();
@@ -484,11 +484,9 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
         .expect("a restricted pod in the build namespace");
 
     for file in ["workload-images.yaml", "workload-pins.yaml"] {
-        let text = std::fs::read_to_string(format!(
-            "{}/../../deploy/admission/{file}",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .expect("the policy file");
+        let text =
+            std::fs::read_to_string(banlieue_testenv::repo_path("deploy/admission").join(file))
+                .expect("the policy file");
         let objects = bootstrap::objects_of(&[(file, text.as_str())]).expect("policy objects");
         bootstrap::apply_all(admin, &objects, |_| {})
             .await

@@ -231,7 +231,7 @@ fn crds_prints_what_deploy_holds() {
         .status()
         .unwrap();
     assert!(status.success());
-    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    let deploy = banlieue_testenv::repo_path("deploy/crds");
     for crd in banlieue_api::crds() {
         let name = format!("{}.yaml", crd.metadata.name.unwrap());
         let written = std::fs::read_to_string(out.path().join(&name)).unwrap();

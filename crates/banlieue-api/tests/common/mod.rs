@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use banlieue_testenv::control_plane::ControlPlane;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, ValidationDirective,
 };
@@ -34,24 +33,12 @@ pub async fn control_plane() -> &'static ControlPlane {
 
 /// Applies every CRD from the types and waits until each is established.
 pub async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    for crd in banlieue_api::crds() {
-        let name = crd.metadata.name.clone().expect("CRDs are named");
-        crds.patch(&name, &params, &Patch::Apply(&crd))
-            .await
-            .unwrap_or_else(|e| panic!("apply CRD {name}: {e}"));
-        banlieue_testenv::control_plane::wait_established(client, &name)
-            .await
-            .expect("CRD established");
-    }
+    banlieue_testenv::control_plane::apply_crds(client, banlieue_api::crds())
+        .await
+        .expect("install the CRDs");
 }
 
-pub fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
+pub use banlieue_testenv::repo_path;
 
 /// The `.yaml` files of a repository directory, sorted by name.
 pub fn yaml_files(relative: &str) -> Vec<PathBuf> {

@@ -18,7 +18,6 @@ use banlieue_controller::{ControllerConfig, Metrics};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
@@ -537,9 +536,7 @@ impl Harness {
             "controller-leader-election-role.yaml",
             "controller-leader-election-rolebinding.yaml",
         ] {
-            let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../deploy/rbac")
-                .join(file);
+            let shipped = banlieue_testenv::repo_path("deploy/rbac").join(file);
             let text = std::fs::read_to_string(&shipped)?;
             let moved = std::env::temp_dir().join(format!("{}-{file}", self.namespace));
             std::fs::write(&moved, text.replace("banlieue-system", &self.namespace))?;
@@ -713,15 +710,8 @@ pub fn member_name(claim: &VirtualMachineClaim) -> Option<String> {
 async fn install_crds_once(admin: &Client) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
-        let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+        banlieue_testenv::control_plane::apply_crds(admin, banlieue_api::crds()).await?;
         let params = PatchParams::apply("banlieue-test").force();
-        for crd in banlieue_api::crds() {
-            let name = crd.name_any();
-            crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
-        }
-        for crd in banlieue_api::crds() {
-            banlieue_testenv::control_plane::wait_established(admin, &crd.name_any()).await?;
-        }
         let classes: Api<banlieue_api::ProviderClass> = Api::all(admin.clone());
         let backend = backend();
         let class = json!({
@@ -745,8 +735,7 @@ async fn install_crds_once(admin: &Client) -> TestResult {
 async fn install_claim_protection_once(cp: &ControlPlane) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
-        let shipped =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/claim-protection.yaml");
+        let shipped = banlieue_testenv::repo_path("deploy/claim-protection.yaml");
         cp.apply_yaml(&shipped).await?;
         Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
     })
@@ -757,8 +746,7 @@ async fn install_claim_protection_once(cp: &ControlPlane) -> TestResult {
 async fn install_role_once(admin: &Client, cp: &ControlPlane) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
-        let shipped = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../deploy/rbac/controller-clusterrole.yaml");
+        let shipped = banlieue_testenv::repo_path("deploy/rbac/controller-clusterrole.yaml");
         if shipped.is_file() {
             cp.apply_yaml(&shipped).await?;
             return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(());

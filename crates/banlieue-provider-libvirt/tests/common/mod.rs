@@ -4,9 +4,9 @@
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use banlieue_api::{
@@ -22,7 +22,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -47,28 +46,7 @@ pub async fn control_plane() -> &'static ControlPlane {
 }
 
 async fn install_crds(client: &kube::Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    for crd in banlieue_api::crds() {
-        let name = crd.metadata.name.clone().context("CRDs are named")?;
-        crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
-        eventually(&format!("CRD {name} Established"), 30, || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let crd = crds.get(&name).await?;
-                Ok(crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(()))
-            }
-        })
-        .await?;
-    }
-    Ok(())
+    Ok(banlieue_testenv::control_plane::apply_crds(client, banlieue_api::crds()).await?)
 }
 
 /// Polls `probe` every 200 ms until it yields a value; fails after `secs` with the last error.
@@ -77,16 +55,14 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let last = probe().await;
-        match last {
-            Ok(Some(v)) => return Ok(v),
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
-            Ok(None) => bail!("timed out after {secs} s waiting for {what}"),
-            Err(e) => bail!("timed out after {secs} s waiting for {what}; last error: {e:#}"),
-        }
-    }
+    let interval = Duration::from_millis(200);
+    Ok(
+        banlieue_testenv::poll::until(what, Duration::from_secs(secs), interval, || {
+            let attempt = probe();
+            async move { attempt.await.map_err(|error| format!("{error:#}")) }
+        })
+        .await?,
+    )
 }
 
 /// Waits up to `secs` until `api` lists no object.
@@ -321,12 +297,7 @@ pub fn provider(
     )
 }
 
-/// `relative` inside the repository.
-pub fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(relative)
-}
+pub use banlieue_testenv::repo_path;
 
 /// The controller's namespace and ServiceAccount, as deploy/ names them.
 pub const CONTROLLER_NS: &str = "banlieue-system";

@@ -73,6 +73,32 @@ pub async fn apply_yaml_with(
     Ok(applied)
 }
 
+/// Server-side applies `crds` (forcing ownership, as [`FIELD_MANAGER`]) and waits until each is
+/// Established. Tests install banlieue's CRDs from its types (`banlieue_api::crds()`) rather
+/// than from deploy/crds, so they exercise the types even before the files are regenerated.
+pub async fn apply_crds(
+    client: &Client,
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut names = Vec::new();
+    for crd in crds {
+        let name = crd
+            .metadata
+            .name
+            .clone()
+            .ok_or(Error::Unnamed("CustomResourceDefinition"))?;
+        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+        names.push(name);
+    }
+    // Applied all at once, then waited on: the server establishes them side by side.
+    for name in names {
+        wait_established(client, &name).await?;
+    }
+    Ok(())
+}
+
 /// Waits until the CRD `name` is Established, i.e. served.
 pub async fn wait_established(client: &Client, name: &str) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
