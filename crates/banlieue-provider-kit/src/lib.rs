@@ -29,9 +29,11 @@ pub const MIN_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_sec
 /// The longest wait before retrying a failing object.
 pub const MAX_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_secs(60);
 
+pub use banlieue_runtime::reconcile::ErrorBackoff;
+
 /// The per-object error backoff of a provider reconciler.
-pub fn error_backoff() -> banlieue_runtime::reconcile::ErrorBackoff {
-    banlieue_runtime::reconcile::ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
+pub fn error_backoff() -> ErrorBackoff {
+    ErrorBackoff::new(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
 }
 
 /// Condition reasons every provider reports the same way, beside the shared ones in

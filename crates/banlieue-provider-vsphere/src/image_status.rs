@@ -12,6 +12,7 @@ use std::time::Duration;
 use banlieue_api::conditions::error_message;
 use banlieue_api::image::merged_status;
 use banlieue_api::{ImageSourceKind, Provider, VMImage, ZoneImageStatus, ZonePhase};
+use banlieue_provider_kit::ErrorBackoff;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -47,7 +48,11 @@ impl ImageConfig {
 struct Context {
     kube: kube::Client,
     cfg: ImageConfig,
+    backoff: ErrorBackoff,
 }
+
+/// This loop's name in its backoff keys.
+const BACKOFF_KEY: &str = "image status";
 
 /// Publishes this Provider's entry of every Template image's status until `shutdown`.
 pub async fn run_images(
@@ -56,10 +61,25 @@ pub async fn run_images(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let images: Api<VMImage> = Api::namespaced(client.clone(), &cfg.namespace);
-    let ctx = Arc::new(Context { kube: client, cfg });
+    let ctx = Arc::new(Context {
+        kube: client,
+        cfg,
+        backoff: banlieue_provider_kit::error_backoff(),
+    });
     Controller::new(images, watcher::Config::default())
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |image, ctx| async move {
+                let key = ErrorBackoff::key_of(BACKOFF_KEY, image.as_ref());
+                let outcome = reconcile(image, ctx.clone()).await;
+                if outcome.is_ok() {
+                    ctx.backoff.succeeded(&key);
+                }
+                outcome
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %error_message(&e), "image status");
@@ -69,9 +89,12 @@ pub async fn run_images(
     Ok(())
 }
 
-fn error_policy(_image: Arc<VMImage>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error_message(error), "image status failed");
-    Action::requeue(Duration::from_secs(10))
+fn error_policy(image: Arc<VMImage>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of(BACKOFF_KEY, image.as_ref()));
+    tracing::warn!(error = %error_message(error), retry_in = ?delay, "image status failed");
+    Action::requeue(delay)
 }
 
 async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, status, types};
 use banlieue_api::{DomainCapacity, FailureDomain, Provider};
+use banlieue_provider_kit::ErrorBackoff;
 use banlieue_vsphere::{Client, PropertyValue};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -52,7 +53,11 @@ struct Context {
     api: Api<Provider>,
     cfg: StatusConfig,
     recorder: Recorder,
+    backoff: ErrorBackoff,
 }
+
+/// This loop's name in its backoff keys.
+const BACKOFF_KEY: &str = "status";
 
 /// Probes the Provider's vCenter and publishes its Ready condition and failure domains until
 /// `shutdown` completes. It watches only its own Provider, by name.
@@ -74,10 +79,22 @@ pub async fn run_status(
             },
         ),
         cfg,
+        backoff: banlieue_provider_kit::error_backoff(),
     });
     Controller::new(api, watch)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |provider, ctx| async move {
+                let key = ErrorBackoff::key_of(BACKOFF_KEY, provider.as_ref());
+                let outcome = reconcile(provider, ctx.clone()).await;
+                if outcome.is_ok() {
+                    ctx.backoff.succeeded(&key);
+                }
+                outcome
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %error_message(&e), "provider status");
@@ -87,9 +104,12 @@ pub async fn run_status(
     Ok(())
 }
 
-fn error_policy(_provider: Arc<Provider>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error_message(error), "provider status failed");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(provider: Arc<Provider>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of(BACKOFF_KEY, provider.as_ref()));
+    tracing::warn!(error = %error_message(error), retry_in = ?delay, "provider status failed");
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]

@@ -14,6 +14,7 @@ use std::time::Duration;
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
+use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -66,6 +67,7 @@ pub struct ImageReconciler {
     client: kube::Client,
     cfg: ImageReconcilerConfig,
     libvirt: Mutex<Option<LibvirtClient>>,
+    backoff: ErrorBackoff,
 }
 
 impl std::fmt::Debug for ImageReconciler {
@@ -82,6 +84,7 @@ impl ImageReconciler {
             client,
             cfg,
             libvirt: Mutex::new(None),
+            backoff: banlieue_provider_kit::error_backoff(),
         }
     }
 
@@ -403,10 +406,18 @@ pub async fn run_image_reconciler(
 
 async fn reconcile(image: Arc<VMImage>, ctx: Arc<ImageReconciler>) -> Result<Action> {
     ctx.reconcile(&image).await?;
+    ctx.backoff
+        .succeeded(&ErrorBackoff::key_of(BACKOFF_KEY, image.as_ref()));
     Ok(Action::requeue(ctx.cfg.resync))
 }
 
-fn error_policy(image: Arc<VMImage>, error: &Error, _ctx: Arc<ImageReconciler>) -> Action {
-    warn!(vmimage = %image.name_any(), error = %error_message(error), "image reconcile failed");
-    Action::requeue(Duration::from_secs(15))
+/// The image reconciler's name in its backoff keys.
+const BACKOFF_KEY: &str = "image";
+
+fn error_policy(image: Arc<VMImage>, error: &Error, ctx: Arc<ImageReconciler>) -> Action {
+    let delay = ctx
+        .backoff
+        .failed(&ErrorBackoff::key_of(BACKOFF_KEY, image.as_ref()));
+    warn!(vmimage = %image.name_any(), error = %error_message(error), retry_in = ?delay, "image reconcile failed");
+    Action::requeue(delay)
 }
