@@ -16,6 +16,7 @@ mod pki;
 pub mod poll;
 mod ports;
 pub mod registry;
+mod spawner;
 pub mod vcsim;
 
 /// `relative` inside the repository (manifests, docs, scripts), for tests in any crate.

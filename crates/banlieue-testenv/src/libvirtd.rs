@@ -541,7 +541,7 @@ impl Libvirtd {
             .append(true)
             .open(self.layout.daemon_stderr())
             .context("open the daemon's stderr file")?;
-        let child = process::spawn_from_process_lifetime_thread(self.daemon_command(output)?)
+        let child = crate::spawner::spawn_for_process_lifetime(self.daemon_command(output)?)
             .context("spawn setpriv/unshare/libvirtd")?;
         if self.first_start_ticks == 0 {
             self.first_start_ticks = proc_stat(child.id()).map_or(0, |s| s.start_ticks);

@@ -2,11 +2,9 @@
 //!
 //! Three mechanisms, because each covers a way the others fail:
 //! - `Drop` kills every child by PID and reaps it (the ordinary case: an owned instance).
-//! - Each child runs under `setpriv --pdeathsig KILL`, so the kernel kills it when the thread
-//!   that spawned it exits. Statics are never dropped, so this is what stops the shared
-//!   instance when the test binary exits, however it exits. The death signal follows the
-//!   spawning *thread*, not the process, and libtest runs each test on its own short-lived
-//!   thread, so every spawn goes through one spawner thread that lives as long as the process.
+//! - Each child runs under `setpriv --pdeathsig KILL`, forked by [`crate::spawner`]'s thread,
+//!   so the kernel kills it when the test process exits. Statics are never dropped, so this is
+//!   what stops the shared instance when the test binary exits, however it exits.
 //! - A janitor shell owns the state directory: it reads the children's PIDs on a pipe and, when
 //!   the pipe closes (on drop, or because the test process died, even by SIGKILL or Ctrl-C),
 //!   makes sure they are gone and removes the directory.
@@ -15,42 +13,8 @@ use std::fs::File;
 use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
 
 use super::Error;
-
-type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
-
-/// Spawns `command` from the process-lifetime spawner thread (see the module comment).
-fn spawn_from_spawner_thread(command: Command) -> io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
-    let sender = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        // The thread ends only when the process does: the sender lives in a static.
-        let spawned = std::thread::Builder::new()
-            .name("control-plane-spawner".into())
-            .spawn(move || {
-                for (mut command, reply) in rx {
-                    let _ = reply.send(command.spawn());
-                }
-            });
-        if let Err(e) = spawned {
-            // Surfaces on the first send below as a closed channel.
-            eprintln!("control plane: cannot start the spawner thread: {e}");
-        }
-        Mutex::new(tx)
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    let sent = sender
-        .lock()
-        .map_err(|_| io::Error::other("spawner lock poisoned"))?
-        .send((command, reply_tx));
-    sent.map_err(|_| io::Error::other("spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("spawner thread is gone"))?
-}
 
 /// Finds `name` on `PATH`.
 pub(crate) fn which(name: &str) -> Option<PathBuf> {
@@ -231,7 +195,7 @@ impl Processes {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        spawn_from_spawner_thread(command)
+        crate::spawner::spawn_for_process_lifetime(command)
             .map_err(|source| Error::io(format!("start {name}"), source))
     }
 

@@ -1,11 +1,8 @@
-//! Processes by PID: spawning with a parent-death signal, signalling, and liveness from /proc.
+//! Processes by PID: signalling, and liveness from /proc.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::OnceLock;
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,41 +10,6 @@ use rustix::process::{Pid, Signal, kill_process};
 
 /// How often liveness conditions are polled while waiting on a deadline.
 pub(crate) const POLL: Duration = Duration::from_millis(20);
-
-struct SpawnRequest {
-    command: Command,
-    reply: mpsc::Sender<io::Result<Child>>,
-}
-
-/// Spawns `command` from a thread that lives as long as the process.
-///
-/// The daemon is started under `setpriv --pdeathsig KILL`, and the kernel delivers that signal
-/// when the *thread* that forked it exits, not the process. Tokio's blocking pool and the test
-/// harness's per-test threads come and go, so forking from them could kill a daemon that a
-/// later test still uses; this thread never exits.
-pub(crate) fn spawn_from_process_lifetime_thread(command: Command) -> io::Result<Child> {
-    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
-    let sender = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        thread::Builder::new()
-            .name("banlieue-testenv-spawner".into())
-            .spawn(move || {
-                for mut request in rx {
-                    // The requester may have given up; nothing to do then.
-                    let _ = request.reply.send(request.command.spawn());
-                }
-            })
-            .expect("spawn the process-lifetime spawner thread");
-        tx
-    });
-    let (reply, response) = mpsc::channel();
-    sender
-        .send(SpawnRequest { command, reply })
-        .map_err(|_| io::Error::other("spawner thread is gone"))?;
-    response
-        .recv()
-        .map_err(|_| io::Error::other("spawner thread dropped the request"))?
-}
 
 pub(crate) fn signal(pid: u32, signal: Signal) -> io::Result<()> {
     let raw = i32::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
