@@ -71,11 +71,7 @@ pub async fn run_images(
         .run(
             |image, ctx| async move {
                 let key = ErrorBackoff::key_of(BACKOFF_KEY, image.as_ref());
-                let outcome = reconcile(image, ctx.clone()).await;
-                if outcome.is_ok() {
-                    ctx.backoff.succeeded(&key);
-                }
-                outcome
+                ctx.backoff.track(&key, reconcile(image, ctx.clone()).await)
             },
             error_policy,
             ctx,

@@ -86,11 +86,8 @@ pub async fn run_status(
         .run(
             |provider, ctx| async move {
                 let key = ErrorBackoff::key_of(BACKOFF_KEY, provider.as_ref());
-                let outcome = reconcile(provider, ctx.clone()).await;
-                if outcome.is_ok() {
-                    ctx.backoff.succeeded(&key);
-                }
-                outcome
+                ctx.backoff
+                    .track(&key, reconcile(provider, ctx.clone()).await)
             },
             error_policy,
             ctx,

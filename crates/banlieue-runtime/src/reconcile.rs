@@ -169,6 +169,15 @@ impl ErrorBackoff {
         failures.remove(key);
     }
 
+    /// Passes on the `outcome` of reconciling `key`, forgetting the key's failures when it is a
+    /// success. Failures are recorded by the error policy, through [`ErrorBackoff::failed`].
+    pub fn track<T, E>(&self, key: &str, outcome: Result<T, E>) -> Result<T, E> {
+        if outcome.is_ok() {
+            self.succeeded(key);
+        }
+        outcome
+    }
+
     /// The key of `object` under `controller`: `controller/namespace/name`.
     pub fn key_of<K: Resource>(controller: &str, object: &K) -> String {
         format!(
@@ -217,6 +226,11 @@ mod tests {
         );
         assert_eq!(backoff.failed("b"), Duration::from_secs(1), "per object");
         backoff.succeeded("a");
+        assert_eq!(backoff.failed("a"), Duration::from_secs(1));
+        // A tracked failure is left to the error policy; a tracked success forgets.
+        assert!(backoff.track("a", Err::<(), _>("refused")).is_err());
+        assert_eq!(backoff.failed("a"), Duration::from_secs(2));
+        assert_eq!(backoff.track("a", Ok::<_, ()>(7)), Ok(7));
         assert_eq!(backoff.failed("a"), Duration::from_secs(1));
         // Many failures neither overflow nor exceed the maximum.
         let long = ErrorBackoff::new(Duration::from_secs(1), Duration::from_secs(3600));

@@ -56,7 +56,8 @@ where
                 return Err(PollTimeout {
                     what: what.to_owned(),
                     after: deadline,
-                    last_error: Some(error.to_string()),
+                    // The alternate form: an error chain (anyhow's) shows its causes too.
+                    last_error: Some(format!("{error:#}")),
                 });
             }
         }

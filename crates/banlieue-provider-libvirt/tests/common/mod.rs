@@ -50,19 +50,13 @@ async fn install_crds(client: &kube::Client) -> Result<()> {
 }
 
 /// Polls `probe` every 200 ms until it yields a value; fails after `secs` with the last error.
-pub async fn eventually<T, F, Fut>(what: &str, secs: u64, mut probe: F) -> Result<T>
+pub async fn eventually<T, F, Fut>(what: &str, secs: u64, probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
 {
-    let interval = Duration::from_millis(200);
-    Ok(
-        banlieue_testenv::poll::until(what, Duration::from_secs(secs), interval, || {
-            let attempt = probe();
-            async move { attempt.await.map_err(|error| format!("{error:#}")) }
-        })
-        .await?,
-    )
+    let (deadline, interval) = (Duration::from_secs(secs), Duration::from_millis(200));
+    Ok(banlieue_testenv::poll::until(what, deadline, interval, probe).await?)
 }
 
 /// Waits up to `secs` until `api` lists no object.
