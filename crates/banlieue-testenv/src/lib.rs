@@ -9,6 +9,7 @@ pub mod access;
 pub mod control_plane;
 pub mod guest_agent;
 pub mod guest_image;
+mod janitor;
 pub mod libvirtd;
 pub mod node;
 pub mod oidc;

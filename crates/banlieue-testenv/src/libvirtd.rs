@@ -30,13 +30,14 @@ use std::fs::{self, File, OpenOptions};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use rustix::process::Signal;
 use tempfile::TempDir;
 
+use crate::janitor::Janitor;
 use crate::pki::Authority;
 use layout::Layout;
 use process::{
@@ -242,8 +243,8 @@ pub struct Libvirtd {
     suspended: bool,
     /// Taken and removed in `drop`, after the processes are stopped.
     dir: Option<TempDir>,
-    /// The janitor and the write end of its stdin; see `janitor.sh`.
-    janitor: Option<(Child, ChildStdin)>,
+    /// The janitor; see `janitor.sh`.
+    janitor: Option<Janitor>,
 }
 
 impl Libvirtd {
@@ -291,7 +292,8 @@ impl Libvirtd {
             root: dir.path().to_owned(),
             system: options.system_root().to_owned(),
         };
-        let janitor = spawn_janitor(&layout.root)?;
+        let janitor = Janitor::spawn(JANITOR_SCRIPT, "banlieue-libvirtd-janitor", [&layout.root])
+            .context("spawn the instance's janitor")?;
         layout
             .create()
             .context("lay out the instance's directories")?;
@@ -714,32 +716,11 @@ impl Drop for Libvirtd {
         {
             eprintln!("libvirtd: remove {}: {e}", self.layout.root.display());
         }
-        if let Some((mut janitor, stdin)) = self.janitor.take() {
+        if let Some(janitor) = self.janitor.take() {
             // End of file tells the janitor the instance is gone; it finds no directory.
-            drop(stdin);
-            if !wait_until(JANITOR_EXIT_TIMEOUT, || {
-                !matches!(janitor.try_wait(), Ok(None))
-            }) {
-                let _ = janitor.kill();
-            }
-            let _ = janitor.wait();
+            janitor.finish(JANITOR_EXIT_TIMEOUT);
         }
     }
-}
-
-/// Starts the janitor for an instance directory (see `janitor.sh`). In its own session, so a
-/// Ctrl-C in the terminal reaches the test process but not the janitor.
-fn spawn_janitor(dir: &Path) -> Result<(Child, ChildStdin)> {
-    let mut child = Command::new("setsid")
-        .args(["sh", "-c", JANITOR_SCRIPT, "banlieue-libvirtd-janitor"])
-        .arg(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("spawn the instance's janitor")?;
-    let stdin = child.stdin.take().context("janitor stdin")?;
-    Ok((child, stdin))
 }
 
 /// Runs `virsh -c URI ARGS…` and returns stdout; for tests that bring their own pkipath.

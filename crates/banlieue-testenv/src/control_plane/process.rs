@@ -9,12 +9,18 @@
 //!   the pipe closes (on drop, or because the test process died, even by SIGKILL or Ctrl-C),
 //!   makes sure they are gone and removes the directory.
 
+use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
 
 use super::Error;
+use crate::janitor::Janitor;
+
+/// How long a peer's janitor may take to clean up after the peer is dropped.
+const JANITOR_FINISH: Duration = Duration::from_secs(120);
 
 /// Finds `name` on `PATH`.
 pub(crate) fn which(name: &str) -> Option<PathBuf> {
@@ -66,7 +72,7 @@ pub(crate) struct Processes {
     dir: PathBuf,
     setpriv: PathBuf,
     children: Vec<Supervised>,
-    janitor: Option<(Child, ChildStdin)>,
+    janitor: Option<Janitor>,
 }
 
 impl Processes {
@@ -86,37 +92,19 @@ impl Processes {
             .map_err(|source| Error::io("create the state directory", source))?
             // The janitor removes it, also when this process dies without unwinding.
             .keep();
-        let mut command = Command::new("bash");
-        command
-            .arg("-c")
-            .arg(script)
-            .arg("janitor")
-            .arg(&dir)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut janitor = match command.spawn() {
+        let janitor_args = std::iter::once(dir.as_os_str()).chain(args.iter().map(OsStr::new));
+        let janitor = match Janitor::spawn(script, "janitor", janitor_args) {
             Ok(janitor) => janitor,
             Err(source) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(Error::io("start the janitor", source));
             }
         };
-        let Some(pipe) = janitor.stdin.take() else {
-            let _ = janitor.kill();
-            let _ = janitor.wait();
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(Error::io(
-                "start the janitor",
-                io::Error::other("no stdin pipe"),
-            ));
-        };
         Ok(Self {
             dir,
             setpriv,
             children: Vec::new(),
-            janitor: Some((janitor, pipe)),
+            janitor: Some(janitor),
         })
     }
 
@@ -244,9 +232,8 @@ impl Processes {
     }
 
     fn tell_janitor(&mut self, line: &str) {
-        if let Some((_, pipe)) = &mut self.janitor {
-            // A janitor that is gone cannot clean up, but Drop still does.
-            let _ = writeln!(pipe, "{line}");
+        if let Some(janitor) = &mut self.janitor {
+            janitor.tell(line);
         }
     }
 
@@ -275,8 +262,8 @@ impl Processes {
             .iter()
             .map(|s| (s.name, s.child.id()))
             .collect();
-        if let Some((janitor, _)) = &self.janitor {
-            pids.push(("janitor", janitor.id()));
+        if let Some(janitor) = &self.janitor {
+            pids.push(("janitor", janitor.pid()));
         }
         pids
     }
@@ -290,9 +277,9 @@ impl Drop for Processes {
             let _ = supervised.child.wait();
         }
         self.tell_janitor("stopped");
-        if let Some((mut janitor, pipe)) = self.janitor.take() {
-            drop(pipe);
-            let _ = janitor.wait();
+        if let Some(janitor) = self.janitor.take() {
+            // A node's janitor stops its containers and unmounts their state: give it time.
+            janitor.finish(JANITOR_FINISH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
