@@ -343,7 +343,7 @@ where
 }
 
 /// When this process last wrote each object's status, kept for
-/// [`crate::pool_decide::STATUS_COUNTS_INTERVAL`] only: older writes no longer delay a new one.
+/// [`crate::pool::decide::STATUS_COUNTS_INTERVAL`] only: older writes no longer delay a new one.
 #[derive(Debug, Default)]
 pub(crate) struct LastWrites {
     at: Mutex<HashMap<String, Instant>>,
@@ -359,7 +359,7 @@ impl LastWrites {
     pub fn wrote(&self, key: &str, now: Instant) {
         let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
         at.retain(|_, t| {
-            now.saturating_duration_since(*t) < crate::pool_decide::STATUS_COUNTS_INTERVAL
+            now.saturating_duration_since(*t) < crate::pool::decide::STATUS_COUNTS_INTERVAL
         });
         at.insert(key.to_owned(), now);
     }
@@ -413,7 +413,7 @@ impl StartupFailures {
     /// The end of the pool's create backoff, if it is in one.
     pub fn creates_not_before(&self, pool: &str) -> Option<k8s_openapi::jiff::Timestamp> {
         let streak = self.streak(pool)?;
-        let wait = crate::pool_decide::startup_backoff(streak.failures);
+        let wait = crate::pool::decide::startup_backoff(streak.failures);
         streak
             .last_at
             .checked_add(k8s_openapi::jiff::SignedDuration::try_from(wait).ok()?)

@@ -4,12 +4,11 @@
 //! It never talks to a backend, and knows machine kinds only in [`machine_builder`].
 //!
 //! Each reconciler observes snapshots from reflector caches, decides with a pure function
-//! (`scheduling`, `pool_decide`, `claim_decide`, `machine_status`) and acts with a thin layer of
+//! (`scheduling`, `pool::decide`, `claim::decide`, `machine_status`) and acts with a thin layer of
 //! patches. Entry point: [`run`].
 
 mod caches;
-pub mod claim_decide;
-mod claim_reconcile;
+pub mod claim;
 pub mod config;
 mod context;
 pub mod crash;
@@ -22,13 +21,12 @@ pub mod machine_status;
 pub mod member;
 pub mod metrics;
 mod own_writes;
-pub mod pool_decide;
-mod pool_reconcile;
+pub mod pool;
 mod reservations;
 pub mod revision;
 pub mod scheduling;
 mod spread;
-mod virtualmachine;
+mod vm;
 
 use std::future::Future;
 use std::hash::Hash;
@@ -45,7 +43,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 
-pub use claim_reconcile::bind_member;
+pub use claim::reconcile::bind_member;
 pub use config::ControllerConfig;
 pub use crash::{CRASH_AT_ENV, CrashPoint};
 pub use error::{Error, Result};
@@ -161,7 +159,7 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            |vm, ctx| guarded("virtualmachine", vm, ctx, virtualmachine::reconcile),
+            |vm, ctx| guarded("virtualmachine", vm, ctx, vm::reconcile::reconcile),
             |vm, error, ctx| error_policy("virtualmachine", vm, error, ctx),
             ctx.clone(),
         )
@@ -203,7 +201,7 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool_reconcile::reconcile),
+            |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool::reconcile::reconcile),
             |pool, error, ctx| error_policy("virtualmachinepool", pool, error, ctx),
             ctx.clone(),
         )
@@ -227,14 +225,14 @@ pub async fn run(
                 });
             match vm.labels().get(names::LABEL_POOL) {
                 Some(pool) if usable => {
-                    claim_reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
+                    claim::reconcile::claims_of_pool(&claims_for_members, &ns, pool, true)
                 }
                 _ => Vec::new(),
             }
         })
         .watches_stream(pools_for_claims, move |pool| match pool.namespace() {
             Some(ns) => {
-                claim_reconcile::claims_of_pool(&claims_of_pools, &ns, &pool.name_any(), false)
+                claim::reconcile::claims_of_pool(&claims_of_pools, &ns, &pool.name_any(), false)
             }
             None => Vec::new(),
         })
@@ -245,7 +243,7 @@ pub async fn run(
                     "virtualmachineclaim",
                     claim,
                     ctx,
-                    claim_reconcile::reconcile,
+                    claim::reconcile::reconcile,
                 )
             },
             |claim, error, ctx| error_policy("virtualmachineclaim", claim, error, ctx),

@@ -7,9 +7,9 @@
 //! the LibvirtMachine object.
 
 pub mod connection;
+pub mod domain_type;
 pub mod domain_xml;
 pub mod error;
-pub mod host;
 pub mod image;
 pub mod machine;
 pub mod metrics;

@@ -24,7 +24,7 @@ use banlieue_api::{
     ClaimPhase, LibvirtMachine, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
 use banlieue_provider_kit::operator::workloads::workload_name;
-use banlieue_provider_libvirt::host::DOMAIN_TYPE_ENV;
+use banlieue_provider_libvirt::domain_type::DOMAIN_TYPE_ENV;
 use banlieue_provider_libvirt::machine::CRASH_AFTER_DOMAIN_DEFINE;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};

@@ -98,7 +98,8 @@ impl Host {
             .capabilities()
             .await
             .map_err(Error::libvirt("read the host's capabilities"))?;
-        let domain_type = crate::host::choose_domain_type(&capabilities, self.domain_type_override);
+        let domain_type =
+            crate::domain_type::choose_domain_type(&capabilities, self.domain_type_override);
         let session = Session {
             client,
             domain_type,

@@ -41,7 +41,7 @@ pub struct ProviderConfig {
     /// Deadline of each libvirt call.
     pub call_timeout: Duration,
     /// Forces the domain type instead of deriving it from the host's capabilities
-    /// (see [`crate::host::DOMAIN_TYPE_ENV`]).
+    /// (see [`crate::domain_type::DOMAIN_TYPE_ENV`]).
     pub domain_type: Option<DomainType>,
 }
 
@@ -53,7 +53,7 @@ impl ProviderConfig {
             namespace: namespace.into(),
             resync: Duration::from_secs(60),
             call_timeout: Duration::from_secs(60),
-            domain_type: std::env::var(crate::host::DOMAIN_TYPE_ENV)
+            domain_type: std::env::var(crate::domain_type::DOMAIN_TYPE_ENV)
                 .ok()
                 .and_then(|v| DomainType::parse(&v)),
         }

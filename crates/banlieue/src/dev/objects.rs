@@ -184,7 +184,7 @@ pub fn provider_class(image: &str) -> ProviderClass {
 pub fn deployed_provider_class(image: &str, domain_type: &str) -> ProviderClass {
     let mut class = provider_class(image);
     class.spec.pod.env = vec![k8s_openapi::api::core::v1::EnvVar {
-        name: banlieue_provider_libvirt::host::DOMAIN_TYPE_ENV.to_owned(),
+        name: banlieue_provider_libvirt::domain_type::DOMAIN_TYPE_ENV.to_owned(),
         value: Some(domain_type.to_owned()),
         ..Default::default()
     }];

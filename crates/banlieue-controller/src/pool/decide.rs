@@ -1,5 +1,5 @@
 //! What a pool does next (pure): how many members to create, which to delete, what its status
-//! says. Its input is a snapshot; the acting layer is `pool_reconcile`.
+//! says. Its input is a snapshot; the acting layer is `pool::reconcile`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The VirtualMachinePool reconciler: observe the members in the cache, decide with
-//! `pool_decide`, create and delete members, write the status.
+//! `pool::decide`, create and delete members, write the status.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,11 +17,11 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::decide::{self, PoolSnapshot};
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::error::{Result, is_conflict, is_not_found};
 use crate::member::{self, MemberView, is_unclaimed_member};
 use crate::metrics::{PhaseLabels, PoolLabels};
-use crate::pool_decide::{self, PoolSnapshot};
 use crate::revision::pool_revision;
 use crate::scheduling::{controller_owner_reference, image_revision};
 
@@ -119,7 +119,7 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         creates_not_before: ctx.startup_failures.creates_not_before(&pool_key),
         now: Timestamp::now(),
     };
-    let plan = pool_decide::decide(&snapshot);
+    let plan = decide::decide(&snapshot);
 
     if !plan.startup_failures.is_empty() {
         ctx.startup_failures
@@ -204,7 +204,7 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
                         streak.failures,
                         pool.spec.startup_deadline_seconds.unwrap_or_default(),
                         streak.last_members.join(", "),
-                        pool_decide::startup_backoff(streak.failures).as_secs(),
+                        decide::startup_backoff(streak.failures).as_secs(),
                     ),
                     pool.metadata.generation,
                 ),
@@ -228,22 +228,19 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
     }
     let mut status_pending = None;
     if next != current {
-        status_pending = pool_decide::status_write_delay(
+        status_pending = decide::status_write_delay(
             &current,
             &next,
             ctx.status_writes.since_last(&pool_key, Instant::now()),
         );
     }
     if next != current && status_pending.is_none() {
-        let (before, after) = (
-            pool_decide::ready_of(&current),
-            pool_decide::ready_of(&next),
-        );
+        let (before, after) = (decide::ready_of(&current), decide::ready_of(&next));
         ctx.patch_status(&ctx.api::<VirtualMachinePool>(&namespace), &name, &next)
             .await?;
         ctx.status_writes.wrote(&pool_key, Instant::now());
-        let back_at_capacity = pool_decide::is_refill(after.as_ref(), before.as_ref());
-        if pool_decide::is_refill(before.as_ref(), after.as_ref()) || back_at_capacity {
+        let back_at_capacity = decide::is_refill(after.as_ref(), before.as_ref());
+        if decide::is_refill(before.as_ref(), after.as_ref()) || back_at_capacity {
             // A refill behind a claim: routine, summarised once per window, never a Warning.
             ctx.routine_event(pool.as_ref(), plan.ready.reason, plan.ready.message.clone())
                 .await;

@@ -20,7 +20,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::claim_decide;
+use super::decide;
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::crash::{CrashPoint, crash_at};
 use crate::error::{Result, is_conflict, is_not_found};
@@ -118,7 +118,7 @@ async fn pending(
             ctx,
             status,
             reasons::POOL_NOT_FOUND,
-            claim_decide::pool_not_found_message(pool_name),
+            decide::pool_not_found_message(pool_name),
         )
         .await?;
         return Ok(Action::requeue(ctx.config.resync));
@@ -146,7 +146,7 @@ async fn pending(
             .iter()
             .map(|vm| MemberView::of(vm, pool.spec.readiness).on_host(hosts.of(vm)))
             .collect();
-        let candidates = claim_decide::candidates(&views, &revision, |member| {
+        let candidates = decide::candidates(&views, &revision, |member| {
             ctx.reservations.is_held(&this.namespace, member)
         });
         let Some((chosen, held)) = candidates.into_iter().find_map(|m| {
@@ -169,7 +169,7 @@ async fn pending(
                 ctx,
                 status,
                 reasons::NO_MEMBER_AVAILABLE,
-                claim_decide::no_member_message(&pool_name, &pool_reason, &pool_message),
+                decide::no_member_message(&pool_name, &pool_reason, &pool_message),
             )
             .await?;
             return Ok(Action::requeue(ctx.config.resync));
@@ -332,9 +332,9 @@ async fn complete_bind(
         .get(names::ANNOTATION_BOUND_AT)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .unwrap_or_else(Timestamp::now);
-    let expires_at = claim_decide::expires_at(bound_at, this.claim.spec.ttl_seconds);
+    let expires_at = decide::expires_at(bound_at, this.claim.spec.ttl_seconds);
     let mut next = status.clone();
-    next.phase = claim_decide::advance(status.phase, ClaimPhase::Bound);
+    next.phase = decide::advance(status.phase, ClaimPhase::Bound);
     if next.phase != Some(ClaimPhase::Bound) {
         return Ok(Action::await_change());
     }
@@ -359,7 +359,7 @@ async fn complete_bind(
         let labels = BindLabels {
             namespace: this.claim.namespace().unwrap_or_default(),
             pool: this.claim.spec.pool_ref.name.clone(),
-            start: claim_decide::start_of(status),
+            start: decide::start_of(status),
         };
         ctx.metrics.bound(labels, latency.as_secs_f64());
     }
@@ -444,7 +444,7 @@ async fn bound(
         }
         _ => {
             let mut next = status.clone();
-            next.phase = claim_decide::advance(status.phase, ClaimPhase::Failed);
+            next.phase = decide::advance(status.phase, ClaimPhase::Failed);
             next.addresses.clear();
             let message = format!(
                 "member {member_name} was deleted out from under the claim; a Failed claim is never rebound"
@@ -490,7 +490,7 @@ async fn write_pending(
     message: String,
 ) -> Result<()> {
     let mut next = status.clone();
-    next.phase = claim_decide::advance(status.phase, ClaimPhase::Pending);
+    next.phase = decide::advance(status.phase, ClaimPhase::Pending);
     let reason_changed = conditions::find(&status.conditions, types::BOUND)
         .map(|c| c.reason.as_str())
         != Some(reason);
@@ -523,7 +523,7 @@ async fn enter_releasing(
     message: String,
 ) -> Result<()> {
     let mut next = status.clone();
-    next.phase = claim_decide::advance(status.phase, ClaimPhase::Releasing);
+    next.phase = decide::advance(status.phase, ClaimPhase::Releasing);
     if next.phase != Some(ClaimPhase::Releasing) || next == *status {
         return Ok(());
     }
