@@ -5,9 +5,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, reasons, status, types};
-use banlieue_api::{PoolReadiness, PoolUpdateType, VirtualMachinePoolStatus};
+use banlieue_api::names;
+use banlieue_api::{PoolReadiness, PoolUpdateType, VirtualMachinePool, VirtualMachinePoolStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 
+use crate::context::StartupStreak;
 use crate::member::MemberView;
 
 /// The message of a GuestReady pool whose members never publish the signal.
@@ -273,6 +277,80 @@ fn verdict(
         reason: reasons::FILLING,
         message: format!("{available}/{replicas} members available, {starting} starting"),
     }
+}
+
+/// The pool's next status: the counts of `plan`, and its Ready, Filling and Degraded
+/// conditions (Degraded while a streak of members that did not start in time lasts).
+pub(crate) fn next_status(
+    pool: &VirtualMachinePool,
+    current: &VirtualMachinePoolStatus,
+    plan: &PoolPlan,
+    claimed: i32,
+    revision: &str,
+    streak: Option<&StartupStreak>,
+    now: Time,
+) -> VirtualMachinePoolStatus {
+    let generation = pool.metadata.generation;
+    let mut next = VirtualMachinePoolStatus {
+        replicas: plan.replicas,
+        ready_replicas: plan.ready_replicas,
+        available_replicas: plan.available_replicas,
+        claimed_replicas: claimed,
+        current_revision: Some(revision.to_owned()),
+        selector: Some(format!("{}={}", names::LABEL_POOL, pool.name_any())),
+        conditions: current.conditions.clone(),
+        observed_generation: generation,
+    };
+    let ready = &plan.ready;
+    let condition = |type_, status, reason, message: String| {
+        conditions::new(type_, status, reason, message, generation)
+    };
+    conditions::set(
+        &mut next.conditions,
+        condition(
+            types::READY,
+            ready.status,
+            ready.reason,
+            ready.message.clone(),
+        ),
+        now.clone(),
+    );
+    let filling = if ready.status != status::TRUE {
+        status::TRUE
+    } else {
+        status::FALSE
+    };
+    conditions::set(
+        &mut next.conditions,
+        condition(types::FILLING, filling, ready.reason, ready.message.clone()),
+        now.clone(),
+    );
+    let degraded = match streak {
+        Some(streak) => Some(condition(
+            types::DEGRADED,
+            status::TRUE,
+            reasons::STARTUP_DEADLINE_EXCEEDED,
+            format!(
+                "{} members in a row were not available within {} s (the last: {}); the next is \
+                 created {} s after the last failure",
+                streak.failures,
+                pool.spec.startup_deadline_seconds.unwrap_or_default(),
+                streak.last_members.join(", "),
+                startup_backoff(streak.failures).as_secs(),
+            ),
+        )),
+        None if conditions::is_true(&next.conditions, types::DEGRADED) => Some(condition(
+            types::DEGRADED,
+            status::FALSE,
+            reasons::MEMBERS_STARTING,
+            "the pool is back at capacity".to_owned(),
+        )),
+        None => None,
+    };
+    if let Some(degraded) = degraded {
+        conditions::set(&mut next.conditions, degraded, now);
+    }
+    next
 }
 
 /// The wait before the next create after `failures` consecutive startup failures: 10 s,
@@ -603,6 +681,113 @@ mod tests {
             }
         }
         s
+    }
+
+    fn pool_object(startup_deadline_seconds: Option<i64>) -> VirtualMachinePool {
+        let spec = serde_json::json!({
+            "replicas": 3,
+            "template": {"spec": {
+                "classRef": {"name": "small"}, "imageRef": {"name": "debian"},
+                "storageClassName": "fast", "networkClassName": "isolated"
+            }},
+            "updateStrategy": {"type": "Replace", "maxSurge": 1},
+            "readiness": "InfrastructureReady",
+            "startupDeadlineSeconds": startup_deadline_seconds,
+        });
+        let mut pool = VirtualMachinePool::new("web", serde_json::from_value(spec).unwrap());
+        pool.metadata.generation = Some(4);
+        pool
+    }
+
+    fn plan_with(ready: ReadyVerdict) -> PoolPlan {
+        PoolPlan {
+            creates: 1,
+            deletes: Vec::new(),
+            replicas: 3,
+            ready_replicas: 2,
+            available_replicas: 2,
+            ready,
+            revisit_after: None,
+            startup_failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn next_status_mirrors_the_plan_and_reports_a_startup_streak_until_it_ends() {
+        let pool = pool_object(Some(90));
+        let filling = plan_with(ReadyVerdict {
+            status: status::FALSE,
+            reason: reasons::FILLING,
+            message: "2/3 members available".into(),
+        });
+        let now = Time(t(0));
+        let streak = StartupStreak {
+            failures: 2,
+            last_at: t(0),
+            last_members: vec!["web-a".into(), "web-b".into()],
+        };
+        let current = VirtualMachinePoolStatus::default();
+        let next = next_status(
+            &pool,
+            &current,
+            &filling,
+            1,
+            "rev-9",
+            Some(&streak),
+            now.clone(),
+        );
+        assert_eq!(
+            (
+                next.replicas,
+                next.available_replicas,
+                next.claimed_replicas
+            ),
+            (3, 2, 1)
+        );
+        assert_eq!(next.current_revision.as_deref(), Some("rev-9"));
+        assert_eq!(next.selector.as_deref(), Some("banlieue.io/pool=web"));
+        assert_eq!(next.observed_generation, Some(4));
+        let find = |status: &VirtualMachinePoolStatus, type_| {
+            let c = conditions::find(&status.conditions, type_)
+                .expect(type_)
+                .clone();
+            (c.status, c.reason, c.message, c.observed_generation)
+        };
+        let (ready, reason, ..) = find(&next, types::READY);
+        assert_eq!(
+            (ready.as_str(), reason.as_str()),
+            (status::FALSE, reasons::FILLING)
+        );
+        assert_eq!(find(&next, types::FILLING).0, status::TRUE);
+        let (degraded, reason, message, generation) = find(&next, types::DEGRADED);
+        assert_eq!(
+            (degraded.as_str(), reason.as_str(), generation),
+            (status::TRUE, reasons::STARTUP_DEADLINE_EXCEEDED, Some(4))
+        );
+        assert!(message.contains("2 members in a row"), "{message}");
+        assert!(
+            message.contains("within 90 s (the last: web-a, web-b)"),
+            "{message}"
+        );
+        let backoff = startup_backoff(2).as_secs();
+        assert!(message.contains(&format!("{backoff} s after")), "{message}");
+
+        // Back at capacity, the streak over: Degraded turns False, Filling False.
+        let full = plan_with(ReadyVerdict {
+            status: status::TRUE,
+            reason: reasons::AT_CAPACITY,
+            message: "3/3 members available".into(),
+        });
+        let after = next_status(&pool, &next, &full, 1, "rev-9", None, now.clone());
+        assert_eq!(find(&after, types::FILLING).0, status::FALSE);
+        let (degraded, reason, ..) = find(&after, types::DEGRADED);
+        assert_eq!(
+            (degraded.as_str(), reason.as_str()),
+            (status::FALSE, reasons::MEMBERS_STARTING)
+        );
+        // A pool that was never degraded gets no Degraded condition at all.
+        let quiet = next_status(&pool, &current, &full, 0, "rev-9", None, now);
+        assert!(conditions::find(&quiet.conditions, types::DEGRADED).is_none());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use banlieue_api::conditions::{self, reasons, status, types};
+use banlieue_api::conditions::{reasons, status};
 use banlieue_api::names;
 use banlieue_api::{
     ClaimPhase, VMImage, VirtualMachine, VirtualMachinePool, VirtualMachinePoolStatus,
@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::decide::{self, PoolSnapshot};
+use super::decide::{self, PoolPlan, PoolSnapshot};
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::error::{Result, is_conflict, is_not_found};
 use crate::member::{self, MemberView, is_unclaimed_member};
@@ -45,17 +45,83 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         }
         return Ok(Action::await_change());
     }
-    let uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
+    let pool_key = format!("{namespace}/{name}");
+    let observed = observe(&pool, &ctx, &namespace, &pool_key).await?;
+    let plan = decide::decide(&observed.snapshot);
+
+    record_startup_failures(&ctx, &pool, &pool_key, &plan).await;
+    let vms = ctx.api::<VirtualMachine>(&namespace);
+    for _ in 0..plan.creates {
+        let member = new_member(&pool, &observed.revision)?;
+        let created = vms.create(&PostParams::default(), &member).await?;
+        let member_name = created.name_any();
+        ctx.expectations.created(&pool_key, &member_name);
+        ctx.routine_event(
+            pool.as_ref(),
+            "MemberCreated",
+            format!(
+                "created member {member_name} (revision {})",
+                observed.revision
+            ),
+        )
+        .await;
+    }
+    for member_name in &plan.deletes {
+        reap(&ctx, &pool, &namespace, &observed.members, member_name).await?;
+    }
+
+    let current = pool.status.clone().unwrap_or_default();
+    let next = decide::next_status(
+        &pool,
+        &current,
+        &plan,
+        observed.snapshot.claimed,
+        &observed.revision,
+        ctx.startup_failures.streak(&pool_key).as_ref(),
+        Time(Timestamp::now()),
+    );
+    let status_pending = write_status(&ctx, &pool, &pool_key, &current, &next, &plan).await?;
+    record_metrics(&ctx, &labels, &plan, &observed.snapshot);
+
+    let wait = plan
+        .revisit_after
+        .into_iter()
+        .chain(status_pending)
+        .chain(observed.hosts_change)
+        .fold(ctx.config.resync, Duration::min);
+    Ok(Action::requeue(wait))
+}
+
+/// What the pool's decision is made from, read from the caches (and the image once from the
+/// API server when the cache has not seen it yet).
+struct Observed {
+    snapshot: PoolSnapshot,
+    /// The unclaimed members, for deletes guarded by their resourceVersion.
+    members: Vec<Arc<VirtualMachine>>,
+    /// The revision new members are made at.
+    revision: String,
+    /// When a Provider's host state next changes by itself (a lost host's grace ending).
+    hosts_change: Option<Duration>,
+}
+
+async fn observe(
+    pool: &VirtualMachinePool,
+    ctx: &Context,
+    namespace: &str,
+    pool_key: &str,
+) -> Result<Observed> {
+    let name = pool.name_any();
+    let uid = uid_of(pool, "VirtualMachinePool")?;
     let image = match cached(
         &ctx.stores.images,
-        &namespace,
+        namespace,
         &pool.spec.template.spec.image_ref.name,
     ) {
         Some(image) => Some(image),
         // Not in the cache: created together with the pool and not seen yet, or absent. Read
         // once, so the first members are not made at a revision that changes when the cache
         // catches up (and then replaced).
-        None => Api::<VMImage>::namespaced(ctx.client.clone(), &namespace)
+        None => Api::<VMImage>::namespaced(ctx.client.clone(), namespace)
             .get_opt(&pool.spec.template.spec.image_ref.name)
             .await?
             .map(Arc::new),
@@ -71,27 +137,26 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         .state()
         .into_iter()
         .filter(|vm| {
-            vm.metadata.namespace.as_deref() == Some(namespace.as_str())
+            vm.metadata.namespace.as_deref() == Some(namespace)
                 && is_unclaimed_member(vm, &name, &uid)
         })
         .collect();
-    let hosts = ctx.host_states(&namespace);
+    let hosts = ctx.host_states(namespace);
     let views: Vec<MemberView> = members
         .iter()
         .map(|vm| MemberView::of(vm, pool.spec.readiness).on_host(hosts.of(vm)))
         .collect();
     let seen: BTreeSet<&str> = views.iter().map(|m| m.name.as_str()).collect();
-    let pool_key = format!("{namespace}/{name}");
     let pending_creates = ctx
         .expectations
-        .pending(&pool_key, |member| seen.contains(member));
+        .pending(pool_key, |member| seen.contains(member));
     let claimed = ctx
         .stores
         .claims
         .state()
         .iter()
         .filter(|c| {
-            c.metadata.namespace.as_deref() == Some(namespace.as_str())
+            c.metadata.namespace.as_deref() == Some(namespace)
                 && c.spec.pool_ref.name == name
                 && c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound)
         })
@@ -108,7 +173,7 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         current_revision: revision.clone(),
         members: views,
         pending_creates,
-        reserved: ctx.reservations.held_in(&namespace).into_iter().collect(),
+        reserved: ctx.reservations.held_in(namespace).into_iter().collect(),
         claimed,
         readiness_signal_grace: ctx.config.readiness_signal_grace,
         startup_deadline: pool
@@ -116,16 +181,30 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
             .startup_deadline_seconds
             .map(|s| Duration::from_secs(s.max(1) as u64)),
         max_provisioning: pool.spec.max_provisioning.map(|n| n.max(1) as usize),
-        creates_not_before: ctx.startup_failures.creates_not_before(&pool_key),
+        creates_not_before: ctx.startup_failures.creates_not_before(pool_key),
         now: Timestamp::now(),
     };
-    let plan = decide::decide(&snapshot);
+    Ok(Observed {
+        snapshot,
+        members,
+        revision,
+        hosts_change: hosts.next_change,
+    })
+}
 
+/// Starts or extends the pool's streak of members that did not start in time (and says so),
+/// or ends it once the pool is back at capacity.
+async fn record_startup_failures(
+    ctx: &Context,
+    pool: &VirtualMachinePool,
+    pool_key: &str,
+    plan: &PoolPlan,
+) {
     if !plan.startup_failures.is_empty() {
         ctx.startup_failures
-            .failed(&pool_key, &plan.startup_failures, Timestamp::now());
+            .failed(pool_key, &plan.startup_failures, Timestamp::now());
         ctx.event(
-            pool.as_ref(),
+            pool,
             EventType::Warning,
             reasons::STARTUP_DEADLINE_EXCEEDED,
             format!(
@@ -137,164 +216,87 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
         .await;
     } else if plan.ready.status == status::TRUE {
         // Back at capacity: the streak of startup failures is over.
-        ctx.startup_failures.recovered(&pool_key);
+        ctx.startup_failures.recovered(pool_key);
     }
-    let vms = ctx.api::<VirtualMachine>(&namespace);
-    for _ in 0..plan.creates {
-        let member = new_member(&pool, &revision)?;
-        let created = vms.create(&PostParams::default(), &member).await?;
-        let member_name = created.name_any();
-        ctx.expectations.created(&pool_key, &member_name);
-        ctx.routine_event(
-            pool.as_ref(),
-            "MemberCreated",
-            format!("created member {member_name} (revision {revision})"),
-        )
-        .await;
-    }
-    for member_name in &plan.deletes {
-        reap(&ctx, &pool, &namespace, &members, member_name).await?;
-    }
+}
 
-    let current = pool.status.clone().unwrap_or_default();
-    let mut next = VirtualMachinePoolStatus {
-        replicas: plan.replicas,
-        ready_replicas: plan.ready_replicas,
-        available_replicas: plan.available_replicas,
-        claimed_replicas: claimed,
-        current_revision: Some(revision),
-        selector: Some(format!("{}={name}", names::LABEL_POOL)),
-        conditions: current.conditions.clone(),
-        observed_generation: pool.metadata.generation,
-    };
-    let now = Time(Timestamp::now());
-    conditions::set(
-        &mut next.conditions,
-        conditions::new(
-            types::READY,
-            plan.ready.status,
-            plan.ready.reason,
-            plan.ready.message.clone(),
-            pool.metadata.generation,
-        ),
-        now.clone(),
-    );
-    let filling = plan.ready.status != status::TRUE;
-    conditions::set(
-        &mut next.conditions,
-        conditions::new(
-            types::FILLING,
-            if filling { status::TRUE } else { status::FALSE },
-            plan.ready.reason,
-            plan.ready.message.clone(),
-            pool.metadata.generation,
-        ),
-        now,
-    );
-    match ctx.startup_failures.streak(&pool_key) {
-        Some(streak) => {
-            conditions::set(
-                &mut next.conditions,
-                conditions::new(
-                    types::DEGRADED,
-                    status::TRUE,
-                    reasons::STARTUP_DEADLINE_EXCEEDED,
-                    format!(
-                        "{} members in a row were not available within {} s (the last: {}); the next is created {} s after the last failure",
-                        streak.failures,
-                        pool.spec.startup_deadline_seconds.unwrap_or_default(),
-                        streak.last_members.join(", "),
-                        decide::startup_backoff(streak.failures).as_secs(),
-                    ),
-                    pool.metadata.generation,
-                ),
-                Time(Timestamp::now()),
-            );
-        }
-        None if conditions::is_true(&next.conditions, types::DEGRADED) => {
-            conditions::set(
-                &mut next.conditions,
-                conditions::new(
-                    types::DEGRADED,
-                    status::FALSE,
-                    reasons::MEMBERS_STARTING,
-                    "the pool is back at capacity",
-                    pool.metadata.generation,
-                ),
-                Time(Timestamp::now()),
-            );
-        }
-        None => {}
+/// Writes `next` unless it equals `current` or a count-only change waits for its window
+/// (returned: when to look again), with an Event when the Ready reason changed.
+async fn write_status(
+    ctx: &Context,
+    pool: &VirtualMachinePool,
+    pool_key: &str,
+    current: &VirtualMachinePoolStatus,
+    next: &VirtualMachinePoolStatus,
+    plan: &PoolPlan,
+) -> Result<Option<Duration>> {
+    if next == current {
+        return Ok(None);
     }
-    let mut status_pending = None;
-    if next != current {
-        status_pending = decide::status_write_delay(
-            &current,
-            &next,
-            ctx.status_writes.since_last(&pool_key, Instant::now()),
-        );
+    let pending = decide::status_write_delay(
+        current,
+        next,
+        ctx.status_writes.since_last(pool_key, Instant::now()),
+    );
+    if pending.is_some() {
+        return Ok(pending);
     }
-    if next != current && status_pending.is_none() {
-        let (before, after) = (decide::ready_of(&current), decide::ready_of(&next));
-        ctx.patch_status(&ctx.api::<VirtualMachinePool>(&namespace), &name, &next)
-            .await?;
-        ctx.status_writes.wrote(&pool_key, Instant::now());
-        let back_at_capacity = decide::is_refill(after.as_ref(), before.as_ref());
-        if decide::is_refill(before.as_ref(), after.as_ref()) || back_at_capacity {
-            // A refill behind a claim: routine, summarised once per window, never a Warning.
-            ctx.routine_event(pool.as_ref(), plan.ready.reason, plan.ready.message.clone())
-                .await;
-        } else if before.map(|(_, reason)| reason).as_deref() != Some(plan.ready.reason) {
-            let kind = if filling {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            ctx.event(
-                pool.as_ref(),
-                kind,
-                plan.ready.reason,
-                plan.ready.message.clone(),
-            )
+    let (before, after) = (decide::ready_of(current), decide::ready_of(next));
+    let namespace = namespace_of(pool, "VirtualMachinePool")?;
+    ctx.patch_status(
+        &ctx.api::<VirtualMachinePool>(&namespace),
+        &pool.name_any(),
+        next,
+    )
+    .await?;
+    ctx.status_writes.wrote(pool_key, Instant::now());
+    let back_at_capacity = decide::is_refill(after.as_ref(), before.as_ref());
+    if decide::is_refill(before.as_ref(), after.as_ref()) || back_at_capacity {
+        // A refill behind a claim: routine, summarised once per window, never a Warning.
+        ctx.routine_event(pool, plan.ready.reason, plan.ready.message.clone())
             .await;
-        }
+    } else if before.map(|(_, reason)| reason).as_deref() != Some(plan.ready.reason) {
+        let kind = if plan.ready.status != status::TRUE {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        ctx.event(pool, kind, plan.ready.reason, plan.ready.message.clone())
+            .await;
     }
+    Ok(None)
+}
+
+/// The pool's gauges: warm, claimed and filling members, and members by phase.
+fn record_metrics(ctx: &Context, labels: &PoolLabels, plan: &PoolPlan, snapshot: &PoolSnapshot) {
     ctx.metrics
         .pool_warm
-        .get_or_create(&labels)
+        .get_or_create(labels)
         .set(plan.available_replicas.into());
     ctx.metrics
         .pool_claimed
-        .get_or_create(&labels)
-        .set(claimed.into());
+        .get_or_create(labels)
+        .set(snapshot.claimed.into());
     ctx.metrics
         .pool_filling
-        .get_or_create(&labels)
+        .get_or_create(labels)
         .set((plan.replicas - plan.available_replicas).max(0).into());
     let mut by_phase: BTreeMap<&'static str, i64> =
         member::PHASES.iter().map(|p| (*p, 0)).collect();
     for view in &snapshot.members {
         *by_phase.entry(view.phase()).or_default() += 1;
     }
-    by_phase.insert(member::PHASE_CLAIMED, claimed.into());
+    by_phase.insert(member::PHASE_CLAIMED, snapshot.claimed.into());
     for (phase, count) in by_phase {
         ctx.metrics
             .pool_members
             .get_or_create(&PhaseLabels {
-                namespace: namespace.clone(),
-                pool: name.clone(),
+                namespace: labels.namespace.clone(),
+                pool: labels.pool.clone(),
                 phase,
             })
             .set(count);
     }
-
-    let wait = plan
-        .revisit_after
-        .into_iter()
-        .chain(status_pending)
-        .chain(hosts.next_change)
-        .fold(ctx.config.resync, Duration::min);
-    Ok(Action::requeue(wait))
 }
 
 /// Deletes an unclaimed member, unless a claim is binding it. The delete carries the member's
