@@ -8,7 +8,8 @@ use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::provider::DEFAULT_MEMORY_OVERCOMMIT_PERCENT;
 use banlieue_api::quantity;
 use banlieue_api::{
-    InstallMode, MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, ZonePhase,
+    FailureDomain, InstallMode, MachineKind, Provider, ProviderClass, VMClass, VMImage,
+    VirtualMachine, ZonePhase,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -117,135 +118,29 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         });
     }
 
-    let requested = quantity::to_bytes(&class.spec.memory.0).unwrap_or(0);
+    let wanted = Wanted {
+        input: &input,
+        class,
+        image,
+        memory: quantity::to_bytes(&class.spec.memory.0).unwrap_or(0),
+    };
     // Each satisfying domain, with the memory it has to spare (0 when its capacity is
     // unknown: such a domain is never preferred for room it may not have).
     let mut candidates: Vec<(Placement, u64)> = Vec::new();
     let mut short: Vec<String> = Vec::new();
     let mut furthest: Option<(Stage, Unschedulable)> = None;
-    let mut note = |stage: Stage, failure: Unschedulable| {
-        if furthest.as_ref().is_none_or(|(s, _)| stage > *s) {
-            furthest = Some((stage, failure));
-        }
-    };
     for provider in providers {
-        let provider_name = provider.metadata.name.clone().unwrap_or_default();
         let status = provider.status.as_ref();
         for domain in status.map(|s| s.failure_domains.as_slice()).unwrap_or(&[]) {
-            let storage = domain
-                .storage_classes
-                .iter()
-                .find(|c| c.name == spec.storage_class_name);
-            let network = domain
-                .network_classes
-                .iter()
-                .find(|c| c.name == spec.network_class_name);
-            let (Some(storage), Some(network)) = (storage, network) else {
-                note(
-                    Stage::StorageOrNetwork,
-                    Unschedulable {
-                        reason: reasons::NO_MATCHING_FAILURE_DOMAIN,
-                        message: format!(
-                            "no failure domain offers storage class {} and network class {}",
-                            spec.storage_class_name, spec.network_class_name
-                        ),
-                    },
-                );
-                continue;
-            };
-            if class.spec.tpm_enabled && !domain.features.iter().any(|f| f == FEATURE_VTPM) {
-                note(
-                    Stage::Feature,
-                    Unschedulable {
-                        reason: reasons::NO_PROVIDER_WITH_FEATURE,
-                        message: format!(
-                            "class {} is tpmEnabled and no provider advertises {FEATURE_VTPM:?} in capabilities.features",
-                            spec.class_ref.name
-                        ),
-                    },
-                );
-                continue;
-            }
-            let class_name = &provider.spec.provider_class_ref.name;
-            let Some(machine_kind) = builder_for(input.provider_classes.get(class_name).copied())
-            else {
-                note(
-                    Stage::Builder,
-                    Unschedulable {
-                        reason: reasons::NO_BUILDER_FOR_CLASS,
-                        message: format!(
-                            "no machine builder for provider class {class_name:?} (provider {provider_name})"
-                        ),
-                    },
-                );
-                continue;
-            };
-            let pool = &storage.target.pool;
-            let Some(volume) = ready_volume(image, &provider_name, pool) else {
-                note(
-                    Stage::Image,
-                    Unschedulable {
-                        reason: reasons::IMAGE_NOT_READY,
-                        message: format!(
-                            "vmimage {} is not Ready on provider {provider_name} pool {pool}",
-                            spec.image_ref.name
-                        ),
-                    },
-                );
-                continue;
-            };
-            let key = (provider_name.clone(), domain.name.clone());
-            let mut spare = 0;
-            if let Some(capacity) = &domain.capacity {
-                let percent = provider
-                    .spec
-                    .capabilities
-                    .memory_overcommit_percent
-                    .unwrap_or(DEFAULT_MEMORY_OVERCOMMIT_PERCENT);
-                let limit =
-                    u64::try_from(u128::from(capacity.memory_bytes) * u128::from(percent) / 100)
-                        .unwrap_or(u64::MAX);
-                let used = input.occupancy.memory.get(&key).copied().unwrap_or(0);
-                if used.saturating_add(requested) > limit {
-                    short.push(format!(
-                        "{provider_name} has {} of {} free",
-                        gib(limit.saturating_sub(used)),
-                        gib(limit)
-                    ));
-                    note(
-                        Stage::Capacity,
-                        Unschedulable {
-                            reason: reasons::INSUFFICIENT_CAPACITY,
-                            message: String::new(),
-                        },
-                    );
-                    continue;
+            match wanted.fit(provider, domain) {
+                Ok(candidate) => candidates.push(candidate),
+                Err(miss) => {
+                    short.extend(miss.short);
+                    if furthest.as_ref().is_none_or(|(s, _)| miss.stage > *s) {
+                        furthest = Some((miss.stage, miss.failure));
+                    }
                 }
-                spare = limit - used - requested;
             }
-            let disk_size = class
-                .spec
-                .disk_size
-                .clone()
-                .or_else(|| image.spec.disk_size.clone())
-                .unwrap_or_else(|| Quantity(DEFAULT_DISK_SIZE.to_owned()));
-            candidates.push((
-                Placement {
-                    provider: provider_name.clone(),
-                    provider_class: class_name.clone(),
-                    machine_kind,
-                    failure_domain: domain.name.clone(),
-                    storage_target: pool.clone(),
-                    network_target: network.target.network.clone(),
-                    image: PlacedImage {
-                        volume,
-                        install_mode: image.spec.install_mode,
-                        disk_size,
-                    },
-                    image_revision: image_revision(image),
-                },
-                spare,
-            ));
         }
     }
     // Fewest members of the pool, then the most memory to spare; `min_by_key` keeps the first
@@ -265,7 +160,7 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         failure.message = format!(
             "class {} needs {} of memory and no failure domain has it to spare: {}",
             spec.class_ref.name,
-            gib(requested),
+            gib(wanted.memory),
             short.join("; ")
         );
     }
@@ -273,6 +168,156 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         reason: reasons::NO_MATCHING_FAILURE_DOMAIN,
         message: "no Ready provider publishes a failure domain".to_owned(),
     }))
+}
+
+/// What one VirtualMachine asks of a failure domain.
+struct Wanted<'a> {
+    input: &'a ScheduleInput<'a>,
+    class: &'a VMClass,
+    image: &'a VMImage,
+    /// The class's memory, in bytes.
+    memory: u64,
+}
+
+/// Why one failure domain does not fit: how far it got through the checks, in the guides'
+/// words, and for a capacity shortfall the words naming its free memory.
+struct Miss {
+    stage: Stage,
+    failure: Unschedulable,
+    short: Option<String>,
+}
+
+impl Miss {
+    fn at(stage: Stage, reason: &'static str, message: String) -> Self {
+        Miss {
+            stage,
+            failure: Unschedulable { reason, message },
+            short: None,
+        }
+    }
+}
+
+impl Wanted<'_> {
+    /// The placement in `domain` of `provider` and the memory it leaves to spare, or why the
+    /// domain does not fit: storage and network classes, features, a builder for the class,
+    /// the image Ready there, then memory, in that order.
+    fn fit(&self, provider: &Provider, domain: &FailureDomain) -> Result<(Placement, u64), Miss> {
+        let spec = &self.input.vm.spec;
+        let provider_name = provider.metadata.name.clone().unwrap_or_default();
+        let storage = domain
+            .storage_classes
+            .iter()
+            .find(|c| c.name == spec.storage_class_name);
+        let network = domain
+            .network_classes
+            .iter()
+            .find(|c| c.name == spec.network_class_name);
+        let (Some(storage), Some(network)) = (storage, network) else {
+            return Err(Miss::at(
+                Stage::StorageOrNetwork,
+                reasons::NO_MATCHING_FAILURE_DOMAIN,
+                format!(
+                    "no failure domain offers storage class {} and network class {}",
+                    spec.storage_class_name, spec.network_class_name
+                ),
+            ));
+        };
+        if self.class.spec.tpm_enabled && !domain.features.iter().any(|f| f == FEATURE_VTPM) {
+            return Err(Miss::at(
+                Stage::Feature,
+                reasons::NO_PROVIDER_WITH_FEATURE,
+                format!(
+                    "class {} is tpmEnabled and no provider advertises {FEATURE_VTPM:?} in \
+                     capabilities.features",
+                    spec.class_ref.name
+                ),
+            ));
+        }
+        let class_name = &provider.spec.provider_class_ref.name;
+        let Some(machine_kind) = builder_for(self.input.provider_classes.get(class_name).copied())
+        else {
+            return Err(Miss::at(
+                Stage::Builder,
+                reasons::NO_BUILDER_FOR_CLASS,
+                format!(
+                    "no machine builder for provider class {class_name:?} (provider \
+                     {provider_name})"
+                ),
+            ));
+        };
+        let pool = &storage.target.pool;
+        let Some(volume) = ready_volume(self.image, &provider_name, pool) else {
+            return Err(Miss::at(
+                Stage::Image,
+                reasons::IMAGE_NOT_READY,
+                format!(
+                    "vmimage {} is not Ready on provider {provider_name} pool {pool}",
+                    spec.image_ref.name
+                ),
+            ));
+        };
+        let spare = self.spare_memory(provider, &provider_name, domain)?;
+        let disk_size = self
+            .class
+            .spec
+            .disk_size
+            .clone()
+            .or_else(|| self.image.spec.disk_size.clone())
+            .unwrap_or_else(|| Quantity(DEFAULT_DISK_SIZE.to_owned()));
+        let placement = Placement {
+            provider: provider_name,
+            provider_class: class_name.clone(),
+            machine_kind,
+            failure_domain: domain.name.clone(),
+            storage_target: pool.clone(),
+            network_target: network.target.network.clone(),
+            image: PlacedImage {
+                volume,
+                install_mode: self.image.spec.install_mode,
+                disk_size,
+            },
+            image_revision: image_revision(self.image),
+        };
+        Ok((placement, spare))
+    }
+
+    /// The memory `domain` has to spare once this VirtualMachine's is promised (0 when its
+    /// capacity is unknown), or the capacity miss naming what it has free.
+    fn spare_memory(
+        &self,
+        provider: &Provider,
+        provider_name: &str,
+        domain: &FailureDomain,
+    ) -> Result<u64, Miss> {
+        let Some(capacity) = &domain.capacity else {
+            return Ok(0);
+        };
+        let percent = provider
+            .spec
+            .capabilities
+            .memory_overcommit_percent
+            .unwrap_or(DEFAULT_MEMORY_OVERCOMMIT_PERCENT);
+        let limit = u64::try_from(u128::from(capacity.memory_bytes) * u128::from(percent) / 100)
+            .unwrap_or(u64::MAX);
+        let key = (provider_name.to_owned(), domain.name.clone());
+        let used = self.input.occupancy.memory.get(&key).copied().unwrap_or(0);
+        if used.saturating_add(self.memory) > limit {
+            return Err(Miss {
+                stage: Stage::Capacity,
+                // Worded once every domain is known: see `schedule`.
+                failure: Unschedulable {
+                    reason: reasons::INSUFFICIENT_CAPACITY,
+                    message: String::new(),
+                },
+                short: Some(format!(
+                    "{provider_name} has {} of {} free",
+                    gib(limit.saturating_sub(used)),
+                    gib(limit)
+                )),
+            });
+        }
+        Ok(limit - used - self.memory)
+    }
 }
 
 /// Bytes as GiB with one decimal, for messages.
