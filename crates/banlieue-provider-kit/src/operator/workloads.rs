@@ -323,6 +323,95 @@ fn http_probe(path: &str) -> Probe {
     }
 }
 
+/// The Deployment that runs `provider <subcommand> run` for Provider `name` of namespace `ns`,
+/// as the class says (image, command, args, pod settings), under the workload's account.
+fn deployment(
+    metadata: ObjectMeta,
+    name: &str,
+    ns: &str,
+    class: &ProviderClass,
+    subcommand: &str,
+) -> Deployment {
+    let mut args = class.spec.args.clone();
+    args.extend(
+        [
+            "provider",
+            subcommand,
+            "run",
+            "--provider",
+            name,
+            "--namespace",
+            ns,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned()),
+    );
+    let pod_settings = &class.spec.pod;
+    Deployment {
+        metadata,
+        spec: DeploymentSpec {
+            replicas: Some(1),
+            // One writer per host: a rolling update must not run two providers at once.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                rolling_update: None,
+            }),
+            selector: LabelSelector {
+                match_labels: Some([(LABEL_PROVIDER.to_owned(), name.to_owned())].into()),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(workload_name(name)),
+                    automount_service_account_token: Some(true),
+                    // The same as the controller's (deploy/controller.yaml).
+                    security_context: Some(banlieue_api::pods::restricted_pod(None)),
+                    node_selector: (!pod_settings.node_selector.is_empty())
+                        .then(|| pod_settings.node_selector.clone()),
+                    tolerations: (!pod_settings.tolerations.is_empty())
+                        .then(|| pod_settings.tolerations.clone()),
+                    image_pull_secrets: (!pod_settings.image_pull_secrets.is_empty())
+                        .then(|| pod_settings.image_pull_secrets.clone()),
+                    host_network: pod_settings.host_network.then_some(true),
+                    containers: vec![Container {
+                        name: "provider".into(),
+                        image: Some(class.spec.image.clone()),
+                        command: (!class.spec.command.is_empty())
+                            .then(|| class.spec.command.clone()),
+                        args: Some(args),
+                        env: Some(
+                            std::iter::once(EnvVar {
+                                name: "BANLIEUE_METRICS_ADDRESS".into(),
+                                value: Some(format!("0.0.0.0:{METRICS_PORT}")),
+                                value_from: None,
+                            })
+                            .chain(pod_settings.env.iter().cloned())
+                            .collect(),
+                        ),
+                        resources: Some(
+                            pod_settings
+                                .resources
+                                .clone()
+                                .unwrap_or_else(default_resources),
+                        ),
+                        security_context: Some(banlieue_api::pods::restricted_container()),
+                        liveness_probe: Some(http_probe("/healthz")),
+                        readiness_probe: Some(http_probe("/readyz")),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        status: None,
+    }
+}
+
 /// Builds the workload of `provider`, run by `class`. `None` when the Provider has no name,
 /// namespace or uid yet (it was not read from the API server).
 pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
@@ -403,84 +492,7 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
     };
 
     let backend = backend_workload(class.spec.machine_kind);
-    let mut args = class.spec.args.clone();
-    args.extend(
-        [
-            "provider",
-            backend.subcommand,
-            "run",
-            "--provider",
-            &name,
-            "--namespace",
-            &ns,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned()),
-    );
-    let pod_settings = &class.spec.pod;
-    let deployment = Deployment {
-        metadata: meta(wl.clone()),
-        spec: DeploymentSpec {
-            replicas: Some(1),
-            // One writer per host: a rolling update must not run two providers at once.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("Recreate".into()),
-                rolling_update: None,
-            }),
-            selector: LabelSelector {
-                match_labels: Some([(LABEL_PROVIDER.to_owned(), name.clone())].into()),
-                match_expressions: None,
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(&name)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(wl.clone()),
-                    automount_service_account_token: Some(true),
-                    // The same as the controller's (deploy/controller.yaml).
-                    security_context: Some(banlieue_api::pods::restricted_pod(None)),
-                    node_selector: (!pod_settings.node_selector.is_empty())
-                        .then(|| pod_settings.node_selector.clone()),
-                    tolerations: (!pod_settings.tolerations.is_empty())
-                        .then(|| pod_settings.tolerations.clone()),
-                    image_pull_secrets: (!pod_settings.image_pull_secrets.is_empty())
-                        .then(|| pod_settings.image_pull_secrets.clone()),
-                    host_network: pod_settings.host_network.then_some(true),
-                    containers: vec![Container {
-                        name: "provider".into(),
-                        image: Some(class.spec.image.clone()),
-                        command: (!class.spec.command.is_empty())
-                            .then(|| class.spec.command.clone()),
-                        args: Some(args),
-                        env: Some(
-                            std::iter::once(EnvVar {
-                                name: "BANLIEUE_METRICS_ADDRESS".into(),
-                                value: Some(format!("0.0.0.0:{METRICS_PORT}")),
-                                value_from: None,
-                            })
-                            .chain(pod_settings.env.iter().cloned())
-                            .collect(),
-                        ),
-                        resources: Some(
-                            pod_settings
-                                .resources
-                                .clone()
-                                .unwrap_or_else(default_resources),
-                        ),
-                        security_context: Some(banlieue_api::pods::restricted_container()),
-                        liveness_probe: Some(http_probe("/healthz")),
-                        readiness_probe: Some(http_probe("/readyz")),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
-            },
-            ..DeploymentSpec::default()
-        },
-        status: None,
-    };
+    let deployment = deployment(meta(wl.clone()), &name, &ns, class, backend.subcommand);
 
     let cluster_subject = provider_subject(provider);
     let (class_binding_meta, binds_class_role) = match backend.class_role {
