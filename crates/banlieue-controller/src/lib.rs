@@ -38,7 +38,7 @@ use banlieue_api::{
 };
 use banlieue_api::{conditions, names};
 use futures::{FutureExt, StreamExt};
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -49,7 +49,7 @@ pub use crash::{CRASH_AT_ENV, CrashPoint};
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 
-use caches::{cache, dynamic_cache};
+use caches::{Triggers, cache, dynamic_cache};
 use context::{Context, MachineStores, Readiness, Stores};
 
 /// The field manager of server-side applies and the reporting controller of Events.
@@ -135,44 +135,117 @@ pub async fn run(
         client.clone(),
         config,
         metrics,
-        stores.clone(),
+        stores,
         readiness,
     ));
 
-    let vms_for_providers = stores.vms.clone();
-    let vms_for_images = stores.vms.clone();
-    let vm_controller = machine_triggers.into_iter().fold(
-        Controller::for_stream(vm_triggers, stores.vms.clone()),
-        |controller, (triggers, resource)| controller.owns_stream_with(triggers, resource),
+    let vm_run = run_vms(
+        ctx.clone(),
+        VmTriggers {
+            own: vm_triggers,
+            machines: machine_triggers,
+            providers: providers_for_vms,
+            images: images_for_vms,
+        },
+        shutdown.clone(),
     );
-    let vm_run = vm_controller
-        .watches_stream(providers_for_vms, move |provider| {
+    let pool_run = run_pools(
+        ctx.clone(),
+        PoolTriggers {
+            own: pool_triggers,
+            members: vms_for_pools,
+            providers: providers_for_pools,
+            claims: claims_for_pools,
+            images: images_for_pools,
+        },
+        shutdown.clone(),
+    );
+    let claim_run = run_claims(
+        ctx,
+        ClaimTriggers {
+            own: claim_triggers,
+            members: vms_for_claims,
+            pools: pools_for_claims,
+        },
+        shutdown.clone(),
+    );
+
+    let runs = async {
+        futures::join!(vm_run, pool_run, claim_run);
+    };
+    supervise(runs, reflectors, shutdown, SHUTDOWN_GRACE).await
+}
+
+/// The shutdown signal every reconciler shares.
+type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
+
+/// What wakes the VirtualMachine reconciler.
+struct VmTriggers {
+    own: Triggers<VirtualMachine>,
+    /// One stream per machine kind, with the kind's resource.
+    machines: Vec<(Triggers<DynamicObject>, ApiResource)>,
+    providers: Triggers<Provider>,
+    images: Triggers<VMImage>,
+}
+
+/// The VirtualMachine reconciler: woken by its VirtualMachines, their machines, and for the
+/// unscheduled ones by Providers and by their VMImage.
+fn run_vms(
+    ctx: Arc<Context>,
+    triggers: VmTriggers,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> {
+    let vms_for_providers = ctx.stores.vms.clone();
+    let vms_for_images = ctx.stores.vms.clone();
+    let controller = triggers.machines.into_iter().fold(
+        Controller::for_stream(triggers.own, ctx.stores.vms.clone()),
+        |controller, (machines, resource)| controller.owns_stream_with(machines, resource),
+    );
+    controller
+        .watches_stream(triggers.providers, move |provider| {
             unscheduled_vms(&vms_for_providers, provider.namespace().as_deref(), |_| {
                 true
             })
         })
-        .watches_stream(images_for_vms, move |image| {
+        .watches_stream(triggers.images, move |image| {
             let image_name = image.name_any();
             unscheduled_vms(&vms_for_images, image.namespace().as_deref(), |vm| {
                 vm.spec.image_ref.name == image_name
             })
         })
-        .graceful_shutdown_on(shutdown.clone())
+        .graceful_shutdown_on(shutdown)
         .run(
             |vm, ctx| guarded("virtualmachine", vm, ctx, vm::reconcile::reconcile),
             |vm, error, ctx| error_policy("virtualmachine", vm, error, ctx),
-            ctx.clone(),
+            ctx,
         )
-        .for_each(|_| futures::future::ready(()));
+        .for_each(|_| futures::future::ready(()))
+}
 
-    let pools_for_images = stores.pools.clone();
-    let pools_for_providers = stores.pools.clone();
-    let pool_run = Controller::for_stream(pool_triggers, stores.pools.clone())
-        .owns_stream(vms_for_pools)
+/// What wakes the VirtualMachinePool reconciler.
+struct PoolTriggers {
+    own: Triggers<VirtualMachinePool>,
+    members: Triggers<VirtualMachine>,
+    providers: Triggers<Provider>,
+    claims: Triggers<VirtualMachineClaim>,
+    images: Triggers<VMImage>,
+}
+
+/// The VirtualMachinePool reconciler: woken by its pools, their members, their claims, their
+/// image, and every Provider of their namespace.
+fn run_pools(
+    ctx: Arc<Context>,
+    triggers: PoolTriggers,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> {
+    let pools_for_images = ctx.stores.pools.clone();
+    let pools_for_providers = ctx.stores.pools.clone();
+    Controller::for_stream(triggers.own, ctx.stores.pools.clone())
+        .owns_stream(triggers.members)
         // A Provider turning not Ready starts its members' lost-host grace (ADR-0068): the
         // pool looks again then, and again when the grace ends, whether or not a member
         // changes meanwhile.
-        .watches_stream(providers_for_pools, move |provider| {
+        .watches_stream(triggers.providers, move |provider| {
             let namespace = provider.namespace();
             pools_for_providers
                 .state()
@@ -181,12 +254,12 @@ pub async fn run(
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .watches_stream(claims_for_pools, |claim| {
+        .watches_stream(triggers.claims, |claim| {
             claim
                 .namespace()
                 .map(|ns| ObjectRef::new(&claim.spec.pool_ref.name).within(&ns))
         })
-        .watches_stream(images_for_pools, move |image| {
+        .watches_stream(triggers.images, move |image| {
             let image_name = image.name_any();
             let image_namespace = image.namespace();
             pools_for_images
@@ -199,18 +272,33 @@ pub async fn run(
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .graceful_shutdown_on(shutdown.clone())
+        .graceful_shutdown_on(shutdown)
         .run(
             |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool::reconcile::reconcile),
             |pool, error, ctx| error_policy("virtualmachinepool", pool, error, ctx),
-            ctx.clone(),
+            ctx,
         )
-        .for_each(|_| futures::future::ready(()));
+        .for_each(|_| futures::future::ready(()))
+}
 
-    let claims_for_members = stores.claims.clone();
-    let claims_of_pools = stores.claims.clone();
-    let claim_run = Controller::for_stream(claim_triggers, stores.claims.clone())
-        .watches_stream(vms_for_claims, move |vm| {
+/// What wakes the VirtualMachineClaim reconciler.
+struct ClaimTriggers {
+    own: Triggers<VirtualMachineClaim>,
+    members: Triggers<VirtualMachine>,
+    pools: Triggers<VirtualMachinePool>,
+}
+
+/// The VirtualMachineClaim reconciler: woken by its claims, their members, and for pending
+/// claims by a member their pool could hand out and by the pool itself.
+fn run_claims(
+    ctx: Arc<Context>,
+    triggers: ClaimTriggers,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> {
+    let claims_for_members = ctx.stores.claims.clone();
+    let claims_of_pools = ctx.stores.claims.clone();
+    Controller::for_stream(triggers.own, ctx.stores.claims.clone())
+        .watches_stream(triggers.members, move |vm| {
             let Some(ns) = vm.namespace() else {
                 return Vec::new();
             };
@@ -230,13 +318,13 @@ pub async fn run(
                 _ => Vec::new(),
             }
         })
-        .watches_stream(pools_for_claims, move |pool| match pool.namespace() {
+        .watches_stream(triggers.pools, move |pool| match pool.namespace() {
             Some(ns) => {
                 claim::reconcile::claims_of_pool(&claims_of_pools, &ns, &pool.name_any(), false)
             }
             None => Vec::new(),
         })
-        .graceful_shutdown_on(shutdown.clone())
+        .graceful_shutdown_on(shutdown)
         .run(
             |claim, ctx| {
                 guarded(
@@ -247,14 +335,9 @@ pub async fn run(
                 )
             },
             |claim, error, ctx| error_policy("virtualmachineclaim", claim, error, ctx),
-            ctx.clone(),
+            ctx,
         )
-        .for_each(|_| futures::future::ready(()));
-
-    let runs = async {
-        futures::join!(vm_run, pool_run, claim_run);
-    };
-    supervise(runs, reflectors, shutdown, SHUTDOWN_GRACE).await
+        .for_each(|_| futures::future::ready(()))
 }
 
 /// Runs the reconcilers until they stop after `shutdown`, and fails if a cache stops first:
