@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::names;
-use banlieue_api::{MachineKind, Provider, VirtualMachine};
+use banlieue_api::{MachineKind, Provider, VirtualMachine, VirtualMachineStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -108,40 +108,7 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
             let site = adopted_site(&ctx, &namespace, &vm, &machine);
             machine_status::scheduled(&current, &site, generation, now)
         }
-        (None, _, None) => match schedule(&vm, &ctx, &namespace) {
-            Err(failure) => {
-                if !current
-                    .conditions
-                    .iter()
-                    .any(|c| c.reason == failure.reason)
-                {
-                    ctx.event(
-                        vm.as_ref(),
-                        EventType::Warning,
-                        failure.reason,
-                        failure.message.clone(),
-                    )
-                    .await;
-                }
-                machine_status::unschedulable(&current, &failure, generation, now)
-            }
-            Ok((placement, machine)) => {
-                // Server-side apply: idempotent, so a status write lost after this point only
-                // repeats an identical apply.
-                let params = PatchParams::apply(&ctx.config.manager_name).force();
-                machine_builder::api(&ctx.client, &namespace, placement.machine_kind)
-                    .patch(&name, &params, &Patch::Apply(&machine))
-                    .await?;
-                // No Event: the Scheduled condition says the same, and a pool refilled behind
-                // every claim would pay one more write per member for it.
-                machine_status::scheduled(
-                    &current,
-                    &Scheduled::of(&placement, &name),
-                    generation,
-                    now,
-                )
-            }
-        },
+        (None, _, None) => place(&vm, &ctx, &namespace, &current, now).await?,
     };
     if next != current {
         let written = ctx.patch_status(&vms, &name, &next).await?;
@@ -155,6 +122,56 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         // recheck is a backstop that reads caches only, so it is cheap.
         Action::requeue(ctx.config.resync.min(UNSCHEDULABLE_RECHECK))
     })
+}
+
+/// The status of a VirtualMachine without a machine: scheduled, its machine created (by
+/// server-side apply), or unschedulable with the guides' reason (and an Event when the reason
+/// is new).
+async fn place(
+    vm: &VirtualMachine,
+    ctx: &Context,
+    namespace: &str,
+    current: &VirtualMachineStatus,
+    now: Time,
+) -> Result<VirtualMachineStatus> {
+    let name = vm.name_any();
+    let generation = vm.metadata.generation;
+    match schedule(vm, ctx, namespace) {
+        Err(failure) => {
+            if !current
+                .conditions
+                .iter()
+                .any(|c| c.reason == failure.reason)
+            {
+                ctx.event(
+                    vm,
+                    EventType::Warning,
+                    failure.reason,
+                    failure.message.clone(),
+                )
+                .await;
+            }
+            Ok(machine_status::unschedulable(
+                current, &failure, generation, now,
+            ))
+        }
+        Ok((placement, machine)) => {
+            // Server-side apply: idempotent, so a status write lost after this point only
+            // repeats an identical apply.
+            let params = PatchParams::apply(&ctx.config.manager_name).force();
+            machine_builder::api(&ctx.client, namespace, placement.machine_kind)
+                .patch(&name, &params, &Patch::Apply(&machine))
+                .await?;
+            // No Event: the Scheduled condition says the same, and a pool refilled behind
+            // every claim would pay one more write per member for it.
+            Ok(machine_status::scheduled(
+                current,
+                &Scheduled::of(&placement, &name),
+                generation,
+                now,
+            ))
+        }
+    }
 }
 
 /// How soon an unschedulable VirtualMachine looks at its caches again without an event.
