@@ -53,7 +53,7 @@ const DEADLINE: Duration = Duration::from_secs(180);
 const REPLICAS: i32 = 2;
 /// The CA ConfigMap of the hostile hosts, beside the good Provider's.
 const HOSTILE_CA: &str = "hostile-ca";
-/// May create pools, and nothing else: not get Secrets.
+/// May create pools and VirtualMachines, and nothing else: not get Secrets.
 const POOL_AUTHOR: &str = "bob";
 
 // ---------------------------------------------------------------------------------------------
@@ -140,6 +140,14 @@ fn machine(name: &str) -> Value {
     })
 }
 
+/// A VirtualMachine a pool author writes to pass for a member, shaped by `forge`.
+fn planted(forge: impl FnOnce(&mut Value)) -> Value {
+    let mut vm = machine("planted");
+    vm["spec"]["userData"] = json!("#cloud-config\nruncmd: [[sh, -c, 'echo planted']]\n");
+    forge(&mut vm);
+    vm
+}
+
 /// Points the template's user-data at `key` of Secret `secret`, instead of inline user-data.
 fn user_data_from(pool: &mut Value, secret: &str, key: &str) {
     let spec = &mut pool["spec"]["template"]["spec"];
@@ -213,6 +221,68 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             outcome: Outcome::Refused {
                 code: 422,
                 says: "name is at most 180 characters",
+            },
+        },
+        // Planted members (deploy/admission/reserved-metadata.yaml): a writer of VirtualMachines
+        // who is not the controller makes one that looks like a member of the good pool, so
+        // that a victim's claim would bind a VM of the attacker's shaping.
+        Row {
+            attack: "a_member_planted_by_its_pool_label",
+            input: Input::Create {
+                user: POOL_AUTHOR,
+                object: planted(|vm| {
+                    vm["metadata"]["labels"] = json!({(names::LABEL_POOL): objects::POOL});
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "label banlieue.io/pool is written only by banlieue's controller: bob",
+            },
+        },
+        Row {
+            attack: "a_member_planted_as_already_bound",
+            input: Input::Create {
+                user: POOL_AUTHOR,
+                object: planted(|vm| {
+                    vm["metadata"]["labels"] = json!({(names::LABEL_CLAIM): "sandbox-for-alice"});
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "label banlieue.io/claim is written only by banlieue's controller",
+            },
+        },
+        Row {
+            attack: "a_member_planted_with_a_forged_bound_at",
+            input: Input::Create {
+                user: POOL_AUTHOR,
+                object: planted(|vm| {
+                    vm["metadata"]["annotations"] =
+                        json!({(names::ANNOTATION_BOUND_AT): "2099-01-01T00:00:00Z"});
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "annotation banlieue.io/bound-at is written only by banlieue's controller",
+            },
+        },
+        Row {
+            attack: "a_member_planted_by_its_owner_reference",
+            input: Input::Create {
+                user: POOL_AUTHOR,
+                object: planted(|vm| {
+                    vm["metadata"]["ownerReferences"] = json!([{
+                        "apiVersion": "banlieue.io/v1alpha1",
+                        "kind": "VirtualMachinePool",
+                        "name": objects::POOL,
+                        "uid": "6f1d3c52-0000-4000-8000-000000000000",
+                        "controller": true,
+                    }]);
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "ownerReferences to banlieue objects are written only by banlieue's controller",
             },
         },
         // Claims.
@@ -573,6 +643,12 @@ async fn run(
     let admin = control_plane.client()?;
     dev::bootstrap_cluster(&admin).await?;
     dev::admit_claimant(&admin).await?;
+    // Who may make a VirtualMachine a member, as docs/security.md has administrators apply it.
+    control_plane
+        .apply_yaml(banlieue_testenv::repo_path(
+            "deploy/admission/reserved-metadata.yaml",
+        ))
+        .await?;
     dev::prepare_libvirt(libvirtd, bridge).await?;
     dev::register_provider(
         &admin,
@@ -661,9 +737,11 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
         admin,
         &Role {
             metadata: meta("pool-author"),
+            // Pools, and VirtualMachines: what makes a VM a member is refused by admission,
+            // not by RBAC, so the planted-member rows test the policy.
             rules: Some(vec![PolicyRule {
                 api_groups: Some(vec!["banlieue.io".into()]),
-                resources: Some(vec!["virtualmachinepools".into()]),
+                resources: Some(vec!["virtualmachinepools".into(), "virtualmachines".into()]),
                 verbs: vec!["create".into()],
                 ..PolicyRule::default()
             }]),
