@@ -111,6 +111,8 @@ impl Shared {
             st.events.clear();
             (st.calls.drain(), std::mem::take(&mut st.streams))
         };
+        // A sender waiting for room (an upload whose peer stopped reading) is woken to fail.
+        self.outbox.close();
         for c in calls {
             let _ = c.send(Err(Error::ConnectionLost(reason.clone())));
         }
@@ -150,7 +152,10 @@ impl Shared {
     /// sender prepares its next one (reads the next chunk of a file) while this one goes out.
     /// Cancel-safe: a sender dropped while it waits for room has sent nothing.
     async fn send(&self, packet: &Packet) -> Result<()> {
-        self.outbox.push_when_room(packet).await?;
+        if let Offered::Closed = self.outbox.push_when_room(packet).await? {
+            let reason = self.dead_reason().unwrap_or_else(|| "closed".into());
+            return Err(Error::ConnectionLost(reason));
+        }
         if packet.body.len() <= WRITE_IN_PLACE_MAX {
             self.flush();
         } else {
@@ -209,6 +214,15 @@ struct Queue {
     packets: VecDeque<Bytes>,
     /// Senders wait while this many packets are queued.
     limit: usize,
+    /// The connection is dead: nothing will take packets any more.
+    closed: bool,
+}
+
+/// What became of a packet offered to a full queue.
+enum Offered {
+    Queued,
+    /// The connection died first; the packet was not queued.
+    Closed,
 }
 
 struct Wire {
@@ -225,6 +239,7 @@ impl Outbox {
             queue: Mutex::new(Queue {
                 packets: VecDeque::new(),
                 limit: limit.max(1),
+                closed: false,
             }),
             wire: Mutex::new(Wire {
                 io: Box::pin(io),
@@ -253,25 +268,36 @@ impl Outbox {
         Ok(())
     }
 
-    /// Waits until the queue has room, then queues `packet` whole. Cancel-safe: a sender
-    /// dropped while it waits has queued nothing.
-    async fn push_when_room(&self, packet: &Packet) -> std::result::Result<(), PacketError> {
+    /// Waits until the queue has room, then queues `packet` whole; or, once the connection
+    /// is dead ([`Outbox::close`]), gives up. Cancel-safe: a sender dropped while it waits has
+    /// queued nothing.
+    async fn push_when_room(&self, packet: &Packet) -> std::result::Result<Offered, PacketError> {
         let frame = Self::encode(packet)?;
         loop {
             let room = self.room.notified();
             let mut room = std::pin::pin!(room);
-            // Registered before the check, so that a packet taken between the check and the
-            // wait still wakes it.
+            // Registered before the check, so that a packet taken (or the close) between the
+            // check and the wait still wakes it.
             room.as_mut().enable();
             {
                 let mut q = self.queue();
+                if q.closed {
+                    return Ok(Offered::Closed);
+                }
                 if q.packets.len() < q.limit {
                     q.packets.push_back(frame);
-                    return Ok(());
+                    return Ok(Offered::Queued);
                 }
             }
             room.await;
         }
+    }
+
+    /// Marks the queue dead and wakes every sender waiting for room, which then gives up:
+    /// the writer that would have made room is gone with the connection.
+    fn close(&self) {
+        self.queue().closed = true;
+        self.room.notify_waiters();
     }
 
     /// Has the writer task write what is queued. If the transport is held, its holder writes
@@ -1015,6 +1041,51 @@ mod tests {
         ) -> Poll<std::io::Result<()>> {
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// A sender waiting for room in a full queue (an upload whose peer stopped reading) fails
+    /// with ConnectionLost when the connection dies, rather than waiting forever for a writer
+    /// that is gone.
+    #[tokio::test]
+    async fn a_sender_waiting_for_room_fails_when_the_connection_dies() {
+        // 16 bytes of pipe that nobody reads: the queue fills and the next send waits.
+        let (ours, theirs) = tokio::io::duplex(16);
+        let client = Client::start(ours, ClientOptions::default());
+        tokio::task::yield_now().await;
+        let data = Packet {
+            header: header(
+                rp::StorageVolUpload::PROGRAM,
+                rp::StorageVolUpload::VERSION,
+                rp::StorageVolUpload::NUMBER,
+                VirNetMessageType::STREAM,
+                1,
+                VirNetMessageStatus::CONTINUE,
+            ),
+            fds: None,
+            body: Bytes::from(vec![0u8; 64 * 1024]),
+        };
+        let uploader = tokio::spawn({
+            let client = client.clone();
+            async move {
+                let mut sent = 0u32;
+                loop {
+                    if let Err(e) = client.send(data.clone()).await {
+                        return (sent, e);
+                    }
+                    sent += 1;
+                }
+            }
+        });
+        // Until the queue is full and the uploader waits for room.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!uploader.is_finished(), "the uploader waits for room");
+        drop(theirs);
+        let (sent, error) = tokio::time::timeout(Duration::from_secs(5), uploader)
+            .await
+            .expect("the waiting sender is woken when the connection dies")
+            .expect("the uploader task");
+        assert!(sent > 0, "some packets were queued first");
+        assert!(matches!(error, Error::ConnectionLost(_)), "{error:?}");
     }
 
     /// Packets queued together still go out one write each, so that no TLS record spans two
