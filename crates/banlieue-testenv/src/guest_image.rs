@@ -6,7 +6,7 @@
 //! cached, and builds it (two to three minutes) when it is not. There is no
 //! skipping: a machine that cannot build the image fails the test and says why.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use anyhow::{Context, Result, bail};
@@ -34,7 +34,7 @@ pub async fn installer_path() -> Result<PathBuf> {
 }
 
 async fn build(args: &[&str]) -> Result<PathBuf> {
-    let script = workspace_root().join(SCRIPT);
+    let script = crate::repo_path(SCRIPT);
     let output = tokio::process::Command::new(&script)
         .args(args)
         .stdin(Stdio::null())
@@ -60,8 +60,4 @@ async fn build(args: &[&str]) -> Result<PathBuf> {
         bail!("{SCRIPT} printed {image:?}, which is not a file");
     }
     Ok(image)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

@@ -53,19 +53,15 @@ impl Pki {
         let service_account_public_key = dir.join("service-account.pub");
         write(&service_account_key, &sa_key.serialize_pem())?;
         write(&service_account_public_key, &sa_key.public_key_pem())?;
-        let mut pki = Self {
+        let serving = write_leaf(&authority, dir, "apiserver", serving_leaf(&APISERVER_NAMES))?;
+        Ok(Self {
             ca,
-            serving: CertFiles {
-                cert: PathBuf::new(),
-                key: PathBuf::new(),
-            },
+            serving,
             service_account_key,
             service_account_public_key,
             dir: dir.to_owned(),
             authority,
-        };
-        pki.serving = pki.serving("apiserver", &APISERVER_NAMES)?;
-        Ok(pki)
+        })
     }
 
     /// A client certificate for `user`, in `group` if given: the apiserver takes the user from
@@ -76,7 +72,7 @@ impl Pki {
             organization: group,
             usage: Usage::Client,
         };
-        self.write_leaf(&user.replace(':', "-"), leaf)
+        write_leaf(&self.authority, &self.dir, &user.replace(':', "-"), leaf)
     }
 
     /// A serving certificate for `names` (IP addresses or DNS names), written as
@@ -84,22 +80,36 @@ impl Pki {
     pub(crate) fn serving(&self, file_stem: &str, names: &[&str]) -> Result<CertFiles, Error> {
         let leaf = Leaf {
             common_name: names.first().copied().unwrap_or(file_stem),
-            organization: None,
-            usage: Usage::Server(names),
+            ..serving_leaf(names)
         };
-        self.write_leaf(file_stem, leaf)
+        write_leaf(&self.authority, &self.dir, file_stem, leaf)
     }
+}
 
-    fn write_leaf(&self, file_stem: &str, leaf: Leaf<'_>) -> Result<CertFiles, Error> {
-        let issued = self.authority.issue(leaf)?;
-        let files = CertFiles {
-            cert: self.dir.join(format!("{file_stem}.crt")),
-            key: self.dir.join(format!("{file_stem}.key")),
-        };
-        write(&files.cert, &issued.cert_pem)?;
-        write(&files.key, &issued.key_pem)?;
-        Ok(files)
+/// A serving leaf for `names`, named after the first.
+fn serving_leaf<'a>(names: &'a [&'a str]) -> Leaf<'a> {
+    Leaf {
+        common_name: names.first().copied().unwrap_or_default(),
+        organization: None,
+        usage: Usage::Server(names),
     }
+}
+
+/// Issues `leaf` and writes it as `<file_stem>.crt` and `.key` under `dir`.
+fn write_leaf(
+    authority: &Authority,
+    dir: &Path,
+    file_stem: &str,
+    leaf: Leaf<'_>,
+) -> Result<CertFiles, Error> {
+    let issued = authority.issue(leaf)?;
+    let files = CertFiles {
+        cert: dir.join(format!("{file_stem}.crt")),
+        key: dir.join(format!("{file_stem}.key")),
+    };
+    write(&files.cert, &issued.cert_pem)?;
+    write(&files.key, &issued.key_pem)?;
+    Ok(files)
 }
 
 fn write(path: &Path, contents: &str) -> Result<(), Error> {
