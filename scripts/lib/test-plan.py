@@ -140,6 +140,10 @@ def main():
         # the fake provider and fixtures of the other machine kind.
         rerun("banlieue-controller::integration", "banlieue-controller::integration (VSphereMachine)",
               {"BANLIEUE_TEST_MACHINE_KIND": "VSphereMachine"}, binaries, add)
+        # And with the test-only MemoryMachine backend, a provider written with the kit alone
+        # (ADR-0071): adding a backend is a CRD, a builder and a `machine::Backend`.
+        rerun("banlieue-controller::integration", "banlieue-controller::integration (MemoryMachine)",
+              {"BANLIEUE_TEST_MACHINE_KIND": "MemoryMachine"}, binaries, add)
         # Bounded fuzzing of the libvirt receive path (fuzz/README.md): the same binary, longer.
         rerun("banlieue-libvirt::fuzz_packet", "banlieue-libvirt::fuzz_packet (20 s)",
               {"BANLIEUE_FUZZ_SECS": os.environ.get("BANLIEUE_FUZZ_SECS", "20")}, binaries, add,

@@ -199,14 +199,113 @@ pub struct DomainCapacity {
     pub cpus: u32,
 }
 
-/// The kind of machine a ProviderClass realises.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum MachineKind {
+/// The kind of machine a ProviderClass realises: a kind of `banlieue.io/v1alpha1`, named as its
+/// CRD names it. banlieue ships two, [`MachineKind::LIBVIRT_MACHINE`] and
+/// [`MachineKind::VSPHERE_MACHINE`]; the name is open so that adding a backend is a CRD, a
+/// builder in the controller and a provider (ADR-0071), with no change to this type. A class
+/// naming a kind the controller has no builder for places nothing, and the operator runs no
+/// workload for it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MachineKind(std::borrow::Cow<'static, str>);
+
+impl MachineKind {
     /// `banlieue.io/v1alpha1` LibvirtMachine.
-    #[default]
-    LibvirtMachine,
+    pub const LIBVIRT_MACHINE: MachineKind = MachineKind::from_static("LibvirtMachine");
     /// `banlieue.io/v1alpha1` VSphereMachine (ADR-0069).
-    VSphereMachine,
+    pub const VSPHERE_MACHINE: MachineKind = MachineKind::from_static("VSphereMachine");
+    /// The longest kind name: a Kubernetes kind is a DNS label's length at most.
+    pub const MAX_LEN: usize = 63;
+
+    /// The kind named `name`: an upper-case ASCII letter, then letters and digits, at most
+    /// [`Self::MAX_LEN`] in all (the CRD's pattern says the same).
+    pub fn new(name: impl Into<String>) -> Result<MachineKind, InvalidMachineKind> {
+        let name = name.into();
+        if is_kind_name(name.as_bytes()) {
+            Ok(MachineKind(std::borrow::Cow::Owned(name)))
+        } else {
+            Err(InvalidMachineKind { name })
+        }
+    }
+
+    /// The kind a backend's code names: checked like [`Self::new`], and a compile error when
+    /// evaluated in a `const`.
+    pub const fn from_static(name: &'static str) -> MachineKind {
+        assert!(is_kind_name(name.as_bytes()), "not a machine kind name");
+        MachineKind(std::borrow::Cow::Borrowed(name))
+    }
+
+    /// The kind's name, as its CRD and a machine's `kind` say it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An upper-case ASCII letter, then ASCII letters and digits, at most [`MachineKind::MAX_LEN`].
+const fn is_kind_name(name: &[u8]) -> bool {
+    if name.is_empty() || name.len() > MachineKind::MAX_LEN || !name[0].is_ascii_uppercase() {
+        return false;
+    }
+    let mut at = 1;
+    while at < name.len() {
+        if !name[at].is_ascii_alphanumeric() {
+            return false;
+        }
+        at += 1;
+    }
+    true
+}
+
+impl Default for MachineKind {
+    /// LibvirtMachine, the kind a class realises when it names none.
+    fn default() -> MachineKind {
+        MachineKind::LIBVIRT_MACHINE
+    }
+}
+
+impl std::fmt::Display for MachineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for MachineKind {
+    type Error = InvalidMachineKind;
+    fn try_from(name: String) -> Result<MachineKind, InvalidMachineKind> {
+        MachineKind::new(name)
+    }
+}
+
+impl From<MachineKind> for String {
+    fn from(kind: MachineKind) -> String {
+        kind.0.into_owned()
+    }
+}
+
+impl JsonSchema for MachineKind {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MachineKind".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[A-Z][A-Za-z0-9]*$",
+            "maxLength": MachineKind::MAX_LEN,
+        })
+    }
+}
+
+/// A machine kind name that is not a Kubernetes kind.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "machine kind {name:?} is not a kind name (an upper-case letter, then letters and digits, \
+     at most 63)"
+)]
+pub struct InvalidMachineKind {
+    pub name: String,
 }
 
 /// The desired state of a ProviderClass.
@@ -235,9 +334,10 @@ pub struct ProviderClassSpec {
     /// Arguments placed before the provider's own.
     #[serde(default)]
     pub args: Vec<String>,
-    /// The machine kind this class realises: which machines the controller writes for its
-    /// Providers, which provider the operator runs for them, and where it binds the class's
-    /// ClusterRole.
+    /// The machine kind this class realises (`LibvirtMachine` or `VSphereMachine`): which
+    /// machines the controller writes for its Providers, which provider the operator runs for
+    /// them, and where it binds the class's ClusterRole. A kind this build of banlieue has no
+    /// backend for places nothing and runs no workload.
     #[serde(default)]
     pub machine_kind: MachineKind,
     /// Rules the class's providers need on top of the base rules, for example `jobs` in
@@ -307,4 +407,57 @@ pub struct ImportJobSettings {
     /// `banlieue-artifacts`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts_claim_name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_kind_is_a_kind_name() {
+        for name in ["LibvirtMachine", "VSphereMachine", "M", "Machine2"] {
+            assert_eq!(MachineKind::new(name).expect(name).as_str(), name);
+        }
+        let too_long = format!("M{}", "a".repeat(MachineKind::MAX_LEN));
+        for name in [
+            "",
+            "libvirtMachine",
+            "Libvirt-Machine",
+            "Machine ",
+            "Машина",
+            &too_long,
+        ] {
+            assert_eq!(
+                MachineKind::new(name),
+                Err(InvalidMachineKind {
+                    name: name.to_owned()
+                }),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_class_reads_its_machine_kind_and_defaults_to_libvirt() {
+        let spec = |json: serde_json::Value| serde_json::from_value::<ProviderClassSpec>(json);
+        let named = spec(serde_json::json!({"image": "i", "machineKind": "VSphereMachine"}))
+            .expect("a known kind");
+        assert_eq!(named.machine_kind, MachineKind::VSPHERE_MACHINE);
+        let other = spec(serde_json::json!({"image": "i", "machineKind": "MemoryMachine"}))
+            .expect("a kind this build may not serve is still a kind");
+        assert_eq!(other.machine_kind.as_str(), "MemoryMachine");
+        assert_eq!(
+            spec(serde_json::json!({"image": "i"}))
+                .expect("no kind")
+                .machine_kind,
+            MachineKind::LIBVIRT_MACHINE
+        );
+        let error = spec(serde_json::json!({"image": "i", "machineKind": "not a kind"}))
+            .expect_err("a malformed kind");
+        assert!(error.to_string().contains("is not a kind name"), "{error}");
+        assert_eq!(
+            serde_json::to_value(&named).expect("encode")["machineKind"],
+            "VSphereMachine"
+        );
+    }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::machine_builder::MachineBackends;
+
 /// Settings of one controller run.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
@@ -27,6 +29,9 @@ pub struct ControllerConfig {
     pub reconcile_timeout: Duration,
     /// Name given to the field manager and to Events' reporting controller.
     pub manager_name: String,
+    /// The machine kinds this controller builds: the built-in ones unless the embedding
+    /// binary adds a backend (ADR-0071).
+    pub machine_backends: MachineBackends,
 }
 
 impl Default for ControllerConfig {
@@ -40,6 +45,7 @@ impl Default for ControllerConfig {
             max_error_backoff: Duration::from_secs(60),
             reconcile_timeout: Duration::from_secs(30),
             manager_name: crate::FIELD_MANAGER.to_owned(),
+            machine_backends: MachineBackends::built_in(),
         }
     }
 }

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use banlieue_api::{
-    MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    Provider, ProviderClass, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
     VirtualMachinePool,
 };
 use banlieue_runtime::reconcile::{self, ErrorBackoff};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::event_window::{EventWindows, Offer};
 use crate::expectations::Expectations;
 use crate::hosts::HostStates;
-use crate::machine_builder::{self, Machine};
+use crate::machine_builder::{Machine, MachineBackend};
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::reservations::Reservations;
@@ -43,34 +43,33 @@ pub(crate) struct Stores {
 /// One cache per machine kind, of `DynamicObject`s read through the machine contract.
 #[derive(Clone, Default)]
 pub(crate) struct MachineStores {
-    stores: Vec<(MachineKind, ApiResource, Store<DynamicObject>)>,
+    stores: Vec<(MachineBackend, Store<DynamicObject>)>,
 }
 
 impl MachineStores {
-    /// Adds the cache of `kind`'s machines.
-    pub fn insert(&mut self, kind: MachineKind, store: Store<DynamicObject>) {
-        let resource = machine_builder::backend(kind).resource;
-        self.stores.push((kind, resource, store));
+    /// Adds the cache of `backend`'s machines.
+    pub fn insert(&mut self, backend: MachineBackend, store: Store<DynamicObject>) {
+        self.stores.push((backend, store));
     }
 
     /// The machine `name` of `namespace` controlled by `owner_uid`: of `kind` when given, else
     /// of any kind.
     pub fn find_owned(
         &self,
-        kind: Option<MachineKind>,
+        kind: Option<&str>,
         namespace: &str,
         name: &str,
         owner_uid: &str,
     ) -> Result<Option<Machine>> {
-        for (candidate, resource, store) in &self.stores {
-            if kind.is_some_and(|wanted| wanted != *candidate) {
+        for (candidate, store) in &self.stores {
+            if kind.is_some_and(|wanted| wanted != candidate.kind_name) {
                 continue;
             }
-            let reference = ObjectRef::new_with(name, resource.clone()).within(namespace);
+            let reference = ObjectRef::new_with(name, candidate.resource.clone()).within(namespace);
             let Some(object) = store.get(&reference) else {
                 continue;
             };
-            let machine = Machine::read(*candidate, object.as_ref().clone())?;
+            let machine = Machine::read(candidate, object.as_ref().clone())?;
             if machine.owned_by(owner_uid) {
                 return Ok(Some(machine));
             }

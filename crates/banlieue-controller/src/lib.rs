@@ -109,8 +109,7 @@ pub async fn run(
     // One cache per machine kind; each wakes the VirtualMachine that controls a machine.
     let mut machines = MachineStores::default();
     let mut machine_triggers = Vec::new();
-    for kind in machine_builder::MACHINE_KINDS {
-        let backend = machine_builder::backend(kind);
+    for backend in config.machine_backends.iter() {
         let api = match &namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &backend.resource),
             None => Api::all_with(client.clone(), &backend.resource),
@@ -118,8 +117,8 @@ pub async fn run(
         let (store, [triggers], reflector) =
             dynamic_cache::<1>(api, backend.resource.clone(), &readiness, backend.kind_name);
         reflectors.push((backend.kind_name, tokio::spawn(reflector)));
-        machines.insert(kind, store);
-        machine_triggers.push((triggers, backend.resource));
+        machines.insert(backend.clone(), store);
+        machine_triggers.push((triggers, backend.resource.clone()));
     }
     let stores = Stores {
         vms,

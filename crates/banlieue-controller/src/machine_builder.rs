@@ -1,9 +1,13 @@
-//! The one place the controller knows machine kinds (ADR-0070). [`backend`] is its only
-//! `match` on [`MachineKind`]: for each kind, the API resource its machines are stored as and
-//! the function that writes a machine's `spec` from a [`Placement`]. Everything else (the
-//! common metadata, applying, reading, caching, mirroring and deleting machines) goes through
+//! The one place the controller knows machine kinds (ADR-0070, ADR-0071). A [`MachineBackend`]
+//! is a kind's builder: the API resource its machines are stored as, its provider's finalizer
+//! and the function that writes a machine's `spec` from a [`Placement`]. The controller builds
+//! the kinds its [`MachineBackends`] hold ([`MachineBackends::built_in`]: LibvirtMachine and
+//! VSphereMachine, unless the embedding binary adds one); everything else (the common
+//! metadata, applying, reading, caching, mirroring and deleting machines) goes through
 //! `DynamicObject`s and the contract every kind carries ([`MachineSpecContract`],
-//! [`MachineStatusContract`]), so a new kind needs its CRD, one arm here and its provider.
+//! [`MachineStatusContract`]), so a new kind needs its CRD, one builder and its provider.
+
+use std::sync::Arc;
 
 use banlieue_api::names;
 use banlieue_api::{
@@ -17,16 +21,10 @@ use serde_json::Value;
 
 use crate::scheduling::{Placement, controller_owner_reference};
 
-/// Every machine kind, in the order their caches are started. [`backend`]'s match makes a new
-/// [`MachineKind`] variant fail to compile until it has an arm; the test
-/// `every_machine_crd_has_a_backend` fails until the kind is listed here too.
-pub const MACHINE_KINDS: [MachineKind; 2] =
-    [MachineKind::LibvirtMachine, MachineKind::VSphereMachine];
-
 /// What the controller needs of one machine kind.
 #[derive(Clone, Debug)]
 pub struct MachineBackend {
-    /// The kind, as the cache and its errors name it.
+    /// The kind, as its CRD, the cache and its errors name it.
     pub kind_name: &'static str,
     /// Group, version, kind and plural of its objects.
     pub resource: ApiResource,
@@ -36,7 +34,116 @@ pub struct MachineBackend {
     /// the provider to confirm there is nothing to remove on the host.
     pub finalizer: &'static str,
     /// Writes the kind's `spec` for a placed VirtualMachine.
-    spec: fn(&MachineInput<'_>) -> Result<Value, BuildError>,
+    pub spec: fn(&MachineInput<'_>) -> Result<Value, BuildError>,
+}
+
+impl MachineBackend {
+    /// A kind whose spec is its placement ([`placement_spec`]): `api_version` and `kind` of
+    /// its CRD, the plural its objects are served at, and its provider's finalizer.
+    pub fn of_placement(
+        api_version: &str,
+        kind: &'static str,
+        plural: &str,
+        finalizer: &'static str,
+    ) -> MachineBackend {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        MachineBackend {
+            kind_name: kind,
+            resource: ApiResource {
+                group: group.to_owned(),
+                version: version.to_owned(),
+                api_version: api_version.to_owned(),
+                kind: kind.to_owned(),
+                plural: plural.to_owned(),
+            },
+            finalizer,
+            spec: placement_spec,
+        }
+    }
+
+    /// The kind it builds, as a ProviderClass names it.
+    pub fn kind(&self) -> MachineKind {
+        MachineKind::from_static(self.kind_name)
+    }
+
+    /// The `machineRef` of its machine `name`.
+    pub fn reference(&self, name: &str) -> MachineReference {
+        MachineReference {
+            api_version: self.resource.api_version.clone(),
+            kind: self.resource.kind.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The API of its machines in `namespace`.
+    pub fn api(&self, client: &Client, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(client.clone(), namespace, &self.resource)
+    }
+}
+
+/// The machine kinds a controller builds, in the order their caches are started.
+#[derive(Clone, Debug)]
+pub struct MachineBackends(Arc<[MachineBackend]>);
+
+impl Default for MachineBackends {
+    fn default() -> MachineBackends {
+        MachineBackends::built_in()
+    }
+}
+
+impl MachineBackends {
+    /// The kinds banlieue ships: LibvirtMachine and VSphereMachine. The test
+    /// `every_machine_crd_has_a_backend` fails until a kind with a CRD in `deploy/crds` is
+    /// listed here.
+    pub fn built_in() -> MachineBackends {
+        MachineBackends(Arc::new([
+            MachineBackend {
+                kind_name: "LibvirtMachine",
+                resource: ApiResource::erase::<LibvirtMachine>(&()),
+                finalizer: names::FINALIZER_DOMAIN_PROTECTION,
+                spec: libvirt_spec,
+            },
+            MachineBackend {
+                kind_name: "VSphereMachine",
+                resource: ApiResource::erase::<VSphereMachine>(&()),
+                finalizer: vsphere::FINALIZER_VM_PROTECTION,
+                spec: vsphere_spec,
+            },
+        ]))
+    }
+
+    /// These kinds and `backend`'s, which replaces a built-in of the same kind.
+    pub fn with(self, backend: MachineBackend) -> MachineBackends {
+        let mut backends: Vec<MachineBackend> = self
+            .0
+            .iter()
+            .filter(|known| known.kind_name != backend.kind_name)
+            .cloned()
+            .collect();
+        backends.push(backend);
+        MachineBackends(backends.into())
+    }
+
+    /// Every kind, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &MachineBackend> {
+        self.0.iter()
+    }
+
+    /// The builder of `kind`, when this controller has one.
+    pub fn get(&self, kind: &MachineKind) -> Option<&MachineBackend> {
+        self.0
+            .iter()
+            .find(|backend| backend.kind_name == kind.as_str())
+    }
+
+    /// The builder of the kind a VirtualMachine's `machineRef` names, when the controller
+    /// has one.
+    pub fn of_reference(&self, reference: &MachineReference) -> Option<&MachineBackend> {
+        self.0.iter().find(|backend| {
+            backend.resource.kind == reference.kind
+                && backend.resource.api_version == reference.api_version
+        })
+    }
 }
 
 /// What a machine is built from: the VirtualMachine, its class and where it was placed.
@@ -45,49 +152,6 @@ pub struct MachineInput<'a> {
     pub vm: &'a VirtualMachine,
     pub class: &'a VMClass,
     pub placement: &'a Placement,
-}
-
-/// The backend of `kind`.
-pub fn backend(kind: MachineKind) -> MachineBackend {
-    match kind {
-        MachineKind::LibvirtMachine => MachineBackend {
-            kind_name: "LibvirtMachine",
-            resource: ApiResource::erase::<LibvirtMachine>(&()),
-            finalizer: names::FINALIZER_DOMAIN_PROTECTION,
-            spec: libvirt_spec,
-        },
-        MachineKind::VSphereMachine => MachineBackend {
-            kind_name: "VSphereMachine",
-            resource: ApiResource::erase::<VSphereMachine>(&()),
-            finalizer: vsphere::FINALIZER_VM_PROTECTION,
-            spec: vsphere_spec,
-        },
-        // A new kind goes here: its CRD type's resource and a function writing its spec from
-        // the placement. Nothing else in the controller names a kind.
-    }
-}
-
-/// The kind a VirtualMachine's `machineRef` names, when the controller knows it.
-pub fn kind_of(reference: &MachineReference) -> Option<MachineKind> {
-    MACHINE_KINDS.into_iter().find(|kind| {
-        let resource = backend(*kind).resource;
-        resource.kind == reference.kind && resource.api_version == reference.api_version
-    })
-}
-
-/// The `machineRef` of the machine `name` of `kind`.
-pub fn reference(kind: MachineKind, name: &str) -> MachineReference {
-    let resource = backend(kind).resource;
-    MachineReference {
-        api_version: resource.api_version,
-        kind: resource.kind,
-        name: name.to_owned(),
-    }
-}
-
-/// The API of `kind`'s machines in `namespace`.
-pub fn api(client: &Client, namespace: &str, kind: MachineKind) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), namespace, &backend(kind).resource)
 }
 
 /// Why a machine cannot be built.
@@ -115,8 +179,10 @@ fn encode(kind: &'static str, spec: impl serde::Serialize) -> Result<Value, Buil
 /// namespace, controlled by the VirtualMachine (so the garbage collector would also remove
 /// it), holding its provider's finalizer, labelled as banlieue's, annotated with its failure
 /// domain, and a spec complete enough that the provider never reads the VirtualMachine.
-pub fn build(input: &MachineInput<'_>) -> Result<DynamicObject, BuildError> {
-    let backend = backend(input.placement.machine_kind);
+pub fn build(
+    backend: &MachineBackend,
+    input: &MachineInput<'_>,
+) -> Result<DynamicObject, BuildError> {
     let owner = controller_owner_reference(input.vm).ok_or(BuildError::Unnamed)?;
     let name = input
         .vm
@@ -225,10 +291,65 @@ fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
     )
 }
 
+/// The spec of a machine of a kind that takes its placement as scheduled, unread: what
+/// [`placement_spec`] writes. A backend whose CRD accepts this shape needs no builder of its
+/// own ([`MachineBackend::of_placement`]); the built-in kinds keep their own shapes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementSpec {
+    /// The Provider that realises the machine (the contract's).
+    pub provider_ref: LocalObjectReference,
+    /// Whether the machine has a vTPM (the contract's).
+    #[serde(default)]
+    pub tpm_enabled: bool,
+    /// The failure domain it was placed in.
+    pub failure_domain: String,
+    /// The failure domain's target for the VirtualMachine's storage class.
+    pub storage_target: String,
+    /// The failure domain's target for its network class.
+    pub network_target: String,
+    /// The image's volume in that storage target.
+    pub image_volume: String,
+    pub install_mode: InstallMode,
+    pub disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    pub firmware: banlieue_api::Firmware,
+    pub cpu: u32,
+    pub memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data_secret_ref: Option<banlieue_api::SecretKeySelector>,
+}
+
+/// The builder of a kind whose spec is the placement itself ([`PlacementSpec`]).
+pub fn placement_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
+    let placement = input.placement;
+    encode(
+        "placement",
+        PlacementSpec {
+            provider_ref: LocalObjectReference::new(&placement.provider),
+            tpm_enabled: input.class.spec.tpm_enabled,
+            failure_domain: placement.failure_domain.clone(),
+            storage_target: placement.storage_target.clone(),
+            network_target: placement.network_target.clone(),
+            image_volume: placement.image.volume.clone(),
+            install_mode: placement.image.install_mode,
+            disk_size: placement.image.disk_size.clone(),
+            firmware: input.class.spec.firmware,
+            cpu: input.class.spec.cpu,
+            memory: input.class.spec.memory.clone(),
+            user_data: input.vm.spec.user_data.clone(),
+            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+        },
+    )
+}
+
 /// A machine of any kind as the controller sees it: its object and the contract it carries.
 #[derive(Clone, Debug)]
 pub struct Machine {
     pub kind: MachineKind,
+    /// The group and version its kind is served at.
+    pub api_version: String,
     pub object: DynamicObject,
     pub spec: MachineSpecContract,
     /// The default (nothing reported) until the provider writes a status.
@@ -246,10 +367,10 @@ pub struct ContractError {
 }
 
 impl Machine {
-    /// Reads the contract out of `object`, a machine of `kind`.
-    pub fn read(kind: MachineKind, object: DynamicObject) -> Result<Machine, ContractError> {
+    /// Reads the contract out of `object`, a machine of `backend`'s kind.
+    pub fn read(backend: &MachineBackend, object: DynamicObject) -> Result<Machine, ContractError> {
         let error = |source| ContractError {
-            kind: backend(kind).kind_name,
+            kind: backend.kind_name,
             name: object.name_any(),
             source,
         };
@@ -260,11 +381,21 @@ impl Machine {
             Some(status) => serde_json::from_value(status.clone()).map_err(error)?,
         };
         Ok(Machine {
-            kind,
+            kind: backend.kind(),
+            api_version: backend.resource.api_version.clone(),
             object,
             spec,
             status,
         })
+    }
+
+    /// Its `machineRef`.
+    pub fn reference(&self) -> MachineReference {
+        MachineReference {
+            api_version: self.api_version.clone(),
+            kind: self.kind.to_string(),
+            name: self.object.name_any(),
+        }
     }
 
     /// Whether the machine is controlled by the object with `uid`.
@@ -291,6 +422,14 @@ mod tests {
     use kube::CustomResourceExt;
     use serde_json::json;
 
+    /// The built-in builder of `kind`.
+    fn backend(kind: MachineKind) -> MachineBackend {
+        MachineBackends::built_in()
+            .get(&kind)
+            .expect("a built-in kind")
+            .clone()
+    }
+
     fn vm() -> VirtualMachine {
         serde_json::from_value(json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
@@ -315,7 +454,7 @@ mod tests {
         Placement {
             provider: "host-1".into(),
             provider_class: "libvirt".into(),
-            machine_kind: MachineKind::LibvirtMachine,
+            machine_kind: MachineKind::LIBVIRT_MACHINE,
             failure_domain: "rack-a".into(),
             storage_target: "nvme".into(),
             network_target: "br-prod".into(),
@@ -333,29 +472,32 @@ mod tests {
     async fn a_libvirt_placement_builds_a_libvirt_machine_applied_through_its_api() {
         let (vm, class) = (vm(), class());
         let placement = placement(InstallMode::Immediate);
-        let object = build(&MachineInput {
-            vm: &vm,
-            class: &class,
-            placement: &placement,
-        })
+        let object = build(
+            &backend(placement.machine_kind.clone()),
+            &MachineInput {
+                vm: &vm,
+                class: &class,
+                placement: &placement,
+            },
+        )
         .expect("buildable");
         let types = object.types.clone().expect("typed");
         assert_eq!(
             (types.api_version.as_str(), types.kind.as_str()),
             ("banlieue.io/v1alpha1", "LibvirtMachine")
         );
-        let resource = backend(MachineKind::LibvirtMachine).resource;
+        let resource = backend(MachineKind::LIBVIRT_MACHINE).resource;
         assert_eq!(resource.plural, "libvirtmachines");
-        let url = api(
-            &Client::try_from(kube::Config::new(
-                "http://127.0.0.1:9".parse().expect("valid url"),
-            ))
-            .expect("client"),
-            "ns",
-            MachineKind::LibvirtMachine,
-        )
-        .resource_url()
-        .to_owned();
+        let url = backend(MachineKind::LIBVIRT_MACHINE)
+            .api(
+                &Client::try_from(kube::Config::new(
+                    "http://127.0.0.1:9".parse().expect("valid url"),
+                ))
+                .expect("client"),
+                "ns",
+            )
+            .resource_url()
+            .to_owned();
         assert_eq!(
             url,
             "/apis/banlieue.io/v1alpha1/namespaces/ns/libvirtmachines"
@@ -395,7 +537,7 @@ mod tests {
         assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
 
         // Read back as any machine: the contract and the failure domain.
-        let read = Machine::read(MachineKind::LibvirtMachine, object).expect("contract");
+        let read = Machine::read(&backend(MachineKind::LIBVIRT_MACHINE), object).expect("contract");
         assert_eq!(read.spec.provider_ref.name, "host-1");
         assert!(read.spec.tpm_enabled);
         assert_eq!(read.failure_domain(), Some("rack-a"));
@@ -408,11 +550,14 @@ mod tests {
         let (vm, class) = (vm(), class());
         for mode in [InstallMode::Deferred, InstallMode::Manual] {
             let placement = placement(mode);
-            let object = build(&MachineInput {
-                vm: &vm,
-                class: &class,
-                placement: &placement,
-            })
+            let object = build(
+                &backend(placement.machine_kind.clone()),
+                &MachineInput {
+                    vm: &vm,
+                    class: &class,
+                    placement: &placement,
+                },
+            )
             .expect("buildable");
             let disk = &object.data["spec"]["disk"];
             assert_eq!(disk["installMedia"], "img.qcow2", "{mode:?}");
@@ -422,22 +567,106 @@ mod tests {
 
     #[test]
     fn a_machine_reference_names_its_kind() {
-        let reference = reference(MachineKind::LibvirtMachine, "web-01");
+        let backends = MachineBackends::built_in();
+        let reference = backend(MachineKind::LIBVIRT_MACHINE).reference("web-01");
         assert_eq!(
             (reference.api_version.as_str(), reference.kind.as_str()),
             ("banlieue.io/v1alpha1", "LibvirtMachine")
         );
-        assert_eq!(kind_of(&reference), Some(MachineKind::LibvirtMachine));
+        let found = |reference: &MachineReference| {
+            backends.of_reference(reference).map(MachineBackend::kind)
+        };
+        assert_eq!(found(&reference), Some(MachineKind::LIBVIRT_MACHINE));
         let unknown = MachineReference {
             kind: "OtherMachine".into(),
             ..reference.clone()
         };
-        assert_eq!(kind_of(&unknown), None);
+        assert_eq!(found(&unknown), None);
         let other_version = MachineReference {
             api_version: "banlieue.io/v1beta1".into(),
             ..reference
         };
-        assert_eq!(kind_of(&other_version), None);
+        assert_eq!(found(&other_version), None);
+    }
+
+    /// A builder the embedding binary adds is found by its kind and its references, builds
+    /// the placement as its spec, and replaces a built-in of the same kind.
+    #[test]
+    fn an_added_backend_is_built_beside_the_built_in_ones() {
+        let added = MachineBackend::of_placement(
+            "test.banlieue.io/v1alpha1",
+            "MemoryMachine",
+            "memorymachines",
+            "test.banlieue.io/memory-protection",
+        );
+        assert_eq!(added.resource.group, "test.banlieue.io");
+        assert_eq!(added.resource.version, "v1alpha1");
+        let backends = MachineBackends::built_in().with(added.clone());
+        let kinds: Vec<&str> = backends.iter().map(|b| b.kind_name).collect();
+        assert_eq!(kinds, ["LibvirtMachine", "VSphereMachine", "MemoryMachine"]);
+        let memory = MachineKind::new("MemoryMachine").expect("a kind");
+        let found = backends.get(&memory).expect("added");
+        assert_eq!(found.finalizer, "test.banlieue.io/memory-protection");
+        assert_eq!(
+            backends
+                .of_reference(&added.reference("m"))
+                .map(|b| b.kind_name),
+            Some("MemoryMachine")
+        );
+        assert!(MachineBackends::built_in().get(&memory).is_none());
+
+        let (vm, class) = (vm(), class());
+        let placement = Placement {
+            machine_kind: memory,
+            ..placement(InstallMode::Deferred)
+        };
+        let object = build(
+            found,
+            &MachineInput {
+                vm: &vm,
+                class: &class,
+                placement: &placement,
+            },
+        )
+        .expect("buildable");
+        assert_eq!(
+            object.types.as_ref().expect("typed").api_version,
+            "test.banlieue.io/v1alpha1"
+        );
+        assert_eq!(
+            object.metadata.finalizers,
+            Some(vec!["test.banlieue.io/memory-protection".to_owned()])
+        );
+        let spec: PlacementSpec =
+            serde_json::from_value(object.data["spec"].clone()).expect("a placement spec");
+        assert_eq!(spec.provider_ref.name, "host-1");
+        assert_eq!(
+            (spec.failure_domain.as_str(), spec.storage_target.as_str()),
+            ("rack-a", "nvme")
+        );
+        assert_eq!(
+            (spec.image_volume.as_str(), spec.install_mode),
+            ("img.qcow2", InstallMode::Deferred)
+        );
+        assert_eq!((spec.cpu, spec.memory.0.as_str()), (2, "2Gi"));
+        assert!(spec.tpm_enabled);
+        assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
+        let read = Machine::read(found, object).expect("the contract");
+        assert_eq!(read.reference().api_version, "test.banlieue.io/v1alpha1");
+        assert_eq!(read.reference().kind, "MemoryMachine");
+
+        let replaced = MachineBackends::built_in().with(MachineBackend {
+            finalizer: "other",
+            ..backend(MachineKind::LIBVIRT_MACHINE)
+        });
+        let kinds: Vec<&str> = replaced.iter().map(|b| b.kind_name).collect();
+        assert_eq!(kinds, ["VSphereMachine", "LibvirtMachine"]);
+        assert_eq!(
+            replaced
+                .get(&MachineKind::LIBVIRT_MACHINE)
+                .map(|b| b.finalizer),
+            Some("other")
+        );
     }
 
     /// Machine CRDs whose builder arm is still to be written. A new `*Machine` CRD fails
@@ -452,22 +681,23 @@ mod tests {
             .filter(|kind| kind.ends_with("Machine") && kind != "VirtualMachine")
             .filter(|kind| !AWAITING_A_BUILDER.contains(&kind.as_str()))
             .collect();
-        let backends: Vec<String> = MACHINE_KINDS
-            .into_iter()
-            .map(|kind| backend(kind).resource.kind)
+        let backends: Vec<String> = MachineBackends::built_in()
+            .iter()
+            .map(|backend| backend.resource.kind.clone())
             .collect();
         assert_eq!(crds, backends);
         assert_eq!(
-            backend(MachineKind::LibvirtMachine).resource.kind,
+            backend(MachineKind::LIBVIRT_MACHINE).resource.kind,
             LibvirtMachine::crd().spec.names.kind
         );
         assert_eq!(
-            backend(MachineKind::VSphereMachine).resource.kind,
+            backend(MachineKind::VSPHERE_MACHINE).resource.kind,
             VSphereMachine::crd().spec.names.kind
         );
-        for kind in MACHINE_KINDS {
-            let reference = reference(kind, "m");
-            assert_eq!(kind_of(&reference), Some(kind));
+        let built_in = MachineBackends::built_in();
+        for backend in built_in.iter() {
+            let found = built_in.of_reference(&backend.reference("m"));
+            assert_eq!(found.map(MachineBackend::kind), Some(backend.kind()));
         }
     }
 
@@ -475,7 +705,7 @@ mod tests {
         Placement {
             provider: "vcenter-lab".into(),
             provider_class: "vsphere".into(),
-            machine_kind: MachineKind::VSphereMachine,
+            machine_kind: MachineKind::VSPHERE_MACHINE,
             failure_domain: "DC0/DC0_C1".into(),
             storage_target: "LocalDS_0".into(),
             network_target: "VM Network".into(),
@@ -492,11 +722,14 @@ mod tests {
     fn a_vsphere_placement_builds_a_vm_cloned_from_the_images_template() {
         let (vm, class) = (vm(), class());
         let placement = vsphere_placement(InstallMode::Immediate);
-        let object = build(&MachineInput {
-            vm: &vm,
-            class: &class,
-            placement: &placement,
-        })
+        let object = build(
+            &backend(placement.machine_kind.clone()),
+            &MachineInput {
+                vm: &vm,
+                class: &class,
+                placement: &placement,
+            },
+        )
         .expect("buildable");
         let types = object.types.clone().expect("typed");
         assert_eq!(
@@ -504,7 +737,7 @@ mod tests {
             ("banlieue.io/v1alpha1", "VSphereMachine")
         );
         assert_eq!(
-            backend(MachineKind::VSphereMachine).resource.plural,
+            backend(MachineKind::VSPHERE_MACHINE).resource.plural,
             "vspheremachines"
         );
         let machine: VSphereMachine =
@@ -530,7 +763,7 @@ mod tests {
         assert!(spec.tpm_enabled);
         assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
 
-        let read = Machine::read(MachineKind::VSphereMachine, object).expect("contract");
+        let read = Machine::read(&backend(MachineKind::VSPHERE_MACHINE), object).expect("contract");
         assert_eq!(read.spec.provider_ref.name, "vcenter-lab");
         assert_eq!(read.failure_domain(), Some("DC0/DC0_C1"));
     }
@@ -540,11 +773,14 @@ mod tests {
         let (vm, class) = (vm(), class());
         let mut placement = vsphere_placement(InstallMode::Immediate);
         placement.failure_domain = "host-7".into();
-        let error = build(&MachineInput {
-            vm: &vm,
-            class: &class,
-            placement: &placement,
-        })
+        let error = build(
+            &backend(placement.machine_kind.clone()),
+            &MachineInput {
+                vm: &vm,
+                class: &class,
+                placement: &placement,
+            },
+        )
         .expect_err("not a cluster");
         assert_eq!(
             error.to_string(),
@@ -552,11 +788,14 @@ mod tests {
         );
         for mode in [InstallMode::Deferred, InstallMode::Manual] {
             let placement = vsphere_placement(mode);
-            let error = build(&MachineInput {
-                vm: &vm,
-                class: &class,
-                placement: &placement,
-            })
+            let error = build(
+                &backend(placement.machine_kind.clone()),
+                &MachineInput {
+                    vm: &vm,
+                    class: &class,
+                    placement: &placement,
+                },
+            )
             .expect_err("an installer cannot be cloned");
             assert!(error.to_string().contains("cannot be realised"), "{error}");
         }
@@ -564,15 +803,16 @@ mod tests {
 
     #[test]
     fn a_machine_without_the_contract_is_refused_by_name() {
-        let mut object = DynamicObject::new("m", &backend(MachineKind::LibvirtMachine).resource);
+        let mut object = DynamicObject::new("m", &backend(MachineKind::LIBVIRT_MACHINE).resource);
         object.data = json!({"spec": {"pool": "p"}});
-        let error = Machine::read(MachineKind::LibvirtMachine, object).expect_err("no providerRef");
+        let error = Machine::read(&backend(MachineKind::LIBVIRT_MACHINE), object)
+            .expect_err("no providerRef");
         assert_eq!(
             error.to_string(),
             "LibvirtMachine m does not carry the machine contract"
         );
-        let mut object = DynamicObject::new("m", &backend(MachineKind::LibvirtMachine).resource);
+        let mut object = DynamicObject::new("m", &backend(MachineKind::LIBVIRT_MACHINE).resource);
         object.data = json!({"spec": {"providerRef": {"name": "p"}}, "status": {"ready": "yes"}});
-        assert!(Machine::read(MachineKind::LibvirtMachine, object).is_err());
+        assert!(Machine::read(&backend(MachineKind::LIBVIRT_MACHINE), object).is_err());
     }
 }

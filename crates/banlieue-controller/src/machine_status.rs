@@ -7,7 +7,7 @@ use banlieue_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::machine_builder;
+use crate::machine_builder::MachineBackend;
 use crate::scheduling::{Placement, Unschedulable};
 
 /// Reason of InfrastructureReady=False (and Ready=False) on a VirtualMachine whose machine was
@@ -55,10 +55,10 @@ pub struct Scheduled {
 }
 
 impl Scheduled {
-    /// The machine `machine_name` created for `placement`.
-    pub fn of(placement: &Placement, machine_name: &str) -> Scheduled {
+    /// The machine `machine_name`, of `backend`'s kind, created for `placement`.
+    pub fn of(backend: &MachineBackend, placement: &Placement, machine_name: &str) -> Scheduled {
         Scheduled {
-            machine: machine_builder::reference(placement.machine_kind, machine_name),
+            machine: backend.reference(machine_name),
             provider: placement.provider.clone(),
             failure_domain: placement.failure_domain.clone(),
             image_revision: placement.image_revision.clone(),
@@ -272,7 +272,10 @@ mod tests {
     #[test]
     fn the_first_mirror_after_scheduling_changes_nothing() {
         let site = Scheduled {
-            machine: machine_builder::reference(banlieue_api::MachineKind::LibvirtMachine, "m"),
+            machine: crate::machine_builder::MachineBackends::built_in()
+                .get(&banlieue_api::MachineKind::LIBVIRT_MACHINE)
+                .expect("built in")
+                .reference("m"),
             provider: "p".into(),
             failure_domain: "host-1".into(),
             image_revision: None,

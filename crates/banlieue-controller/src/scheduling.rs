@@ -13,6 +13,7 @@ use banlieue_api::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::machine_builder::MachineBackends;
 use crate::spread::Occupancy;
 
 /// Disk size when neither the class nor the image sets one.
@@ -78,6 +79,8 @@ pub struct ScheduleInput<'a> {
     pub providers: &'a [&'a Provider],
     /// ProviderClasses by name.
     pub provider_classes: &'a BTreeMap<String, &'a ProviderClass>,
+    /// The machine kinds this controller builds.
+    pub machine_backends: &'a MachineBackends,
     /// What each (provider, failure domain) already holds: members of the VirtualMachine's
     /// pool (empty outside a pool) and memory promised.
     pub occupancy: &'a Occupancy,
@@ -234,17 +237,26 @@ impl Wanted<'_> {
             ));
         }
         let class_name = &provider.spec.provider_class_ref.name;
-        let Some(machine_kind) = builder_for(self.input.provider_classes.get(class_name).copied())
-        else {
-            return Err(Miss::at(
+        let machine_kind = builder_for(
+            self.input.provider_classes.get(class_name).copied(),
+            self.input.machine_backends,
+        )
+        .map_err(|missing| {
+            Miss::at(
                 Stage::Builder,
                 reasons::NO_BUILDER_FOR_CLASS,
-                format!(
-                    "no machine builder for provider class {class_name:?} (provider \
-                     {provider_name})"
-                ),
-            ));
-        };
+                match missing {
+                    None => format!(
+                        "no machine builder for provider class {class_name:?} (provider \
+                         {provider_name})"
+                    ),
+                    Some(kind) => format!(
+                        "no machine builder for provider class {class_name:?} (provider \
+                         {provider_name}): this controller does not build {kind} machines"
+                    ),
+                },
+            )
+        })?;
         let pool = &storage.target.pool;
         let Some(volume) = ready_volume(self.image, &provider_name, pool) else {
             return Err(Miss::at(
@@ -325,10 +337,17 @@ fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 
-/// The machine kind a ProviderClass is built into. Every kind has a builder
-/// ([`crate::machine_builder::backend`] matches them all); a missing ProviderClass has none.
-fn builder_for(class: Option<&ProviderClass>) -> Option<MachineKind> {
-    Some(class?.spec.machine_kind)
+/// The machine kind a ProviderClass is built into, when this controller has its builder; else
+/// the kind it has no builder for (`None`: the class does not exist).
+fn builder_for(
+    class: Option<&ProviderClass>,
+    backends: &MachineBackends,
+) -> Result<MachineKind, Option<MachineKind>> {
+    let kind = &class.ok_or(None)?.spec.machine_kind;
+    match backends.get(kind) {
+        Some(_) => Ok(kind.clone()),
+        None => Err(Some(kind.clone())),
+    }
 }
 
 /// The image's volume on one provider's pool, when the import there is Ready.
@@ -485,8 +504,52 @@ mod tests {
             image: Some(image),
             providers,
             provider_classes: &classes,
+            machine_backends: &MachineBackends::built_in(),
             occupancy,
         })
+    }
+
+    /// A class naming a kind this controller has no builder for, or no class at all, places
+    /// nothing, and says which.
+    #[test]
+    fn a_class_of_a_kind_without_a_builder_places_nothing() {
+        let p = provider("host-1", "libvirt", &[], true);
+        let (class, image) = (class(false, None), image("Immediate", ready_zone("host-1")));
+        let memory: ProviderClass = serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+            "metadata": {"name": "libvirt"},
+            "spec": {"image": "banlieue", "machineKind": "MemoryMachine"}
+        }))
+        .expect("valid ProviderClass");
+        let attempt = |classes: &BTreeMap<String, &ProviderClass>| {
+            schedule(ScheduleInput {
+                vm: &vm(),
+                class: Some(&class),
+                image: Some(&image),
+                providers: &[&p],
+                provider_classes: classes,
+                machine_backends: &MachineBackends::built_in(),
+                occupancy: &Occupancy::default(),
+            })
+        };
+        let failure = attempt(&[("libvirt".to_owned(), &memory)].into()).expect_err("no builder");
+        assert_eq!(failure.reason, reasons::NO_BUILDER_FOR_CLASS);
+        assert!(
+            failure
+                .message
+                .contains("does not build MemoryMachine machines"),
+            "{}",
+            failure.message
+        );
+        let failure = attempt(&BTreeMap::new()).expect_err("no class");
+        assert_eq!(failure.reason, reasons::NO_BUILDER_FOR_CLASS);
+        assert!(
+            failure
+                .message
+                .contains("no machine builder for provider class \"libvirt\""),
+            "{}",
+            failure.message
+        );
     }
 
     #[test]
@@ -742,13 +805,18 @@ mod tests {
         }
         let placed =
             run(&c, &image("Immediate", ready_zone("host-1")), &[&with_tpm]).expect("schedulable");
-        assert_eq!(placed.machine_kind, MachineKind::LibvirtMachine);
+        assert_eq!(placed.machine_kind, MachineKind::LIBVIRT_MACHINE);
         let vm = vm();
-        let machine = crate::machine_builder::build(&crate::machine_builder::MachineInput {
-            vm: &vm,
-            class: &c,
-            placement: &placed,
-        })
+        let backends = MachineBackends::built_in();
+        let backend = backends.get(&placed.machine_kind).expect("built in");
+        let machine = crate::machine_builder::build(
+            backend,
+            &crate::machine_builder::MachineInput {
+                vm: &vm,
+                class: &c,
+                placement: &placed,
+            },
+        )
         .expect("buildable");
         let owner = &machine.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!(
@@ -808,6 +876,7 @@ mod tests {
                 image: Some(&image),
                 providers: &[&host, &vcenter],
                 provider_classes: &classes,
+                machine_backends: &MachineBackends::built_in(),
                 occupancy,
             })
         };
@@ -819,7 +888,7 @@ mod tests {
             (placed.provider.as_str(), placed.failure_domain.as_str()),
             ("vc", "DC0/C1")
         );
-        assert_eq!(placed.machine_kind, MachineKind::VSphereMachine);
+        assert_eq!(placed.machine_kind, MachineKind::VSPHERE_MACHINE);
         assert_eq!(placed.provider_class, "vsphere");
         // Spread counts members per failure domain, whatever the backend.
         let placed = schedule_with(&Occupancy {
@@ -828,7 +897,7 @@ mod tests {
         })
         .expect("placed");
         assert_eq!(placed.provider, "host-1");
-        assert_eq!(placed.machine_kind, MachineKind::LibvirtMachine);
+        assert_eq!(placed.machine_kind, MachineKind::LIBVIRT_MACHINE);
         // A full cluster is named like a full host.
         let failure = schedule_with(&Occupancy {
             members: BTreeMap::new(),

@@ -42,4 +42,6 @@ pub mod reasons {
     /// `userDataSecretRef` names a Secret that may not be read for user-data: it does not opt
     /// in, its Provider references it (credentials or CA source), or it holds credentials.
     pub const USER_DATA_SECRET_REFUSED: &str = "UserDataSecretRefused";
+    /// The Provider's class realises a machine kind no provider of this build runs.
+    pub const UNSUPPORTED_MACHINE_KIND: &str = "UnsupportedMachineKind";
 }

@@ -593,6 +593,51 @@ async fn a_class_whose_role_is_missing_runs_nothing_and_says_why() -> Result<()>
     cleanup(&kube, &api, "edge-9", &class).await
 }
 
+/// A class may name any kind (ADR-0071); one no provider of this build runs gets no workload,
+/// and the Provider says which kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_of_a_kind_no_provider_runs_runs_nothing_and_says_why() -> Result<()> {
+    let cp = control_plane().await;
+    let kube = cp.client()?;
+    let ns = cp.fresh_namespace().await?;
+    let class = plain_class(&kube).await?;
+    let class = Api::<ProviderClass>::all(kube.clone())
+        .patch(
+            &class.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"machineKind": "MemoryMachine"}})),
+        )
+        .await?;
+    let controller = controller_identity(cp, &ns).await?;
+    let _operator = start_operator(&controller, &ns);
+    let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
+    let caps = banlieue_api::ProviderCapabilities::default();
+    api.create(
+        &PostParams::default(),
+        &provider("edge-10", &class.name_any(), "memory://127.0.0.1", caps),
+    )
+    .await?;
+    let p = wait_ready(&api, "edge-10", "UnsupportedMachineKind", |c| {
+        c.reason == banlieue_provider_kit::reasons::UNSUPPORTED_MACHINE_KIND
+    })
+    .await?;
+    assert!(
+        ready_of(&p)
+            .message
+            .contains("realises MemoryMachine machines"),
+        "{}",
+        ready_of(&p).message
+    );
+    let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
+    assert!(
+        deployments
+            .get_opt(&workloads::workload_name("edge-10"))
+            .await?
+            .is_none()
+    );
+    cleanup(&kube, &api, "edge-10", &class).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
     let cp = control_plane().await;

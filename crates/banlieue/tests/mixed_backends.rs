@@ -398,7 +398,7 @@ async fn register_vsphere(admin: &Client, vcsim: &Vcsim) -> Result<(), BoxError>
     let _ = vc.logout().await;
     let mut class: ProviderClass = objects::provider_class(objects::DEV_IMAGE);
     class.metadata.name = Some(VSPHERE_CLASS.into());
-    class.spec.machine_kind = MachineKind::VSphereMachine;
+    class.spec.machine_kind = MachineKind::VSPHERE_MACHINE;
     class.spec.additional_rules.clear();
     dev::apply(admin, &class).await?;
     let secret: Secret = serde_json::from_value(json!({

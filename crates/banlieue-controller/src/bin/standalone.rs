@@ -5,18 +5,21 @@
 //! cargo run -p banlieue-controller --bin banlieue-controller-standalone -- KUBECONFIG [NAMESPACE]
 //!     [--leader-elect[=true|false] | --no-leader-elect]
 //!     [--lease-duration-seconds S] [--renew-deadline-seconds S] [--retry-period-seconds S]
-//!     [--resync-seconds S]
+//!     [--resync-seconds S] [--placement-kind API_VERSION/KIND/PLURAL/FINALIZER]
 //! ```
 //!
 //! As `banlieue controller`, it first takes the Lease `banlieue-controller` (in NAMESPACE when
 //! given, else the pod's namespace) and exits with status 1 as soon as it loses it; the holder
 //! identity is `POD_NAME`, else host name and pid. `BANLIEUE_CRASH_AT=<point>` aborts it at that
 //! step of a bind or release (see `banlieue_controller::crash`). SIGTERM or SIGINT stops it
-//! gracefully and releases the Lease.
+//! gracefully and releases the Lease. `--placement-kind` adds a machine kind whose spec is its
+//! placement (`MachineBackend::of_placement`), as a test backend's CRD defines it, e.g.
+//! `test.banlieue.io/v1alpha1/MemoryMachine/memorymachines/test.banlieue.io/memory-protection`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use banlieue_controller::machine_builder::{MachineBackend, MachineBackends};
 use banlieue_controller::{ControllerConfig, LEASE_NAME, Metrics, run};
 use banlieue_runtime::leader::{self, LeaderElector, LeaseConfig};
 use futures::FutureExt;
@@ -25,7 +28,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 const USAGE: &str = "usage: controller KUBECONFIG [NAMESPACE] [--leader-elect[=BOOL] | --no-leader-elect] \
      [--lease-duration-seconds S] [--renew-deadline-seconds S] [--retry-period-seconds S] \
-     [--resync-seconds S]";
+     [--resync-seconds S] [--placement-kind API_VERSION/KIND/PLURAL/FINALIZER]";
 
 #[derive(Debug)]
 struct Args {
@@ -38,6 +41,8 @@ struct Args {
     /// How often every object is reconciled again without a change: short by default, so
     /// tests see periodic work soon; benchmarks pass the production default.
     resync: Duration,
+    /// Machine kinds added to the built-in ones.
+    placement_kinds: Vec<MachineBackend>,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -50,6 +55,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         renew_deadline: leader::DEFAULT_RENEW_DEADLINE,
         retry_period: leader::DEFAULT_RETRY_PERIOD,
         resync: Duration::from_secs(5),
+        placement_kinds: Vec::new(),
     };
     let seconds = |value: Option<String>| -> Result<Duration, String> {
         let value = value.ok_or(USAGE)?;
@@ -67,6 +73,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--renew-deadline-seconds" => parsed.renew_deadline = seconds(args.next())?,
             "--retry-period-seconds" => parsed.retry_period = seconds(args.next())?,
             "--resync-seconds" => parsed.resync = seconds(args.next())?,
+            "--placement-kind" => parsed
+                .placement_kinds
+                .push(placement_kind(&args.next().ok_or(USAGE)?)?),
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}; {USAGE}")),
             _ => positional.push(arg),
         }
@@ -78,6 +87,28 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         return Err(USAGE.into());
     }
     Ok(parsed)
+}
+
+/// `GROUP/VERSION/KIND/PLURAL/FINALIZER` (the finalizer may hold a `/`) as a kind whose spec
+/// is its placement. The names live as long as the process, which reads them once.
+fn placement_kind(value: &str) -> Result<MachineBackend, String> {
+    let malformed = || format!("--placement-kind {value:?}: {USAGE}");
+    let mut parts = value.splitn(5, '/');
+    let mut next = || {
+        parts
+            .next()
+            .filter(|part| !part.is_empty())
+            .ok_or_else(malformed)
+    };
+    let (group, version, kind, plural, finalizer) = (next()?, next()?, next()?, next()?, next()?);
+    banlieue_api::MachineKind::new(kind).map_err(|e| e.to_string())?;
+    let leak = |text: &str| -> &'static str { Box::leak(text.to_owned().into_boxed_str()) };
+    Ok(MachineBackend::of_placement(
+        &format!("{group}/{version}"),
+        leak(kind),
+        plural,
+        leak(finalizer),
+    ))
 }
 
 #[tokio::main]
@@ -132,6 +163,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         namespace: args.namespace,
         readiness_signal_grace: Duration::from_secs(2),
         resync: args.resync,
+        machine_backends: args
+            .placement_kinds
+            .into_iter()
+            .fold(MachineBackends::built_in(), MachineBackends::with),
         ..ControllerConfig::default()
     };
     let lost = match &leadership {

@@ -18,7 +18,7 @@ use kube::runtime::events::EventType;
 
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::error::{Error, Result, is_not_found};
-use crate::machine_builder::{self, Machine, MachineInput};
+use crate::machine_builder::{self, Machine, MachineBackend, MachineInput};
 use crate::machine_status::{self, Scheduled};
 use crate::scheduling::{self, ScheduleInput};
 
@@ -56,22 +56,28 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     let current = vm.status.clone().unwrap_or_default();
     let generation = vm.metadata.generation;
     let now = Time(Timestamp::now());
-    let known_kind =
-        match &current.machine_ref {
-            Some(reference) => Some(machine_builder::kind_of(reference).ok_or_else(|| {
-                Error::UnknownMachineKind {
-                    kind: reference.kind.clone(),
-                    name: reference.name.clone(),
-                }
-            })?),
-            None => None,
-        };
-    let machine = ctx
-        .stores
-        .machines
-        .find_owned(known_kind, &namespace, &name, &uid)?;
+    let backends = &ctx.config.machine_backends;
+    let known_backend = match &current.machine_ref {
+        Some(reference) => {
+            Some(
+                backends
+                    .of_reference(reference)
+                    .ok_or_else(|| Error::UnknownMachineKind {
+                        kind: reference.kind.clone(),
+                        name: reference.name.clone(),
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let machine = ctx.stores.machines.find_owned(
+        known_backend.map(|backend| backend.kind_name),
+        &namespace,
+        &name,
+        &uid,
+    )?;
 
-    let next = match (&current.machine_ref, known_kind, machine) {
+    let next = match (&current.machine_ref, known_backend, machine) {
         (Some(_), _, Some(machine)) => machine_status::mirror_machine(
             &current,
             &machine.status,
@@ -79,13 +85,13 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
             generation,
             now,
         ),
-        (Some(reference), Some(kind), None) => {
+        (Some(reference), Some(backend), None) => {
             // The cache may lag behind a machine created a moment ago; only the API server can
             // say it is gone.
-            let api = machine_builder::api(&ctx.client, &namespace, kind);
+            let api = backend.api(&ctx.client, &namespace);
             match api.get_opt(&reference.name).await? {
                 Some(object) => {
-                    let machine = Machine::read(kind, object)?;
+                    let machine = Machine::read(backend, object)?;
                     machine_status::mirror_machine(
                         &current,
                         &machine.status,
@@ -159,14 +165,16 @@ async fn place(
             // Server-side apply: idempotent, so a status write lost after this point only
             // repeats an identical apply.
             let params = PatchParams::apply(&ctx.config.manager_name).force();
-            machine_builder::api(&ctx.client, namespace, placement.machine_kind)
+            let backend = placed_backend(ctx, &placement.machine_kind)?;
+            backend
+                .api(&ctx.client, namespace)
                 .patch(&name, &params, &Patch::Apply(&machine))
                 .await?;
             // No Event: the Scheduled condition says the same, and a pool refilled behind
             // every claim would pay one more write per member for it.
             Ok(machine_status::scheduled(
                 current,
-                &Scheduled::of(&placement, &name),
+                &Scheduled::of(backend, &placement, &name),
                 generation,
                 now,
             ))
@@ -185,12 +193,14 @@ async fn teardown(vm: &VirtualMachine, ctx: &Context, namespace: &str) -> Result
     let vms = ctx.api::<VirtualMachine>(namespace);
     let name = vm.name_any();
     let uid = vm.uid().unwrap_or_default();
-    let kinds: Vec<MachineKind> = match vm.status.as_ref().and_then(|s| s.machine_ref.as_ref()) {
-        Some(reference) => machine_builder::kind_of(reference).into_iter().collect(),
-        None => machine_builder::MACHINE_KINDS.to_vec(),
-    };
-    for kind in kinds {
-        let machines = machine_builder::api(&ctx.client, namespace, kind);
+    let backends = &ctx.config.machine_backends;
+    let candidates: Vec<&MachineBackend> =
+        match vm.status.as_ref().and_then(|s| s.machine_ref.as_ref()) {
+            Some(reference) => backends.of_reference(reference).into_iter().collect(),
+            None => backends.iter().collect(),
+        };
+    for backend in candidates {
+        let machines = backend.api(&ctx.client, namespace);
         let Some(machine) = machines.get_opt(&name).await? else {
             continue;
         };
@@ -253,6 +263,7 @@ fn schedule(
         std::time::Instant::now(),
         |occupancy| {
             let placement = scheduling::schedule(ScheduleInput {
+                machine_backends: &ctx.config.machine_backends,
                 vm,
                 class: class.as_deref(),
                 image: image.as_deref(),
@@ -268,11 +279,22 @@ fn schedule(
         reason: banlieue_api::conditions::reasons::CLASS_NOT_FOUND,
         message: format!("vmclass {} does not exist", vm.spec.class_ref.name),
     })?;
-    let machine = machine_builder::build(&MachineInput {
-        vm,
-        class: &class,
-        placement: &placement,
-    })
+    let backend = ctx
+        .config
+        .machine_backends
+        .get(&placement.machine_kind)
+        .ok_or_else(|| scheduling::Unschedulable {
+            reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
+            message: format!("no machine builder for {}", placement.machine_kind),
+        })?;
+    let machine = machine_builder::build(
+        backend,
+        &MachineInput {
+            vm,
+            class: &class,
+            placement: &placement,
+        },
+    )
     .map_err(|error| scheduling::Unschedulable {
         reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
         message: format!(
@@ -308,9 +330,21 @@ fn adopted_site(
         .unwrap_or_else(|| provider_name.clone());
     let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
     Scheduled {
-        machine: machine_builder::reference(machine.kind, &machine.object.name_any()),
+        machine: machine.reference(),
         provider: provider_name.clone(),
         failure_domain,
         image_revision: image.as_deref().and_then(scheduling::image_revision),
     }
+}
+
+/// The builder of `kind`: scheduling placed the VirtualMachine only on a kind this
+/// controller builds.
+fn placed_backend<'a>(ctx: &'a Context, kind: &MachineKind) -> Result<&'a MachineBackend> {
+    ctx.config
+        .machine_backends
+        .get(kind)
+        .ok_or_else(|| Error::UnknownMachineKind {
+            kind: kind.to_string(),
+            name: String::new(),
+        })
 }

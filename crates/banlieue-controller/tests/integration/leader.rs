@@ -13,9 +13,9 @@ use banlieue_api::names;
 use banlieue_controller::CrashPoint;
 use banlieue_testenv::control_plane::wait_for;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 use crate::support::child::{ChildController, Timing};
@@ -188,15 +188,7 @@ async fn standby_account(h: &Harness) -> TestResult<PathBuf> {
     h.api::<ServiceAccount>()
         .create(&PostParams::default(), &account)
         .await?;
-    let cluster: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{STANDBY}-{}", h.namespace),
-                     "labels": {"banlieue.io/test": "true"}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CONTROLLER_ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": STANDBY, "namespace": h.namespace}]
-    }))?;
-    Api::<ClusterRoleBinding>::all(h.admin.clone())
-        .create(&PostParams::default(), &cluster)
-        .await?;
+    h.bind_controller_roles(STANDBY).await?;
     let lease: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": STANDBY},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",

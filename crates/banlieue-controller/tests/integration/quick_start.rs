@@ -120,6 +120,14 @@ async fn quick_start_claim_is_bound_with_vm_addresses_and_deadline() -> TestResu
             assert_eq!(spec.datastore.as_deref(), Some(backend.storage_target));
             assert_eq!(spec.template, backend.image_volume);
         }
+        // A kind whose spec is the placement itself (the test-only MemoryMachine).
+        KindSpec::Placement(spec) => {
+            assert_eq!(spec.failure_domain, backend.failure_domain(PROVIDER));
+            assert_eq!(spec.storage_target, backend.storage_target);
+            assert_eq!(spec.network_target, backend.network_target);
+            assert_eq!(spec.image_volume, backend.image_volume);
+            assert_eq!(spec.disk_size.0, "20Gi");
+        }
     }
     let machine_owner = &machine.owner_references[0];
     assert_eq!(machine_owner.kind, "VirtualMachine");

@@ -6,17 +6,21 @@
 
 use std::sync::OnceLock;
 
+use super::memory_backend;
+
 use banlieue_api::{
     LibvirtMachine, LibvirtMachineSpec, MachineKind, MachineSpecContract, MachineStatusContract,
     VSphereMachine, VSphereMachineSpec, names, vsphere,
 };
+use banlieue_controller::machine_builder::{MachineBackends, PlacementSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{Value, json};
 
-/// Names the machine kind under test: `LibvirtMachine` (the default) or `VSphereMachine`.
+/// Names the machine kind under test: `LibvirtMachine` (the default), `VSphereMachine`, or
+/// `MemoryMachine`, the test-only backend of [`super::memory_backend`].
 pub const MACHINE_KIND_ENV: &str = "BANLIEUE_TEST_MACHINE_KIND";
 
 /// What the tests need to know of one backend.
@@ -41,7 +45,7 @@ pub struct Backend {
 }
 
 static LIBVIRT: Backend = Backend {
-    kind: MachineKind::LibvirtMachine,
+    kind: MachineKind::LIBVIRT_MACHINE,
     provider_class: "libvirt",
     finalizer: names::FINALIZER_DOMAIN_PROTECTION,
     storage_target: "default",
@@ -52,13 +56,24 @@ static LIBVIRT: Backend = Backend {
 };
 
 static VSPHERE: Backend = Backend {
-    kind: MachineKind::VSphereMachine,
+    kind: MachineKind::VSPHERE_MACHINE,
     provider_class: "vsphere",
     finalizer: vsphere::FINALIZER_VM_PROTECTION,
     storage_target: "LocalDS_0",
     network_target: "VM Network",
     image_volume: "DC0/vm/templates/img",
     running_reason: vsphere::reasons::POWERED_ON,
+    guest_ready_reason: banlieue_api::conditions::reasons::GUEST_PHASE_READY,
+};
+
+static MEMORY: Backend = Backend {
+    kind: MachineKind::from_static(memory_backend::KIND),
+    provider_class: "memory",
+    finalizer: memory_backend::FINALIZER,
+    storage_target: "ram",
+    network_target: "loopback",
+    image_volume: "img",
+    running_reason: memory_backend::RUNNING,
     guest_ready_reason: banlieue_api::conditions::reasons::GUEST_PHASE_READY,
 };
 
@@ -76,49 +91,82 @@ pub fn backend() -> &'static Backend {
         match value.as_str() {
             "" | "LibvirtMachine" => &LIBVIRT,
             "VSphereMachine" => &VSPHERE,
+            memory_backend::KIND => &MEMORY,
             other => panic!(
                 "{MACHINE_KIND_ENV}={other:?} is not a machine kind the tests know: use \
-                 LibvirtMachine (the default) or VSphereMachine"
+                 LibvirtMachine (the default), VSphereMachine or MemoryMachine"
             ),
         }
     })
 }
 
+/// The backends the tests know, to match on.
+enum Flavour {
+    Libvirt,
+    VSphere,
+    Memory,
+}
+
 impl Backend {
+    fn flavour(&self) -> Flavour {
+        if self.kind == MachineKind::LIBVIRT_MACHINE {
+            Flavour::Libvirt
+        } else if self.kind == MachineKind::VSPHERE_MACHINE {
+            Flavour::VSphere
+        } else {
+            Flavour::Memory
+        }
+    }
+
     pub fn is_vsphere(&self) -> bool {
-        self.kind == MachineKind::VSphereMachine
+        self.kind == MachineKind::VSPHERE_MACHINE
+    }
+
+    /// Whether the kind is the test-only one, whose builder the controller under test is
+    /// given and whose CRD the tests install.
+    pub fn is_memory(&self) -> bool {
+        matches!(self.flavour(), Flavour::Memory)
     }
 
     /// Group, version, kind and plural of the kind's objects.
     pub fn resource(&self) -> ApiResource {
-        match self.kind {
-            MachineKind::LibvirtMachine => ApiResource::erase::<LibvirtMachine>(&()),
-            MachineKind::VSphereMachine => ApiResource::erase::<VSphereMachine>(&()),
+        match self.flavour() {
+            Flavour::Libvirt => ApiResource::erase::<LibvirtMachine>(&()),
+            Flavour::VSphere => ApiResource::erase::<VSphereMachine>(&()),
+            Flavour::Memory => memory_backend::builder().resource,
         }
     }
 
-    /// The failure domain `provider` publishes: a libvirt host is one, named after it; a
-    /// vCenter publishes `<datacenter>/<cluster>` per declared cluster.
+    /// The machine kinds the controller under test builds: the built-in ones, and the
+    /// test-only kind's builder when it is the one under test.
+    pub fn machine_backends(&self) -> MachineBackends {
+        match self.flavour() {
+            Flavour::Memory => MachineBackends::built_in().with(memory_backend::builder()),
+            Flavour::Libvirt | Flavour::VSphere => MachineBackends::built_in(),
+        }
+    }
+
+    /// The failure domain `provider` publishes: a libvirt host (or a memory provider) is one,
+    /// named after it; a vCenter publishes `<datacenter>/<cluster>` per declared cluster.
     pub fn failure_domain(&self, provider: &str) -> String {
-        match self.kind {
-            MachineKind::LibvirtMachine => provider.to_owned(),
-            MachineKind::VSphereMachine => {
-                vsphere::failure_domain_name(VSPHERE_DATACENTER, VSPHERE_CLUSTER)
-            }
+        match self.flavour() {
+            Flavour::Libvirt | Flavour::Memory => provider.to_owned(),
+            Flavour::VSphere => vsphere::failure_domain_name(VSPHERE_DATACENTER, VSPHERE_CLUSTER),
         }
     }
 
     /// A Provider's `spec.connection` and the kind's part of `spec.capabilities`.
     pub fn provider_spec(&self, class: &str, capabilities: Value) -> Value {
         let mut capabilities = capabilities;
-        let endpoint = match self.kind {
-            MachineKind::LibvirtMachine => "qemu+tls://127.0.0.1/system",
-            MachineKind::VSphereMachine => {
+        let endpoint = match self.flavour() {
+            Flavour::Libvirt => "qemu+tls://127.0.0.1/system",
+            Flavour::VSphere => {
                 capabilities["vsphere"] = json!({"datacenters": [
                     {"name": VSPHERE_DATACENTER, "clusters": [VSPHERE_CLUSTER]}
                 ]});
                 "https://127.0.0.1:8989/sdk"
             }
+            Flavour::Memory => "memory://127.0.0.1",
         };
         json!({
             "providerClassRef": {"name": class},
@@ -131,11 +179,11 @@ impl Backend {
 
     /// The VMImage source for the kind's ProviderClass.
     pub fn image_source(&self) -> Value {
-        match self.kind {
-            MachineKind::LibvirtMachine => json!(
+        match self.flavour() {
+            Flavour::Libvirt | Flavour::Memory => json!(
                 {"providerClass": self.provider_class, "kind": "BackingFile", "volume": self.image_volume}
             ),
-            MachineKind::VSphereMachine => json!(
+            Flavour::VSphere => json!(
                 {"providerClass": self.provider_class, "kind": "Template", "template": self.image_volume}
             ),
         }
@@ -144,31 +192,38 @@ impl Backend {
     /// A machine spec placed as the harness places machines (the storage and network targets,
     /// the image's volume, 2 GiB) on `provider`, with `cpu` CPUs.
     pub fn machine_spec(&self, provider: &str, cpu: u32) -> Value {
-        match self.kind {
-            MachineKind::LibvirtMachine => json!({
+        match self.flavour() {
+            Flavour::Libvirt => json!({
                 "providerRef": {"name": provider}, "pool": self.storage_target,
                 "network": self.network_target,
                 "disk": {"backingVolume": self.image_volume, "size": "20Gi"},
                 "cpu": cpu, "memory": "2Gi"
             }),
-            MachineKind::VSphereMachine => json!({
+            Flavour::VSphere => json!({
                 "providerRef": {"name": provider}, "datacenter": VSPHERE_DATACENTER,
                 "cluster": VSPHERE_CLUSTER, "template": self.image_volume,
                 "datastore": self.storage_target, "cpu": cpu, "memory": "2Gi"
+            }),
+            Flavour::Memory => json!({
+                "providerRef": {"name": provider}, "failureDomain": provider,
+                "storageTarget": self.storage_target, "networkTarget": self.network_target,
+                "imageVolume": self.image_volume, "installMode": "Immediate",
+                "diskSize": "20Gi", "firmware": "efi", "cpu": cpu, "memory": "2Gi"
             }),
         }
     }
 
     /// What a provider records of the machine's counterpart on its host once it exists: the
-    /// libvirt domain's name, the vSphere VM's name and managed object reference. `serial`
-    /// tells machines apart.
+    /// libvirt domain's name, the vSphere VM's name and managed object reference, the memory
+    /// hypervisor's serial number. `serial` tells machines apart.
     pub fn host_identity(&self, namespace: &str, name: &str, serial: u32) -> Value {
-        match self.kind {
-            MachineKind::LibvirtMachine => json!({"domainName": format!("{namespace}-{name}")}),
-            MachineKind::VSphereMachine => json!({
+        match self.flavour() {
+            Flavour::Libvirt => json!({"domainName": format!("{namespace}-{name}")}),
+            Flavour::VSphere => json!({
                 "vmName": format!("{namespace}-{name}"),
                 "vmMoRef": format!("vm-{}", 1000 + serial),
             }),
+            Flavour::Memory => json!({"memoryId": serial}),
         }
     }
 }
@@ -196,6 +251,8 @@ pub struct MachineView {
 pub enum KindSpec {
     Libvirt(LibvirtMachineSpec),
     VSphere(VSphereMachineSpec),
+    /// A kind whose spec is its placement (the test-only MemoryMachine).
+    Placement(PlacementSpec),
 }
 
 impl MachineView {
@@ -203,18 +260,24 @@ impl MachineView {
     pub fn read(object: &DynamicObject) -> Result<Self, serde_json::Error> {
         let raw_spec = object.data.get("spec").cloned().unwrap_or_default();
         let contract: MachineSpecContract = serde_json::from_value(raw_spec.clone())?;
-        let (spec, cpu, memory, user_data) = match backend().kind {
-            MachineKind::LibvirtMachine => {
+        let (spec, cpu, memory, user_data) = match backend().flavour() {
+            Flavour::Libvirt => {
                 let spec: LibvirtMachineSpec = serde_json::from_value(raw_spec)?;
                 let (cpu, memory, user_data) =
                     (spec.cpu, spec.memory.clone(), spec.user_data.clone());
                 (KindSpec::Libvirt(spec), cpu, memory, user_data)
             }
-            MachineKind::VSphereMachine => {
+            Flavour::VSphere => {
                 let spec: VSphereMachineSpec = serde_json::from_value(raw_spec)?;
                 let (cpu, memory, user_data) =
                     (spec.cpu, spec.memory.clone(), spec.user_data.clone());
                 (KindSpec::VSphere(spec), cpu, memory, user_data)
+            }
+            Flavour::Memory => {
+                let spec: PlacementSpec = serde_json::from_value(raw_spec)?;
+                let (cpu, memory, user_data) =
+                    (spec.cpu, spec.memory.clone(), spec.user_data.clone());
+                (KindSpec::Placement(spec), cpu, memory, user_data)
             }
         };
         let status = match object.data.get("status") {

@@ -124,6 +124,12 @@ impl ChildController {
         log: &Path,
     ) -> TestResult<Command> {
         let mut command = Command::new(binary()?);
+        if super::backend().is_memory() {
+            command.args([
+                "--placement-kind",
+                &super::memory_backend::placement_kind_flag(),
+            ]);
+        }
         command
             .arg(kubeconfig)
             .arg(namespace)

@@ -53,8 +53,15 @@ impl FakeProvider {
             guest_ready: AtomicBool::new(true),
             teardown_delay_ms: AtomicU32::new(300),
         });
-        let api: Api<DynamicObject> = Api::namespaced_with(admin, namespace, &backend().resource());
-        let task = tokio::spawn(serve(api, backend(), controls.clone()));
+        // The test-only kind has a real provider, written with the kit: it plays the same
+        // switches.
+        let task = if backend().is_memory() {
+            super::memory_backend::start(admin, namespace, controls.clone())
+        } else {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(admin, namespace, &backend().resource());
+            tokio::spawn(serve(api, backend(), controls.clone()))
+        };
         Self { controls, task }
     }
 }

@@ -7,6 +7,7 @@ pub mod backend;
 pub mod child;
 pub mod fake_provider;
 pub mod history;
+pub mod memory_backend;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub const CONTROLLER_SA: &str = "banlieue-controller";
 /// The ClusterRole of the controller. deploy/rbac/controller-clusterrole.yaml when it exists,
 /// else an equivalent one created here.
 pub const CONTROLLER_ROLE: &str = "banlieue-controller";
+/// The controller's rights on the test-only MemoryMachines, granted beside its own role.
+pub const MEMORY_CONTROLLER_ROLE: &str = "banlieue-controller-memorymachines";
 pub const PROVIDER: &str = "host-1";
 /// A ProviderClass no test registers: a Provider of it has no machine builder.
 pub const UNREGISTERED_PROVIDER_CLASS: &str = "unregistered";
@@ -92,16 +95,28 @@ impl Harness {
             "metadata": {"name": CONTROLLER_SA}
         }))?;
         accounts.create(&PostParams::default(), &account).await?;
-        // A ClusterRoleBinding because ProviderClasses are cluster-scoped; the controller still
-        // serves only this namespace.
+        self.bind_controller_roles(CONTROLLER_SA).await
+    }
+
+    /// Binds the controller's ClusterRole (and, for the test-only kind, its rights on
+    /// MemoryMachines) to the service account `account` of this namespace. A
+    /// ClusterRoleBinding because ProviderClasses are cluster-scoped; the controller still
+    /// serves only this namespace.
+    pub async fn bind_controller_roles(&self, account: &str) -> TestResult {
+        let mut roles = vec![CONTROLLER_ROLE];
+        if backend().is_memory() {
+            roles.push(MEMORY_CONTROLLER_ROLE);
+        }
         let bindings: Api<ClusterRoleBinding> = Api::all(self.admin.clone());
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": format!("banlieue-controller-{}", self.namespace),
-                         "labels": {"banlieue.io/test": "true"}},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CONTROLLER_ROLE},
-            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": self.namespace}]
-        }))?;
-        bindings.create(&PostParams::default(), &binding).await?;
+        for role in roles {
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": format!("{role}-{account}-{}", self.namespace),
+                             "labels": {"banlieue.io/test": "true"}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": self.namespace}]
+            }))?;
+            bindings.create(&PostParams::default(), &binding).await?;
+        }
         Ok(())
     }
 
@@ -662,6 +677,7 @@ pub fn test_config(namespace: &str) -> ControllerConfig {
         readiness_signal_grace: Duration::from_secs(2),
         provider_lost_after: Duration::from_secs(3),
         resync: Duration::from_secs(5),
+        machine_backends: backend().machine_backends(),
         ..ControllerConfig::default()
     }
 }
@@ -710,7 +726,11 @@ pub fn member_name(claim: &VirtualMachineClaim) -> Option<String> {
 async fn install_crds_once(admin: &Client) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
-        banlieue_testenv::control_plane::apply_crds(admin, banlieue_api::crds()).await?;
+        let mut crds = banlieue_api::crds();
+        if backend().is_memory() {
+            crds.push(memory_backend::crd());
+        }
+        banlieue_testenv::control_plane::apply_crds(admin, crds).await?;
         let params = PatchParams::apply("banlieue-test").force();
         let classes: Api<banlieue_api::ProviderClass> = Api::all(admin.clone());
         let backend = backend();
@@ -746,6 +766,17 @@ async fn install_claim_protection_once(cp: &ControlPlane) -> TestResult {
 async fn install_role_once(admin: &Client, cp: &ControlPlane) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
+        if backend().is_memory() {
+            let role: ClusterRole =
+                serde_json::from_value(memory_backend::controller_rules(MEMORY_CONTROLLER_ROLE))?;
+            Api::<ClusterRole>::all(admin.clone())
+                .patch(
+                    MEMORY_CONTROLLER_ROLE,
+                    &PatchParams::apply("banlieue-test").force(),
+                    &Patch::Apply(&role),
+                )
+                .await?;
+        }
         let shipped = banlieue_testenv::repo_path("deploy/rbac/controller-clusterrole.yaml");
         if shipped.is_file() {
             cp.apply_yaml(&shipped).await?;

@@ -199,6 +199,16 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
             reason: reasons::PROVIDER_CLASS_NOT_FOUND,
             message: format!("ProviderClass {class_name:?} does not exist"),
         }),
+        Some(class) if workloads::backend_workload(&class.spec.machine_kind).is_none() => {
+            Err(Error::Invalid {
+                reason: crate::reasons::UNSUPPORTED_MACHINE_KIND,
+                message: format!(
+                    "ProviderClass {class_name:?} realises {} machines, which this operator \
+                     runs no provider for",
+                    class.spec.machine_kind
+                ),
+            })
+        }
         Some(class) => match workloads::build(&provider, class) {
             Some(w) => apply_workloads(&ctx.kube, &provider, class, &w).await,
             None => Ok(()),
@@ -445,7 +455,11 @@ async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str
         reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
         message,
     };
-    let backend = workloads::backend_workload(class.spec.machine_kind);
+    let backend =
+        workloads::backend_workload(&class.spec.machine_kind).ok_or_else(|| Error::Invalid {
+            reason: crate::reasons::UNSUPPORTED_MACHINE_KIND,
+            message: format!("no provider runs {} machines", class.spec.machine_kind),
+        })?;
     let what = if backend.class_role_rules.is_empty() {
         "the additionalRules".to_owned()
     } else {
@@ -571,13 +585,13 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
     // The workload must outlive its machines: it is the only thing that can destroy their
     // domains or VMs, and a machine whose finalizer nobody removes blocks its owners forever.
     // Without its class the kind is unknown; the default kind's are the ones waited for.
-    let machines = workloads::backend_workload(
-        class
-            .as_ref()
-            .map(|c| c.spec.machine_kind)
-            .unwrap_or_default(),
-    )
-    .machines;
+    // Without its class, or of a kind no provider runs, the kind is unknown; the default
+    // kind's are the ones waited for.
+    let machines = class
+        .as_ref()
+        .and_then(|c| workloads::backend_workload(&c.spec.machine_kind))
+        .map(|backend| backend.machines)
+        .unwrap_or_else(|| kube::api::ApiResource::erase::<banlieue_api::LibvirtMachine>(&()));
     let listed = Api::<DynamicObject>::namespaced_with(ctx.kube.clone(), &ns, &machines)
         .list(&Default::default())
         .await
@@ -650,29 +664,33 @@ mod tests {
     #[test]
     fn remaining_machines_are_those_naming_the_provider_of_any_kind() {
         let machine = |kind: banlieue_api::MachineKind, name: &str, spec: serde_json::Value| {
-            let mut m = DynamicObject::new(name, &workloads::backend_workload(kind).machines);
+            let backend = workloads::backend_workload(&kind).expect("built in");
+            let mut m = DynamicObject::new(name, &backend.machines);
             m.data = serde_json::json!({ "spec": spec });
             m
         };
-        use banlieue_api::MachineKind::{LibvirtMachine, VSphereMachine};
         let machines = [
             machine(
-                VSphereMachine,
+                banlieue_api::MachineKind::VSPHERE_MACHINE,
                 "b",
                 serde_json::json!({"providerRef": {"name": "vc"}}),
             ),
             machine(
-                VSphereMachine,
+                banlieue_api::MachineKind::VSPHERE_MACHINE,
                 "a",
                 serde_json::json!({"providerRef": {"name": "vc"}}),
             ),
             machine(
-                LibvirtMachine,
+                banlieue_api::MachineKind::LIBVIRT_MACHINE,
                 "c",
                 serde_json::json!({"providerRef": {"name": "other"}}),
             ),
             // No contract: names no Provider.
-            machine(LibvirtMachine, "d", serde_json::json!({"pool": "p"})),
+            machine(
+                banlieue_api::MachineKind::LIBVIRT_MACHINE,
+                "d",
+                serde_json::json!({"pool": "p"}),
+            ),
         ];
         assert_eq!(remaining_machines(&machines, "vc"), ["a", "b"]);
         assert!(remaining_machines(&machines, "gone").is_empty());

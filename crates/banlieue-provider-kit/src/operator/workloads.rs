@@ -116,22 +116,26 @@ pub struct BackendWorkload {
     pub machines: ApiResource,
 }
 
-/// The workload of the providers of `kind`.
-pub fn backend_workload(kind: MachineKind) -> BackendWorkload {
-    match kind {
-        MachineKind::LibvirtMachine => BackendWorkload {
+/// The workload of the providers of `kind`, when banlieue has a provider for it. The only
+/// `match` on kinds in the operator: a backend adds its arm here.
+pub fn backend_workload(kind: &MachineKind) -> Option<BackendWorkload> {
+    if *kind == MachineKind::LIBVIRT_MACHINE {
+        Some(BackendWorkload {
             subcommand: "libvirt",
             class_role: ClassRoleScope::BuildNamespace,
             // `banlieue-provider-base` holds the LibvirtMachine rights.
             class_role_rules: Vec::new(),
             machines: ApiResource::erase::<LibvirtMachine>(&()),
-        },
-        MachineKind::VSphereMachine => BackendWorkload {
+        })
+    } else if *kind == MachineKind::VSPHERE_MACHINE {
+        Some(BackendWorkload {
             subcommand: "vsphere",
             class_role: ClassRoleScope::ProviderNamespace,
             class_role_rules: machine_rules("vspheremachines"),
             machines: ApiResource::erase::<VSphereMachine>(&()),
-        },
+        })
+    } else {
+        None
     }
 }
 
@@ -491,7 +495,7 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         ..ServiceAccount::default()
     };
 
-    let backend = backend_workload(class.spec.machine_kind);
+    let backend = backend_workload(&class.spec.machine_kind)?;
     let deployment = deployment(meta(wl.clone()), &name, &ns, class, backend.subcommand);
 
     let cluster_subject = provider_subject(provider);
@@ -835,15 +839,18 @@ mod tests {
     #[test]
     fn each_machine_kind_runs_its_provider() {
         assert_eq!(
-            backend_workload(MachineKind::LibvirtMachine).subcommand,
+            backend_workload(&MachineKind::LIBVIRT_MACHINE)
+                .expect("built in")
+                .subcommand,
             "libvirt"
         );
-        let vsphere = backend_workload(MachineKind::VSphereMachine);
+        let vsphere = backend_workload(&MachineKind::VSPHERE_MACHINE).expect("built in");
         assert_eq!(vsphere.subcommand, "vsphere");
         assert_eq!(vsphere.class_role, ClassRoleScope::ProviderNamespace);
         assert_eq!(vsphere.machines.plural, "vspheremachines");
         assert_eq!(
-            backend_workload(MachineKind::LibvirtMachine)
+            backend_workload(&MachineKind::LIBVIRT_MACHINE)
+                .expect("built in")
                 .machines
                 .plural,
             "libvirtmachines"
@@ -855,7 +862,7 @@ mod tests {
         let mut provider = provider();
         provider.spec.provider_class_ref = LocalObjectReference::new("vsphere");
         let class = vsphere_class();
-        assert_eq!(class.spec.machine_kind, MachineKind::VSphereMachine);
+        assert_eq!(class.spec.machine_kind, MachineKind::VSPHERE_MACHINE);
         assert!(class.spec.additional_rules.is_empty());
         let w = build(&provider, &class).unwrap();
         let spec = w.deployment.spec.template.spec.unwrap();
@@ -916,7 +923,9 @@ mod tests {
         ];
         // What the operator checks the role for before binding it.
         assert_eq!(
-            backend_workload(MachineKind::VSphereMachine).class_role_rules,
+            backend_workload(&MachineKind::VSPHERE_MACHINE)
+                .expect("built in")
+                .class_role_rules,
             wanted
         );
         assert_eq!(
