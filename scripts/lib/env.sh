@@ -33,12 +33,13 @@ mkdir -p "$CARGO_TARGET_DIR"
 printf '%s\n' "$banlieue_workspace" >"$banlieue_marker"
 unset banlieue_marker banlieue_packages
 
-# build_banlieue: $CARGO_TARGET_DIR/debug/banlieue, built as the test build builds it. `cargo
-# test --workspace` unifies the features that the packages' dev-dependencies turn on (tokio's
+# build_banlieue: $CARGO_TARGET_DIR/debug/banlieue and banlieue-dev, built as the test build
+# builds them. `cargo test --workspace` unifies the features that the packages' dev-dependencies turn on (tokio's
 # test-util, serde_json's unbounded_depth, …) into the dependencies they share with the
 # product, so a plain `cargo build -p banlieue` would compile ~120 of them a second time with
-# other features. `--test dev` keeps this to the binary and the one test of `dev up`. The
-# image's binary is built apart (scripts/image), with the product's features alone.
+# other features. `--test dev` builds banlieue-dev (and its one test of `dev up`), `--test
+# libvirt_cli` the banlieue binary (and a small test of it). The image's binary is built apart
+# (scripts/image), with the product's features alone.
 build_banlieue() {
-    cargo test --quiet --locked --workspace --no-run --test dev
+    cargo test --quiet --locked --workspace --no-run --test dev --test libvirt_cli
 }

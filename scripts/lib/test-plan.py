@@ -23,7 +23,7 @@ from pathlib import Path
 # Test binaries that boot guests under TCG: each keeps both cores busy while it does.
 BOOTS_GUESTS = {
     "banlieue::guests",
-    "banlieue::dev",
+    "banlieue-dev::dev",
     "banlieue-testenv::guest",
 }
 # Test binaries that run a kubelet node. A node writes paths outside its state directory
@@ -38,7 +38,7 @@ RUNS_A_NODE = {
 # runs order by the timings the last run wrote.
 FIRST_ESTIMATES = {
     "banlieue::guests": 549,
-    "banlieue::dev": 88,
+    "banlieue-dev::dev": 88,
     "banlieue-testenv::guest": 120,
     "test.d/50-image": 45,
     "test.d/60-deployed": 275,

@@ -171,19 +171,19 @@ else
 fi
 
 # --- the product without the test harness ----------------------------------------------------
-# `banlieue dev` and banlieue-testenv (control plane, libvirtd and registry runners, a PKI, a
-# bcrypt htpasswd) are development tools: the image's dependency tree and its
-# binary hold neither.
-tree=$(cargo tree --locked --offline -e normal -p banlieue --no-default-features --prefix none -f '{p} {f}')
-for crate in banlieue-testenv anyhow bcrypt rcgen; do
+# `banlieue-dev` and banlieue-testenv (control plane, libvirtd and registry runners, a PKI, a
+# bcrypt htpasswd) are development tools: the product crate depends on neither, whatever its
+# features, and its binary has no dev subcommand.
+tree=$(cargo tree --locked --offline -e normal -p banlieue --all-features --prefix none -f '{p} {f}')
+for crate in banlieue-dev banlieue-testenv anyhow bcrypt rcgen; do
     ! grep -q "^$crate v" <<<"$tree" || fail "the image's dependency tree holds $crate:
-$(cargo tree --locked --offline -e normal -p banlieue --no-default-features -i "$crate" | head -20)"
+$(cargo tree --locked --offline -e normal -p banlieue --all-features -i "$crate" | head -20)"
 done
 if "$binary" dev --help >"$work/dev.out" 2>&1; then
     fail "the image's binary has a dev subcommand"
 fi
 grep -q "unrecognized subcommand 'dev'" "$work/dev.out" || fail "banlieue dev in the image: $(cat "$work/dev.out")"
-pass "no test harness: no banlieue-testenv, anyhow, bcrypt or rcgen in the image's dependency tree, and no dev subcommand"
+pass "no test harness: no banlieue-dev, banlieue-testenv, anyhow, bcrypt or rcgen in the product's dependency tree, and no dev subcommand"
 
 # --- size ----------------------------------------------------------------------------------
 compressed=$(stat -c %s "$layer")

@@ -33,8 +33,8 @@ else
 fi
 
 # The main job as users would watch it in production: `dev up --deployed` with the same image.
-echo "deployed: banlieue dev up --deployed"
-"$CARGO_TARGET_DIR/debug/banlieue" dev up --deployed --non-interactive \
+echo "deployed: banlieue-dev up --deployed"
+"$CARGO_TARGET_DIR/debug/banlieue-dev" up --deployed --non-interactive \
     --image-archive "$archive" >"$work/dev-up.out"
 grep -q ' Bound ' "$work/dev-up.out" || {
     echo "FAIL: dev up --deployed printed no Bound claim" >&2

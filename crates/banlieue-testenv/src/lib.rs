@@ -1,7 +1,7 @@
 //! Real peers for tests: a kube control plane (optionally with a node that runs pods), a
 //! libvirtd, started on loopback and stopped by PID, and the guest image they boot. The
-//! tests' dev-dependency, and `banlieue dev`'s behind that crate's `dev` feature: the product
-//! binary in the container image is built without it (docs/guides/image.md).
+//! tests' dev-dependency, and `banlieue-dev`'s (`dev up`): the product crate never links it
+//! (docs/guides/image.md).
 
 use std::path::{Path, PathBuf};
 

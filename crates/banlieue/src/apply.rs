@@ -4,7 +4,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{self, Scope};
 
-/// The field manager of everything `banlieue bootstrap` and `banlieue dev` apply.
+/// The field manager of everything `banlieue bootstrap` and `banlieue-dev` apply.
 pub const FIELD_MANAGER: &str = "banlieue-bootstrap";
 
 /// Largest manifest stream accepted, so a mistaken path cannot exhaust memory.

@@ -3,8 +3,6 @@
 pub mod apply;
 pub mod bootstrap;
 pub mod cidata;
-#[cfg(feature = "dev")]
-pub mod dev;
 pub mod libvirt;
 pub mod login;
 pub mod observe;

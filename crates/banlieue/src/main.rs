@@ -6,8 +6,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(feature = "dev")]
-use banlieue::dev;
 use banlieue::roles::{self, Roles};
 use banlieue::{bootstrap, cidata, libvirt, login, observe};
 use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
@@ -54,10 +52,6 @@ enum Command {
               value_parser = clap::builder::NonEmptyStringValueParser::new())]
         image: String,
     },
-    /// The local default: a control plane and libvirtd on loopback, a pool and a claim.
-    #[cfg(feature = "dev")]
-    #[command(subcommand)]
-    Dev(dev::DevCommand),
     /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
     #[command(subcommand)]
     Libvirt(libvirt::Command),
@@ -466,8 +460,6 @@ fn main() -> ExitCode {
             bootstrap::run(client, &image).await?;
             Ok(())
         }),
-        #[cfg(feature = "dev")]
-        Command::Dev(command) => block_on(dev::run(command)),
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
         Command::Cidata(args) => return cidata::run(&args),
         Command::Login(args) => {

@@ -27,13 +27,13 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use banlieue::dev::{self, objects};
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
     ClaimPhase, LibvirtMachine, LocalObjectReference, PoolReadiness, Provider, VirtualMachine,
     VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::guest_agent;

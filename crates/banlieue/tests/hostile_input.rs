@@ -18,11 +18,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use banlieue::dev::{self, objects};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
     LibvirtMachine, Provider, VMClass, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};

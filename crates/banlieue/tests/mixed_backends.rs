@@ -21,7 +21,6 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use banlieue::dev::{self, objects};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::vsphere::GUESTINFO_PHASE;
 use banlieue_api::{
@@ -30,6 +29,7 @@ use banlieue_api::{
     StorageClassMapping, StorageTarget, VMImage, VSphereCapabilities, VSphereDatacenter,
     VSphereMachine, ValueOrSource, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_dev::{self as dev, objects};
 use banlieue_provider_kit::operator::workloads;
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;

@@ -23,13 +23,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use banlieue::dev::{self, objects};
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
     ClaimPhase, LocalObjectReference, Provider, VMClass, VMImage, VirtualMachine,
     VirtualMachineClaim, VirtualMachinePool, ZonePhase,
 };
+use banlieue_dev::{self as dev, objects};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::Libvirtd;
 use banlieue_testenv::poll;

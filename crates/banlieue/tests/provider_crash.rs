@@ -18,11 +18,11 @@ mod hosts;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use banlieue::dev::{self, objects};
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{
     ClaimPhase, LibvirtMachine, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
+use banlieue_dev::{self as dev, objects};
 use banlieue_provider_kit::operator::workloads::workload_name;
 use banlieue_provider_libvirt::domain_type::DOMAIN_TYPE_ENV;
 use banlieue_provider_libvirt::machine::CRASH_AFTER_DOMAIN_DEFINE;

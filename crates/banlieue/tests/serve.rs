@@ -6,8 +6,8 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use banlieue::dev::objects;
 use banlieue_api::{Provider, ProviderClass};
+use banlieue_dev::objects;
 use banlieue_testenv::control_plane::ControlPlane;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use banlieue::dev::{self, objects};
 use banlieue_api::conditions::{self, status, types};
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{KeySelector, LocalObjectReference, Provider};
+use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};

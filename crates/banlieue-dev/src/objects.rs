@@ -1,4 +1,4 @@
-//! The objects `banlieue dev up` creates, as pure values: one Provider for the local libvirtd,
+//! The objects `banlieue-dev up` creates, as pure values: one Provider for the local libvirtd,
 //! a tiny BackingFile image, a small class, a pool of one and a claim by `alice`.
 
 use std::collections::BTreeMap;
@@ -95,7 +95,7 @@ pub fn workload_images_configmap() -> ConfigMap {
         data: Some(BTreeMap::from([
             (
                 "images".to_owned(),
-                format!("{DEV_IMAGE}\n{}\n", crate::bootstrap::DEFAULT_IMAGE),
+                format!("{DEV_IMAGE}\n{}\n", banlieue::bootstrap::DEFAULT_IMAGE),
             ),
             ("importAccounts".to_owned(), String::new()),
         ])),

@@ -1,4 +1,4 @@
-//! `banlieue dev up` as a user runs it, interactively, then `banlieue dev down` from another
+//! `banlieue-dev up` as a user runs it, interactively, then `banlieue-dev down` from another
 //! process: the claim is Bound, the view is printed, and tear-down leaves nothing running
 //! (dev up itself fails when a process it started outlives it).
 
@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
+const BIN: &str = env!("CARGO_BIN_EXE_banlieue-dev");
 
 /// The dev up child, killed if the test ends (a failed assertion) while it still runs, so a
 /// failing run never leaves an interactive dev up behind; its peers' janitors then clean up.
@@ -33,7 +33,7 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     let cache = tempfile::tempdir().unwrap();
     let mut up = Stopped(
         Command::new(BIN)
-            .args(["dev", "up", "--timeout-seconds", "300"])
+            .args(["up", "--timeout-seconds", "300"])
             .env("XDG_CACHE_HOME", cache.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -67,7 +67,7 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     assert!(steps[9].starts_with("[10/10] waiting for the claim to be Bound"));
 
     let down = Command::new(BIN)
-        .args(["dev", "down"])
+        .args(["down"])
         .env("XDG_CACHE_HOME", cache.path())
         .output()
         .unwrap();
@@ -111,10 +111,10 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
 
     // A second `dev down` finds nothing to stop.
     let again = Command::new(BIN)
-        .args(["dev", "down"])
+        .args(["down"])
         .env("XDG_CACHE_HOME", cache.path())
         .output()
         .unwrap();
     assert!(again.status.success());
-    assert!(String::from_utf8_lossy(&again.stdout).contains("no `banlieue dev up` is running"));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("no `banlieue-dev up` is running"));
 }

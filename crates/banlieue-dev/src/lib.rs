@@ -1,10 +1,14 @@
-//! `banlieue dev up` / `dev down`: the embedded local default. A control plane and a libvirtd
+//! `banlieue-dev up` / `banlieue-dev down`: the embedded local default. A control plane and a libvirtd
 //! on loopback, bootstrap and the admission policy, a Provider for that libvirtd, the
 //! controller and the provider in this process, then a pool and a claim that binds.
 //!
 //! `dev up --deployed` is the same job with the operator as users deploy it: a node runs
 //! banlieue's image (`scripts/image`), and the controller and the Provider's workload are its
 //! pods, started by their Deployments.
+//!
+//! A crate of its own, never linked by the product binary: it runs the local peers with the
+//! test harness (`banlieue-testenv`), and the system tests in `crates/banlieue/tests` share its
+//! wiring (the objects, the libvirt host's preparation, the roles run in process).
 
 pub mod objects;
 mod table;
@@ -30,8 +34,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::FIELD_MANAGER;
-use crate::{bootstrap, observe};
+use banlieue::apply::FIELD_MANAGER;
+use banlieue::{bootstrap, observe};
 
 /// Writes a progress line to stderr, never panicking: after its caller is gone (a closed pipe),
 /// `dev up` must still tear down what it started.
@@ -52,9 +56,9 @@ pub enum DevCommand {
     /// Start a local control plane and libvirtd, bootstrap, register a Provider, run the
     /// controller and provider in process, and bind a claim from a warm pool.
     ///
-    /// Keeps running until Ctrl-C or `banlieue dev down`, then tears everything down.
+    /// Keeps running until Ctrl-C or `banlieue-dev down`, then tears everything down.
     Up(UpArgs),
-    /// Stop a running `banlieue dev up`, which tears everything down.
+    /// Stop a running `banlieue-dev up`, which tears everything down.
     Down,
 }
 
@@ -212,7 +216,7 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     // Installed before anything is announced, so a stop request is never missed.
-    let stop = crate::roles::stop_requested();
+    let stop = banlieue::roles::stop_requested();
     let outcome = tokio::select! {
         outcome = drive(&args, &peers, &shutdown, &stop, &mut workers, &mut progress) => outcome,
         _ = stop.cancelled() => {
@@ -222,7 +226,7 @@ async fn up(args: UpArgs) -> Result<(), BoxError> {
 
     say!("tearing down");
     shutdown.cancel();
-    crate::roles::join_all(workers).await;
+    banlieue::roles::join_all(workers).await;
     if let Err(error) = release_host(&peers.libvirtd).await {
         say!("      could not remove the dev network: {error}");
     }
@@ -382,7 +386,7 @@ async fn drive(
         report_guest(&kube, libvirtd).await?;
     }
     if !args.non_interactive {
-        say!("running; Ctrl-C or `banlieue dev down` tears everything down");
+        say!("running; Ctrl-C or `banlieue-dev down` tears everything down");
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = shutdown.cancelled() => return Err("a role failed; see the log above".into()),
@@ -491,15 +495,15 @@ pub async fn spawn_controller_with(
     let controller = control_plane
         .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
         .await?;
-    crate::roles::spawn_all(
+    banlieue::roles::spawn_all(
         &controller,
         registry,
         shutdown,
-        crate::roles::Roles {
+        banlieue::roles::Roles {
             controller: true,
             operator: true,
             readiness_signal_grace,
-            ..crate::roles::Roles::default()
+            ..banlieue::roles::Roles::default()
         },
     )
 }
@@ -519,14 +523,14 @@ pub async fn spawn_provider_workload(
     let client = control_plane
         .client_as_service_account(SYSTEM_NAMESPACE, &workload)
         .await?;
-    crate::roles::spawn_all(
+    banlieue::roles::spawn_all(
         &client,
         registry,
         shutdown,
-        crate::roles::Roles {
+        banlieue::roles::Roles {
             libvirt_provider: Some((provider.to_owned(), SYSTEM_NAMESPACE.to_owned())),
             libvirt_domain_type: domain_type,
-            ..crate::roles::Roles::default()
+            ..banlieue::roles::Roles::default()
         },
     )
 }
@@ -758,7 +762,7 @@ async fn down() -> Result<(), BoxError> {
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            println!("no `banlieue dev up` is running");
+            println!("no `banlieue-dev up` is running");
             return Ok(());
         }
         Err(e) => return Err(e.into()),
@@ -770,15 +774,16 @@ async fn down() -> Result<(), BoxError> {
     // Only signal the process if it is really a dev up: the PID may have been reused.
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    let is_dev_up = args.windows(2).any(|w| w[0] == b"dev" && w[1] == b"up");
+    let program = |arg: &[u8]| arg.ends_with(b"banlieue-dev");
+    let is_dev_up = args.windows(2).any(|w| program(w[0]) && w[1] == b"up");
     if !is_dev_up {
         let _ = std::fs::remove_file(&path);
-        println!("no `banlieue dev up` is running (stale PID file removed)");
+        println!("no `banlieue-dev up` is running (stale PID file removed)");
         return Ok(());
     }
     let process = rustix::process::Pid::from_raw(pid).ok_or("invalid PID")?;
     rustix::process::kill_process(process, rustix::process::Signal::TERM)?;
-    println!("stopping banlieue dev up (PID {pid})");
+    println!("stopping banlieue-dev up (PID {pid})");
     let deadline = Instant::now() + Duration::from_secs(120);
     while is_running(pid as u32) {
         if Instant::now() > deadline {
