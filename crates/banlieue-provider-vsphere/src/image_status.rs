@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::error_message;
+use banlieue_api::conditions::{error_message, reasons};
 use banlieue_api::image::merged_status;
 use banlieue_api::{ImageSourceKind, Provider, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_provider_kit::ErrorBackoff;
@@ -105,8 +105,15 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action> {
     };
     let datastores = datastores(&provider);
     if datastores.is_empty() {
-        // No failure domain published yet: the status loop has not reached vCenter.
-        return Ok(Action::requeue(Duration::from_secs(10)));
+        // No failure domain published yet: the status loop has not reached vCenter. Retried
+        // on the error backoff, as the libvirt image reconciler retries the same wait.
+        return Err(Error::Invalid {
+            reason: reasons::PROVIDER_NOT_READY,
+            message: format!(
+                "provider {} has no failure domain yet (the provider has not reached vCenter)",
+                ctx.cfg.provider
+            ),
+        });
     }
     let found = match lookup(&ctx.kube, &provider, template).await {
         Ok(found) => Ok(found),
