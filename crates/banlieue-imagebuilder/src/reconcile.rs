@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use banlieue_api::VMImage;
 use banlieue_api::names::{LABEL_MANAGED_BY, LABEL_VMIMAGE};
+use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::{FutureExt as _, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
@@ -31,8 +32,12 @@ pub struct ReconcilerConfig {
     pub namespaces: Vec<String>,
     /// How often a built tag is resolved again, to notice that it moved.
     pub refresh: Duration,
-    /// How soon a reference that did not resolve is tried again.
+    /// How soon a VMImage whose reconcile failed (a reference that did not resolve, an API
+    /// call) is tried again; each further failure of the same VMImage doubles it, up to
+    /// `retry_max`, and a success starts over.
     pub retry: Duration,
+    /// The longest wait between two tries of a failing VMImage.
+    pub retry_max: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -42,11 +47,12 @@ impl Default for ReconcilerConfig {
             namespaces: Vec::new(),
             refresh: Duration::from_secs(600),
             retry: Duration::from_secs(30),
+            retry_max: Duration::from_secs(600),
         }
     }
 }
 
-/// A reconcile failure: an API call that failed (retried after `retry`).
+/// A reconcile failure: an API call that failed (retried on the backoff).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ReconcileError(#[from] kube::Error);
@@ -54,6 +60,12 @@ pub struct ReconcileError(#[from] kube::Error);
 struct Context {
     client: Client,
     config: ReconcilerConfig,
+    backoff: ErrorBackoff,
+}
+
+/// The key of `image` in the backoff.
+fn backoff_key(image: &VMImage) -> String {
+    ErrorBackoff::key_of("build", image)
 }
 
 /// Runs until `shutdown` completes: one controller per namespace it is limited to, or one for
@@ -71,6 +83,7 @@ pub async fn run(
     let shutdown = shutdown.shared();
     let ctx = Arc::new(Context {
         client: client.clone(),
+        backoff: ErrorBackoff::new(config.retry, config.retry_max),
         config,
     });
     let controllers = scopes.into_iter().map(|scope| {
@@ -108,8 +121,9 @@ pub async fn run(
 }
 
 fn error_policy(image: Arc<VMImage>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
-    tracing::warn!(vmimage = %image.name_any(), error = %error, "build reconcile failed");
-    Action::requeue(ctx.config.retry)
+    let delay = ctx.backoff.failed(&backoff_key(&image));
+    tracing::warn!(vmimage = %image.name_any(), error = %error, retry_in = ?delay, "build reconcile failed");
+    Action::requeue(delay)
 }
 
 async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
@@ -151,12 +165,17 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
         let api = Api::<VMImage>::namespaced(ctx.client.clone(), &namespace);
         publish::replace(&api, &name, status).await?;
     }
+    let key = backoff_key(&image);
     Ok(match &resolved {
         Err(e) => {
-            tracing::warn!(vmimage = %name, reason = %e.reason, "{}", e.message);
-            Action::requeue(ctx.config.retry)
+            let delay = ctx.backoff.failed(&key);
+            tracing::warn!(vmimage = %name, reason = %e.reason, retry_in = ?delay, "{}", e.message);
+            Action::requeue(delay)
         }
-        Ok(_) => Action::requeue(ctx.config.refresh),
+        Ok(_) => {
+            ctx.backoff.succeeded(&key);
+            Action::requeue(ctx.config.refresh)
+        }
     })
 }
 

@@ -112,6 +112,7 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
         namespaces: vec![NS.to_owned()],
         refresh,
         retry: Duration::from_secs(1),
+        retry_max: Duration::from_secs(4),
         ..ReconcilerConfig::default()
     };
     let reconciler = tokio::spawn(async move {
