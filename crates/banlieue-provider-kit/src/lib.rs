@@ -8,7 +8,10 @@
 //! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
 //!   around what a backend implements ([`machine::Backend`]);
 //! - [`operator`]: the Provider operator, which runs every backend's workload;
-//! - [`provider_status`]: publishing a Provider's Ready condition and failure domains;
+//! - [`provider_status`]: a Provider's status loop (probe, Ready condition and failure
+//!   domains, published only when they change) around what a backend probes
+//!   ([`provider_status::Probe`]);
+//! - [`narrow`]: narrowing a declaration to the targets a failure domain has;
 //! - [`import_settings`]: where a ProviderClass's image imports run.
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
@@ -18,6 +21,7 @@ pub mod credentials;
 pub mod guest;
 pub mod import_settings;
 pub mod machine;
+pub mod narrow;
 pub mod operator;
 pub mod provider_status;
 pub mod user_data;

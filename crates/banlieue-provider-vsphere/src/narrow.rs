@@ -10,9 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use banlieue_api::conditions::{self, Condition, reasons, status, types};
+use banlieue_api::conditions::Condition;
 use banlieue_api::vsphere::failure_domain_name;
 use banlieue_api::{DomainCapacity, FailureDomain, ProviderCapabilities};
+use banlieue_provider_kit::narrow::{Reach, Words, present_classes};
 
 /// What the probe found in one datacenter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,36 +53,18 @@ pub fn narrow(declared: &ProviderCapabilities, found: &Inventory) -> Narrowed {
             missing.push(format!("datacenter {:?}", dc.name));
             continue;
         };
-        let storage_classes: Vec<_> = declared
-            .storage_classes
-            .iter()
-            .filter(|c| {
-                let present = inventory.datastores.contains(&c.target.pool);
-                if !present {
-                    missing.push(format!(
-                        "datastore {:?} (class {:?}) in datacenter {:?}",
-                        c.target.pool, c.name, dc.name
-                    ));
-                }
-                present
-            })
-            .cloned()
-            .collect();
-        let network_classes: Vec<_> = declared
-            .network_classes
-            .iter()
-            .filter(|c| {
-                let present = inventory.networks.contains(&c.target.network);
-                if !present {
-                    missing.push(format!(
-                        "network {:?} (class {:?}) in datacenter {:?}",
-                        c.target.network, c.name, dc.name
-                    ));
-                }
-                present
-            })
-            .cloned()
-            .collect();
+        let place = format!("in datacenter {:?}", dc.name);
+        let words = Words {
+            storage: "datastore",
+            place: Some(&place),
+        };
+        let (storage_classes, network_classes) = present_classes(
+            declared,
+            &inventory.datastores,
+            &inventory.networks,
+            words,
+            &mut missing,
+        );
         for cluster in &dc.clusters {
             if !inventory.clusters.contains(cluster) {
                 missing.push(format!("cluster {cluster:?} in datacenter {:?}", dc.name));
@@ -104,29 +87,12 @@ pub fn narrow(declared: &ProviderCapabilities, found: &Inventory) -> Narrowed {
 
 /// The Ready condition after a successful probe of `endpoint`.
 pub fn ready_condition(narrowed: &Narrowed, endpoint: &str, generation: Option<i64>) -> Condition {
-    if narrowed.missing.is_empty() {
-        conditions::new(
-            types::READY,
-            status::TRUE,
-            reasons::CONNECTED,
-            format!(
-                "connected to {endpoint}; every declared datacenter, cluster, datastore and \
-                 network exists"
-            ),
-            generation,
-        )
-    } else {
-        conditions::new(
-            types::READY,
-            status::FALSE,
-            reasons::CAPABILITIES_INCOMPLETE,
-            format!(
-                "declared but absent in {endpoint}: {}",
-                narrowed.missing.join(", ")
-            ),
-            generation,
-        )
-    }
+    let reach = Reach {
+        connected_to: endpoint,
+        absent: &format!("in {endpoint}"),
+        declared: "datacenter, cluster, datastore and network",
+    };
+    banlieue_provider_kit::narrow::ready_condition(&narrowed.missing, reach, generation)
 }
 
 #[cfg(test)]

@@ -4,19 +4,11 @@
 //! credentials Secret (ADR-0063).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{DomainCapacity, FailureDomain, Provider};
-use banlieue_provider_kit::ErrorBackoff;
+use banlieue_api::{DomainCapacity, Provider};
+use banlieue_provider_kit::provider_status::{self, LoopSettings, Probe, Reached};
 use banlieue_vsphere::{Client, PropertyValue};
-use futures::StreamExt;
-use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
 
 use crate::connection;
 use crate::error::{Error, Result};
@@ -48,115 +40,50 @@ impl StatusConfig {
     }
 }
 
-struct Context {
-    kube: kube::Client,
-    api: Api<Provider>,
-    cfg: StatusConfig,
-    recorder: Recorder,
-    backoff: ErrorBackoff,
-}
-
-/// This loop's name in its backoff keys.
-const BACKOFF_KEY: &str = "status";
-
 /// Probes the Provider's vCenter and publishes its Ready condition and failure domains until
-/// `shutdown` completes. It watches only its own Provider, by name.
+/// `shutdown` completes (the kit's status loop around [`VCenterProbe`]).
 pub async fn run_status(
     client: kube::Client,
     cfg: StatusConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let api: Api<Provider> = Api::namespaced(client.clone(), &cfg.namespace);
-    let watch = watcher::Config::default().fields(&format!("metadata.name={}", cfg.provider));
-    let ctx = Arc::new(Context {
-        kube: client.clone(),
-        api: api.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: None,
-            },
-        ),
-        cfg,
-        backoff: banlieue_provider_kit::error_backoff(),
-    });
-    Controller::new(api, watch)
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |provider, ctx| async move {
-                let key = ErrorBackoff::key_of(BACKOFF_KEY, provider.as_ref());
-                ctx.backoff
-                    .track(&key, reconcile(provider, ctx.clone()).await)
-            },
-            error_policy,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %error_message(&e), "provider status");
-            }
-        })
-        .await;
+    let settings = LoopSettings {
+        provider: cfg.provider.clone(),
+        namespace: cfg.namespace.clone(),
+        probe_interval: cfg.probe_interval,
+        reporter: FIELD_MANAGER,
+    };
+    provider_status::run(VCenterProbe { cfg }, client, settings, shutdown).await;
     Ok(())
 }
 
-fn error_policy(provider: Arc<Provider>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx
-        .backoff
-        .failed(&ErrorBackoff::key_of(BACKOFF_KEY, provider.as_ref()));
-    tracing::warn!(error = %error_message(error), retry_in = ?delay, "provider status failed");
-    Action::requeue(delay)
+/// What the vSphere status loop probes: the datacenters, clusters, datastores and networks.
+struct VCenterProbe {
+    cfg: StatusConfig,
 }
 
-#[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]
-async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action> {
-    // A Provider being deleted is the operator's to report on; machines keep being torn down.
-    if provider.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+impl Probe for VCenterProbe {
+    type Error = Error;
+
+    async fn probe(&self, kube: &kube::Client, provider: &Provider) -> Result<Reached> {
+        let narrowed = probe(kube, provider, &self.cfg).await?;
+        let endpoint = &provider.spec.connection.endpoint;
+        Ok(Reached {
+            ready: narrow::ready_condition(&narrowed, endpoint, provider.metadata.generation),
+            failure_domains: narrowed.failure_domains,
+        })
     }
-    let outcome = probe(&ctx.kube, &provider, &ctx.cfg).await;
-    let generation = provider.metadata.generation;
-    let endpoint = &provider.spec.connection.endpoint;
-    let (ready, failure_domains) = decide(&outcome, endpoint, generation);
-    banlieue_provider_kit::provider_status::publish(
-        &ctx.api,
-        &ctx.recorder,
-        &provider,
-        ready,
-        failure_domains,
-    )
-    .await
-    .map_err(Error::kube("patch Provider status"))?;
-    Ok(match outcome {
-        // The spec's fault: nothing changes until the spec does.
-        Err(Error::UnsupportedScheme(_)) => Action::await_change(),
-        _ => Action::requeue(ctx.cfg.probe_interval),
-    })
-}
 
-/// The Ready condition and failure domains a probe's outcome publishes. A vCenter that was
-/// not reached publishes no failure domain.
-pub fn decide(
-    outcome: &Result<Narrowed>,
-    endpoint: &str,
-    generation: Option<i64>,
-) -> (Condition, Vec<FailureDomain>) {
-    match outcome {
-        Ok(narrowed) => (
-            narrow::ready_condition(narrowed, endpoint, generation),
-            narrowed.failure_domains.clone(),
-        ),
-        Err(e) => (
-            conditions::new(
-                types::READY,
-                status::FALSE,
-                e.reason(),
-                error_message(e),
-                generation,
-            ),
-            Vec::new(),
-        ),
+    fn reason(error: &Error) -> &'static str {
+        error.reason()
+    }
+
+    fn spec_error(error: &Error) -> bool {
+        matches!(error, Error::UnsupportedScheme(_))
+    }
+
+    fn patch_failed(error: kube::Error) -> Error {
+        Error::kube("patch Provider status")(error)
     }
 }
 

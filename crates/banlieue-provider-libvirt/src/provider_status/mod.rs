@@ -7,20 +7,12 @@
 pub mod narrow;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::{self, Condition, error_message, status, types};
-use banlieue_api::{DomainCapacity, FailureDomain, Provider};
+use banlieue_api::{DomainCapacity, Provider};
 use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
-use banlieue_runtime::reconcile::ErrorBackoff;
-use futures::StreamExt;
-use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
+use banlieue_provider_kit::provider_status::{self, LoopSettings, Probe, Reached};
 
 use crate::connection;
 use crate::error::{Error, Result};
@@ -51,112 +43,49 @@ impl StatusConfig {
     }
 }
 
-struct Context {
-    kube: kube::Client,
-    api: Api<Provider>,
-    cfg: StatusConfig,
-    recorder: Recorder,
-    backoff: ErrorBackoff,
-}
-
 /// Probes the Provider's host and publishes its Ready condition and failure domain until
-/// `shutdown` completes. It watches only its own Provider (by name), which is all its Role
-/// allows it to read.
+/// `shutdown` completes (the kit's status loop around [`HostProbe`]).
 pub async fn run_status(
     client: kube::Client,
     cfg: StatusConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let api: Api<Provider> = Api::namespaced(client.clone(), &cfg.namespace);
-    let watch = watcher::Config::default().fields(&format!("metadata.name={}", cfg.provider));
-    let ctx = Arc::new(Context {
-        kube: client.clone(),
-        api: api.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: None,
-            },
-        ),
-        cfg,
-        backoff: banlieue_provider_kit::error_backoff(),
-    });
-    Controller::new(api, watch)
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |provider, ctx| async move {
-                let key = ErrorBackoff::key_of("status", provider.as_ref());
-                ctx.backoff
-                    .track(&key, reconcile(provider, ctx.clone()).await)
-            },
-            error_policy,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %error_message(&e), "provider status");
-            }
-        })
-        .await;
+    let settings = LoopSettings {
+        provider: cfg.provider.clone(),
+        namespace: cfg.namespace.clone(),
+        probe_interval: cfg.probe_interval,
+        reporter: FIELD_MANAGER,
+    };
+    provider_status::run(HostProbe { cfg }, client, settings, shutdown).await;
     Ok(())
 }
 
-fn error_policy(provider: Arc<Provider>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx
-        .backoff
-        .failed(&ErrorBackoff::key_of("status", provider.as_ref()));
-    tracing::warn!(error = %error_message(error), ?delay, "provider status failed");
-    Action::requeue(delay)
+/// What the libvirt status loop probes: the host's name, pools, networks and size.
+struct HostProbe {
+    cfg: StatusConfig,
 }
 
-#[tracing::instrument(skip_all, fields(provider = %provider.name_any()))]
-async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action> {
-    // A Provider being deleted is the operator's to report on (MachinesRemain); the machines
-    // keep being torn down meanwhile.
-    if provider.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
+impl Probe for HostProbe {
+    type Error = Error;
+
+    async fn probe(&self, kube: &kube::Client, provider: &Provider) -> Result<Reached> {
+        let narrowed = probe_host(kube, provider, &self.cfg).await?;
+        Ok(Reached {
+            ready: narrow::ready_condition(&narrowed, provider.metadata.generation),
+            failure_domains: vec![narrowed.failure_domain],
+        })
     }
-    let outcome = probe_host(&ctx.kube, &provider, &ctx.cfg).await;
-    let generation = provider.metadata.generation;
-    let (ready, failure_domains) = decide(&outcome, generation);
-    banlieue_provider_kit::provider_status::publish(
-        &ctx.api,
-        &ctx.recorder,
-        &provider,
-        ready,
-        failure_domains,
-    )
-    .await
-    .map_err(Error::kube("patch Provider status"))?;
-    Ok(match outcome {
-        // A scheme error is the spec's fault: nothing changes until the spec does.
-        Err(Error::UnsupportedScheme(_)) => Action::await_change(),
-        _ => Action::requeue(ctx.cfg.probe_interval),
-    })
-}
 
-/// The Ready condition and failure domains a probe's outcome publishes. A host that was not
-/// reached publishes no failure domain: a Provider never advertises a host it cannot reach.
-pub fn decide(
-    outcome: &Result<narrow::Narrowed>,
-    generation: Option<i64>,
-) -> (Condition, Vec<FailureDomain>) {
-    match outcome {
-        Ok(narrowed) => (
-            narrow::ready_condition(narrowed, generation),
-            vec![narrowed.failure_domain.clone()],
-        ),
-        Err(e) => (
-            conditions::new(
-                types::READY,
-                status::FALSE,
-                e.reason(),
-                error_message(e),
-                generation,
-            ),
-            Vec::new(),
-        ),
+    fn reason(error: &Error) -> &'static str {
+        error.reason()
+    }
+
+    fn spec_error(error: &Error) -> bool {
+        matches!(error, Error::UnsupportedScheme(_))
+    }
+
+    fn patch_failed(error: kube::Error) -> Error {
+        Error::kube("patch Provider status")(error)
     }
 }
 

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeSet;
 
-use banlieue_api::conditions::{self, Condition, reasons, status, types};
+use banlieue_api::conditions::Condition;
 use banlieue_api::{DomainCapacity, FailureDomain, ProviderCapabilities};
+use banlieue_provider_kit::narrow::{Reach, Words, present_classes};
 
 /// What the probe found on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,36 +30,12 @@ pub struct Narrowed {
 /// never discovered (ADR-0039).
 pub fn narrow(declared: &ProviderCapabilities, host: &HostInventory) -> Narrowed {
     let mut missing = Vec::new();
-    let storage_classes = declared
-        .storage_classes
-        .iter()
-        .filter(|c| {
-            let present = host.pools.contains(&c.target.pool);
-            if !present {
-                missing.push(format!(
-                    "storage pool {:?} (class {:?})",
-                    c.target.pool, c.name
-                ));
-            }
-            present
-        })
-        .cloned()
-        .collect();
-    let network_classes = declared
-        .network_classes
-        .iter()
-        .filter(|c| {
-            let present = host.networks.contains(&c.target.network);
-            if !present {
-                missing.push(format!(
-                    "network {:?} (class {:?})",
-                    c.target.network, c.name
-                ));
-            }
-            present
-        })
-        .cloned()
-        .collect();
+    let words = Words {
+        storage: "storage pool",
+        place: None,
+    };
+    let (storage_classes, network_classes) =
+        present_classes(declared, &host.pools, &host.networks, words, &mut missing);
     Narrowed {
         failure_domain: FailureDomain {
             name: host.hostname.clone(),
@@ -73,30 +50,13 @@ pub fn narrow(declared: &ProviderCapabilities, host: &HostInventory) -> Narrowed
 
 /// The Ready condition after a successful probe.
 pub fn ready_condition(narrowed: &Narrowed, generation: Option<i64>) -> Condition {
-    if narrowed.missing.is_empty() {
-        conditions::new(
-            types::READY,
-            status::TRUE,
-            reasons::CONNECTED,
-            format!(
-                "connected to {}; every declared pool and network exists",
-                narrowed.failure_domain.name
-            ),
-            generation,
-        )
-    } else {
-        conditions::new(
-            types::READY,
-            status::FALSE,
-            reasons::CAPABILITIES_INCOMPLETE,
-            format!(
-                "declared but absent on {}: {}",
-                narrowed.failure_domain.name,
-                narrowed.missing.join(", ")
-            ),
-            generation,
-        )
-    }
+    let host = &narrowed.failure_domain.name;
+    let reach = Reach {
+        connected_to: host,
+        absent: &format!("on {host}"),
+        declared: "pool and network",
+    };
+    banlieue_provider_kit::narrow::ready_condition(&narrowed.missing, reach, generation)
 }
 
 #[cfg(test)]
