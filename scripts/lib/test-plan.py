@@ -153,7 +153,10 @@ def main():
             "10-package": dict(weight=2, group="cargo"),
             "30-bootstrap-libvirt-tls": dict(),
             "40-docs": dict(group="cargo"),
-            "45-claim-authorization-guide": dict(),
+            # `scripts/control-plane start` builds the local-cluster binary (a check after the
+            # test build) before it runs it.
+            "42-local-cluster": dict(group="cargo"),
+            "45-claim-authorization-guide": dict(group="cargo"),
             # Packages the product binary scripts/test built (cargo only for `cargo tree`).
             "50-image": dict(group="cargo"),
             # The image on the node, and `dev up --deployed` booting a guest.

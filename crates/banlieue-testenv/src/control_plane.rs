@@ -44,7 +44,7 @@ pub const TEST_NAMESPACE_LABEL: &str = "banlieue.io/test";
 const STARTUP_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The API server's admission configuration: Pod Security's exemption of the test node's
-/// runtime class (shared with `scripts/control-plane`).
+/// runtime class.
 const POD_SECURITY: &str = include_str!("node/pod-security.yaml");
 const CRD_DEADLINE: Duration = Duration::from_secs(30);
 

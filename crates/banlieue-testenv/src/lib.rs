@@ -1,7 +1,8 @@
 //! Real peers for tests: a kube control plane (optionally with a node that runs pods), a
 //! libvirtd, started on loopback and stopped by PID, and the guest image they boot. The
 //! tests' dev-dependency, and `banlieue-dev`'s (`dev up`): the product crate never links it
-//! (docs/guides/image.md).
+//! (docs/guides/image.md). Its `local-cluster` binary runs the same peers for a person
+//! (`scripts/control-plane start`).
 
 use std::path::{Path, PathBuf};
 

@@ -38,7 +38,7 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const TEARDOWN_SCRIPT: &str = include_str!("node/teardown.sh");
 /// Saves and restores the host state all test nodes on the machine share (bash functions).
 const HOST_STATE: &str = include_str!("node/host-state.sh");
-// Templates shared with `scripts/control-plane start --node`, which fills them in with sed.
+// Templates with `@NAME@` placeholders that `render` fills in.
 const CONTAINERD_CONFIG: &str = include_str!("node/containerd.toml");
 const KUBELET_CONFIG: &str = include_str!("node/kubelet.yaml");
 const NETWORK_POLICY: &str = include_str!("node/network-policy.yaml");
@@ -530,7 +530,7 @@ async fn install_network_policy(client: &Client, dir: &Path, apiserver_port: u16
     .await
 }
 
-/// Replaces each `@NAME@` of a template shared with `scripts/control-plane`.
+/// Replaces each `@NAME@` of a template.
 fn render(template: &str, values: &[(&str, &str)]) -> String {
     values
         .iter()
@@ -600,7 +600,7 @@ mod tests {
         assert!(parse_ldd("\tstatically linked\n").is_empty());
     }
 
-    /// Every placeholder of the shared templates is one the code fills in.
+    /// Every placeholder of the templates is one the code fills in.
     #[test]
     fn rendered_templates_have_no_placeholder_left() {
         let rendered = [

@@ -271,6 +271,11 @@ impl Issuer {
         self.processes.pids()
     }
 
+    /// The issuer's state directory (configuration, certificates, `logs/dex.log`).
+    pub fn state_dir(&self) -> &Path {
+        self.processes.dir()
+    }
+
     /// Logs `email` in with the password grant (`grant_type=password`), as the public client.
     pub async fn password_login(&self, email: &str, password: &str) -> Result<Tokens> {
         let body = form(&[

@@ -6,7 +6,7 @@
 # when the next one starts): saved when the first node registers, restored when the last one
 # is released. Registrations live in /run/banlieue-test-nodes, under a lock.
 #
-# Functions for node.rs (register, then prepended to teardown.sh) and scripts/control-plane.
+# Functions for node.rs (register, then prepended to teardown.sh).
 host_state=/run/banlieue-test-nodes
 host_sysctls=(vm/overcommit_memory kernel/panic kernel/panic_on_oops)
 # Innermost first, the order they are removed in.
