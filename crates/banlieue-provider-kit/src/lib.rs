@@ -12,13 +12,15 @@
 //!   domains, published only when they change) around what a backend probes
 //!   ([`provider_status::Probe`]);
 //! - [`narrow`]: narrowing a declaration to the targets a failure domain has;
-//! - [`import_settings`]: where a ProviderClass's image imports run.
+//! - [`import_settings`]: where a ProviderClass's image imports run;
+//! - [`image_zones`]: a provider's entry of a VMImage's per-provider status.
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
 pub mod credentials;
 pub mod guest;
+pub mod image_zones;
 pub mod import_settings;
 pub mod machine;
 pub mod narrow;

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{error_message, reasons};
-use banlieue_api::image::merged_status;
 use banlieue_api::{ImageSourceKind, Provider, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_provider_kit::ErrorBackoff;
+use banlieue_provider_kit::image_zones::{self, ZonesError};
 use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
@@ -192,42 +192,24 @@ pub fn zones(
         .collect()
 }
 
-/// Replaces this provider's entry, compare-and-swap on the resourceVersion, retrying on
-/// conflict: other providers write their own entries of the same list.
+/// Replaces this provider's entry (the kit's compare-and-swap, retried on conflict: other
+/// providers write their own entries of the same list).
 async fn write_status(ctx: &Context, image: &str, zones: Vec<ZoneImageStatus>) -> Result<()> {
-    const ATTEMPTS: usize = 8;
     let images: Api<VMImage> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    for _ in 0..ATTEMPTS {
-        let current = images
-            .get(image)
-            .await
-            .map_err(Error::kube(format!("vmimage {image}")))?;
-        let revision = banlieue_api::image::revision(&current);
-        let merged = merged_status(
-            current.status.as_ref(),
-            &ctx.cfg.provider,
-            zones.clone(),
-            &revision,
-        );
-        if current.status.as_ref() == Some(&merged) {
-            return Ok(());
-        }
-        let patch = serde_json::json!({
-            "metadata": { "resourceVersion": current.resource_version() },
-            "status": merged,
-        });
-        match images
-            .patch_status(image, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(e) => return Err(Error::kube(format!("status of vmimage {image}"))(e)),
-        }
-    }
-    Err(Error::Invalid {
-        reason: banlieue_api::vsphere::reasons::VSPHERE_ERROR,
-        message: format!("status of vmimage {image}: {ATTEMPTS} write conflicts in a row"),
+    image_zones::publish(
+        &images,
+        image,
+        &ctx.cfg.provider,
+        zones,
+        banlieue_api::image::revision,
+    )
+    .await
+    .map_err(|e| match e {
+        ZonesError::Kube { what, source } => Error::kube(what)(source),
+        conflicts @ ZonesError::Conflicts { .. } => Error::Invalid {
+            reason: banlieue_api::vsphere::reasons::VSPHERE_ERROR,
+            message: conflicts.to_string(),
+        },
     })
 }
 

@@ -14,11 +14,12 @@ use std::time::Duration;
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
+use banlieue_provider_kit::image_zones::{self, ZonesError};
 use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -259,46 +260,23 @@ impl ImageReconciler {
         Ok(client)
     }
 
-    /// Replaces this provider's entry of `status.perProvider[]`, compare-and-swap on the
-    /// resourceVersion, retrying on conflict.
+    /// Replaces this provider's entry of `status.perProvider[]` (the kit's compare-and-swap,
+    /// retried on conflict).
     async fn write_status(
         &self,
         image: &str,
         zones: Vec<ZoneImageStatus>,
         revision: &str,
     ) -> Result<()> {
-        const ATTEMPTS: usize = 8;
         let images: Api<VMImage> = Api::namespaced(self.client.clone(), &self.cfg.namespace);
-        for _ in 0..ATTEMPTS {
-            // The object itself, not its status subresource: the same bytes, and the only one
-            // of the two the provider's role may read.
-            let current = images
-                .get(image)
-                .await
-                .map_err(|e| Error::kube(format!("vmimage {image}"), e))?;
-            let merged = decide::merged_status(
-                current.status.as_ref(),
-                &self.cfg.provider,
-                zones.clone(),
-                revision,
-            );
-            if current.status.as_ref() == Some(&merged) {
-                return Ok(());
-            }
-            let patch = serde_json::json!({
-                "metadata": { "resourceVersion": current.resource_version() },
-                "status": merged,
-            });
-            match images
-                .patch_status(image, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if api_status(&e) == Some(409) => continue,
-                Err(e) => return Err(Error::kube(format!("status of vmimage {image}"), e)),
-            }
-        }
-        Err(Error::StatusConflict(image.to_owned()))
+        image_zones::publish(&images, image, &self.cfg.provider, zones, |_| {
+            revision.to_owned()
+        })
+        .await
+        .map_err(|e| match e {
+            ZonesError::Kube { what, source } => Error::kube(what, source),
+            ZonesError::Conflicts { image } => Error::StatusConflict(image),
+        })
     }
 }
 
