@@ -78,6 +78,9 @@ fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
     Some(elapsed.unsigned_abs()).filter(|_| !elapsed.is_negative())
 }
 
+/// The slack added to every revisit, so the decision it wakes for has surely changed.
+const REVISIT_SLACK: Duration = Duration::from_millis(100);
+
 /// Decides the pool's next step.
 ///
 /// - Members that failed or vanished, or whose host is lost, are replaced (they no longer
@@ -89,95 +92,193 @@ fn age(now: Timestamp, since: Option<Timestamp>) -> Option<Duration> {
 /// - A reserved member (being bound) is never deleted: the bind wins.
 pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     let replicas = pool.replicas.max(0) as usize;
-    let pending = pool.pending_creates;
-    let timed_out = |m: &MemberView| {
+    let live = live_members(pool);
+    let limit = replicas + surge(pool, &live);
+
+    let backoff_left = backoff_left(pool);
+    let startup_failures = startup_failures(pool);
+    // A failure found now starts (or extends) the backoff: its replacement waits for the next
+    // round, which sees the backoff the reconciler records.
+    let creates = if backoff_left.is_some() || !startup_failures.is_empty() {
+        0
+    } else {
+        creates(pool, &live, replicas, limit)
+    };
+
+    let mut deletes = Deletes {
+        names: broken_members(pool)
+            .chain(startup_failures.iter().cloned())
+            .collect(),
+        live: live.len(),
+        available: live.iter().filter(|m| m.available).count(),
+    };
+    let unreserved: Vec<&MemberView> = live
+        .iter()
+        .copied()
+        .filter(|m| !pool.is_reserved(m))
+        .collect();
+    let remaining = delete_over_limit(pool, &mut deletes, unreserved, limit);
+    delete_stale(pool, &mut deletes, remaining, replicas);
+
+    let ready_count = live.iter().filter(|m| m.infrastructure_ready).count();
+    let available_count = live.iter().filter(|m| m.available).count();
+    let ready = verdict(pool, &live, available_count, replicas);
+    let revisit_after = revisit_after(pool, &live, backoff_left, &startup_failures, &ready);
+
+    PoolPlan {
+        creates,
+        deletes: deletes.names,
+        replicas: live.len() as i32,
+        ready_replicas: ready_count as i32,
+        available_replicas: available_count as i32,
+        ready,
+        revisit_after,
+        startup_failures,
+    }
+}
+
+/// What the rules ask of one member.
+impl PoolSnapshot {
+    /// Not available within the startup deadline of its creation.
+    fn timed_out(&self, m: &MemberView) -> bool {
         !m.available
             && !m.deleting
-            && pool
+            && self
                 .startup_deadline
-                .zip(age(pool.now, m.created))
+                .zip(age(self.now, m.created))
                 .is_some_and(|(deadline, age)| age > deadline)
-    };
-    let live: Vec<&MemberView> = pool
-        .members
-        .iter()
-        .filter(|m| !m.deleting && !m.failed && !m.host_lost() && !timed_out(m))
-        .collect();
-    let is_idle = |m: &MemberView| {
-        m.available
-            && pool
-                .max_idle
-                .zip(age(pool.now, m.available_since))
-                .is_some_and(|(limit, age)| age > limit)
-    };
-    let is_old = |m: &MemberView| {
-        pool.update == PoolUpdateType::Replace
-            && m.revision.as_deref() != Some(pool.current_revision.as_str())
-    };
-    let is_stale = |m: &MemberView| is_old(m) || is_idle(m);
-    let reserved = |m: &MemberView| pool.reserved.contains(&m.name);
+    }
 
-    let stale_count = live.iter().filter(|m| is_stale(m)).count();
-    let fresh_count = live.len() - stale_count;
-    let surge = if stale_count > 0 {
+    /// Available for longer than `maxIdleSeconds`.
+    fn is_idle(&self, m: &MemberView) -> bool {
+        m.available
+            && self
+                .max_idle
+                .zip(age(self.now, m.available_since))
+                .is_some_and(|(limit, age)| age > limit)
+    }
+
+    /// Of an older revision, under `Replace`.
+    fn is_old(&self, m: &MemberView) -> bool {
+        self.update == PoolUpdateType::Replace
+            && m.revision.as_deref() != Some(self.current_revision.as_str())
+    }
+
+    fn is_stale(&self, m: &MemberView) -> bool {
+        self.is_old(m) || self.is_idle(m)
+    }
+
+    fn is_reserved(&self, m: &MemberView) -> bool {
+        self.reserved.contains(&m.name)
+    }
+}
+
+/// The members that still count: not deleting, failed, on a lost host or timed out.
+fn live_members(pool: &PoolSnapshot) -> Vec<&MemberView> {
+    pool.members
+        .iter()
+        .filter(|m| !m.deleting && !m.failed && !m.host_lost() && !pool.timed_out(m))
+        .collect()
+}
+
+/// The extra members allowed above `replicas` while stale ones are being replaced.
+fn surge(pool: &PoolSnapshot, live: &[&MemberView]) -> usize {
+    if live.iter().any(|m| pool.is_stale(m)) {
         pool.max_surge.max(1) as usize
     } else {
         0
-    };
-    let limit = replicas + surge;
-    let mut creates = replicas
+    }
+}
+
+/// The members to create: enough for `replicas` fresh ones, never above `limit` (pending
+/// creates count as members), nor above `maxProvisioning` members being built.
+fn creates(pool: &PoolSnapshot, live: &[&MemberView], replicas: usize, limit: usize) -> usize {
+    let pending = pool.pending_creates;
+    let fresh_count = live.iter().filter(|m| !pool.is_stale(m)).count();
+    let creates = replicas
         .saturating_sub(fresh_count + pending)
         .min(limit.saturating_sub(live.len() + pending));
-    if let Some(cap) = pool.max_provisioning {
-        let building = live.iter().filter(|m| !m.available).count() + pending;
-        creates = creates.min(cap.saturating_sub(building));
+    match pool.max_provisioning {
+        Some(cap) => {
+            let building = live.iter().filter(|m| !m.available).count() + pending;
+            creates.min(cap.saturating_sub(building))
+        }
+        None => creates,
     }
-    let backoff_left = pool
-        .creates_not_before
+}
+
+/// What is left of the backoff after startup failures, if any.
+fn backoff_left(pool: &PoolSnapshot) -> Option<Duration> {
+    pool.creates_not_before
         .and_then(|until| age(until, Some(pool.now)))
-        .filter(|left| !left.is_zero());
-    let startup_failures: Vec<String> = pool
-        .members
+        .filter(|left| !left.is_zero())
+}
+
+/// The members that did not start in time, to delete (not a reserved one).
+fn startup_failures(pool: &PoolSnapshot) -> Vec<String> {
+    pool.members
         .iter()
-        .filter(|m| timed_out(m) && !reserved(m))
+        .filter(|m| pool.timed_out(m) && !pool.is_reserved(m))
         .map(|m| m.name.clone())
-        .collect();
-    // A failure found now starts (or extends) the backoff: its replacement waits for the next
-    // round, which sees the backoff the reconciler records.
-    if backoff_left.is_some() || !startup_failures.is_empty() {
-        creates = 0;
+        .collect()
+}
+
+/// The failed members and those of a lost host, to delete (not a reserved one).
+fn broken_members(pool: &PoolSnapshot) -> impl Iterator<Item = String> + '_ {
+    pool.members
+        .iter()
+        .filter(|m| (m.failed || m.host_lost()) && !m.deleting && !pool.is_reserved(m))
+        .map(|m| m.name.clone())
+}
+
+/// The deletes chosen so far, and what the pool keeps without them: each delete is weighed
+/// against the members the previous ones left.
+struct Deletes {
+    names: Vec<String>,
+    /// Live members not deleted.
+    live: usize,
+    /// Available members not deleted.
+    available: usize,
+}
+
+impl Deletes {
+    fn delete(&mut self, member: &MemberView) {
+        self.names.push(member.name.clone());
+        self.live -= 1;
+        self.available -= usize::from(member.available);
     }
+}
 
-    let mut deletes: Vec<String> = pool
-        .members
-        .iter()
-        .filter(|m| (m.failed || m.host_lost()) && !m.deleting && !reserved(m))
-        .map(|m| m.name.clone())
-        .chain(startup_failures.iter().cloned())
-        .collect();
-
-    let mut remaining: Vec<&MemberView> = live.iter().copied().filter(|m| !reserved(m)).collect();
-    let mut live_count = live.len();
-    let mut available = live.iter().filter(|m| m.available).count();
-
-    // Over the limit (replicas lowered): unavailable members first, then stale ones, then the
-    // longest idle (the next to expire anyway).
-    let over = (live_count + pending).saturating_sub(limit);
-    remaining.sort_by(|a, b| {
-        (a.available, !is_stale(a), a.available_since)
-            .cmp(&(b.available, !is_stale(b), b.available_since))
+/// Over the limit (replicas lowered): deletes unavailable members first, then stale ones, then
+/// the longest idle (the next to expire anyway). Returns the members left, in that order.
+fn delete_over_limit<'a>(
+    pool: &PoolSnapshot,
+    deletes: &mut Deletes,
+    mut members: Vec<&'a MemberView>,
+    limit: usize,
+) -> Vec<&'a MemberView> {
+    let over = (deletes.live + pool.pending_creates).saturating_sub(limit);
+    members.sort_by(|a, b| {
+        (a.available, !pool.is_stale(a), a.available_since)
+            .cmp(&(b.available, !pool.is_stale(b), b.available_since))
             .then_with(|| b.created.cmp(&a.created))
             .then_with(|| a.name.cmp(&b.name))
     });
-    for member in remaining.drain(..over.min(remaining.len())) {
-        deletes.push(member.name.clone());
-        live_count -= 1;
-        available -= usize::from(member.available);
+    for member in members.drain(..over.min(members.len())) {
+        deletes.delete(member);
     }
+    members
+}
 
-    // Stale members: unavailable ones when others cover them, available ones oldest first
-    // when `replicas` stay available without them.
-    let mut stale: Vec<&MemberView> = remaining.into_iter().filter(|m| is_stale(m)).collect();
+/// Stale members: deletes unavailable ones when others cover them, available ones oldest first
+/// when `replicas` stay available without them.
+fn delete_stale(
+    pool: &PoolSnapshot,
+    deletes: &mut Deletes,
+    members: Vec<&MemberView>,
+    replicas: usize,
+) {
+    let mut stale: Vec<&MemberView> = members.into_iter().filter(|m| pool.is_stale(m)).collect();
     stale.sort_by(|a, b| {
         (a.available, a.available_since)
             .cmp(&(b.available, b.available_since))
@@ -185,65 +286,57 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     });
     for member in stale {
         let keeps_enough = if member.available {
-            available > replicas
+            deletes.available > replicas
         } else {
-            live_count + pending > replicas
+            deletes.live + pool.pending_creates > replicas
         };
         if keeps_enough {
-            deletes.push(member.name.clone());
-            live_count -= 1;
-            available -= usize::from(member.available);
+            deletes.delete(member);
         }
     }
+}
 
-    let ready_count = live.iter().filter(|m| m.infrastructure_ready).count();
-    let available_count = live.iter().filter(|m| m.available).count();
-    let ready = verdict(pool, &live, available_count, replicas);
-
+/// When a time-based decision next changes by itself: an idle expiry, the end of the backoff,
+/// the next round after a startup failure, a startup deadline, the readiness grace.
+fn revisit_after(
+    pool: &PoolSnapshot,
+    live: &[&MemberView],
+    backoff_left: Option<Duration>,
+    startup_failures: &[String],
+    ready: &ReadyVerdict,
+) -> Option<Duration> {
     let mut revisit: Option<Duration> = None;
     let mut sooner = |d: Duration| revisit = Some(revisit.map_or(d, |r: Duration| r.min(d)));
     if let Some(limit) = pool.max_idle {
-        for member in live.iter().filter(|m| m.available && !is_idle(m)) {
+        for member in live.iter().filter(|m| m.available && !pool.is_idle(m)) {
             if let Some(age) = age(pool.now, member.available_since) {
-                sooner(limit.saturating_sub(age) + Duration::from_millis(100));
+                sooner(limit.saturating_sub(age) + REVISIT_SLACK);
             }
         }
     }
     if let Some(left) = backoff_left {
-        sooner(left + Duration::from_millis(100));
+        sooner(left + REVISIT_SLACK);
     }
     if !startup_failures.is_empty() {
-        sooner(Duration::from_millis(100));
+        sooner(REVISIT_SLACK);
     }
     if let Some(deadline) = pool.startup_deadline {
         for member in live.iter().filter(|m| !m.available) {
             if let Some(age) = age(pool.now, member.created) {
-                sooner(deadline.saturating_sub(age) + Duration::from_millis(100));
+                sooner(deadline.saturating_sub(age) + REVISIT_SLACK);
             }
         }
     }
     if pool.readiness == PoolReadiness::GuestReady
         && ready.reason != reasons::READINESS_SIGNAL_ABSENT
     {
-        for member in live.iter() {
+        for member in live {
             if let Some(age) = age(pool.now, member.running_since) {
-                sooner(
-                    pool.readiness_signal_grace.saturating_sub(age) + Duration::from_millis(100),
-                );
+                sooner(pool.readiness_signal_grace.saturating_sub(age) + REVISIT_SLACK);
             }
         }
     }
-
-    PoolPlan {
-        creates,
-        deletes,
-        replicas: live.len() as i32,
-        ready_replicas: ready_count as i32,
-        available_replicas: available_count as i32,
-        ready,
-        revisit_after: revisit,
-        startup_failures,
-    }
+    revisit
 }
 
 fn verdict(
