@@ -225,65 +225,153 @@ async fn import_into_pool(
 ) -> Result<ImportOutcome> {
     let size = source.metadata.len();
     let file = tokio::fs::File::from_std(source.file);
-    let source_error = |source| Error::Source {
-        path: args.source.display().to_string(),
-        source,
-    };
     let pool = StoragePool::lookup_by_name(libvirt, &args.pool)
         .await
         .map_err(|e| Error::libvirt(format!("look up storage pool {}", args.pool), e))?
         .ok_or_else(|| Error::StoragePoolNotFound(args.pool.clone()))?;
     let marker_name = marker::marker_volume_name(volume_name);
-    let existing = lookup_volume(&pool, volume_name).await?;
-    let existing_marker = lookup_volume(&pool, &marker_name).await?;
-    let capacity = match &existing {
-        Some(vol) => Some(volume_capacity(vol).await?),
-        None => None,
-    };
-    let marker_bytes = match &existing_marker {
-        // A record too large to be one reads as empty: not a valid record, so incomplete.
-        Some(vol) => Some(
-            vol.read_small(marker::MAX_MARKER_BYTES)
-                .await
-                .map_err(|e| Error::libvirt(format!("download volume {}", vol.name()), e))?
-                .unwrap_or_default(),
-        ),
-        None => None,
-    };
-    match marker::completeness(volume_name, capacity, marker_bytes.as_deref(), size) {
+    let existing = Existing::look_up(&pool, volume_name, &marker_name).await?;
+    match marker::completeness(
+        volume_name,
+        existing.capacity,
+        existing.marker_bytes.as_deref(),
+        size,
+    ) {
         Completeness::Complete(marker) => {
-            // Complete by size is not enough: the same revision rebuilt into other bytes must
-            // not pass for the volume machines already back onto.
-            let digest = sha256_of(file).await.map_err(source_error)?;
-            marker::same_content(&marker, &digest).map_err(Error::CompleteVolumeDiffers)?;
-            info!(
-                volume = volume_name,
-                pool = %args.pool,
-                size_bytes = marker.size_bytes,
-                sha256 = %marker.sha256,
-                "volume is already complete in the pool; nothing to import"
-            );
-            return Ok(ImportOutcome::AlreadyComplete {
-                volume: volume_name.to_owned(),
-                marker,
-            });
+            return already_complete(args, volume_name, marker, file).await;
         }
         Completeness::Incomplete(why) => {
             warn!(volume = volume_name, pool = %args.pool, "{why}; importing again from the start");
-            // The record goes first: a crash between the two deletes leaves a volume without
-            // a record, which is still judged incomplete.
-            if let Some(vol) = &existing_marker {
-                delete(vol).await?;
-            }
-            if let Some(vol) = &existing {
-                delete(vol).await?;
-            }
+            existing.delete().await?;
         }
         Completeness::Conflict(why) => return Err(Error::CompleteVolumeDiffers(why)),
         Completeness::Absent => {}
     }
 
     let vol = create_raw(&pool, volume_name, size).await?;
+    let (transfer, sha256, elapsed) = upload(args, &vol, volume_name, file, size, sparse).await?;
+
+    // The server confirmed the end of the stream; the record is written only if what was
+    // sent and what the volume holds both equal the source.
+    let sent = transfer.data + transfer.holes;
+    let capacity = volume_capacity(&vol).await?;
+    if sent != size || capacity != size {
+        return Err(Error::Verification {
+            volume: volume_name.to_owned(),
+            detail: format!("source {size} bytes, sent {sent}, volume capacity {capacity}"),
+        });
+    }
+    let marker = Marker {
+        volume: volume_name.to_owned(),
+        size_bytes: size,
+        sha256,
+    };
+    write_small(&pool, &marker_name, &marker.to_bytes()).await?;
+    log_progress(&Progress::at(sent, size, elapsed));
+    info!(
+        volume = volume_name,
+        pool = %args.pool,
+        data_bytes = transfer.data,
+        hole_bytes = transfer.holes,
+        sha256 = %marker.sha256,
+        seconds = elapsed.as_secs_f64(),
+        "import complete"
+    );
+    Ok(ImportOutcome::Imported {
+        volume: volume_name.to_owned(),
+        marker,
+        transfer,
+        elapsed,
+    })
+}
+
+/// The volume and its completion record as a previous import left them in the pool.
+struct Existing {
+    volume: Option<StorageVol>,
+    marker: Option<StorageVol>,
+    /// The volume's capacity.
+    capacity: Option<u64>,
+    /// What the record holds.
+    marker_bytes: Option<Vec<u8>>,
+}
+
+impl Existing {
+    async fn look_up(pool: &StoragePool, volume_name: &str, marker_name: &str) -> Result<Existing> {
+        let volume = lookup_volume(pool, volume_name).await?;
+        let marker = lookup_volume(pool, marker_name).await?;
+        let capacity = match &volume {
+            Some(vol) => Some(volume_capacity(vol).await?),
+            None => None,
+        };
+        let marker_bytes = match &marker {
+            // A record too large to be one reads as empty: not a valid record, so incomplete.
+            Some(vol) => Some(
+                vol.read_small(marker::MAX_MARKER_BYTES)
+                    .await
+                    .map_err(|e| Error::libvirt(format!("download volume {}", vol.name()), e))?
+                    .unwrap_or_default(),
+            ),
+            None => None,
+        };
+        Ok(Existing {
+            volume,
+            marker,
+            capacity,
+            marker_bytes,
+        })
+    }
+
+    async fn delete(&self) -> Result<()> {
+        // The record goes first: a crash between the two deletes leaves a volume without
+        // a record, which is still judged incomplete.
+        if let Some(vol) = &self.marker {
+            delete(vol).await?;
+        }
+        if let Some(vol) = &self.volume {
+            delete(vol).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The outcome for a volume its record calls complete, once the source is known to hold the
+/// same bytes.
+async fn already_complete(
+    args: &ImportArgs,
+    volume_name: &str,
+    marker: Marker,
+    file: tokio::fs::File,
+) -> Result<ImportOutcome> {
+    // Complete by size is not enough: the same revision rebuilt into other bytes must
+    // not pass for the volume machines already back onto.
+    let digest = sha256_of(file).await.map_err(|source| Error::Source {
+        path: args.source.display().to_string(),
+        source,
+    })?;
+    marker::same_content(&marker, &digest).map_err(Error::CompleteVolumeDiffers)?;
+    info!(
+        volume = volume_name,
+        pool = %args.pool,
+        size_bytes = marker.size_bytes,
+        sha256 = %marker.sha256,
+        "volume is already complete in the pool; nothing to import"
+    );
+    Ok(ImportOutcome::AlreadyComplete {
+        volume: volume_name.to_owned(),
+        marker,
+    })
+}
+
+/// Streams `file` into `vol`, logging progress: what was sent, the source's SHA-256 (hex) and
+/// how long it took.
+async fn upload(
+    args: &ImportArgs,
+    vol: &StorageVol,
+    volume_name: &str,
+    file: tokio::fs::File,
+    size: u64,
+    sparse: bool,
+) -> Result<(Transfer, String, Duration)> {
     let mut reader = HashingReader::new(file);
     info!(
         volume = volume_name,
@@ -308,40 +396,7 @@ async fn import_into_pool(
         .upload(&mut reader, options)
         .await
         .map_err(|e| Error::libvirt(format!("upload into volume {volume_name}"), e))?;
-    let elapsed = started.elapsed();
-
-    // The server confirmed the end of the stream; the record is written only if what was
-    // sent and what the volume holds both equal the source.
-    let sent = transfer.data + transfer.holes;
-    let capacity = volume_capacity(&vol).await?;
-    if sent != size || capacity != size {
-        return Err(Error::Verification {
-            volume: volume_name.to_owned(),
-            detail: format!("source {size} bytes, sent {sent}, volume capacity {capacity}"),
-        });
-    }
-    let marker = Marker {
-        volume: volume_name.to_owned(),
-        size_bytes: size,
-        sha256: reader.hex_digest(),
-    };
-    write_small(&pool, &marker_name, &marker.to_bytes()).await?;
-    log_progress(&Progress::at(sent, size, elapsed));
-    info!(
-        volume = volume_name,
-        pool = %args.pool,
-        data_bytes = transfer.data,
-        hole_bytes = transfer.holes,
-        sha256 = %marker.sha256,
-        seconds = elapsed.as_secs_f64(),
-        "import complete"
-    );
-    Ok(ImportOutcome::Imported {
-        volume: volume_name.to_owned(),
-        marker,
-        transfer,
-        elapsed,
-    })
+    Ok((transfer, reader.hex_digest(), started.elapsed()))
 }
 
 fn log_progress(p: &Progress) {
