@@ -2,7 +2,7 @@
 //! and what the host then shows. Each step first looks at what exists, so a reconcile
 //! interrupted anywhere resumes where it stopped.
 
-use banlieue_api::{LibvirtMachine, Provider};
+use banlieue_api::{LibvirtMachine, LibvirtMachineSpec, Provider};
 use banlieue_libvirt::flags::StorageVolCreateFlags;
 use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
@@ -169,6 +169,16 @@ async fn provision(
     let capacity = plan::disk_bytes(machine)?;
     // Read (and judged) before anything is made: a refused Secret leaves nothing behind.
     let user_data = user_data(machine, ctx).await?;
+    let pool = pool_with_network(client, spec).await?;
+    let image = image_volume(spec, &pool, ctx).await?;
+    let mut owned = OwnedVolumes::read(machine, ctx).await?;
+    create_os_volume(spec, names, &pool, &image, capacity, &mut owned).await?;
+    create_seed(spec, names, uuid, user_data.as_deref(), &pool, &mut owned).await?;
+    define_domain(client, names, uuid, &definition, ctx).await
+}
+
+/// The machine's storage pool, once both it and the machine's network are known to exist.
+async fn pool_with_network(client: &Client, spec: &LibvirtMachineSpec) -> Result<StoragePool> {
     let pool = StoragePool::lookup_by_name(client, &spec.pool)
         .await
         .map_err(Error::libvirt(format!(
@@ -183,7 +193,16 @@ async fn provision(
     {
         return Err(plan::network_missing(&spec.network));
     }
-    // The image volume: the overlay's backing file, or the install media.
+    Ok(pool)
+}
+
+/// The image volume: the overlay's backing file, or the install media, once the machine is
+/// known to be allowed to boot from it.
+async fn image_volume(
+    spec: &LibvirtMachineSpec,
+    pool: &StoragePool,
+    ctx: &Context,
+) -> Result<StorageVol> {
     let image_name = spec
         .disk
         .backing_volume
@@ -193,41 +212,58 @@ async fn provision(
             reason: banlieue_api::conditions::reasons::PROVISIONING,
             message: "exactly one of disk.backingVolume or disk.installMedia must be set".into(),
         })?;
-    check_image_volume(image_name, &pool, ctx).await?;
-    let image = lookup_volume(&pool, image_name)
+    check_image_volume(image_name, pool, ctx).await?;
+    lookup_volume(pool, image_name)
         .await?
-        .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))?;
+        .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))
+}
 
-    // What this machine made is what its status records; the cache may lag behind the
-    // record of a volume made by the previous reconcile, so it is read fresh.
-    let api: Api<LibvirtMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let name = machine.name_any();
-    let mut owned = recorded_volumes(&api, &name).await?;
-
-    if lookup_volume(&pool, &names.os_volume).await?.is_none() {
-        let backing = match spec.disk.backing_volume.as_deref() {
-            Some(name) => Some(Backing {
-                path: image
-                    .get_path()
-                    .await
-                    .map_err(Error::libvirt(format!("read the path of volume {name}")))?,
-                format: BackingFormat::from_volume_name(name),
-            }),
-            None => None,
-        };
-        let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
-        let vol = StorageVol::create_xml(&pool, &xml, StorageVolCreateFlags::empty())
-            .await
-            .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
-        record_volume(&api, &name, &vol, &names.os_volume, &mut owned).await?;
-    } else if !owned.contains(&names.os_volume) {
-        return Err(plan::volume_not_owned(&names.os_volume, &spec.pool));
+/// Creates the machine's OS disk of `capacity` bytes (an overlay on `image` when it has a
+/// backing volume) unless it exists; an existing one must be this machine's.
+async fn create_os_volume(
+    spec: &LibvirtMachineSpec,
+    names: &MachineNames,
+    pool: &StoragePool,
+    image: &StorageVol,
+    capacity: u64,
+    owned: &mut OwnedVolumes,
+) -> Result<()> {
+    if lookup_volume(pool, &names.os_volume).await?.is_some() {
+        if !owned.contains(&names.os_volume) {
+            return Err(plan::volume_not_owned(&names.os_volume, &spec.pool));
+        }
+        return Ok(());
     }
+    let backing = match spec.disk.backing_volume.as_deref() {
+        Some(name) => Some(Backing {
+            path: image
+                .get_path()
+                .await
+                .map_err(Error::libvirt(format!("read the path of volume {name}")))?,
+            format: BackingFormat::from_volume_name(name),
+        }),
+        None => None,
+    };
+    let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
+    let vol = StorageVol::create_xml(pool, &xml, StorageVolCreateFlags::empty())
+        .await
+        .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
+    owned.record(&vol, &names.os_volume).await
+}
 
+/// Writes the cloud-init seed volume afresh.
+async fn create_seed(
+    spec: &LibvirtMachineSpec,
+    names: &MachineNames,
+    uuid: &str,
+    user_data: Option<&[u8]>,
+    pool: &StoragePool,
+    owned: &mut OwnedVolumes,
+) -> Result<()> {
     // The seed is rebuilt whenever the domain is not defined yet: a previous attempt may have
     // died mid-upload, and the bytes are a pure function of the UUID and user-data. Only a
     // seed this machine made is deleted.
-    if let Some(stale) = lookup_volume(&pool, &names.cidata_volume).await? {
+    if let Some(stale) = lookup_volume(pool, &names.cidata_volume).await? {
         if !owned.contains(&names.cidata_volume) {
             return Err(plan::volume_not_owned(&names.cidata_volume, &spec.pool));
         }
@@ -236,11 +272,11 @@ async fn provision(
             names.cidata_volume
         )))?;
     }
-    let seed = plan::seed(&names.domain, uuid, user_data.as_deref())
+    let seed = plan::seed(&names.domain, uuid, user_data)
         .to_bytes()
         .map_err(Error::Seed)?;
     let cidata = StorageVol::create_xml(
-        &pool,
+        pool,
         &volume_xml::raw(&names.cidata_volume, seed.len() as u64),
         StorageVolCreateFlags::empty(),
     )
@@ -250,7 +286,7 @@ async fn provision(
         names.cidata_volume
     )))?;
     if !owned.contains(&names.cidata_volume) {
-        record_volume(&api, &name, &cidata, &names.cidata_volume, &mut owned).await?;
+        owned.record(&cidata, &names.cidata_volume).await?;
     }
     let mut reader: &[u8] = &seed;
     cidata
@@ -260,7 +296,17 @@ async fn provision(
         )
         .await
         .map_err(Error::libvirt(format!("upload {}", names.cidata_volume)))?;
+    Ok(())
+}
 
+/// Defines the domain, unless someone else's domain took its name meanwhile.
+async fn define_domain(
+    client: &Client,
+    names: &MachineNames,
+    uuid: &str,
+    definition: &crate::domain_xml::DomainDefinition,
+    ctx: &Context,
+) -> Result<Domain> {
     // Looked up once more right before the upsert: DOMAIN_DEFINE_XML would silently take over
     // a domain someone defined under this name while the volumes were being made.
     if let Some(d) = Domain::lookup_by_name(client, &names.domain)
@@ -270,13 +316,45 @@ async fn provision(
     {
         return Err(plan::name_taken(&names.domain, &d.uuid_string()));
     }
-    let xml = crate::domain_xml::render(&definition);
+    let xml = crate::domain_xml::render(definition);
     let domain = Domain::define_xml(client, &xml)
         .await
         .map_err(Error::libvirt(format!("define domain {}", names.domain)))?;
     ctx.metrics.domains_defined.inc();
     banlieue_runtime::crash::crash_at(CRASH_AFTER_DOMAIN_DEFINE);
     Ok(domain)
+}
+
+/// The volumes this machine made, as its status records them: the ones it may reuse and
+/// delete.
+struct OwnedVolumes {
+    api: Api<LibvirtMachine>,
+    machine: String,
+    volumes: Vec<String>,
+}
+
+impl OwnedVolumes {
+    async fn read(machine: &LibvirtMachine, ctx: &Context) -> Result<OwnedVolumes> {
+        // What this machine made is what its status records; the cache may lag behind the
+        // record of a volume made by the previous reconcile, so it is read fresh.
+        let api: Api<LibvirtMachine> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+        let machine = machine.name_any();
+        let volumes = recorded_volumes(&api, &machine).await?;
+        Ok(OwnedVolumes {
+            api,
+            machine,
+            volumes,
+        })
+    }
+
+    fn contains(&self, volume: &str) -> bool {
+        self.volumes.iter().any(|v| v == volume)
+    }
+
+    /// Records `volume`, just created as `vol` ([`record_volume`]).
+    async fn record(&mut self, vol: &StorageVol, volume: &str) -> Result<()> {
+        record_volume(&self.api, &self.machine, vol, volume, &mut self.volumes).await
+    }
 }
 
 /// `status.volumes` of the machine as the API server has it now.
