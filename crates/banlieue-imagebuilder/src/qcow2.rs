@@ -232,38 +232,125 @@ fn corrupt(msg: impl Into<String>) -> Qcow2Error {
 /// `head` is the file's first bytes: the whole file or at least its first cluster (at most
 /// 2 MiB), which holds the header, its extensions and the backing file name.
 pub fn parse_header(head: &[u8]) -> Result<Header, Qcow2Error> {
-    if head.get(..4) != Some(&MAGIC[..]) {
-        return Err(if head.len() < 4 {
-            Qcow2Error::Truncated {
-                what: "magic",
-                needed: 4,
-                len: head.len() as u64,
-            }
-        } else {
-            Qcow2Error::NotQcow2
+    check_magic(head)?;
+    let common = CommonFields::parse(head)?;
+    let cluster_size = 1usize << common.cluster_bits;
+    let v3 = if common.version == 3 {
+        V3Fields::parse(head, cluster_size)?
+    } else {
+        V3Fields::OF_VERSION_2
+    };
+
+    // Extensions run from the end of the header to the end of the first cluster, or to the
+    // backing file name if that comes first.
+    let mut ext_end = cluster_size.min(head.len());
+    if common.backing_file_offset != 0 {
+        ext_end = ext_end.min(usize::try_from(common.backing_file_offset).unwrap_or(usize::MAX));
+    }
+    let feature_names = walk_extensions(head, v3.header_len, ext_end)?;
+
+    if common.backing_file_offset != 0 {
+        return Err(backing_file(
+            head,
+            common.backing_file_offset,
+            common.backing_file_size,
+        ));
+    }
+    if common.crypt_method != 0 {
+        return Err(Qcow2Error::Encrypted {
+            method: common.crypt_method,
         });
     }
-    let version = be32(head, 4, "header")?;
-    if version != 2 && version != 3 {
-        return Err(Qcow2Error::UnsupportedVersion(version));
-    }
-    let backing_file_offset = be64(head, 8, "header")?;
-    let backing_file_size = be32(head, 16, "header")?;
-    let cluster_bits = be32(head, 20, "header")?;
-    if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
-        return Err(Qcow2Error::InvalidClusterBits(cluster_bits));
-    }
-    let cluster_size = 1usize << cluster_bits;
-    let virtual_size = be64(head, 24, "header")?;
-    let crypt_method = be32(head, 32, "header")?;
-    let l1_size = be32(head, 36, "header")?;
-    let l1_table_offset = be64(head, 40, "header")?;
-    // Fields at 48..72 (refcounts, snapshots) are not needed to read the active image, but a
-    // version 2 header is 72 bytes and must be complete.
-    be64(head, 64, "header")?;
+    check_incompatible_features(v3.incompatible_features, feature_names, common.cluster_bits)?;
+    Ok(Header {
+        version: common.version,
+        cluster_bits: common.cluster_bits,
+        virtual_size: common.virtual_size,
+        l1_size: common.l1_size,
+        l1_table_offset: common.l1_table_offset,
+        incompatible_features: v3.incompatible_features,
+        compression: v3.compression,
+        extended_l2: v3.incompatible_features & INCOMPAT_EXTL2 != 0,
+    })
+}
 
-    let (incompatible_features, header_len, compression) = if version == 3 {
-        let incompatible = be64(head, 72, "version 3 header")?;
+fn check_magic(head: &[u8]) -> Result<(), Qcow2Error> {
+    if head.get(..4) == Some(&MAGIC[..]) {
+        return Ok(());
+    }
+    Err(if head.len() < 4 {
+        Qcow2Error::Truncated {
+            what: "magic",
+            needed: 4,
+            len: head.len() as u64,
+        }
+    } else {
+        Qcow2Error::NotQcow2
+    })
+}
+
+/// The header fields of both versions (its first 72 bytes) this reader uses.
+struct CommonFields {
+    version: u32,
+    backing_file_offset: u64,
+    backing_file_size: u32,
+    cluster_bits: u32,
+    virtual_size: u64,
+    crypt_method: u32,
+    l1_size: u32,
+    l1_table_offset: u64,
+}
+
+impl CommonFields {
+    /// Reads them in file order, refusing a version or cluster size as soon as it is read.
+    fn parse(head: &[u8]) -> Result<CommonFields, Qcow2Error> {
+        let version = be32(head, 4, "header")?;
+        if version != 2 && version != 3 {
+            return Err(Qcow2Error::UnsupportedVersion(version));
+        }
+        let backing_file_offset = be64(head, 8, "header")?;
+        let backing_file_size = be32(head, 16, "header")?;
+        let cluster_bits = be32(head, 20, "header")?;
+        if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
+            return Err(Qcow2Error::InvalidClusterBits(cluster_bits));
+        }
+        let virtual_size = be64(head, 24, "header")?;
+        let crypt_method = be32(head, 32, "header")?;
+        let l1_size = be32(head, 36, "header")?;
+        let l1_table_offset = be64(head, 40, "header")?;
+        // Fields at 48..72 (refcounts, snapshots) are not needed to read the active image, but
+        // a version 2 header is 72 bytes and must be complete.
+        be64(head, 64, "header")?;
+        Ok(CommonFields {
+            version,
+            backing_file_offset,
+            backing_file_size,
+            cluster_bits,
+            virtual_size,
+            crypt_method,
+            l1_size,
+            l1_table_offset,
+        })
+    }
+}
+
+/// The header fields only version 3 has.
+struct V3Fields {
+    incompatible_features: u64,
+    header_len: usize,
+    compression: ClusterCompression,
+}
+
+impl V3Fields {
+    /// What a version 2 header amounts to.
+    const OF_VERSION_2: V3Fields = V3Fields {
+        incompatible_features: 0,
+        header_len: V2_HEADER_LEN,
+        compression: ClusterCompression::Deflate,
+    };
+
+    fn parse(head: &[u8], cluster_size: usize) -> Result<V3Fields, Qcow2Error> {
+        let incompatible_features = be64(head, 72, "version 3 header")?;
         let header_len = be32(head, 100, "version 3 header")? as usize;
         if header_len < V3_MIN_HEADER_LEN || header_len > cluster_size {
             return Err(corrupt(format!("header length {header_len}")));
@@ -281,7 +368,7 @@ pub fn parse_header(head: &[u8]) -> Result<Header, Qcow2Error> {
         } else {
             0
         };
-        if incompatible & INCOMPAT_COMPRESSION == 0 && compression_type != 0 {
+        if incompatible_features & INCOMPAT_COMPRESSION == 0 && compression_type != 0 {
             return Err(corrupt(
                 "compression type set without the compression type feature bit",
             ));
@@ -291,34 +378,33 @@ pub fn parse_header(head: &[u8]) -> Result<Header, Qcow2Error> {
             1 => ClusterCompression::Zstd,
             other => return Err(Qcow2Error::UnsupportedCompressionType(other)),
         };
-        (incompatible, header_len, compression)
-    } else {
-        (0, V2_HEADER_LEN, ClusterCompression::Deflate)
-    };
+        Ok(V3Fields {
+            incompatible_features,
+            header_len,
+            compression,
+        })
+    }
+}
 
-    // Extensions run from the end of the header to the end of the first cluster, or to the
-    // backing file name if that comes first.
-    let mut ext_end = cluster_size.min(head.len());
-    if backing_file_offset != 0 {
-        ext_end = ext_end.min(usize::try_from(backing_file_offset).unwrap_or(usize::MAX));
-    }
-    let feature_names = walk_extensions(head, header_len, ext_end)?;
+/// The refusal of an image with a backing file, naming the file.
+fn backing_file(head: &[u8], offset: u64, size: u32) -> Qcow2Error {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    // QEMU bounds the name to 1023 bytes; it lies in the first cluster.
+    let len = (size as usize).min(1023);
+    let name = head
+        .get(start..start.saturating_add(len))
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    Qcow2Error::BackingFile { name }
+}
 
-    if backing_file_offset != 0 {
-        let start = usize::try_from(backing_file_offset).unwrap_or(usize::MAX);
-        // QEMU bounds the name to 1023 bytes; it lies in the first cluster.
-        let len = (backing_file_size as usize).min(1023);
-        let name = head
-            .get(start..start.saturating_add(len))
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_default();
-        return Err(Qcow2Error::BackingFile { name });
-    }
-    if crypt_method != 0 {
-        return Err(Qcow2Error::Encrypted {
-            method: crypt_method,
-        });
-    }
+/// Refuses incompatible features this reader does not know (named from the image's
+/// `feature_names`) or does not support.
+fn check_incompatible_features(
+    incompatible_features: u64,
+    feature_names: Vec<(u8, u8, String)>,
+    cluster_bits: u32,
+) -> Result<(), Qcow2Error> {
     let unknown = incompatible_features & !INCOMPAT_KNOWN;
     if unknown != 0 {
         let names = feature_names
@@ -337,23 +423,14 @@ pub fn parse_header(head: &[u8]) -> Result<Header, Qcow2Error> {
     if incompatible_features & INCOMPAT_CORRUPT != 0 {
         return Err(Qcow2Error::MarkedCorrupt);
     }
-    let extended_l2 = incompatible_features & INCOMPAT_EXTL2 != 0;
     // 32 subclusters of at least 512 bytes each.
-    if extended_l2 && cluster_bits < 14 {
+    if incompatible_features & INCOMPAT_EXTL2 != 0 && cluster_bits < 14 {
         return Err(corrupt(format!(
-            "extended L2 entries with {cluster_size}-byte clusters"
+            "extended L2 entries with {}-byte clusters",
+            1usize << cluster_bits
         )));
     }
-    Ok(Header {
-        version,
-        cluster_bits,
-        virtual_size,
-        l1_size,
-        l1_table_offset,
-        incompatible_features,
-        compression,
-        extended_l2,
-    })
+    Ok(())
 }
 
 /// Walks header extensions in `head[start..end]`; returns the feature name table's entries
