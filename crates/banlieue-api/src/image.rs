@@ -84,12 +84,13 @@ pub struct ImageSource {
     #[schemars(length(min = 1, max = 2048))]
     pub template: Option<String>,
     /// Registry credentials for a Url source: a Secret of type
-    /// `kubernetes.io/dockerconfigjson` in the image's namespace. Anonymous when unset.
+    /// `kubernetes.io/dockerconfigjson` in the build namespace (`banlieue-imagebuild`), out of
+    /// the reach of the providers of the image's namespace. Anonymous when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub pull_secret_name: Option<String>,
-    /// A ConfigMap in the image's namespace whose `ca.crt` holds the CA bundle of a private
-    /// registry, trusted besides the system roots.
+    /// A ConfigMap in the build namespace (`banlieue-imagebuild`) whose `ca.crt` holds the CA
+    /// bundle of a private registry, trusted besides the system roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub ca_config_map_name: Option<String>,

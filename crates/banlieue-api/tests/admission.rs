@@ -754,14 +754,30 @@ async fn try_image(api: &Api<DynamicObject>, secret: Option<&str>) -> Result<Dyn
     common::dry_run_create(api, image_object("probe", secret)).await
 }
 
-/// The image builder pulls with the Secret a VMImage names: only a writer who may read those
-/// credentials may name them. alice and bob may both write VMImages; only alice may read
-/// `registry-alice`, and nobody but the administrator `registry-ops`.
+/// Where registry credentials live: the build namespace, beside the Jobs that pull with them.
+const BUILD_NS: &str = "banlieue-imagebuild";
+
+/// The image builder pulls with the Secret a VMImage names, in the build namespace: only a
+/// writer who may read those credentials there may name them. alice and bob may both write
+/// VMImages; only alice may read `registry-alice`, and nobody but the administrator
+/// `registry-ops`. A provider of the VMImage's namespace, which may read that namespace's
+/// Secrets, cannot read either.
 #[tokio::test]
 async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     let ns = cp.fresh_namespace().await.expect("namespace");
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": BUILD_NS } })).expect("namespace");
+    match Api::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => {}
+        Err(Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("the build namespace: {e}"),
+    }
+    let reader_name = format!("registry-alice-reader-{ns}");
     let alice_client = cp
         .tenant_writing(&ns, "alice", "vmimages")
         .await
@@ -771,23 +787,23 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
         .await
         .expect("bob");
     let reader: Role = serde_json::from_value(json!({
-        "metadata": { "name": "registry-alice-reader" },
+        "metadata": { "name": reader_name },
         "rules": [{ "apiGroups": [""], "resources": ["secrets"],
                     "resourceNames": ["registry-alice"], "verbs": ["get"] }]
     }))
     .expect("role");
-    Api::<Role>::namespaced(admin.clone(), &ns)
+    Api::<Role>::namespaced(admin.clone(), BUILD_NS)
         .create(&PostParams::default(), &reader)
         .await
         .expect("the reader Role");
     let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "registry-alice-reader" },
+        "metadata": { "name": reader_name },
         "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "registry-alice-reader" },
+                     "name": reader_name },
         "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice" }]
     }))
     .expect("binding");
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+    Api::<RoleBinding>::namespaced(admin.clone(), BUILD_NS)
         .create(&PostParams::default(), &binding)
         .await
         .expect("the reader RoleBinding");
@@ -825,7 +841,8 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
     let message = forbidden(try_image(&alice, Some("registry-ops")).await);
     assert!(
         message.contains(&format!(
-            "pullSecretName names Secret registry-ops in namespace {ns}, which alice may not get"
+            "pullSecretName names Secret registry-ops in namespace {BUILD_NS}, which alice may \
+             not get"
         )),
         "{message}"
     );
@@ -857,6 +874,63 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
     Api::<DynamicObject>::delete(&admin_images, "ubuntu", &DeleteParams::default())
         .await
         .expect("delete");
+
+    // A provider of the VMImage's namespace, as the operator grants it (the shipped
+    // banlieue-provider-base, bound there), reads Secrets there by name, but not the registry
+    // credentials in the build namespace.
+    apply_file(&admin, "deploy/rbac/provider-base-clusterrole.yaml", None).await;
+    let account = "banlieue-provider-edge";
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": account } })).expect("sa");
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("the provider's account");
+    let base: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": account },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "banlieue-provider-base" },
+        "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": ns.clone() }]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &base)
+        .await
+        .expect("the provider's base RoleBinding");
+    let secret = |name: &str| -> k8s_openapi::api::core::v1::Secret {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": { ".dockerconfigjson": "{\"auths\":{}}" }
+        }))
+        .expect("secret")
+    };
+    for namespace in [ns.as_str(), BUILD_NS] {
+        match Api::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &secret("registry-ops"))
+            .await
+        {
+            Ok(_) => {}
+            Err(Error::Api(status)) if status.code == 409 => {}
+            Err(e) => panic!("the Secret in {namespace}: {e}"),
+        }
+    }
+    let provider = cp
+        .client_as_service_account(&ns, account)
+        .await
+        .expect("the provider's client");
+    let read = |namespace: &str| {
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(provider.clone(), namespace)
+    };
+    wait_for("the provider's grant in force", TAKES_EFFECT, || async {
+        Ok(read(&ns).get("registry-ops").await.is_ok().then_some(()))
+    })
+    .await
+    .expect("a provider reads its namespace's Secrets by name, which is why credentials are not kept there");
+    match read(BUILD_NS).get("registry-ops").await {
+        Err(Error::Api(status)) if status.code == 403 => {}
+        other => panic!("a provider read the build namespace's registry credentials: {other:?}"),
+    }
 }
 
 /// Two providers share a namespace, each holding the machine rights of its role: only the

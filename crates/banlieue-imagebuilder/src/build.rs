@@ -40,6 +40,9 @@ pub const DEFAULT_MAX_DISK_BYTES: u64 = 40 << 30;
 pub struct BuildArgs {
     pub vmimage: String,
     pub namespace: String,
+    /// Where the pull Secret and CA ConfigMap the VMImage names live: the build namespace,
+    /// out of reach of the providers that share the VMImage's namespace.
+    pub credentials_namespace: String,
     /// The source's repository pinned to the digest to build (`repo@sha256:…`).
     pub reference: String,
     /// The artifacts volume's mount point.
@@ -194,9 +197,13 @@ async fn build(
             ),
         ));
     }
-    let access =
-        credentials::load_access(kube, &args.namespace, source, reference.resolve_registry())
-            .await?;
+    let access = credentials::load_access(
+        kube,
+        &args.credentials_namespace,
+        source,
+        reference.resolve_registry(),
+    )
+    .await?;
 
     // The manifest comes first, from the VMImage's own repository with its own credentials:
     // an artifact is shared by every image of the same digest, and knowing a digest (it is in

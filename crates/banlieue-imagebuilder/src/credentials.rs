@@ -87,8 +87,8 @@ pub fn basic_auth_for(
     Ok(Some((user.to_owned(), password.to_owned())))
 }
 
-/// Reads the Secret and ConfigMap `source` names, in `namespace`, into an [`Access`] for
-/// `registry`.
+/// Reads the Secret and ConfigMap `source` names, in `namespace` (the build namespace, where
+/// registry access is kept out of the providers' reach), into an [`Access`] for `registry`.
 pub async fn load_access(
     kube: &Client,
     namespace: &str,

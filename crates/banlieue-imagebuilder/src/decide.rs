@@ -234,7 +234,12 @@ pub fn job_labels(image_namespace: &str, image: &str) -> BTreeMap<String, String
 }
 
 /// The builder's arguments after the image's command: the guide's command line.
-pub fn build_args(image_namespace: &str, image: &str, pinned_reference: &str) -> Vec<String> {
+pub fn build_args(
+    image_namespace: &str,
+    image: &str,
+    pinned_reference: &str,
+    credentials_namespace: &str,
+) -> Vec<String> {
     [
         "imagebuild",
         "run",
@@ -242,6 +247,8 @@ pub fn build_args(image_namespace: &str, image: &str, pinned_reference: &str) ->
         image,
         "--namespace",
         image_namespace,
+        "--credentials-namespace",
+        credentials_namespace,
         "--reference",
         pinned_reference,
         "--artifacts",
@@ -263,7 +270,12 @@ pub fn build_job(
     let labels = job_labels(image_namespace, image);
     let q = |s: &str| Quantity(s.to_owned());
     let mut args = settings.command.clone();
-    args.extend(build_args(image_namespace, image, pinned_reference));
+    args.extend(build_args(
+        image_namespace,
+        image,
+        pinned_reference,
+        &settings.namespace,
+    ));
     let (command, args) = match args.split_first() {
         Some((first, rest)) => (vec![first.clone()], rest.to_vec()),
         None => (Vec::new(), args),
@@ -477,6 +489,12 @@ mod tests {
         assert!(
             args.windows(2)
                 .any(|w| w == ["--reference", "r/x@sha256:1"])
+        );
+        // The registry's credentials are read in the build namespace, not the VMImage's.
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--credentials-namespace", "banlieue-imagebuild"]),
+            "{args:?}"
         );
         let sc = c.security_context.as_ref().expect("security context");
         assert_eq!(sc.read_only_root_filesystem, Some(true));

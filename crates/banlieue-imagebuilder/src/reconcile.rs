@@ -133,7 +133,9 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
     let name = image.name_any();
     let namespace = image.namespace().unwrap_or_default();
     let url = source.url.clone().unwrap_or_default();
-    let resolved = resolve(&ctx.client, &namespace, source, &url).await;
+    // The registry's credentials and CA live in the build namespace: the providers that share
+    // the VMImage's namespace may read its Secrets, and must not read these.
+    let resolved = resolve(&ctx.client, &ctx.config.build.namespace, source, &url).await;
     let job_name = resolved
         .as_ref()
         .ok()
@@ -179,16 +181,22 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
     })
 }
 
-/// The source's reference and the digest it resolves to now.
+/// The source's reference and the digest it resolves to now, with the credentials and CA the
+/// source names in `credentials_namespace`.
 async fn resolve(
     client: &Client,
-    namespace: &str,
+    credentials_namespace: &str,
     source: &banlieue_api::ImageSource,
     url: &str,
 ) -> Result<(oci_client::Reference, String), BuildError> {
     let reference = pull::parse_reference(url)?;
-    let access =
-        credentials::load_access(client, namespace, source, reference.resolve_registry()).await?;
+    let access = credentials::load_access(
+        client,
+        credentials_namespace,
+        source,
+        reference.resolve_registry(),
+    )
+    .await?;
     let digest = Puller::new(&reference, &access)?
         .resolve(&reference)
         .await?;

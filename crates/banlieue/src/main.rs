@@ -73,8 +73,8 @@ enum ImagebuildCommand {
     /// Build one VMImage's artifact (what a build Job runs): pull the pinned reference, verify
     /// every blob, write the raw disk onto the artifacts volume, publish it on the VMImage.
     ///
-    /// Registry credentials and CA are read from the objects the VMImage names, through the
-    /// Kubernetes API, never from the command line.
+    /// Registry credentials and CA are read from the objects the VMImage names, in the build
+    /// namespace, through the Kubernetes API, never from the command line.
     Run {
         /// The VMImage being built.
         #[arg(long)]
@@ -82,6 +82,9 @@ enum ImagebuildCommand {
         /// The VMImage's namespace.
         #[arg(long)]
         namespace: String,
+        /// The build namespace, where the pull Secret and CA ConfigMap the VMImage names live.
+        #[arg(long, default_value = banlieue_api::names::DEFAULT_BUILD_NAMESPACE)]
+        credentials_namespace: String,
         /// The source's repository pinned to the digest to build (`repo@sha256:…`).
         #[arg(long)]
         reference: String,
@@ -377,83 +380,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     observe::init_tracing(cli.log.log_format);
     let result = match cli.command {
-        Command::Controller(args) => block_on(serve(
-            Roles {
-                controller: true,
-                operator: true,
-                readiness_signal_grace: Some(Duration::from_secs(
-                    args.readiness_signal_grace_seconds,
-                )),
-                provider_lost_after: Some(Duration::from_secs(args.provider_lost_after_seconds)),
-                ..Roles::default()
-            },
-            args.serve,
-            args.election.lease(
-                leader::namespace_from_environment(),
-                banlieue_controller::LEASE_NAME,
-            ),
-        )),
-        Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
-            provider,
-            namespace,
-            serve: args,
-            election,
-        })) => {
-            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
-            block_on(serve(
-                Roles {
-                    libvirt_provider: Some((provider, namespace)),
-                    ..Roles::default()
-                },
-                args,
-                lease,
-            ))
-        }
-        Command::Provider(ProviderCommand::Vsphere(VsphereProviderCommand::Run {
-            provider,
-            namespace,
-            serve: args,
-            election,
-        })) => {
-            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
-            block_on(serve(
-                Roles {
-                    vsphere_provider: Some((provider, namespace)),
-                    ..Roles::default()
-                },
-                args,
-                lease,
-            ))
-        }
-        Command::Provider(ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
-            vmimage,
-            provider,
-            provider_namespace,
-            pool,
-            source,
-            volume,
-            revision,
-            artifacts_root,
-        })) => block_on(async {
-            let kube = kube::Client::try_default().await?;
-            let args = ImportArgs {
-                vmimage,
-                provider,
-                provider_namespace,
-                pool,
-                source,
-                volume,
-                revision,
-                artifacts_root,
-            };
-            match banlieue_provider_libvirt::image::run_import(kube, args).await? {
-                ImportOutcome::AlreadyComplete { volume, .. } => {
-                    println!("volume {volume} is already complete in the pool; nothing to do")
-                }
-                ImportOutcome::Imported { volume, .. } => println!("imported volume {volume}"),
-            }
-            Ok(())
-        }),
+        Command::Controller(args) => controller(args),
+        Command::Provider(command) => provider(command),
         Command::Crds { out } => crds(out),
         Command::Bootstrap { image } => block_on(async {
             let client = kube::Client::try_default().await?;
@@ -465,59 +393,7 @@ fn main() -> ExitCode {
         Command::Login(args) => {
             login::run(&args).map_err(|e| banlieue_api::conditions::error_message(&e).into())
         }
-        Command::Imagebuild(ImagebuildCommand::Controller(args)) => {
-            let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
-                namespaces: args.namespaces,
-                refresh: Duration::from_secs(args.refresh_seconds.max(1)),
-                ..Default::default()
-            };
-            config.build.namespace = args.build_namespace;
-            config.build.artifacts_claim = args.artifacts_claim;
-            config.build.service_account = args.build_service_account;
-            config.build.image = args.build_image;
-            block_on(serve(
-                Roles {
-                    imagebuilder: Some(config),
-                    ..Roles::default()
-                },
-                args.serve,
-                None,
-            ))
-        }
-        Command::Imagebuild(ImagebuildCommand::Run {
-            vmimage,
-            namespace,
-            reference,
-            artifacts,
-            claim_name,
-            max_disk_bytes,
-        }) => block_on(async {
-            use banlieue_imagebuilder::build::{self, BuildArgs, BuildOutcome};
-            let kube = kube::Client::try_default().await?;
-            let args = BuildArgs {
-                vmimage,
-                namespace,
-                reference,
-                artifacts,
-                claim_name: Some(claim_name),
-                max_disk_bytes,
-            };
-            match build::run(kube, args).await? {
-                BuildOutcome::Built(r) => {
-                    println!("built {} bytes, sha256 {}", r.size_bytes, r.sha256)
-                }
-                BuildOutcome::Reused(r) => {
-                    println!(
-                        "reused the artifact already built: {} bytes, sha256 {}",
-                        r.size_bytes, r.sha256
-                    )
-                }
-                BuildOutcome::Superseded => {
-                    println!("the VMImage now names another digest; nothing published")
-                }
-            }
-            Ok(())
-        }),
+        Command::Imagebuild(command) => imagebuild(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -529,6 +405,163 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `banlieue controller`.
+fn controller(args: ControllerArgs) -> Result<(), BoxError> {
+    block_on(serve(
+        Roles {
+            controller: true,
+            operator: true,
+            readiness_signal_grace: Some(Duration::from_secs(args.readiness_signal_grace_seconds)),
+            provider_lost_after: Some(Duration::from_secs(args.provider_lost_after_seconds)),
+            ..Roles::default()
+        },
+        args.serve,
+        args.election.lease(
+            leader::namespace_from_environment(),
+            banlieue_controller::LEASE_NAME,
+        ),
+    ))
+}
+
+/// `banlieue provider …`.
+fn provider(command: ProviderCommand) -> Result<(), BoxError> {
+    match command {
+        ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
+            provider,
+            namespace,
+            serve: args,
+            election,
+        }) => {
+            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
+            block_on(serve(
+                Roles {
+                    libvirt_provider: Some((provider, namespace)),
+                    ..Roles::default()
+                },
+                args,
+                lease,
+            ))
+        }
+        ProviderCommand::Vsphere(VsphereProviderCommand::Run {
+            provider,
+            namespace,
+            serve: args,
+            election,
+        }) => {
+            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
+            block_on(serve(
+                Roles {
+                    vsphere_provider: Some((provider, namespace)),
+                    ..Roles::default()
+                },
+                args,
+                lease,
+            ))
+        }
+        ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
+            vmimage,
+            provider,
+            provider_namespace,
+            pool,
+            source,
+            volume,
+            revision,
+            artifacts_root,
+        }) => libvirt_import(ImportArgs {
+            vmimage,
+            provider,
+            provider_namespace,
+            pool,
+            source,
+            volume,
+            revision,
+            artifacts_root,
+        }),
+    }
+}
+
+/// `banlieue provider libvirt import`.
+fn libvirt_import(args: ImportArgs) -> Result<(), BoxError> {
+    block_on(async {
+        let kube = kube::Client::try_default().await?;
+        match banlieue_provider_libvirt::image::run_import(kube, args).await? {
+            ImportOutcome::AlreadyComplete { volume, .. } => {
+                println!("volume {volume} is already complete in the pool; nothing to do")
+            }
+            ImportOutcome::Imported { volume, .. } => println!("imported volume {volume}"),
+        }
+        Ok(())
+    })
+}
+
+/// `banlieue imagebuild …`.
+fn imagebuild(command: ImagebuildCommand) -> Result<(), BoxError> {
+    match command {
+        ImagebuildCommand::Controller(args) => imagebuild_controller(args),
+        ImagebuildCommand::Run {
+            vmimage,
+            namespace,
+            credentials_namespace,
+            reference,
+            artifacts,
+            claim_name,
+            max_disk_bytes,
+        } => imagebuild_run(banlieue_imagebuilder::build::BuildArgs {
+            vmimage,
+            namespace,
+            credentials_namespace,
+            reference,
+            artifacts,
+            claim_name: Some(claim_name),
+            max_disk_bytes,
+        }),
+    }
+}
+
+/// `banlieue imagebuild controller`.
+fn imagebuild_controller(args: ImagebuildControllerArgs) -> Result<(), BoxError> {
+    let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
+        namespaces: args.namespaces,
+        refresh: Duration::from_secs(args.refresh_seconds.max(1)),
+        ..Default::default()
+    };
+    config.build.namespace = args.build_namespace;
+    config.build.artifacts_claim = args.artifacts_claim;
+    config.build.service_account = args.build_service_account;
+    config.build.image = args.build_image;
+    block_on(serve(
+        Roles {
+            imagebuilder: Some(config),
+            ..Roles::default()
+        },
+        args.serve,
+        None,
+    ))
+}
+
+/// `banlieue imagebuild run`.
+fn imagebuild_run(args: banlieue_imagebuilder::build::BuildArgs) -> Result<(), BoxError> {
+    use banlieue_imagebuilder::build::{self, BuildOutcome};
+    block_on(async {
+        let kube = kube::Client::try_default().await?;
+        match build::run(kube, args).await? {
+            BuildOutcome::Built(r) => {
+                println!("built {} bytes, sha256 {}", r.size_bytes, r.sha256)
+            }
+            BuildOutcome::Reused(r) => {
+                println!(
+                    "reused the artifact already built: {} bytes, sha256 {}",
+                    r.size_bytes, r.sha256
+                )
+            }
+            BuildOutcome::Superseded => {
+                println!("the VMImage now names another digest; nothing published")
+            }
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

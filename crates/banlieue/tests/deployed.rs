@@ -707,8 +707,8 @@ async fn import_image(
         &guide::yaml_block(&repo_path(""), PROVIDER_GUIDE, "name: banlieue-artifacts")?,
     )?;
 
-    // The administrator stores the registry's credentials and CA beside the image and names
-    // them in examples/10 (the reader's substitutions: the registry, and the two fields).
+    // The administrator stores the registry's credentials and CA in the build namespace and
+    // names them in examples/10 (the reader's substitutions: the registry, and the two fields).
     let credentials = registry.credentials().ok_or("registry credentials")?;
     let auth = base64::engine::general_purpose::STANDARD
         .encode(format!("{}:{}", credentials.username, credentials.password));
@@ -718,12 +718,12 @@ async fn import_image(
         &serde_json::json!({
             "apiVersion": "v1", "kind": "List", "items": [
                 {"apiVersion": "v1", "kind": "Secret",
-                 "metadata": {"name": "registry-pull", "namespace": NS},
+                 "metadata": {"name": "registry-pull", "namespace": BUILD_NS},
                  "type": "kubernetes.io/dockerconfigjson",
                  "stringData": {".dockerconfigjson": serde_json::json!(
                      {"auths": {registry.host(): {"auth": auth}}}).to_string()}},
                 {"apiVersion": "v1", "kind": "ConfigMap",
-                 "metadata": {"name": "registry-ca", "namespace": NS},
+                 "metadata": {"name": "registry-ca", "namespace": BUILD_NS},
                  "data": {"ca.crt": registry.ca_pem().ok_or("registry CA")?}},
             ]
         })

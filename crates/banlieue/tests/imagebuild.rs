@@ -60,7 +60,8 @@ impl Drop for Env {
 }
 
 /// A control plane with bootstrap applied, a TLS + auth registry, its CA and pull Secret in
-/// banlieue-system, and the reconciler running as its ServiceAccount.
+/// the build namespace (where registry access lives, out of the providers' reach), and the
+/// reconciler running as its ServiceAccount.
 async fn env(refresh: Duration) -> Result<Option<Env>> {
     if !Registry::available()? {
         return Ok(None);
@@ -77,7 +78,7 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
         .encode(format!("{}:{}", credentials.username, credentials.password));
     let docker_config = json!({"auths": {registry.host(): {"auth": auth}}}).to_string();
     // A fresh registry per test binary run: the Secret and ConfigMap are replaced.
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), BUILD_NS);
     let _ = secrets.delete(PULL_SECRET, &DeleteParams::default()).await;
     secrets
         .create(
@@ -89,7 +90,7 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
             }))?,
         )
         .await?;
-    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let maps: Api<ConfigMap> = Api::namespaced(admin.clone(), BUILD_NS);
     let _ = maps.delete(CA_MAP, &DeleteParams::default()).await;
     maps.create(
         &PostParams::default(),
