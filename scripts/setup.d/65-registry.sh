@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The OCI registry tests pull disk images from (crates/banlieue-testenv's Registry): Debian's
 # docker-registry (distribution 2.8), run by the tests on loopback with their own config, and
-# skopeo + umoci, the independent tools that push fixtures to it and inspect image layouts.
+# skopeo, the independent client that pushes fixtures to it and inspects what it serves.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../lib/apt-install.sh
 source "$here/../lib/apt-install.sh"
 
-packages=(docker-registry skopeo umoci)
+packages=(docker-registry skopeo)
 missing=0
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing=1
@@ -64,4 +64,3 @@ fi
 
 docker-registry --version
 skopeo --version
-umoci --version

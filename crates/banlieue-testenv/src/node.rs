@@ -301,108 +301,66 @@ pub fn is_ready(node: &NodeObject) -> bool {
         })
 }
 
+/// The project's one image writer, which `scripts/image` and the pause image use too.
+const IMAGE_WRITER: &str = "scripts/lib/oci-image";
+
 /// Builds a docker-archive at `out` holding `files` (host paths, kept at the same paths in the
 /// image) and the shared libraries `ldd` says they need, with `entrypoint` as the entrypoint:
-/// an image of the host's own binaries, without a registry or a daemon (umoci, skopeo).
+/// an image of the host's own binaries, without a registry or a daemon, written by
+/// `scripts/lib/oci-image` (the same bytes for the same host files).
 pub async fn build_image(
     reference: &str,
     files: &[&Path],
     entrypoint: &[&str],
     out: &Path,
 ) -> Result<()> {
-    for tool in ["umoci", "skopeo"] {
-        if which(tool).is_none() {
-            return Err(Error::NodeFilesMissing {
-                missing: vec![tool.to_owned()],
-            });
-        }
+    if which("python3").is_none() {
+        return Err(Error::NodeFilesMissing {
+            missing: vec!["python3".to_owned()],
+        });
     }
-    let work = tempfile::Builder::new()
+    let spec = image_spec(reference, files, entrypoint, out);
+    let mut spec_file = tempfile::Builder::new()
         .prefix("banlieue-image-")
-        .tempdir()
-        .map_err(|source| Error::io("create an image work dir", source))?;
-    let layout = work.path().join("oci");
-    let image = format!("{}:img", layout.display());
-    let bundle = work.path().join("bundle");
+        .suffix(".json")
+        .tempfile()
+        .map_err(|source| Error::io("create an image spec file", source))?;
+    std::io::Write::write_all(&mut spec_file, spec.to_string().as_bytes())
+        .map_err(|source| Error::io("write the image spec", source))?;
+    let writer = crate::repo_path(IMAGE_WRITER);
     command(
-        "umoci",
-        &["init", "--layout", &layout.display().to_string()],
-    )
-    .await?;
-    command("umoci", &["new", "--image", &image]).await?;
-    command(
-        "umoci",
+        "python3",
         &[
-            "unpack",
-            "--rootless",
-            "--image",
-            &image,
-            &bundle.display().to_string(),
-        ],
-    )
-    .await?;
-    let rootfs = bundle.join("rootfs");
-    let mut wanted: Vec<PathBuf> = Vec::new();
-    for file in files {
-        wanted.push(file.to_path_buf());
-        wanted.extend(shared_libraries(file).await?);
-    }
-    for file in wanted {
-        let inside = rootfs.join(file.strip_prefix("/").unwrap_or(&file));
-        if let Some(parent) = inside.parent() {
-            create_dir(parent)?;
-        }
-        // Follows symlinks: the image gets the content under the name the binary asks for.
-        std::fs::copy(&file, &inside).map_err(|source| {
-            Error::io(format!("copy {} into the image", file.display()), source)
-        })?;
-    }
-    command(
-        "umoci",
-        &["repack", "--image", &image, &bundle.display().to_string()],
-    )
-    .await?;
-    let mut config = vec!["config", "--image", &image];
-    for arg in entrypoint {
-        config.extend(["--config.entrypoint", arg]);
-    }
-    command("umoci", &config).await?;
-    let _ = std::fs::remove_file(out);
-    command(
-        "skopeo",
-        &[
-            "--insecure-policy",
-            "copy",
-            "--quiet",
-            &format!("oci:{image}"),
-            &format!("docker-archive:{}:{reference}", out.display()),
+            &writer.display().to_string(),
+            &spec_file.path().display().to_string(),
         ],
     )
     .await?;
     Ok(())
 }
 
-/// The absolute paths of the shared libraries (and the loader) `ldd` lists for `binary`;
-/// none for a static binary.
-async fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let output = tokio::process::Command::new("ldd")
-        .arg(binary)
-        .output()
-        .await
-        .map_err(|source| Error::io("run ldd", source))?;
-    // ldd exits non-zero for a static binary ("not a dynamic executable"): no libraries.
-    Ok(parse_ldd(&String::from_utf8_lossy(&output.stdout)))
-}
-
-/// The absolute paths in `ldd` output: "libc.so.6 => /lib/…/libc.so.6 (0x…)" and the loader's
-/// "/lib64/ld-linux-x86-64.so.2 (0x…)"; "linux-vdso.so.1 (0x…)" has none.
-fn parse_ldd(text: &str) -> Vec<PathBuf> {
-    text.lines()
-        .filter_map(|line| {
-            let path = line.split("=>").last()?.split_whitespace().next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect()
+/// The spec `scripts/lib/oci-image` reads for [`build_image`]: every file at its host path,
+/// with its libraries; a static binary (which ldd cannot list) has none.
+fn image_spec(
+    reference: &str,
+    files: &[&Path],
+    entrypoint: &[&str],
+    out: &Path,
+) -> serde_json::Value {
+    let paths: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    serde_json::json!({
+        "name": reference,
+        "source_date_epoch": 0,
+        "files": paths
+            .iter()
+            .map(|path| serde_json::json!({"path": path, "source": path}))
+            .collect::<Vec<_>>(),
+        "libraries_of": paths,
+        "allow_static": true,
+        "config": {"Entrypoint": entrypoint},
+        "created_by": "banlieue-testenv node::build_image",
+        "write": {"docker": out.display().to_string()},
+    })
 }
 
 struct Ctr<'a> {
@@ -582,22 +540,77 @@ fn with_logs(error: Error, processes: &Processes) -> Error {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ldd_output_gives_the_libraries_and_the_loader() {
-        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
-                    \tlibcurl.so.4 => /lib/x86_64-linux-gnu/libcurl.so.4 (0x00007f01)\n\
-                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
-                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+    /// The entries of the tar `data`, with their contents.
+    fn tar_entries(data: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let mut archive = tar::Archive::new(data);
+        archive
+            .entries()
+            .expect("tar entries")
+            .map(|entry| {
+                let mut entry = entry.expect("tar entry");
+                let path = entry.path().expect("entry path").display().to_string();
+                let mut contents = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut contents).expect("entry contents");
+                (path, contents)
+            })
+            .collect()
+    }
+
+    /// The writer runs for real: the host file at its own path, its loader and libc beside it,
+    /// the entrypoint in the config, and the same bytes from a second build.
+    #[tokio::test]
+    async fn build_image_holds_the_files_and_their_libraries() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let [first, second] = ["a.tar", "b.tar"].map(|name| dir.path().join(name));
+        for out in [&first, &second] {
+            build_image(
+                "banlieue.local/sh:1",
+                &[Path::new("/bin/sh")],
+                &["/bin/sh", "-c"],
+                out,
+            )
+            .await
+            .expect("build the image");
+        }
+        let archive = std::fs::read(&first).expect("read the archive");
         assert_eq!(
-            parse_ldd(text),
-            [
-                "/lib/x86_64-linux-gnu/libcurl.so.4",
-                "/lib/x86_64-linux-gnu/libc.so.6",
-                "/lib64/ld-linux-x86-64.so.2"
-            ]
-            .map(PathBuf::from)
+            archive,
+            std::fs::read(&second).expect("read the second archive")
         );
-        assert!(parse_ldd("\tstatically linked\n").is_empty());
+
+        let entries = tar_entries(&archive);
+        let find = |name: &str| {
+            entries
+                .iter()
+                .find(|(path, _)| path == name)
+                .map(|(_, contents)| contents.clone())
+                .unwrap_or_else(|| panic!("no {name} in the archive"))
+        };
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&find("manifest.json")).expect("manifest.json");
+        assert_eq!(
+            manifest[0]["RepoTags"],
+            serde_json::json!(["banlieue.local/sh:1"])
+        );
+        let config: serde_json::Value =
+            serde_json::from_slice(&find(manifest[0]["Config"].as_str().expect("config")))
+                .expect("config");
+        assert_eq!(
+            config["config"]["Entrypoint"],
+            serde_json::json!(["/bin/sh", "-c"])
+        );
+        let layer = find(manifest[0]["Layers"][0].as_str().expect("layer"));
+        let files: Vec<String> = tar_entries(&layer)
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
+        assert!(files.contains(&"bin/sh".to_owned()), "{files:?}");
+        for library in ["/libc.so.6", "/ld-linux"] {
+            assert!(
+                files.iter().any(|path| path.contains(library)),
+                "no {library} in {files:?}"
+            );
+        }
     }
 
     /// Every placeholder of the templates is one the code fills in.
