@@ -306,7 +306,7 @@ async fn drive(
     if args.boots_guest() {
         let image = banlieue_testenv::guest_image::path()
             .await
-            .map_err(|e| format!("{e:#}"))?;
+            .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
         progress.note(&format!("guest image: {}", image.display()));
         upload_guest_image(libvirtd, &image).await?;
     }

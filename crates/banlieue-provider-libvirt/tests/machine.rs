@@ -939,7 +939,7 @@ async fn define_foreign(host: &Host, name: &str, uuid: &str) -> Result<String> {
     host.libvirtd
         .virsh(["define", &xml_path.display().to_string()])
         .await?;
-    host.libvirtd.virsh(["dumpxml", name]).await
+    Ok(host.libvirtd.virsh(["dumpxml", name]).await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,20 +2,76 @@
 //! qemu-agent-command`, a client independent of banlieue's own. Files are read with
 //! guest-file-open/read/close; commands run with guest-exec and guest-exec-status.
 
+use std::string::FromUtf8Error;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::libvirtd::Libvirtd;
+use crate::libvirtd::{self, Libvirtd};
+
+/// What can go wrong talking to a guest through its agent.
+#[derive(thiserror::Error)]
+pub enum Error {
+    /// virsh failed: the guest, its agent or the daemon did not answer.
+    #[error(transparent)]
+    Virsh(#[from] libvirtd::Error),
+    #[error("parse the agent's reply {reply:?}")]
+    Reply {
+        reply: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("guest-file-open {path}: no handle")]
+    NoHandle { path: String },
+    #[error("guest-file-read {path}: no buf-b64 in {reply}")]
+    NoData { path: String, reply: Value },
+    #[error("{path} is not UTF-8")]
+    NotUtf8 {
+        path: String,
+        #[source]
+        source: FromUtf8Error,
+    },
+    #[error("guest-exec {path}: no pid")]
+    NoPid { path: String },
+    #[error("{path} {args:?} did not exit within 60 s in {domain}")]
+    ExecTimeout {
+        path: String,
+        args: Vec<String>,
+        domain: String,
+    },
+    #[error("{path} {args:?} exited {exit_code} in {domain}: {stderr}")]
+    Failed {
+        path: String,
+        args: Vec<String>,
+        domain: String,
+        exit_code: i64,
+        stderr: String,
+    },
+    #[error("not base64: {b64:?}")]
+    NotBase64 {
+        b64: String,
+        #[source]
+        source: base64::DecodeError,
+    },
+}
+
+/// The message chain rather than the structure, as the control plane's error: tests report
+/// errors with `expect`, which prints `Debug`.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::control_plane::error_chain(self))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// One agent command's JSON reply (`{"return": …}`), or the error virsh printed.
 pub async fn command(daemon: &Libvirtd, domain: &str, command: &Value) -> Result<Value> {
     let out = daemon
         .virsh(["qemu-agent-command", domain, &command.to_string()])
         .await?;
-    serde_json::from_str(&out).with_context(|| format!("agent reply {out:?}"))
+    serde_json::from_str(&out).map_err(|source| Error::Reply { reply: out, source })
 }
 
 /// A guest file's bytes.
@@ -23,7 +79,9 @@ pub async fn read_file(daemon: &Libvirtd, domain: &str, path: &str) -> Result<Ve
     let open = json!({"execute": "guest-file-open", "arguments": {"path": path}});
     let handle = command(daemon, domain, &open).await?["return"]
         .as_i64()
-        .with_context(|| format!("guest-file-open {path}: no handle"))?;
+        .ok_or_else(|| Error::NoHandle {
+            path: path.to_owned(),
+        })?;
     let read = json!({
         "execute": "guest-file-read",
         "arguments": {"handle": handle, "count": 1 << 20}
@@ -32,16 +90,21 @@ pub async fn read_file(daemon: &Libvirtd, domain: &str, path: &str) -> Result<Ve
     let close = json!({"execute": "guest-file-close", "arguments": {"handle": handle}});
     command(daemon, domain, &close).await?;
     let reply = reply?;
-    let b64 = reply["return"]["buf-b64"]
-        .as_str()
-        .with_context(|| format!("guest-file-read {path}: no buf-b64 in {reply}"))?;
+    let Some(b64) = reply["return"]["buf-b64"].as_str() else {
+        return Err(Error::NoData {
+            path: path.to_owned(),
+            reply,
+        });
+    };
     decode(b64)
 }
 
 /// A guest file as UTF-8 text.
 pub async fn read_text(daemon: &Libvirtd, domain: &str, path: &str) -> Result<String> {
-    String::from_utf8(read_file(daemon, domain, path).await?)
-        .with_context(|| format!("{path} is not UTF-8"))
+    String::from_utf8(read_file(daemon, domain, path).await?).map_err(|source| Error::NotUtf8 {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// What a command run in the guest printed, and how it exited.
@@ -60,7 +123,9 @@ pub async fn exec(daemon: &Libvirtd, domain: &str, path: &str, args: &[&str]) ->
     });
     let pid = command(daemon, domain, &start).await?["return"]["pid"]
         .as_i64()
-        .with_context(|| format!("guest-exec {path}: no pid"))?;
+        .ok_or_else(|| Error::NoPid {
+            path: path.to_owned(),
+        })?;
     let started = Instant::now();
     loop {
         let status = json!({"execute": "guest-exec-status", "arguments": {"pid": pid}});
@@ -77,7 +142,11 @@ pub async fn exec(daemon: &Libvirtd, domain: &str, path: &str, args: &[&str]) ->
             });
         }
         if started.elapsed() > Duration::from_secs(60) {
-            bail!("{path} {args:?} did not exit within 60 s in {domain}");
+            return Err(Error::ExecTimeout {
+                path: path.to_owned(),
+                args: owned(args),
+                domain: domain.to_owned(),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -86,17 +155,27 @@ pub async fn exec(daemon: &Libvirtd, domain: &str, path: &str, args: &[&str]) ->
 /// Runs a command that must succeed; returns its stdout.
 pub async fn run(daemon: &Libvirtd, domain: &str, path: &str, args: &[&str]) -> Result<Vec<u8>> {
     let out = exec(daemon, domain, path, args).await?;
-    ensure!(
-        out.exit_code == 0,
-        "{path} {args:?} exited {} in {domain}: {}",
-        out.exit_code,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if out.exit_code != 0 {
+        return Err(Error::Failed {
+            path: path.to_owned(),
+            args: owned(args),
+            domain: domain.to_owned(),
+            exit_code: out.exit_code,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
     Ok(out.stdout)
 }
 
 fn decode(b64: &str) -> Result<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(b64)
-        .with_context(|| format!("not base64: {b64:?}"))
+        .map_err(|source| Error::NotBase64 {
+            b64: b64.to_owned(),
+            source,
+        })
+}
+
+fn owned(args: &[&str]) -> Vec<String> {
+    args.iter().map(|&arg| arg.to_owned()).collect()
 }

@@ -7,9 +7,8 @@
 //! skipping: a machine that cannot build the image fails the test and says why.
 
 use std::path::PathBuf;
-use std::process::Stdio;
-
-use anyhow::{Context, Result, bail};
+use std::process::{ExitStatus, Stdio};
+use std::string::FromUtf8Error;
 
 /// The script that builds the image, relative to the workspace root.
 pub const SCRIPT: &str = "scripts/guest-image";
@@ -20,6 +19,36 @@ pub const PHASE_FILE: &str = "/run/banlieue/phase";
 pub const EK_RSA_PEM: &str = "/run/banlieue/ek/rsa.pem";
 /// Where the layer puts the vTPM's ECC EK certificate as PEM (guest/README.md).
 pub const EK_ECC_PEM: &str = "/run/banlieue/ek/ecc.pem";
+
+/// Why the test guest image is not there.
+#[derive(thiserror::Error)]
+pub enum Error {
+    #[error("failed to run {}", script.display())]
+    Run {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot build the test guest image ({SCRIPT} {status}); run scripts/setup (part \
+         70-guest-image) on this machine. The script said:\n{said}"
+    )]
+    Build { status: ExitStatus, said: String },
+    #[error("the image path is not UTF-8")]
+    PathNotUtf8(#[source] FromUtf8Error),
+    #[error("{SCRIPT} printed {0:?}, which is not a file")]
+    NotAFile(PathBuf),
+}
+
+/// The message chain rather than the structure, as the control plane's error: tests report
+/// errors with `expect`, which prints `Debug`, and the reader wants what the script said.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::control_plane::error_chain(self))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The cached image's path, building it first if needed.
 pub async fn path() -> Result<PathBuf> {
@@ -42,22 +71,23 @@ async fn build(args: &[&str]) -> Result<PathBuf> {
         .stderr(Stdio::piped())
         .output()
         .await
-        .with_context(|| format!("run {}", script.display()))?;
+        .map_err(|source| Error::Run {
+            script: script.clone(),
+            source,
+        })?;
     // One line per build step (none when cached), naming the log that holds the rest.
     let steps = String::from_utf8_lossy(&output.stderr);
     eprint!("{steps}");
     if !output.status.success() {
-        bail!(
-            "cannot build the test guest image ({SCRIPT} {}); run scripts/setup (part \
-             70-guest-image) on this machine. The script said:\n{}",
-            output.status,
-            steps.trim_end()
-        );
+        return Err(Error::Build {
+            status: output.status,
+            said: steps.trim_end().to_owned(),
+        });
     }
-    let stdout = String::from_utf8(output.stdout).context("the image path is not UTF-8")?;
+    let stdout = String::from_utf8(output.stdout).map_err(Error::PathNotUtf8)?;
     let image = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
     if !image.is_file() {
-        bail!("{SCRIPT} printed {image:?}, which is not a file");
+        return Err(Error::NotAFile(image));
     }
     Ok(image)
 }

@@ -10,7 +10,7 @@
 //! configuration, listeners and clean-up.
 //!
 //! ```no_run
-//! # async fn demo() -> anyhow::Result<()> {
+//! # async fn demo() -> Result<(), banlieue_testenv::libvirtd::Error> {
 //! use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 //! if !Libvirtd::available()? {
 //!     return Ok(()); // BANLIEUE_ALLOW_MISSING_PEERS=1 and no daemon: skipped loudly
@@ -27,15 +27,17 @@ mod process;
 
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
+use std::io;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::string::FromUtf8Error;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
 use rustix::process::Signal;
 use tempfile::TempDir;
+use tokio::time::error::Elapsed;
 
 use crate::janitor::Janitor;
 use crate::pki::Authority;
@@ -67,6 +69,112 @@ const SIGNAL_TIMEOUT: Duration = Duration::from_secs(5);
 const VIRSH_TIMEOUT: Duration = Duration::from_secs(180);
 /// Attempts at picking free ports, in case another process takes one between pick and bind.
 const PORT_ATTEMPTS: usize = 3;
+
+/// What can go wrong starting, using or stopping a libvirtd instance, or running virsh.
+#[derive(thiserror::Error)]
+pub enum Error {
+    #[error(
+        "libvirtd is not installed at {LIBVIRTD_BINARY}: run scripts/setup (or scripts/setup libvirtd)"
+    )]
+    DaemonMissing,
+    #[error(
+        "no complete libvirt root at {}: build it with scripts/setup {setup_part} (scripts/setup.d/{setup_part}.sh)",
+        path.display()
+    )]
+    RootIncomplete {
+        path: PathBuf,
+        setup_part: &'static str,
+    },
+    #[error(
+        "no libvirtd in {}: build the root with its setup script (scripts/setup.d/35-libvirtd-9.sh for Debian 12's)",
+        .0.display()
+    )]
+    NoDaemonInRoot(PathBuf),
+    #[error("{} names no version of {package}", stamp.display())]
+    NoPackageVersion { stamp: PathBuf, package: String },
+    #[error("failed to {what}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("generate certificates")]
+    Pki(#[from] rcgen::Error),
+    #[error("lay out the instance's directories")]
+    Layout(#[source] Box<Error>),
+    #[error("start libvirtd\n{diagnostics}")]
+    Start {
+        diagnostics: String,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error("libvirtd is not running")]
+    NotRunning,
+    #[error("libvirtd {pid} is running: stop it first")]
+    AlreadyRunning { pid: u32 },
+    #[error("libvirtd exited ({0}) before accepting clients")]
+    Exited(ExitStatus),
+    #[error("libvirtd did not listen on 127.0.0.1:{port} within {after:?}")]
+    NotListening { port: u16, after: Duration },
+    #[error("libvirtd did not accept clients within {0:?}")]
+    NotAccepting(Duration),
+    #[error("libvirtd did not probe QEMU within {after:?}")]
+    ProbeTimeout {
+        after: Duration,
+        #[source]
+        source: Elapsed,
+    },
+    #[error("libvirtd refused CONNECT_OPEN qemu:///system (status {0})")]
+    OpenRefused(u32),
+    #[error("libvirtd failed CONNECT_GET_VERSION (status {0})")]
+    GetVersionFailed(u32),
+    #[error("implausible reply length {0}")]
+    ImplausibleReply(usize),
+    #[error("libvirtd {pid} did not stop within {SIGNAL_TIMEOUT:?}")]
+    NotStopped { pid: u32 },
+    #[error("libvirtd {pid} did not continue within {SIGNAL_TIMEOUT:?}")]
+    NotContinued { pid: u32 },
+    #[error("pool dir name {0:?} is not a single path component")]
+    InvalidPoolName(String),
+    #[error("virsh {shown}: no answer within {VIRSH_TIMEOUT:?}")]
+    VirshTimeout {
+        shown: String,
+        #[source]
+        source: Elapsed,
+    },
+    #[error("virsh {shown}: {status}: {stderr}")]
+    Virsh {
+        shown: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("virsh {shown}: stdout is not UTF-8")]
+    VirshOutput {
+        shown: String,
+        #[source]
+        source: FromUtf8Error,
+    },
+}
+
+/// The message chain rather than the structure, as the control plane's error: tests report
+/// errors with `expect`, which prints `Debug`, and the reader wants the daemon's log tail.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::control_plane::error_chain(self))
+    }
+}
+
+impl Error {
+    /// An I/O error while trying `what` (a verb phrase).
+    pub fn io(what: impl Into<String>, source: io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How to configure the daemon.
 #[derive(Debug, Clone)]
@@ -192,36 +300,41 @@ impl LibvirtRoot {
         if std::env::var(ALLOW_MISSING_PEERS_ENV).as_deref() == Ok("1") {
             eprintln!(
                 "\n!!!!! SKIPPED: {} (and {ALLOW_MISSING_PEERS_ENV}=1) !!!!!\n",
-                self.missing_message()
+                self.missing()
             );
             return Ok(false);
         }
-        bail!(self.missing_message())
+        Err(self.missing())
     }
 
     /// The version of `package` the setup script installed, as its stamp records it (a
     /// Debian version string, e.g. `9.0.0-4+deb12u2`).
     pub fn package_version(&self, package: &str) -> Result<String> {
         let stamp = self.path.join(Self::STAMP);
-        let text = fs::read_to_string(&stamp)
-            .with_context(|| format!("read {}: {}", stamp.display(), self.missing_message()))?;
+        let text = fs::read_to_string(&stamp).map_err(|source| {
+            Error::io(
+                format!("read {}: {}", stamp.display(), self.missing()),
+                source,
+            )
+        })?;
         text.lines()
             .find_map(|line| line.strip_prefix(package)?.strip_prefix('='))
             .map(str::to_owned)
-            .with_context(|| format!("{} names no version of {package}", stamp.display()))
+            .ok_or_else(|| Error::NoPackageVersion {
+                stamp,
+                package: package.to_owned(),
+            })
     }
 
     fn is_complete(&self) -> bool {
         self.path.join(Self::STAMP).is_file() && self.options().binary_on_host().exists()
     }
 
-    fn missing_message(&self) -> String {
-        format!(
-            "no complete libvirt root at {}: build it with scripts/setup {} (scripts/setup.d/{}.sh)",
-            self.path.display(),
-            self.setup_part,
-            self.setup_part
-        )
+    fn missing(&self) -> Error {
+        Error::RootIncomplete {
+            path: self.path.clone(),
+            setup_part: self.setup_part,
+        }
     }
 }
 
@@ -258,45 +371,45 @@ impl Libvirtd {
         if std::env::var(ALLOW_MISSING_PEERS_ENV).as_deref() == Ok("1") {
             eprintln!(
                 "\n!!!!! SKIPPED: {} (and {ALLOW_MISSING_PEERS_ENV}=1) !!!!!\n",
-                missing_daemon_message()
+                Error::DaemonMissing
             );
             return Ok(false);
         }
-        bail!(missing_daemon_message())
+        Err(Error::DaemonMissing)
     }
 
     /// Starts a daemon and waits until it accepts clients.
     pub async fn start(mut options: LibvirtdOptions) -> Result<Self> {
         // The namespace script mounts at ROOT + absolute paths and chroots there.
         if let Some(root) = &options.root {
-            let absolute = fs::canonicalize(root)
-                .with_context(|| format!("the libvirt root {}", root.display()))?;
+            let absolute = fs::canonicalize(root).map_err(|source| {
+                Error::io(
+                    format!("resolve the libvirt root {}", root.display()),
+                    source,
+                )
+            })?;
             options.root = Some(absolute);
         }
         match &options.root {
-            None => ensure!(
-                Path::new(LIBVIRTD_BINARY).exists(),
-                missing_daemon_message()
-            ),
-            Some(root) => ensure!(
-                options.binary_on_host().exists(),
-                "no libvirtd in {}: build the root with its setup script (scripts/setup.d/35-libvirtd-9.sh for Debian 12's)",
-                root.display()
-            ),
+            None if !Path::new(LIBVIRTD_BINARY).exists() => return Err(Error::DaemonMissing),
+            Some(root) if !options.binary_on_host().exists() => {
+                return Err(Error::NoDaemonInRoot(root.clone()));
+            }
+            _ => {}
         }
         let dir = tempfile::Builder::new()
             .prefix("banlieue-libvirtd-")
             .tempdir()
-            .context("create the instance's temp dir")?;
+            .map_err(|source| Error::io("create the instance's temp dir", source))?;
         let layout = Layout {
             root: dir.path().to_owned(),
             system: options.system_root().to_owned(),
         };
         let janitor = Janitor::spawn(JANITOR_SCRIPT, "banlieue-libvirtd-janitor", [&layout.root])
-            .context("spawn the instance's janitor")?;
+            .map_err(|source| Error::io("spawn the instance's janitor", source))?;
         layout
             .create()
-            .context("lay out the instance's directories")?;
+            .map_err(|error| Error::Layout(Box::new(error)))?;
         let authority = Authority::new("banlieue test CA")?;
         pki::write_instance_files(&authority, &layout.pki_dir())?;
 
@@ -315,8 +428,8 @@ impl Libvirtd {
         };
         let mut attempt = 1;
         loop {
-            let [tls_port, tcp_port] =
-                crate::ports::free_loopback_ports().context("pick free ports")?;
+            let [tls_port, tcp_port] = crate::ports::free_loopback_ports()
+                .map_err(|source| Error::io("pick free ports", source))?;
             let tcp_port = instance.options.tcp.then_some(tcp_port);
             instance.tls_port = tls_port;
             instance.tcp_port = tcp_port;
@@ -327,7 +440,8 @@ impl Libvirtd {
                 Ok(()) => return Ok(instance),
                 Err(e) if attempt < PORT_ATTEMPTS && instance.lost_port_race() => {
                     eprintln!(
-                        "libvirtd: a port was taken before the daemon bound it, retrying: {e:#}"
+                        "libvirtd: a port was taken before the daemon bound it, retrying: {}",
+                        crate::control_plane::error_chain(&e)
                     );
                     attempt += 1;
                 }
@@ -424,14 +538,15 @@ impl Libvirtd {
 
     /// Creates `<dir>/pools/<name>` for a `dir` storage pool and returns its path.
     pub fn create_pool_dir(&self, name: &str) -> Result<PathBuf> {
-        ensure!(
-            !name.is_empty() && !name.contains('/') && name != "." && name != "..",
-            "pool dir name {name:?} is not a single path component"
-        );
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(Error::InvalidPoolName(name.to_owned()));
+        }
         let path = self.layout.pools_dir().join(name);
-        fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        fs::create_dir_all(&path)
+            .map_err(|source| Error::io(format!("create {}", path.display()), source))?;
         // QEMU runs as libvirt-qemu and must reach volumes here.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+            .map_err(|source| Error::io(format!("set the mode of {}", path.display()), source))?;
         Ok(path)
     }
 
@@ -471,26 +586,26 @@ impl Libvirtd {
     /// Returns once the kernel reports the process stopped.
     pub fn suspend(&mut self) -> Result<()> {
         let pid = self.pid();
-        signal(pid, Signal::STOP).context("SIGSTOP libvirtd")?;
+        signal(pid, Signal::STOP).map_err(|source| Error::io("SIGSTOP libvirtd", source))?;
         self.suspended = true;
-        ensure!(
-            wait_until(SIGNAL_TIMEOUT, || proc_stat(pid)
-                .is_some_and(|s| s.state == 'T')),
-            "libvirtd {pid} did not stop within {SIGNAL_TIMEOUT:?}"
-        );
+        if !wait_until(SIGNAL_TIMEOUT, || {
+            proc_stat(pid).is_some_and(|s| s.state == 'T')
+        }) {
+            return Err(Error::NotStopped { pid });
+        }
         Ok(())
     }
 
     /// SIGCONT after [`Libvirtd::suspend`]; returns once the process runs again.
     pub fn resume(&mut self) -> Result<()> {
         let pid = self.pid();
-        signal(pid, Signal::CONT).context("SIGCONT libvirtd")?;
+        signal(pid, Signal::CONT).map_err(|source| Error::io("SIGCONT libvirtd", source))?;
         self.suspended = false;
-        ensure!(
-            wait_until(SIGNAL_TIMEOUT, || proc_stat(pid)
-                .is_some_and(|s| s.state != 'T')),
-            "libvirtd {pid} did not continue within {SIGNAL_TIMEOUT:?}"
-        );
+        if !wait_until(SIGNAL_TIMEOUT, || {
+            proc_stat(pid).is_some_and(|s| s.state != 'T')
+        }) {
+            return Err(Error::NotContinued { pid });
+        }
         Ok(())
     }
 
@@ -518,11 +633,9 @@ impl Libvirtd {
     /// and state, and waits until it accepts clients; it reconnects to the guests still
     /// running. Fails when the daemon is running.
     pub async fn start_again(&mut self) -> Result<()> {
-        ensure!(
-            self.daemon.is_none(),
-            "libvirtd {} is running: stop it first",
-            self.pid()
-        );
+        if self.daemon.is_some() {
+            return Err(Error::AlreadyRunning { pid: self.pid() });
+        }
         self.launch().await
     }
 
@@ -542,9 +655,9 @@ impl Libvirtd {
             .create(true)
             .append(true)
             .open(self.layout.daemon_stderr())
-            .context("open the daemon's stderr file")?;
+            .map_err(|source| Error::io("open the daemon's stderr file", source))?;
         let child = crate::spawner::spawn_for_process_lifetime(self.daemon_command(output)?)
-            .context("spawn setpriv/unshare/libvirtd")?;
+            .map_err(|source| Error::io("spawn setpriv/unshare/libvirtd", source))?;
         if self.first_start_ticks == 0 {
             self.first_start_ticks = proc_stat(child.id()).map_or(0, |s| s.start_ticks);
         }
@@ -558,12 +671,18 @@ impl Libvirtd {
             }
             Err(e) => {
                 self.stop_daemon();
-                Err(e.context(format!("start libvirtd\n{}", self.diagnostics())))
+                Err(Error::Start {
+                    diagnostics: self.diagnostics(),
+                    source: Box::new(e),
+                })
             }
         }
     }
 
     fn daemon_command(&self, output: File) -> Result<Command> {
+        let stdout = output
+            .try_clone()
+            .map_err(|source| Error::io("duplicate the daemon's stderr file", source))?;
         let mut command = Command::new("setpriv");
         // pdeathsig first, so the daemon dies with the test process even if that happens
         // while the wrapper is still mounting.
@@ -584,7 +703,7 @@ impl Libvirtd {
                 std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
             )
             .stdin(Stdio::null())
-            .stdout(output.try_clone()?)
+            .stdout(stdout)
             .stderr(output);
         Ok(command)
     }
@@ -601,12 +720,12 @@ impl Libvirtd {
             {
                 break;
             }
-            ensure!(
-                Instant::now() < deadline,
-                "libvirtd did not listen on 127.0.0.1:{} within {:?}",
-                self.tls_port,
-                self.options.ready_timeout
-            );
+            if Instant::now() >= deadline {
+                return Err(Error::NotListening {
+                    port: self.tls_port,
+                    after: self.options.ready_timeout,
+                });
+            }
             tokio::time::sleep(POLL).await;
         }
         let socket = self.layout.unix_socket();
@@ -615,31 +734,30 @@ impl Libvirtd {
             if let Some(open) = probe::try_open(&socket, Duration::from_secs(1)).await {
                 break open?;
             }
-            ensure!(
-                Instant::now() < deadline,
-                "libvirtd did not accept clients within {:?}",
-                self.options.ready_timeout
-            );
+            if Instant::now() >= deadline {
+                return Err(Error::NotAccepting(self.options.ready_timeout));
+            }
             tokio::time::sleep(POLL).await;
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         tokio::time::timeout(remaining, connection.get_version())
             .await
-            .with_context(|| {
-                format!(
-                    "libvirtd did not probe QEMU within {:?}",
-                    self.options.ready_timeout
-                )
+            .map_err(|source| Error::ProbeTimeout {
+                after: self.options.ready_timeout,
+                source,
             })?
     }
 
     fn ensure_daemon_running(&mut self) -> Result<()> {
         let Some(child) = self.daemon.as_mut() else {
-            bail!("libvirtd is not running");
+            return Err(Error::NotRunning);
         };
-        if let Some(status) = child.try_wait()? {
+        let exited = child
+            .try_wait()
+            .map_err(|source| Error::io("check whether libvirtd exited", source))?;
+        if let Some(status) = exited {
             self.daemon = None;
-            bail!("libvirtd exited ({status}) before accepting clients");
+            return Err(Error::Exited(status));
         }
         Ok(())
     }
@@ -743,24 +861,23 @@ where
         .env_remove("LIBVIRT_DEFAULT_URI")
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    let output = tokio::time::timeout(VIRSH_TIMEOUT, command.output())
-        .await
-        .with_context(|| format!("virsh {shown}: no answer within {VIRSH_TIMEOUT:?}"))?
-        .with_context(|| format!("run virsh {shown} (libvirt-clients installed?)"))?;
+    let output = match tokio::time::timeout(VIRSH_TIMEOUT, command.output()).await {
+        Err(source) => return Err(Error::VirshTimeout { shown, source }),
+        Ok(output) => output.map_err(|source| {
+            Error::io(
+                format!("run virsh {shown} (libvirt-clients installed?)"),
+                source,
+            )
+        })?,
+    };
     if !output.status.success() {
-        bail!(
-            "virsh {shown}: {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
+        return Err(Error::Virsh {
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            status: output.status,
+            shown,
+        });
     }
-    String::from_utf8(output.stdout).with_context(|| format!("virsh {shown}: stdout is not UTF-8"))
-}
-
-fn missing_daemon_message() -> String {
-    format!(
-        "libvirtd is not installed at {LIBVIRTD_BINARY}: run scripts/setup (or scripts/setup libvirtd)"
-    )
+    String::from_utf8(output.stdout).map_err(|source| Error::VirshOutput { shown, source })
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -776,4 +893,32 @@ fn tail(path: &Path, lines: usize) -> String {
 fn tracing_ready(elapsed: Duration, port: u16) {
     // Start times matter when a suite starts many instances; stderr is shown on failure only.
     eprintln!("libvirtd on 127.0.0.1:{port} ready after {elapsed:.2?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_their_chain_through_the_wrappers() {
+        let error = Error::Start {
+            diagnostics: "--- log (tail) ---".to_owned(),
+            source: Box::new(Error::Layout(Box::new(Error::io(
+                "stat /etc/libvirt",
+                io::Error::other("gone"),
+            )))),
+        };
+        assert_eq!(
+            format!("{error:?}"),
+            "start libvirtd\n--- log (tail) ---: lay out the instance's directories: \
+             failed to stat /etc/libvirt: gone"
+        );
+        let mut depth = 0;
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            depth += 1;
+            source = cause.source();
+        }
+        assert_eq!(depth, 3);
+    }
 }

@@ -11,7 +11,7 @@ async fn start(options: LibvirtdOptions) -> Result<Option<Libvirtd>> {
     if !Libvirtd::available()? {
         return Ok(None);
     }
-    Libvirtd::start(options).await.map(Some)
+    Ok(Some(Libvirtd::start(options).await?))
 }
 
 fn pid_gone(pid: u32) -> bool {
@@ -250,7 +250,7 @@ async fn efi_tpm_guest_runs_and_does_not_outlive_the_instance() -> Result<()> {
     let started = Instant::now();
     daemon.virsh(["start", name]).await.map_err(|e| {
         let log = std::fs::read_to_string(daemon.domain_log(name)).unwrap_or_default();
-        e.context(format!("guest log:\n{log}"))
+        anyhow::Error::new(e).context(format!("guest log:\n{log}"))
     })?;
     eprintln!("domain start: {:.2?}", started.elapsed());
     ensure!(daemon.virsh(["domstate", name]).await?.trim() == "running");

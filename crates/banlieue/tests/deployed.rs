@@ -666,7 +666,7 @@ async fn import_image(
     // (hostNetwork, like every pod here) pulls it. The oracle for the artifact is qemu-img's raw.
     let guest = banlieue_testenv::guest_image::path()
         .await
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
     let oracle = backing.path().join("guest.raw");
     let status = Command::new("qemu-img")
         .args(["convert", "-q", "-O", "raw"])

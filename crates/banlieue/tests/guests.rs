@@ -111,7 +111,7 @@ async fn scenario(
     let admin = control_plane.client()?;
     let image = banlieue_testenv::guest_image::path()
         .await
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
     dev::bootstrap_cluster(&admin).await?;
     dev::admit_claimant(&admin).await?;
     dev::prepare_libvirt(libvirtd, &format!("bng{}", std::process::id())).await?;
@@ -533,7 +533,7 @@ async fn deferred_install(
 ) -> Result<(), BoxError> {
     let installer = banlieue_testenv::guest_image::installer_path()
         .await
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
     dev::upload_volume(libvirtd, &installer, objects::INSTALLER_VOLUME).await?;
     dev::apply(admin, &objects::installer_image()).await?;
     let mut pool = guest_pool(DEFERRED_POOL, 1, objects::GUEST_USER_DATA);

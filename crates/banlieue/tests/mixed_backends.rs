@@ -64,7 +64,7 @@ const CONTROLLER_SERVICE_ACCOUNT: &str = "banlieue-controller";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_controller_runs_a_libvirt_and_a_vsphere_provider() -> Result<(), BoxError> {
-    if !Libvirtd::available().map_err(|e| format!("{e:#}"))? {
+    if !Libvirtd::available().map_err(|e| banlieue_testenv::control_plane::error_chain(&e))? {
         return Ok(());
     }
     if !Vcsim::available().map_err(|e| format!("{e:#}"))? {
@@ -81,7 +81,7 @@ async fn one_controller_runs_a_libvirt_and_a_vsphere_provider() -> Result<(), Bo
         async {
             Libvirtd::start(LibvirtdOptions::default())
                 .await
-                .map_err(|e| BoxError::from(format!("{e:#}")))
+                .map_err(|e| BoxError::from(banlieue_testenv::control_plane::error_chain(&e)))
         },
         async {
             Vcsim::start(VcsimOptions::new())

@@ -51,7 +51,7 @@ const CLAIM: &str = "held";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_across_three_hosts_and_a_host_that_goes_away() -> Result<(), BoxError> {
-    if !Libvirtd::available().map_err(|e| format!("{e:#}"))? {
+    if !Libvirtd::available().map_err(|e| banlieue_testenv::control_plane::error_chain(&e))? {
         return Ok(());
     }
     let started = Instant::now();
@@ -328,7 +328,7 @@ async fn scenario(
         .libvirtd
         .start_again()
         .await
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
     let back = Instant::now();
     let doomed_domains: BTreeSet<String> = doomed
         .iter()

@@ -41,7 +41,7 @@ const POOL: &str = "crash";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Result<(), BoxError> {
-    if !Libvirtd::available().map_err(|e| format!("{e:#}"))? {
+    if !Libvirtd::available().map_err(|e| banlieue_testenv::control_plane::error_chain(&e))? {
         return Ok(());
     }
     let (control_plane, libvirtd) = tokio::try_join!(
@@ -49,7 +49,7 @@ async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Resul
         async {
             Libvirtd::start(LibvirtdOptions::default())
                 .await
-                .map_err(|e| BoxError::from(format!("{e:#}")))
+                .map_err(|e| BoxError::from(banlieue_testenv::control_plane::error_chain(&e)))
         },
     )?;
     let admin = control_plane.client()?;

@@ -6,9 +6,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown, symlink};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-
-use super::LibvirtdOptions;
+use super::{Error, LibvirtdOptions, Result};
 
 /// Paths inside one instance's temp dir. Each `*_dir` below is bind-mounted (inside the daemon's
 /// private mount namespace) over the system path named in its doc.
@@ -76,7 +74,7 @@ impl Layout {
     /// run as unprivileged users and need them), and an empty `/run`.
     pub(crate) fn create(&self) -> Result<()> {
         // Guests run as libvirt-qemu and must traverse to volumes in pools under the root.
-        fs::set_permissions(&self.root, fs::Permissions::from_mode(0o711))?;
+        set_mode(&self.root, 0o711)?;
         copy_tree(
             &self.system_path("/etc/libvirt"),
             &self.etc_dir(),
@@ -87,8 +85,10 @@ impl Layout {
         for autostart in ["qemu/networks/autostart", "storage/autostart"] {
             let dir = self.etc_dir().join(autostart);
             if dir.is_dir() {
-                for entry in fs::read_dir(&dir)? {
-                    fs::remove_file(entry?.path())?;
+                let list = |source| io_error("list", &dir, source);
+                for entry in fs::read_dir(&dir).map_err(list)? {
+                    let path = entry.map_err(list)?.path();
+                    fs::remove_file(&path).map_err(|source| io_error("remove", &path, source))?;
                 }
             }
         }
@@ -98,35 +98,35 @@ impl Layout {
             Contents::DirsOnly,
         )?;
 
-        fs::create_dir_all(self.log_dir())?;
-        fs::set_permissions(self.log_dir(), fs::Permissions::from_mode(0o755))?;
+        create_dirs(&self.log_dir())?;
+        set_mode(&self.log_dir(), 0o755)?;
         copy_tree(
             &self.system_path("/var/log/libvirt"),
             &self.log_dir().join("libvirt"),
             Contents::DirsOnly,
         )?;
-        fs::create_dir_all(self.log_dir().join("libvirt/qemu"))?;
-        fs::create_dir_all(self.log_dir().join("swtpm"))?;
+        create_dirs(&self.log_dir().join("libvirt/qemu"))?;
+        create_dirs(&self.log_dir().join("swtpm"))?;
 
         let run = self.run_dir();
-        fs::create_dir_all(run.join("libvirt"))?;
-        fs::set_permissions(&run, fs::Permissions::from_mode(0o755))?;
-        fs::set_permissions(run.join("libvirt"), fs::Permissions::from_mode(0o755))?;
-        fs::create_dir_all(run.join("lock"))?;
-        fs::set_permissions(run.join("lock"), fs::Permissions::from_mode(0o1777))?;
-        symlink("/dev/shm", run.join("shm"))?;
+        create_dirs(&run.join("libvirt"))?;
+        set_mode(&run, 0o755)?;
+        set_mode(&run.join("libvirt"), 0o755)?;
+        create_dirs(&run.join("lock"))?;
+        set_mode(&run.join("lock"), 0o1777)?;
+        link(Path::new("/dev/shm"), &run.join("shm"))?;
 
-        fs::create_dir_all(self.drivers_dir())?;
+        create_dirs(&self.drivers_dir())?;
         for driver in DRIVERS {
             let module = format!("libvirt_driver_{driver}.so");
-            symlink(
-                Path::new(DRIVER_DIR).join(&module),
-                self.drivers_dir().join(module),
+            link(
+                &Path::new(DRIVER_DIR).join(&module),
+                &self.drivers_dir().join(module),
             )?;
         }
 
-        fs::create_dir_all(self.pools_dir())?;
-        fs::set_permissions(self.pools_dir(), fs::Permissions::from_mode(0o755))?;
+        create_dirs(&self.pools_dir())?;
+        set_mode(&self.pools_dir(), 0o755)?;
         Ok(())
     }
 
@@ -139,14 +139,13 @@ impl Layout {
     ) -> Result<()> {
         let conf = render_libvirtd_conf(&self.pki_dir(), options, tls_port, tcp_port);
         let path = self.etc_dir().join("libvirtd.conf");
-        fs::write(&path, conf).with_context(|| format!("write {}", path.display()))?;
+        fs::write(&path, conf).map_err(|source| io_error("write", &path, source))?;
 
         let qemu_conf = self.etc_dir().join("qemu.conf");
         let mut text = fs::read_to_string(&qemu_conf).unwrap_or_default();
         if !text.contains(QEMU_CONF_MARKER) {
             text.push_str(&render_qemu_conf(options));
-            fs::write(&qemu_conf, text)
-                .with_context(|| format!("write {}", qemu_conf.display()))?;
+            fs::write(&qemu_conf, text).map_err(|source| io_error("write", &qemu_conf, source))?;
         }
         Ok(())
     }
@@ -229,10 +228,11 @@ enum Contents {
 /// Copies `src` to `dst` keeping modes and owners; symlinks are copied as links. With
 /// `DirsOnly`, files are skipped: `/var/lib/libvirt` may hold a host's real images.
 fn copy_tree(src: &Path, dst: &Path, what: Contents) -> Result<()> {
-    let meta = fs::symlink_metadata(src).with_context(|| format!("stat {}", src.display()))?;
+    let meta = fs::symlink_metadata(src).map_err(|source| io_error("stat", src, source))?;
     if meta.file_type().is_symlink() {
         if what == Contents::All {
-            symlink(fs::read_link(src)?, dst)?;
+            let target = fs::read_link(src).map_err(|source| io_error("read link", src, source))?;
+            link(&target, dst)?;
         }
         return Ok(());
     }
@@ -240,25 +240,44 @@ fn copy_tree(src: &Path, dst: &Path, what: Contents) -> Result<()> {
         match fs::create_dir(dst) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e).with_context(|| format!("mkdir {}", dst.display())),
+            Err(e) => return Err(io_error("mkdir", dst, e)),
         }
-        for entry in fs::read_dir(src)? {
-            let entry = entry?;
+        let list = |source| io_error("list", src, source);
+        for entry in fs::read_dir(src).map_err(list)? {
+            let entry = entry.map_err(list)?;
             copy_tree(&entry.path(), &dst.join(entry.file_name()), what)?;
         }
     } else if meta.is_file() {
         if what == Contents::DirsOnly {
             return Ok(());
         }
-        fs::copy(src, dst).with_context(|| format!("copy {}", src.display()))?;
+        fs::copy(src, dst).map_err(|source| io_error("copy", src, source))?;
     } else {
         return Ok(());
     }
     chown(dst, Some(meta.uid()), Some(meta.gid()))
-        .with_context(|| format!("chown {}", dst.display()))?;
+        .map_err(|source| io_error("chown", dst, source))?;
     fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
-        .with_context(|| format!("chmod {}", dst.display()))?;
+        .map_err(|source| io_error("chmod", dst, source))?;
     Ok(())
+}
+
+/// An I/O error while doing `verb` to `path`.
+fn io_error(verb: &str, path: &Path, source: io::Error) -> Error {
+    Error::io(format!("{verb} {}", path.display()), source)
+}
+
+fn create_dirs(path: &Path) -> Result<()> {
+    fs::create_dir_all(path).map_err(|source| io_error("create", path, source))
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|source| io_error("chmod", path, source))
+}
+
+fn link(target: &Path, at: &Path) -> Result<()> {
+    symlink(target, at).map_err(|source| io_error("link", at, source))
 }
 
 #[cfg(test)]

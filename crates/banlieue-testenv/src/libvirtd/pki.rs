@@ -3,8 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-
+use super::{Error, Result};
 use crate::pki::{Authority, Leaf, Usage, create_private_dir, write_private};
 
 pub(crate) const CA_CERT: &str = "cacert.pem";
@@ -23,7 +22,8 @@ pub(crate) fn write_instance_files(authority: &Authority, dir: &Path) -> Result<
         organization: ORGANIZATION,
         usage: Usage::Server(&["127.0.0.1", "localhost"]),
     })?;
-    create_private_dir(dir).with_context(|| format!("create {}", dir.display()))?;
+    create_private_dir(dir)
+        .map_err(|source| Error::io(format!("create {}", dir.display()), source))?;
     write(dir, CA_CERT, authority.cert_pem())?;
     write(dir, SERVER_CERT, &server.cert_pem)?;
     write(dir, SERVER_KEY, &server.key_pem)?;
@@ -38,7 +38,8 @@ pub(crate) fn write_client_files(
     dir: &Path,
     trusted_ca_pem: &str,
 ) -> Result<()> {
-    create_private_dir(dir).with_context(|| format!("create {}", dir.display()))?;
+    create_private_dir(dir)
+        .map_err(|source| Error::io(format!("create {}", dir.display()), source))?;
     write(dir, CA_CERT, trusted_ca_pem)?;
     write_client(authority, dir, "banlieue other client")
 }
@@ -55,5 +56,6 @@ fn write_client(authority: &Authority, dir: &Path, common_name: &str) -> Result<
 
 fn write(dir: &Path, name: &str, pem: &str) -> Result<()> {
     let path = dir.join(name);
-    write_private(&path, pem).with_context(|| format!("write {}", path.display()))
+    write_private(&path, pem)
+        .map_err(|source| Error::io(format!("write {}", path.display()), source))
 }

@@ -9,9 +9,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+
+use super::{Error, Result};
 
 const REMOTE_PROGRAM: u32 = 0x2000_8086;
 const REMOTE_PROTOCOL_VERSION: u32 = 1;
@@ -40,9 +41,7 @@ pub(crate) async fn try_open(socket: &Path, wait: Duration) -> Option<Result<Ope
         Some(if status == STATUS_OK {
             Ok(OpenConnection { stream })
         } else {
-            Err(anyhow::anyhow!(
-                "libvirtd refused CONNECT_OPEN qemu:///system (status {status})"
-            ))
+            Err(Error::OpenRefused(status))
         })
     };
     tokio::time::timeout(wait, attempt).await.ok().flatten()
@@ -52,12 +51,14 @@ impl OpenConnection {
     /// `CONNECT_GET_VERSION`: makes the qemu driver load or probe QEMU's capabilities.
     pub(crate) async fn get_version(&mut self) -> Result<()> {
         let get_version = call(PROC_CONNECT_GET_VERSION, 2, &[]);
-        self.stream.write_all(&get_version).await?;
+        self.stream
+            .write_all(&get_version)
+            .await
+            .map_err(|source| Error::io("send CONNECT_GET_VERSION", source))?;
         let status = read_reply_status(&mut self.stream).await?;
-        ensure!(
-            status == STATUS_OK,
-            "libvirtd failed CONNECT_GET_VERSION (status {status})"
-        );
+        if status != STATUS_OK {
+            return Err(Error::GetVersionFailed(status));
+        }
         Ok(())
     }
 }
@@ -96,13 +97,16 @@ async fn read_reply_status(stream: &mut UnixStream) -> Result<u32> {
     stream
         .read_exact(&mut len)
         .await
-        .context("read reply length")?;
+        .map_err(|source| Error::io("read reply length", source))?;
     let len = u32::from_be_bytes(len) as usize;
     if !(HEADER_LEN..=MAX_REPLY_LEN).contains(&len) {
-        bail!("implausible reply length {len}");
+        return Err(Error::ImplausibleReply(len));
     }
     let mut rest = vec![0_u8; len - 4];
-    stream.read_exact(&mut rest).await.context("read reply")?;
+    stream
+        .read_exact(&mut rest)
+        .await
+        .map_err(|source| Error::io("read reply", source))?;
     let status = u32::from_be_bytes(rest[20..24].try_into().expect("4 bytes"));
     Ok(status)
 }

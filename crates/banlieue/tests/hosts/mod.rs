@@ -36,7 +36,7 @@ pub async fn start_three_daemons() -> Result<Vec<Libvirtd>, BoxError> {
     let start = || async {
         Libvirtd::start(LibvirtdOptions::default())
             .await
-            .map_err(|e| BoxError::from(format!("{e:#}")))
+            .map_err(|e| BoxError::from(banlieue_testenv::control_plane::error_chain(&e)))
     };
     let (a, b, c) = tokio::try_join!(start(), start(), start())?;
     Ok(vec![a, b, c])
