@@ -23,6 +23,20 @@ impl Drop for Stopped {
 }
 
 #[test]
+fn help_names_up_and_down() {
+    for path in [vec!["--help"], vec!["up", "--help"], vec!["down", "--help"]] {
+        let output = Command::new(BIN).args(&path).output().unwrap();
+        assert!(output.status.success(), "{path:?}");
+        if path == ["--help"] {
+            let help = String::from_utf8_lossy(&output.stdout);
+            for command in ["up", "down"] {
+                assert!(help.contains(command), "--help lacks {command}:\n{help}");
+            }
+        }
+    }
+}
+
+#[test]
 fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
     if std::env::var_os("BANLIEUE_ALLOW_MISSING_PEERS").is_some()
         && !banlieue_testenv::libvirtd::Libvirtd::available().unwrap_or(false)
