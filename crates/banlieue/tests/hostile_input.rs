@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
-    LibvirtMachine, Provider, VMClass, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
+    LibvirtMachine, Provider, VMClass, VMImage, VirtualMachine, VirtualMachineClaim,
+    VirtualMachinePool, ZonePhase,
 };
 use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
@@ -55,6 +56,9 @@ const REPLICAS: i32 = 2;
 const HOSTILE_CA: &str = "hostile-ca";
 /// May create pools and VirtualMachines, and nothing else: not get Secrets.
 const POOL_AUTHOR: &str = "bob";
+/// May create VMImages too (the test control plane knows a fixed set of users): the image
+/// rows use only that grant.
+const IMAGE_AUTHOR: &str = POOL_AUTHOR;
 
 // ---------------------------------------------------------------------------------------------
 // The table.
@@ -69,6 +73,9 @@ enum Input {
         endpoint: String,
         ca_configmap: &'static str,
     },
+    /// A VMImage created by `user` whose one BackingFile source, for the good Provider's
+    /// class, names `volume`.
+    BackingFile { user: &'static str, volume: String },
     /// A pool of one member, created by the administrator, whose template names `class` (made
     /// first when given) and may carry a `userDataSecretRef`.
     Pool {
@@ -89,6 +96,8 @@ enum Outcome {
         says: &'static str,
         never: Option<&'static str>,
     },
+    /// The good Provider fails the image's zone with these words.
+    ZoneFailed { says: &'static str },
     /// The member's LibvirtMachine is refused with Ready=False, this reason and these words;
     /// no domain is defined for it.
     MachineRefused {
@@ -283,6 +292,39 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             outcome: Outcome::Refused {
                 code: 403,
                 says: "ownerReferences to banlieue objects are written only by banlieue's controller",
+            },
+        },
+        // Images that name backend volumes (row 2 of the isolation review): a VMImage author
+        // names another guest's seed or disk, or a volume the administrator did not declare,
+        // to boot VMs with it attached.
+        Row {
+            attack: "a_backing_file_naming_another_machines_seed",
+            input: Input::BackingFile {
+                user: IMAGE_AUTHOR,
+                volume: format!("{SYSTEM_NAMESPACE}-victim-cidata.iso"),
+            },
+            outcome: Outcome::ZoneFailed {
+                says: "is a machine's own disk or seed",
+            },
+        },
+        Row {
+            attack: "a_backing_file_naming_another_machines_os_disk",
+            input: Input::BackingFile {
+                user: IMAGE_AUTHOR,
+                volume: format!("{SYSTEM_NAMESPACE}-victim-os.qcow2"),
+            },
+            outcome: Outcome::ZoneFailed {
+                says: "is a machine's own disk or seed",
+            },
+        },
+        Row {
+            attack: "a_backing_file_naming_an_undeclared_volume",
+            input: Input::BackingFile {
+                user: IMAGE_AUTHOR,
+                volume: "someone-elses-disk.qcow2".to_owned(),
+            },
+            outcome: Outcome::ZoneFailed {
+                says: "is not declared for BackingFile sources",
             },
         },
         // Claims.
@@ -704,8 +746,8 @@ async fn run(
     Ok(())
 }
 
-/// The hostile CA, a user-data Secret that did not opt in, and a pool author who may not read
-/// Secrets.
+/// The hostile CA, a user-data Secret that did not opt in, and a pool and image author who
+/// may not read Secrets.
 async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> {
     let meta = |name: &str| ObjectMeta {
         name: Some(name.to_owned()),
@@ -761,6 +803,37 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
                 api_group: Some("rbac.authorization.k8s.io".into()),
                 kind: "User".into(),
                 name: POOL_AUTHOR.into(),
+                namespace: None,
+            }]),
+        },
+    )
+    .await?;
+    dev::apply(
+        admin,
+        &Role {
+            metadata: meta("image-author"),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["banlieue.io".into()]),
+                resources: Some(vec!["vmimages".into()]),
+                verbs: vec!["create".into()],
+                ..PolicyRule::default()
+            }]),
+        },
+    )
+    .await?;
+    dev::apply(
+        admin,
+        &RoleBinding {
+            metadata: meta("image-author"),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: "image-author".into(),
+            },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "User".into(),
+                name: IMAGE_AUTHOR.into(),
                 namespace: None,
             }]),
         },
@@ -957,6 +1030,53 @@ async fn play(
             )
             .await
         }
+        (Input::BackingFile { user, volume }, Outcome::ZoneFailed { says }) => {
+            let name = banlieue_api::names::shorten(&row.attack.replace('_', "-"));
+            let image = json!({
+                "apiVersion": "banlieue.io/v1alpha1",
+                "kind": "VMImage",
+                "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+                "spec": {"installMode": "Immediate", "sources": [{
+                    "providerClass": objects::PROVIDER_CLASS,
+                    "kind": "BackingFile",
+                    "volume": volume,
+                }]},
+            });
+            let api = dynamic_api(control_plane.client_as(user).await?, &image)?;
+            api.create(&PostParams::default(), &serde_json::from_value(image)?)
+                .await?;
+            let images: Api<VMImage> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+            let zone =
+                wait_until(
+                    &format!("VMImage {name}'s zone on the good Provider"),
+                    || async {
+                        let image = images.get(&name).await?;
+                        let zone = image
+                            .status
+                            .into_iter()
+                            .flat_map(|s| s.per_provider)
+                            .find(|p| p.provider == objects::PROVIDER)
+                            .and_then(|p| p.zones.into_iter().next());
+                        Ok(zone.filter(|z| {
+                            z.phase == ZonePhase::Failed || z.phase == ZonePhase::Ready
+                        }))
+                    },
+                )
+                .await?;
+            let message = zone.message.clone().unwrap_or_default();
+            if zone.phase != ZonePhase::Failed || !message.contains(says) {
+                return Err(format!(
+                    "zone {:?} {message:?}; expected Failed saying {says:?}",
+                    zone.phase
+                )
+                .into());
+            }
+            images.delete(&name, &DeleteParams::default()).await?;
+            wait_until(&format!("VMImage {name} to be gone"), || async {
+                Ok(images.get_opt(&name).await?.is_none().then_some(()))
+            })
+            .await
+        }
         _ => Err("a row whose input and outcome do not go together".into()),
     }
 }
@@ -1030,6 +1150,7 @@ fn dynamic_api(client: Client, object: &Value) -> Result<Api<DynamicObject>, Box
         "VirtualMachinePool" => ApiResource::erase::<VirtualMachinePool>(&()),
         "VMClass" => ApiResource::erase::<VMClass>(&()),
         "VirtualMachine" => ApiResource::erase::<banlieue_api::VirtualMachine>(&()),
+        "VMImage" => ApiResource::erase::<VMImage>(&()),
         other => return Err(format!("no API for kind {other:?}").into()),
     };
     Ok(Api::namespaced_with(client, SYSTEM_NAMESPACE, &resource))
