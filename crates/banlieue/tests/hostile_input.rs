@@ -775,70 +775,49 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
         },
     )
     .await?;
-    dev::apply(
-        admin,
-        &Role {
-            metadata: meta("pool-author"),
-            // Pools, and VirtualMachines: what makes a VM a member is refused by admission,
-            // not by RBAC, so the planted-member rows test the policy.
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["banlieue.io".into()]),
-                resources: Some(vec!["virtualmachinepools".into(), "virtualmachines".into()]),
-                verbs: vec!["create".into()],
-                ..PolicyRule::default()
-            }]),
-        },
-    )
-    .await?;
-    dev::apply(
-        admin,
-        &RoleBinding {
-            metadata: meta("pool-author"),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: "pool-author".into(),
+    // Pools and VirtualMachines: what makes a VM a member is refused by admission, not by
+    // RBAC, so the planted-member rows test the policy. VMImages: the BackingFile rows.
+    let grants: [(&str, &str, &[&str]); 2] = [
+        (
+            "pool-author",
+            POOL_AUTHOR,
+            &["virtualmachinepools", "virtualmachines"],
+        ),
+        ("image-author", IMAGE_AUTHOR, &["vmimages"]),
+    ];
+    for (role, user, resources) in grants {
+        dev::apply(
+            admin,
+            &Role {
+                metadata: meta(role),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec!["banlieue.io".into()]),
+                    resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+                    verbs: vec!["create".into()],
+                    ..PolicyRule::default()
+                }]),
             },
-            subjects: Some(vec![Subject {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "User".into(),
-                name: POOL_AUTHOR.into(),
-                namespace: None,
-            }]),
-        },
-    )
-    .await?;
-    dev::apply(
-        admin,
-        &Role {
-            metadata: meta("image-author"),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec!["banlieue.io".into()]),
-                resources: Some(vec!["vmimages".into()]),
-                verbs: vec!["create".into()],
-                ..PolicyRule::default()
-            }]),
-        },
-    )
-    .await?;
-    dev::apply(
-        admin,
-        &RoleBinding {
-            metadata: meta("image-author"),
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "Role".into(),
-                name: "image-author".into(),
+        )
+        .await?;
+        dev::apply(
+            admin,
+            &RoleBinding {
+                metadata: meta(role),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: role.into(),
+                },
+                subjects: Some(vec![Subject {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "User".into(),
+                    name: user.into(),
+                    namespace: None,
+                }]),
             },
-            subjects: Some(vec![Subject {
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                kind: "User".into(),
-                name: IMAGE_AUTHOR.into(),
-                namespace: None,
-            }]),
-        },
-    )
-    .await?;
+        )
+        .await?;
+    }
     Ok(())
 }
 
