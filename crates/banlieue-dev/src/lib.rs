@@ -729,6 +729,7 @@ async fn wait_bound(
     let claims: Api<VirtualMachineClaim> = Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
     let started = Instant::now();
     let mut last = String::new();
+    let mut last_members = String::new();
     loop {
         let claim = claims.get(objects::CLAIM).await?;
         let status = claim.status.unwrap_or_default();
@@ -750,11 +751,70 @@ async fn wait_bound(
             progress.note(&line);
             last = line;
         }
+        // What the claim's message cannot say: which member is stuck where, and replacements.
+        let members = pool_members(kube).await.unwrap_or_default();
+        if members != last_members {
+            for member in members.lines() {
+                progress.note(member);
+            }
+            last_members = members;
+        }
         if started.elapsed() > deadline {
-            return Err(format!("the claim was not Bound within {deadline:?}: {last}").into());
+            return Err(format!(
+                "the claim was not Bound within {deadline:?}: {last}; the pool's members: {}",
+                if last_members.is_empty() {
+                    "none"
+                } else {
+                    &last_members
+                }
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// One line per member of the pool (its readiness conditions) and one for a Degraded pool.
+async fn pool_members(kube: &Client) -> Result<String, kube::Error> {
+    use banlieue_api::conditions::{find, types};
+    let pools: Api<banlieue_api::VirtualMachinePool> =
+        Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let vms: Api<banlieue_api::VirtualMachine> = Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
+    let mut lines = Vec::new();
+    let pool = pools.get(objects::POOL).await?;
+    if let Some(degraded) = pool
+        .status
+        .as_ref()
+        .and_then(|s| find(&s.conditions, types::DEGRADED))
+        .filter(|c| c.status == banlieue_api::conditions::status::TRUE)
+    {
+        lines.push(format!(
+            "pool Degraded: {}: {}",
+            degraded.reason, degraded.message
+        ));
+    }
+    let selector = format!("{}={}", banlieue_api::names::LABEL_POOL, objects::POOL);
+    for vm in vms
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?
+    {
+        let name = vm.metadata.name.clone().unwrap_or_default();
+        let conditions = vm.status.map(|s| s.conditions).unwrap_or_default();
+        let shown: Vec<String> = [types::INFRASTRUCTURE_READY, types::GUEST_READY]
+            .into_iter()
+            .filter_map(|t| find(&conditions, t))
+            .map(|c| format!("{}={} {}", c.type_, c.status, c.reason))
+            .collect();
+        lines.push(format!(
+            "member {name}: {}",
+            if shown.is_empty() {
+                "no conditions yet".to_owned()
+            } else {
+                shown.join(", ")
+            }
+        ));
+    }
+    Ok(lines.join("\n"))
 }
 
 async fn down() -> Result<(), BoxError> {
