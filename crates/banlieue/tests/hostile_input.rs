@@ -82,6 +82,24 @@ enum Input {
         class: Option<Value>,
         user_data_secret: Option<(&'static str, &'static str)>,
     },
+    /// A request made with the token of one of banlieue's own ServiceAccounts in the system
+    /// namespace: what that component could do were it compromised.
+    AsAccount { account: String, request: Request },
+}
+
+/// What a compromised banlieue identity asks the API server for. Creates are dry runs: a
+/// refusal is decided before anything would be stored, and an acceptance leaves nothing behind.
+enum Request {
+    /// Creates `object`, in its `metadata.namespace` (cluster-scoped when it has none).
+    Create(Value),
+    /// Creates a copy of the operator's Deployment for the good Provider, its pod spec changed.
+    CopyOfProviderDeployment(fn(&mut Value)),
+    /// Reads the object `object` names.
+    Get(Value),
+    /// Deletes the object `object` names.
+    Delete(Value),
+    /// Writes addresses into the status of one of the good pool's LibvirtMachines.
+    PatchAGoodMachinesStatus,
 }
 
 /// What the system does with it.
@@ -325,6 +343,121 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             },
             outcome: Outcome::ZoneFailed {
                 says: "is not declared for BackingFile sources",
+            },
+        },
+        // What banlieue's own identities may do, were one of them compromised: start a
+        // workload that is node root (row 3 of the isolation review, deploy/admission/
+        // workload-pins.yaml), rewrite the cluster's bindings (row 4, RBAC), read the registry
+        // credentials or write another Provider's machines (row 8), or name credentials their
+        // writer may not read (row 6, deploy/admission/pull-secret-authorization.yaml).
+        Row {
+            attack: "the_controller_starting_a_deployment_that_mounts_the_host",
+            input: Input::AsAccount {
+                account: CONTROLLER_ACCOUNT.to_owned(),
+                request: Request::CopyOfProviderDeployment(|pod| {
+                    pod["volumes"]
+                        .as_array_mut()
+                        .map(|v| v.push(json!({"name": "root", "hostPath": {"path": "/"}})))
+                        .unwrap_or_else(|| {
+                            pod["volumes"] = json!([{"name": "root", "hostPath": {"path": "/"}}])
+                        });
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "may not mount a hostPath volume (root)",
+            },
+        },
+        Row {
+            attack: "a_provider_starting_a_privileged_import_job",
+            input: Input::AsAccount {
+                account: workload_name(objects::PROVIDER),
+                request: Request::Create(privileged_import_job()),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "unprivileged, non-root containers",
+            },
+        },
+        Row {
+            attack: "the_controller_deleting_the_providers_cluster_role_binding",
+            input: Input::AsAccount {
+                account: CONTROLLER_ACCOUNT.to_owned(),
+                request: Request::Delete(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "banlieue-providers"},
+                })),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "cannot delete resource \"clusterrolebindings\"",
+            },
+        },
+        Row {
+            attack: "the_controller_binding_itself_to_cluster_admin",
+            input: Input::AsAccount {
+                account: CONTROLLER_ACCOUNT.to_owned(),
+                request: Request::Create(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "banlieue-controller-root"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                "kind": "ClusterRole", "name": "cluster-admin"},
+                    "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT,
+                                  "namespace": SYSTEM_NAMESPACE}],
+                })),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "cannot create resource \"clusterrolebindings\"",
+            },
+        },
+        Row {
+            attack: "a_provider_reading_the_registry_credentials",
+            input: Input::AsAccount {
+                account: workload_name(objects::PROVIDER),
+                request: Request::Get(json!({
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": PULL_SECRET, "namespace": names::DEFAULT_BUILD_NAMESPACE},
+                })),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "cannot get resource \"secrets\" in API group \"\" in the namespace \"banlieue-imagebuild\"",
+            },
+        },
+        Row {
+            attack: "a_provider_writing_another_providers_machine",
+            input: Input::AsAccount {
+                account: workload_name(OTHER_PROVIDER),
+                request: Request::PatchAGoodMachinesStatus,
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "may not write libvirtmachines/status",
+            },
+        },
+        Row {
+            attack: "an_image_naming_registry_credentials_its_author_may_not_read",
+            input: Input::Create {
+                user: IMAGE_AUTHOR,
+                object: json!({
+                    "apiVersion": "banlieue.io/v1alpha1",
+                    "kind": "VMImage",
+                    "metadata": {"name": "borrowed-credentials", "namespace": SYSTEM_NAMESPACE},
+                    "spec": {"installMode": "Immediate", "sources": [{
+                        "providerClass": objects::PROVIDER_CLASS,
+                        "kind": "Url",
+                        "url": "oci://registry.invalid/private/disk:1",
+                        "pullSecretName": PULL_SECRET,
+                    }]},
+                }),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "pullSecretName names Secret registry-pull in namespace banlieue-imagebuild, which bob may not get",
             },
         },
         // Claims.
@@ -626,6 +759,43 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
 
 /// A Secret that may be read as user-data only if it opted in, which it did not.
 const NOT_OPTED_IN_SECRET: &str = "database-password";
+/// The registry credentials, in the build namespace where only the image builder reads them.
+const PULL_SECRET: &str = "registry-pull";
+/// The controller's ServiceAccount in the system namespace (deploy/controller.yaml).
+const CONTROLLER_ACCOUNT: &str = "banlieue-controller";
+/// A second Provider of the namespace, whose account attacks the good Provider's machines. It
+/// declares a storage class no pool asks for, so no member is ever placed on it.
+const OTHER_PROVIDER: &str = "other-provider";
+
+/// The ServiceAccount the operator makes for a Provider's workload.
+fn workload_name(provider: &str) -> String {
+    banlieue_provider_kit::operator::workloads::workload_name(provider)
+}
+
+/// The Job a provider would start for an import, as its own import account, made privileged.
+fn privileged_import_job() -> Value {
+    let settings = banlieue_imagebuilder::decide::BuildSettings::default();
+    let mut job = serde_json::to_value(banlieue_imagebuilder::decide::build_job(
+        &settings,
+        SYSTEM_NAMESPACE,
+        "probe",
+        &format!("sha256:{}", "0".repeat(64)),
+        "127.0.0.1:5000/probe@sha256:0",
+    ))
+    .unwrap_or_default();
+    job["metadata"] = json!({"name": "import-probe", "namespace": names::DEFAULT_BUILD_NAMESPACE});
+    let pod = &mut job["spec"]["template"]["spec"];
+    pod["serviceAccountName"] = json!(
+        banlieue_provider_kit::operator::workloads::import_account_name(
+            SYSTEM_NAMESPACE,
+            objects::PROVIDER
+        )
+    );
+    // The API server itself refuses privileged without escalation.
+    pod["containers"][0]["securityContext"]["privileged"] = json!(true);
+    pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+    job
+}
 
 // ---------------------------------------------------------------------------------------------
 // The test.
@@ -717,6 +887,22 @@ async fn run(
     good_pool.spec.replicas = REPLICAS;
     dev::apply(&admin, &good_pool).await?;
     set_up_attackers(&admin, &hosts.ca_pem).await?;
+    // The second Provider's account exists once the operator made its Deployment, the last of
+    // its objects (its workload never runs: only its account is used, by the attack rows).
+    dev::apply(
+        &admin,
+        &hostile_provider(OTHER_PROVIDER, &libvirtd.tls_uri(), objects::CA_CONFIGMAP),
+    )
+    .await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    wait_until("the second Provider's workload objects", || async {
+        Ok(deployments
+            .get_opt(&workload_name(OTHER_PROVIDER))
+            .await?
+            .map(|_| ()))
+    })
+    .await?;
 
     let mut checks = 0;
     still_binds(control_plane, &admin, shutdown, &mut checks, "the start").await?;
@@ -770,6 +956,25 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
             data: Some(BTreeMap::from([(
                 "userdata".to_owned(),
                 ByteString(b"#cloud-config\npassword: hunter2\n".to_vec()),
+            )])),
+            ..Secret::default()
+        },
+    )
+    .await?;
+    dev::apply(
+        admin,
+        &Secret {
+            metadata: ObjectMeta {
+                name: Some(PULL_SECRET.to_owned()),
+                namespace: Some(names::DEFAULT_BUILD_NAMESPACE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/dockerconfigjson".to_owned()),
+            data: Some(BTreeMap::from([(
+                ".dockerconfigjson".to_owned(),
+                ByteString(
+                    br#"{"auths":{"registry.invalid":{"auth":"cHJpdmF0ZTpzZWNyZXQ="}}}"#.to_vec(),
+                ),
             )])),
             ..Secret::default()
         },
@@ -833,21 +1038,8 @@ async fn play(
             let client = control_plane.client_as(user).await?;
             let api = dynamic_api(client, object)?;
             let object: DynamicObject = serde_json::from_value(object.clone())?;
-            match api.create(&PostParams::default(), &object).await {
-                Ok(_) => Err("the API server accepted it".into()),
-                Err(kube::Error::Api(status)) => {
-                    let message = status.message.clone();
-                    if status.code != *code || !message.contains(says) {
-                        return Err(format!(
-                            "refused with {} {message:?}; expected {code} saying {says:?}",
-                            status.code
-                        )
-                        .into());
-                    }
-                    Ok(())
-                }
-                Err(other) => Err(other.into()),
-            }
+            let created = api.create(&PostParams::default(), &object).await;
+            expect_refused(created.map(|_| ()), *code, says)
         }
         (
             Input::Provider {
@@ -1056,7 +1248,110 @@ async fn play(
             })
             .await
         }
+        (Input::AsAccount { account, request }, Outcome::Refused { code, says }) => {
+            let client = control_plane
+                .client_as_service_account(SYSTEM_NAMESPACE, account)
+                .await?;
+            expect_refused(request_as(client, admin, request).await, *code, says)
+        }
         _ => Err("a row whose input and outcome do not go together".into()),
+    }
+}
+
+/// The API server refused with `code`, saying `says`.
+fn expect_refused(result: Result<(), kube::Error>, code: u16, says: &str) -> Result<(), BoxError> {
+    match result {
+        Ok(()) => Err("the API server accepted it".into()),
+        Err(kube::Error::Api(status)) if status.code == code && status.message.contains(says) => {
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) => Err(format!(
+            "refused with {} {:?}; expected {code} saying {says:?}",
+            status.code, status.message
+        )
+        .into()),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// Sends `request` with `client`; `admin` only reads what the request is made from.
+async fn request_as(client: Client, admin: &Client, request: &Request) -> Result<(), kube::Error> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let object_of = |value: &Value| -> Result<DynamicObject, kube::Error> {
+        serde_json::from_value(value.clone()).map_err(kube::Error::SerdeError)
+    };
+    match request {
+        Request::Create(object) => {
+            let api = any_api(client, object);
+            api.create(&dry_run, &object_of(object)?).await.map(|_| ())
+        }
+        Request::CopyOfProviderDeployment(change) => {
+            let shape = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                               "metadata": {"namespace": SYSTEM_NAMESPACE}});
+            let original = any_api(admin.clone(), &shape)
+                .get(&workload_name(objects::PROVIDER))
+                .await?;
+            let mut copy = serde_json::to_value(original).map_err(kube::Error::SerdeError)?;
+            copy["metadata"] = json!({"name": "copied-provider", "namespace": SYSTEM_NAMESPACE});
+            copy["status"] = Value::Null;
+            change(&mut copy["spec"]["template"]["spec"]);
+            let api = any_api(client, &shape);
+            api.create(&dry_run, &object_of(&copy)?).await.map(|_| ())
+        }
+        Request::Get(object) => {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            any_api(client, object).get(name).await.map(|_| ())
+        }
+        Request::Delete(object) => {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let dry_run = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            any_api(client, object)
+                .delete(name, &dry_run)
+                .await
+                .map(|_| ())
+        }
+        Request::PatchAGoodMachinesStatus => {
+            let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+            let prefix = format!("{}-", objects::POOL);
+            let victim = machines
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|m| m.name_any())
+                .find(|name| name.starts_with(&prefix))
+                .unwrap_or_default();
+            let forged = json!({"status": {"addresses": [
+                {"type": "InternalIP", "address": "203.0.113.66"}]}});
+            Api::<LibvirtMachine>::namespaced(client, SYSTEM_NAMESPACE)
+                .patch_status(
+                    &victim,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&forged),
+                )
+                .await
+                .map(|_| ())
+        }
+    }
+}
+
+/// An API for any kind by its `apiVersion` and `kind`, in the object's namespace, or
+/// cluster-wide when it names none.
+fn any_api(client: Client, object: &Value) -> Api<DynamicObject> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    let resource = ApiResource::from_gvk(&gvk);
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+        None => Api::all_with(client, &resource),
     }
 }
 
