@@ -15,6 +15,8 @@
 //! - a claim against each pool binds: the libvirt pool waits for InfrastructureReady (the
 //!   domain runs; it has no OS to boot), the vSphere pool for GuestReady, which the test
 //!   gives as a guest would, by setting `guestinfo.banlieue.phase` to `ready` in vcsim;
+//! - a tenant's Template image naming an ordinary VM, or a path outside the Provider's template
+//!   folders, fails its zone saying why, and the claims still bind after it;
 //! - deleting the claims (and then the pools) leaves no domain on libvirtd and no VM in vcsim.
 
 use std::collections::BTreeSet;
@@ -260,6 +262,11 @@ async fn scenario(
         )
         .await?;
     tokio::time::timeout(DEADLINE, vc.wait_task(&task)).await??;
+
+    // Row 2 of the isolation review on vSphere: bob, who may write VMImages and nothing else,
+    // names a VM that is no template and a template path outside the declared folders. The
+    // vSphere Provider fails each zone saying why, and the claims below still bind.
+    template_attacks_are_refused(control_plane, &admin).await?;
 
     // A claim against each pool.
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
@@ -537,6 +544,57 @@ async fn check_operator_objects(admin: &Client) -> Result<(), BoxError> {
         class_binding.role_ref.name,
         workloads::class_role_name(VSPHERE_CLASS)
     );
+    Ok(())
+}
+
+/// bob's Template images, each refused by the vSphere Provider with its reason, then deleted.
+async fn template_attacks_are_refused(
+    control_plane: &ControlPlane,
+    admin: &Client,
+) -> Result<(), BoxError> {
+    let bob = control_plane
+        .tenant_writing(SYSTEM_NAMESPACE, "bob", "vmimages")
+        .await?;
+    let bobs: Api<VMImage> = Api::namespaced(bob, SYSTEM_NAMESPACE);
+    let images: Api<VMImage> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    for (name, template, says) in [
+        // Another cluster's ordinary VM, in the declared folder.
+        (
+            "borrowed-vm",
+            "DC0/vm/DC0_C1_RP0_VM0",
+            "is a VM, not a template",
+        ),
+        (
+            "outside-folders",
+            "DC0/host/DC0_C0",
+            "is not in a template folder the Provider declares",
+        ),
+    ] {
+        let mut image = vsphere_image();
+        image.metadata.name = Some(name.into());
+        image.spec.sources[0].template = Some(template.into());
+        bobs.create(&PostParams::default(), &image).await?;
+        let zone = wait_until(&format!("VMImage {name}'s zone"), DEADLINE, || async {
+            let image = images.get(name).await?;
+            Ok(image
+                .status
+                .into_iter()
+                .flat_map(|s| s.per_provider)
+                .find(|p| p.provider == VSPHERE_PROVIDER)
+                .and_then(|p| p.zones.into_iter().next()))
+        })
+        .await?;
+        let message = zone.message.clone().unwrap_or_default();
+        if zone.phase != banlieue_api::ZonePhase::Failed || !message.contains(says) {
+            return Err(format!(
+                "VMImage {name}: zone {:?} {message:?}; expected Failed saying {says:?}",
+                zone.phase
+            )
+            .into());
+        }
+        eprintln!("bob's Template {template}: refused: {message}");
+        images.delete(name, &DeleteParams::default()).await?;
+    }
     Ok(())
 }
 
