@@ -416,6 +416,8 @@ async fn scenario(
     assert!(guest_ready(&vm), "GuestReady is final for the boot");
 
     hostile_agent(&admin, libvirtd, &claims_admin, &machines).await?;
+    // The Deferred claim is also the fresh claim of a legitimate user after the hostile guest:
+    // it binds through the same Provider the trickling agent tried to hold.
     deferred_install(&admin, libvirtd, &claims, &vms).await
 }
 

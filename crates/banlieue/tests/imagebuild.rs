@@ -488,6 +488,14 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
         .list(&ListParams::default().labels("banlieue.io/vmimage=borrowed"))
         .await?;
     assert!(made.items.is_empty(), "a Job for a digest nobody showed");
+    // Nothing of the owner's is lost: alice's image still has its artifact, where it was.
+    let kept = env.artifact("shape-artifact").await?;
+    assert!(
+        kept.as_ref()
+            .is_some_and(|a| a.phase == ArtifactPhase::Ready
+                && a.path == Some(decide::artifact_path(&artifact_digest))),
+        "{kept:?}"
+    );
     // A Job made while the image could pull (here: the Job of the second image, after its
     // pull Secret is taken away) does not reuse the artifact either.
     env.image_as(&env.admin, "shape-artifact-again", &borrowed, Some(CA_MAP))
