@@ -85,6 +85,13 @@ enum Input {
     /// A request made with the token of one of banlieue's own ServiceAccounts in the system
     /// namespace: what that component could do were it compromised.
     AsAccount { account: String, request: Request },
+    /// A Provider `name` in namespace `namespace` (made and enabled for the controller, as an
+    /// administrator enables one), whose `<namespace>-<name>` reads like the good Provider's
+    /// `banlieue-system-local`; created, then deleted.
+    LookAlikeProvider {
+        namespace: &'static str,
+        name: &'static str,
+    },
 }
 
 /// What a compromised banlieue identity asks the API server for. Creates are dry runs: a
@@ -122,6 +129,9 @@ enum Outcome {
         reason: &'static str,
         says: &'static str,
     },
+    /// The good Provider's account stays in the shared ClusterRoleBinding, and its build
+    /// namespace RoleBinding stays, through the look-alike's life and deletion.
+    KeepsItsGrants,
 }
 
 struct Row {
@@ -459,6 +469,17 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
                 code: 403,
                 says: "pullSecretName names Secret registry-pull in namespace banlieue-imagebuild, which bob may not get",
             },
+        },
+        // Binding names (row 9): once `banlieue-provider-<namespace>-<provider>`, so that a
+        // Provider `system-local` in namespace `banlieue` overwrote the good Provider's bindings,
+        // and deleting it deleted them.
+        Row {
+            attack: "a_provider_whose_namespace_and_name_read_like_the_good_ones",
+            input: Input::LookAlikeProvider {
+                namespace: "banlieue",
+                name: "system-local",
+            },
+            outcome: Outcome::KeepsItsGrants,
         },
         // Claims.
         Row {
@@ -1254,8 +1275,110 @@ async fn play(
                 .await?;
             expect_refused(request_as(client, admin, request).await, *code, says)
         }
+        (Input::LookAlikeProvider { namespace, name }, Outcome::KeepsItsGrants) => {
+            look_alike_provider(admin, namespace, name).await
+        }
         _ => Err("a row whose input and outcome do not go together".into()),
     }
+}
+
+/// Plays [`Input::LookAlikeProvider`]: the good Provider's grants are checked while the
+/// look-alike exists and after it is gone.
+async fn look_alike_provider(admin: &Client, namespace: &str, name: &str) -> Result<(), BoxError> {
+    use banlieue_provider_kit::operator::workloads::PROVIDERS_CLUSTER_BINDING;
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}}))?,
+        )
+        .await?;
+    // Enabled as the system namespace is (deploy/rbac/controller-workloads-rolebindings.yaml).
+    let enable: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "banlieue-controller-workloads", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "banlieue-controller-workloads"},
+        "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT,
+                      "namespace": SYSTEM_NAMESPACE}],
+    }))?;
+    dev::apply(admin, &enable).await?;
+    let mut provider =
+        hostile_provider(name, "qemu+tls://127.0.0.1:1/system", objects::CA_CONFIGMAP);
+    provider.metadata.namespace = Some(namespace.to_owned());
+    dev::apply(admin, &provider).await?;
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    let account = |ns: &str, provider: &str| (workload_name(provider), ns.to_owned());
+    let good = account(SYSTEM_NAMESPACE, objects::PROVIDER);
+    let look_alike = account(namespace, name);
+    let subjects = || async {
+        Ok::<_, kube::Error>(
+            bindings
+                .get(PROVIDERS_CLUSTER_BINDING)
+                .await?
+                .subjects
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| (s.name, s.namespace.unwrap_or_default()))
+                .collect::<Vec<_>>(),
+        )
+    };
+    // The build namespace's RoleBindings of the good Provider, by name.
+    let build_bindings: Api<RoleBinding> =
+        Api::namespaced(admin.clone(), names::DEFAULT_BUILD_NAMESPACE);
+    let goods_build_bindings = || async {
+        let mut found: Vec<String> = build_bindings
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|b| {
+                b.subjects
+                    .iter()
+                    .flatten()
+                    .any(|s| s.name == good.0 && s.namespace.as_deref() == Some(SYSTEM_NAMESPACE))
+            })
+            .map(|b| b.name_any())
+            .collect();
+        found.sort();
+        Ok::<_, kube::Error>(found)
+    };
+    let before = goods_build_bindings().await?;
+    if before.is_empty() {
+        return Err("the good Provider has no RoleBinding in the build namespace".into());
+    }
+    wait_until("both accounts in the shared ClusterRoleBinding", || async {
+        let now = subjects().await?;
+        Ok((now.contains(&good) && now.contains(&look_alike)).then_some(()))
+    })
+    .await?;
+
+    let providers: Api<Provider> = Api::namespaced(admin.clone(), namespace);
+    providers.delete(name, &DeleteParams::default()).await?;
+    wait_until(
+        &format!("Provider {namespace}/{name} to be gone"),
+        || async { Ok(providers.get_opt(name).await?.is_none().then_some(())) },
+    )
+    .await?;
+    let after = subjects().await?;
+    if !after.contains(&good) || after.contains(&look_alike) {
+        return Err(
+            format!("after the look-alike's deletion the shared binding holds {after:?}").into(),
+        );
+    }
+    let kept = goods_build_bindings().await?;
+    if kept != before {
+        return Err(format!(
+            "the good Provider's build-namespace bindings were {before:?}, now {kept:?}"
+        )
+        .into());
+    }
+    namespaces
+        .delete(namespace, &DeleteParams::default())
+        .await?;
+    Ok(())
 }
 
 /// The API server refused with `code`, saying `says`.
