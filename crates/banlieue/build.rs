@@ -12,6 +12,12 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        // kustomize's own files (`kubectl apply -k deploy/`), not objects to apply.
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_none_or(|n| !n.starts_with("kustomiz"))
+        })
         .collect();
     files.sort();
     files

@@ -44,6 +44,14 @@ pub enum BootstrapError {
          {CONTROLLER_NAMESPACE}/{CONTROLLER_DEPLOYMENT} to set the image of"
     )]
     NoControllerContainer,
+    #[error("reading the cluster's version: {0}")]
+    Version(#[source] kube::Error),
+    #[error(transparent)]
+    Unsupported(#[from] crate::supported_kubernetes::Unsupported),
+    #[error(
+        "{failed} of {total} objects could not be applied (each is named above); the rest were"
+    )]
+    Incomplete { failed: usize, total: usize },
 }
 
 /// Parses the embedded manifests of `table` into objects.
@@ -204,24 +212,138 @@ not checked against their creator and banlieue's identities may start any worklo
 create; once applied with no ConfigMap every claim, and every Job or Deployment they start, is
 denied.";
 
-/// `banlieue bootstrap`, the controller running `image`.
+/// `banlieue bootstrap`, the controller running `image`: refuses a cluster older than the
+/// supported window before writing anything, then applies every object it can and names those
+/// it could not.
 pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
+    let info = client
+        .apiserver_version()
+        .await
+        .map_err(BootstrapError::Version)?;
+    let (major, minor) = crate::supported_kubernetes::check(&info)?;
+    println!("Kubernetes v{major}.{minor}: supported");
     let mut objects = bootstrap_objects()?;
     set_controller_image(&mut objects, image)?;
     set_imagebuilder_image(&mut objects, image);
-    let applied = apply_all(&client, &objects, |a| println!("{a}")).await?;
-    let changed = applied
+    let report = apply_each(&client, &objects, |line| println!("{line}")).await;
+    let changed = report
+        .applied
         .iter()
         .filter(|a| a.change != apply::Change::Unchanged)
         .count();
-    println!("{changed} of {} objects changed", applied.len());
+    println!(
+        "{changed} of {} objects changed, {} skipped, {} failed",
+        report.applied.len(),
+        report.skipped.len(),
+        report.failed.len()
+    );
     for name in remove_legacy_provider_bindings(&client).await? {
         println!(
             "clusterrolebinding.rbac.authorization.k8s.io/{name} deleted (replaced by banlieue-providers)"
         );
     }
     eprintln!("{ADMISSION_REMINDER}");
-    Ok(())
+    match report.failed.len() {
+        0 => Ok(()),
+        failed => Err(BootstrapError::Incomplete {
+            failed,
+            total: objects.len(),
+        }),
+    }
+}
+
+/// What [`apply_each`] did with each object.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub applied: Vec<Applied>,
+    /// Optional objects whose API the cluster does not serve, each with what replaces it.
+    pub skipped: Vec<String>,
+    /// Objects that could not be applied, each with why.
+    pub failed: Vec<String>,
+}
+
+/// Applies every object of `objects` it can, in order, waiting for each CRD to be Established;
+/// an object that fails does not stop the ones after it. An optional object ([`optional`])
+/// whose API the cluster does not serve is skipped. `say` gets one line per object.
+pub async fn apply_each(
+    client: &Client,
+    objects: &[DynamicObject],
+    mut say: impl FnMut(&str),
+) -> ApplyReport {
+    let mut report = ApplyReport::default();
+    for object in objects {
+        let outcome = match apply::apply(client, object).await {
+            Ok(applied) => match object.types.as_ref().map(|t| t.kind.as_str()) {
+                Some("CustomResourceDefinition") => {
+                    wait_established(client, object.metadata.name.as_deref().unwrap_or_default())
+                        .await
+                        .map(|()| applied)
+                }
+                _ => Ok(applied),
+            },
+            Err(error) => Err(BootstrapError::Apply(error)),
+        };
+        match outcome {
+            Ok(applied) => {
+                say(&applied.to_string());
+                report.applied.push(applied);
+            }
+            Err(error) => match optional(object).filter(|_| not_served(&error)) {
+                Some(instead) => {
+                    let line = format!("skipped: {}; {instead}", label(object));
+                    say(&line);
+                    report.skipped.push(line);
+                }
+                None => {
+                    let line = format!("failed: {error}");
+                    say(&line);
+                    report.failed.push(line);
+                }
+            },
+        }
+    }
+    report
+}
+
+/// What stands in for an object bootstrap may do without, where the cluster does not serve
+/// its API: the claim-protection policy (a MutatingAdmissionPolicy, GA in Kubernetes v1.36).
+fn optional(object: &DynamicObject) -> Option<&'static str> {
+    let kind = object.types.as_ref().map(|t| t.kind.as_str())?;
+    let claim_protection = object.metadata.name.as_deref() == Some("banlieue-claim-protection");
+    (claim_protection
+        && matches!(
+            kind,
+            "MutatingAdmissionPolicy" | "MutatingAdmissionPolicyBinding"
+        ))
+    .then_some(
+        "this cluster does not serve it: the controller adds banlieue.io/claim-protection to \
+         each claim itself, one more write per claim",
+    )
+}
+
+/// Whether `error` says the cluster does not serve the object's API (group, version or kind).
+fn not_served(error: &BootstrapError) -> bool {
+    match error {
+        BootstrapError::Apply(ApplyError::Api { source, .. }) => match source {
+            kube::Error::Discovery(_) => true,
+            kube::Error::Api(status) => status.code == 404,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn label(object: &DynamicObject) -> String {
+    let kind = object
+        .types
+        .as_ref()
+        .map(|t| t.kind.as_str())
+        .unwrap_or("?");
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    match &object.metadata.namespace {
+        Some(ns) => format!("{kind}/{ns}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
 }
 
 /// The operator's label on the objects it made for a Provider.

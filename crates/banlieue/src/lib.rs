@@ -7,3 +7,4 @@ pub mod libvirt;
 pub mod login;
 pub mod observe;
 pub mod roles;
+pub mod supported_kubernetes;

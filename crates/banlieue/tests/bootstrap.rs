@@ -186,3 +186,205 @@ async fn bootstrap_replaces_per_provider_bindings_and_keeps_the_operators_subjec
         .await
         .unwrap();
 }
+
+/// `kubectl apply -k deploy/`, the install without the binary (deploy/kustomization.yaml):
+/// kustomize renders exactly the objects `banlieue bootstrap` applies; an overlay's `images:`
+/// sets what `bootstrap --image` sets (the controller's and the image builder's image, and the
+/// image builder's BANLIEUE_IMAGE); and the overlay applied to the API server installs the
+/// controller with that image.
+#[tokio::test]
+async fn the_kustomize_base_is_what_bootstrap_applies() {
+    let kubectl = banlieue_testenv::control_plane::bin_dir().join("kubectl");
+    if !kubectl.is_file() && std::env::var_os("BANLIEUE_ALLOW_MISSING_PEERS").is_some() {
+        eprintln!("SKIPPED: no kubectl (BANLIEUE_ALLOW_MISSING_PEERS is set)");
+        return;
+    }
+    let deploy = banlieue_testenv::repo_path("deploy");
+    let render = |dir: &std::path::Path| {
+        let out = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(dir)
+            .output()
+            .expect("run kubectl kustomize");
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).expect("UTF-8");
+        by_identity(&bootstrap::objects_of(&[("kustomize", text.as_str())]).expect("objects"))
+    };
+    let expected = bootstrap::bootstrap_objects().expect("bootstrap's objects");
+    assert_same(&render(&deploy), &by_identity(&expected));
+
+    let pushed = ("registry.test:5000/team/banlieue", "1.2.3");
+    let overlay = tempfile::tempdir().expect("a temporary directory");
+    // kustomize takes a base by a relative path only.
+    let up = overlay
+        .path()
+        .canonicalize()
+        .expect("the overlay's path")
+        .components()
+        .skip(1)
+        .map(|_| "..")
+        .collect::<Vec<_>>()
+        .join("/");
+    let base = format!(
+        "{up}{}",
+        deploy.canonicalize().expect("deploy/'s path").display()
+    );
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources:\n  - {}\n\
+             images:\n  - name: localhost/banlieue\n    newName: {}\n    newTag: \"{}\"\n",
+            base, pushed.0, pushed.1
+        ),
+    )
+    .expect("write the overlay");
+    let image = format!("{}:{}", pushed.0, pushed.1);
+    let mut expected = expected;
+    bootstrap::set_controller_image(&mut expected, &image).expect("the controller's image");
+    bootstrap::set_imagebuilder_image(&mut expected, &image);
+    assert_same(&render(overlay.path()), &by_identity(&expected));
+
+    let _turn = CLUSTER_WIDE.lock().await;
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let kubeconfig = control_plane.kubeconfig("admin").expect("admin kubeconfig");
+    let out = std::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "kustomize-test",
+            "-k",
+        ])
+        .arg(overlay.path())
+        .output()
+        .expect("run kubectl apply -k");
+    assert!(
+        out.status.success(),
+        "kubectl apply -k: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = control_plane.client().unwrap();
+    assert_eq!(controller_image(&client).await, image);
+    // Back to what the other tests expect; bootstrap takes the fields over.
+    run_bootstrap(control_plane, None).await;
+}
+
+/// Objects by apiVersion, kind, namespace and name, as JSON.
+fn by_identity(objects: &[DynamicObject]) -> std::collections::BTreeMap<String, serde_json::Value> {
+    objects
+        .iter()
+        .map(|o| {
+            let types = o.types.clone().unwrap_or_default();
+            let key = format!(
+                "{} {} {}/{}",
+                types.api_version,
+                types.kind,
+                o.metadata.namespace.as_deref().unwrap_or(""),
+                o.metadata.name.as_deref().unwrap_or("")
+            );
+            (key, serde_json::to_value(o).expect("JSON"))
+        })
+        .collect()
+}
+
+fn assert_same(
+    rendered: &std::collections::BTreeMap<String, serde_json::Value>,
+    expected: &std::collections::BTreeMap<String, serde_json::Value>,
+) {
+    let keys = |m: &std::collections::BTreeMap<String, serde_json::Value>| {
+        m.keys().cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(keys(rendered), keys(expected), "the same objects");
+    for (key, object) in expected {
+        if let Some(at) = first_difference(&rendered[key], object, String::new()) {
+            panic!("{key} differs at {at}");
+        }
+    }
+}
+
+/// The JSON pointer of the first place `a` and `b` differ, with both values there.
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let (l, r) = (
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+            );
+            first_difference(l, r, format!("{at}/{k}"))
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (l, r))| first_difference(l, r, format!("{at}/{i}"))),
+        // The CRD generator writes a bound as 512.0, YAML as 512: the same number.
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{at}: kustomize {a}, bootstrap {b}")),
+    }
+}
+
+/// Bootstrap applies every object it can: an object the cluster cannot take does not stop the
+/// ones after it and is named; the claim-protection policy, where its API is not served (a
+/// cluster before MutatingAdmissionPolicy v1), is skipped saying what stands in for it. The
+/// test control plane is inside the supported window.
+#[tokio::test]
+async fn bootstrap_applies_what_it_can_and_names_what_it_could_not() {
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let client = control_plane.client().unwrap();
+    let info = client.apiserver_version().await.expect("/version");
+    banlieue::supported_kubernetes::check(&info).expect("the test cluster is supported");
+
+    let namespace = control_plane.fresh_namespace().await.expect("a namespace");
+    let config_map = |name: &str, namespace: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {namespace}\n"
+        )
+    };
+    let manifest = [
+        config_map("first", &namespace),
+        // The claim-protection policy at an API version no cluster serves.
+        "apiVersion: admissionregistration.k8s.io/v9\nkind: MutatingAdmissionPolicy\n\
+         metadata:\n  name: banlieue-claim-protection\n"
+            .to_owned(),
+        // Anything else the cluster cannot take is a failure, named.
+        "apiVersion: widgets.example.com/v1\nkind: Widget\nmetadata:\n  name: w\n".to_owned(),
+        config_map("orphan", "no-such-namespace"),
+        config_map("last", &namespace),
+    ]
+    .join("---\n");
+    let objects = bootstrap::objects_of(&[("test", manifest.as_str())]).expect("objects");
+    let mut said = Vec::new();
+    let report = bootstrap::apply_each(&client, &objects, |line| said.push(line.to_owned())).await;
+    assert_eq!(report.applied.len(), 2, "{said:#?}");
+    assert_eq!(report.skipped.len(), 1, "{said:#?}");
+    assert!(
+        report.skipped[0].contains("MutatingAdmissionPolicy/banlieue-claim-protection")
+            && report.skipped[0].contains("the controller adds banlieue.io/claim-protection"),
+        "{said:#?}"
+    );
+    assert_eq!(report.failed.len(), 2, "{said:#?}");
+    assert!(report.failed[0].contains("Widget/w"), "{said:#?}");
+    assert!(
+        report.failed[1].contains("ConfigMap/no-such-namespace/orphan"),
+        "{said:#?}"
+    );
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client, &namespace);
+    for name in ["first", "last"] {
+        assert!(
+            config_maps.get_opt(name).await.unwrap().is_some(),
+            "{name} was not applied: {said:#?}"
+        );
+    }
+}
