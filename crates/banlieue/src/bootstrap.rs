@@ -242,6 +242,12 @@ pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
             "clusterrolebinding.rbac.authorization.k8s.io/{name} deleted (replaced by banlieue-providers)"
         );
     }
+    // A warning, not a failure: the volume is the site's to make, and may come later.
+    match crate::artifacts_volume::check(&client).await {
+        Ok(Some(warning)) => eprintln!("warning: {warning}"),
+        Ok(None) => {}
+        Err(e) => eprintln!("warning: could not check the artifacts volume: {e}"),
+    }
     eprintln!("{ADMISSION_REMINDER}");
     match report.failed.len() {
         0 => Ok(()),

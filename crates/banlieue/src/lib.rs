@@ -1,6 +1,7 @@
 //! The banlieue binary's subcommands, as a library so integration tests drive them directly.
 
 pub mod apply;
+pub mod artifacts_volume;
 pub mod bootstrap;
 pub mod cidata;
 pub mod libvirt;

@@ -388,3 +388,83 @@ async fn bootstrap_applies_what_it_can_and_names_what_it_could_not() {
         );
     }
 }
+
+/// What bootstrap says of the artifacts volume, against the API server: nothing for the
+/// shipped ReadWriteOnce PVC on one node, a warning naming it once a second schedulable node
+/// joins, nothing again for an unschedulable one.
+#[tokio::test]
+async fn a_read_write_once_artifacts_volume_is_named_on_more_than_one_node() {
+    use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+    use kube::api::{DeleteParams, PostParams};
+    let _turn = CLUSTER_WIDE.lock().await;
+    let control_plane = ControlPlane::shared().await.expect("control plane");
+    let client = control_plane.client().unwrap();
+    run_bootstrap(control_plane, None).await;
+
+    let said = banlieue::artifacts_volume::check(&client).await.unwrap();
+    assert!(
+        said.as_deref()
+            .is_some_and(|s| s.contains("does not exist yet")),
+        "{said:?}"
+    );
+    let text = std::fs::read_to_string(banlieue_testenv::repo_path(
+        "deploy/imagebuild/artifacts-pvc.yaml",
+    ))
+    .unwrap();
+    let shipped = bootstrap::objects_of(&[("artifacts-pvc.yaml", text.as_str())]).unwrap();
+    let pvc: PersistentVolumeClaim =
+        serde_json::from_value(serde_json::to_value(&shipped[0]).unwrap()).unwrap();
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), banlieue::artifacts_volume::NAMESPACE);
+    claims.create(&PostParams::default(), &pvc).await.unwrap();
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let existing = nodes.list(&Default::default()).await.unwrap().items.len();
+    let node = |name: &str, unschedulable: bool| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"unschedulable": unschedulable},
+        }))
+        .unwrap()
+    };
+    // Node objects alone: the API server counts them; no kubelet is needed to be counted.
+    let mut made = Vec::new();
+    for i in existing..2 {
+        let name = format!("artifacts-test-{i}");
+        nodes
+            .create(&PostParams::default(), &node(&name, false))
+            .await
+            .unwrap();
+        made.push(name);
+    }
+    let said = banlieue::artifacts_volume::check(&client).await.unwrap();
+    assert!(
+        said.as_deref().is_some_and(
+            |s| s.contains("is ReadWriteOnce and the cluster has 2 schedulable nodes")
+        ),
+        "{said:?}"
+    );
+    // A cordoned node takes no Jobs.
+    nodes
+        .create(
+            &PostParams::default(),
+            &node("artifacts-test-cordoned", true),
+        )
+        .await
+        .unwrap();
+    made.push("artifacts-test-cordoned".into());
+    let said = banlieue::artifacts_volume::check(&client).await.unwrap();
+    assert!(
+        said.as_deref()
+            .is_some_and(|s| s.contains("has 2 schedulable")),
+        "{said:?}"
+    );
+
+    for name in made {
+        nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    claims
+        .delete(banlieue::artifacts_volume::CLAIM, &DeleteParams::default())
+        .await
+        .unwrap();
+}
