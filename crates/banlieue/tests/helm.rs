@@ -1,0 +1,364 @@
+//! The Helm chart (`deploy/helm/banlieue`) with the real `helm` (built from the Go module proxy
+//! by `scripts/control-plane build-helm`): `helm lint` passes; `helm template` renders exactly
+//! the objects `banlieue bootstrap` applies, modulo the annotation that keeps CRDs on
+//! uninstall, with the image, replicas and resources of the values; with `admission.enabled`
+//! also deploy/admission/ with the site's issuers, brokers and images; and `helm install`,
+//! `upgrade` and `uninstall` against a real API server install, change and remove the release
+//! while the CRDs and namespaces, and so every stored claim, pool and machine, stay.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use banlieue::bootstrap;
+use banlieue_testenv::control_plane::ControlPlane;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use serde_json::{Value, json};
+
+/// The annotation the chart adds to each CRD and namespace, and nothing else does.
+const KEEP: &str = "helm.sh/resource-policy";
+/// The API of the claim-protection policy, as helm names a served kind.
+const MUTATING_POLICY: &str = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy";
+
+struct Helm {
+    binary: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Helm {
+    /// The helm the set-up built, or None where it is allowed to be missing.
+    fn find() -> Option<Helm> {
+        let binary = banlieue_testenv::control_plane::bin_dir().join("helm");
+        if !binary.is_file() {
+            assert!(
+                std::env::var_os("BANLIEUE_ALLOW_MISSING_PEERS").is_some(),
+                "no helm at {}: run scripts/setup helm",
+                binary.display()
+            );
+            eprintln!("SKIPPED: no helm (BANLIEUE_ALLOW_MISSING_PEERS is set)");
+            return None;
+        }
+        let home = tempfile::tempdir().expect("a home for helm");
+        Some(Helm { binary, home })
+    }
+
+    /// Runs helm with `args`; its configuration and caches in a directory of the test's own.
+    fn run(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.binary)
+            .args(args)
+            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
+            .env("HELM_DATA_HOME", self.home.path().join("data"))
+            .output()
+            .expect("run helm");
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    }
+
+    /// `helm template` of the chart with `sets`, as objects by identity, for a cluster that
+    /// serves MutatingAdmissionPolicy v1 (Kubernetes v1.36 and later): helm's own list of API
+    /// versions does not name it.
+    fn template(&self, sets: &[&str]) -> BTreeMap<String, Value> {
+        self.template_with(&["--api-versions", MUTATING_POLICY], sets)
+    }
+
+    fn template_with(&self, options: &[&str], sets: &[&str]) -> BTreeMap<String, Value> {
+        let chart = chart();
+        let mut args = vec!["template", "banlieue", chart.to_str().expect("UTF-8 path")];
+        args.extend(options);
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let text = self.run(&args);
+        by_identity(&bootstrap::objects_of(&[("helm template", text.as_str())]).expect("objects"))
+    }
+}
+
+fn chart() -> PathBuf {
+    banlieue_testenv::repo_path("deploy/helm/banlieue")
+}
+
+/// Objects by apiVersion, kind, namespace and name, as JSON; the chart's CRD annotation
+/// checked and taken off.
+fn by_identity(objects: &[DynamicObject]) -> BTreeMap<String, Value> {
+    objects
+        .iter()
+        .map(|o| {
+            let types = o.types.clone().unwrap_or_default();
+            let key = format!(
+                "{} {} {}/{}",
+                types.api_version,
+                types.kind,
+                o.metadata.namespace.as_deref().unwrap_or(""),
+                o.metadata.name.as_deref().unwrap_or("")
+            );
+            (key, serde_json::to_value(o).expect("JSON"))
+        })
+        .collect()
+}
+
+/// Takes the chart's keep annotation off every CRD and namespace of `rendered`, checking each
+/// had it.
+fn without_keep(mut rendered: BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    for (key, object) in rendered.iter_mut() {
+        if object["kind"] != "CustomResourceDefinition" && object["kind"] != "Namespace" {
+            continue;
+        }
+        let annotations = object["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap_or_else(|| panic!("{key} has no annotations"));
+        assert_eq!(annotations.remove(KEEP), Some(json!("keep")), "{key}");
+        if annotations.is_empty() {
+            object["metadata"]
+                .as_object_mut()
+                .expect("metadata")
+                .remove("annotations");
+        }
+    }
+    rendered
+}
+
+fn assert_same(rendered: &BTreeMap<String, Value>, expected: &BTreeMap<String, Value>) {
+    let keys = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(rendered), keys(expected), "the same objects");
+    for (key, object) in expected {
+        if let Some(at) = first_difference(&rendered[key], object, String::new()) {
+            panic!("{key} differs at {at}");
+        }
+    }
+}
+
+/// The JSON pointer of the first place `a` and `b` differ, with both values there.
+fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let (l, r) = (
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+            );
+            first_difference(l, r, format!("{at}/{k}"))
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (l, r))| first_difference(l, r, format!("{at}/{i}"))),
+        // The CRD generator writes a bound as 512.0, YAML as 512: the same number.
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{at}: helm {a}, expected {b}")),
+    }
+}
+
+#[test]
+fn the_chart_lints_and_renders_what_bootstrap_applies() {
+    let Some(helm) = Helm::find() else { return };
+    helm.run(&["lint", "--strict", chart().to_str().expect("UTF-8 path")]);
+
+    // The defaults: bootstrap's objects, the claim-protection policy included (helm's own
+    // API versions serve it).
+    let expected = by_identity(&bootstrap::bootstrap_objects().expect("bootstrap's objects"));
+    assert_same(&without_keep(helm.template(&[])), &expected);
+
+    // The image, replicas and resources of the values, where bootstrap --image puts the image.
+    let image = "registry.test:5000/team/banlieue:1.2.3";
+    let mut objects = bootstrap::bootstrap_objects().expect("bootstrap's objects");
+    bootstrap::set_controller_image(&mut objects, image).expect("the controller's image");
+    bootstrap::set_imagebuilder_image(&mut objects, image);
+    let mut expected = by_identity(&objects);
+    let controller = expected
+        .get_mut("apps/v1 Deployment banlieue-system/banlieue-controller")
+        .expect("the controller");
+    controller["spec"]["replicas"] = json!(3);
+    controller["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
+    let rendered = helm.template(&[
+        &format!("image={image}"),
+        "controller.replicas=3",
+        "controller.resources.requests.cpu=100m",
+        "controller.resources.requests.memory=128Mi",
+    ]);
+    assert_same(&without_keep(rendered), &expected);
+
+    // Namespaces made elsewhere, and no claim-protection policy: bootstrap's objects but those.
+    let mutating = |o: &Value| {
+        o["kind"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("MutatingAdmissionPolicy"))
+    };
+    let rendered = helm.template(&["namespaces.create=false", "claimProtection=false"]);
+    let expected: BTreeMap<String, Value> = by_identity(&bootstrap::bootstrap_objects().unwrap())
+        .into_iter()
+        .filter(|(_, o)| o["kind"] != "Namespace" && !mutating(o))
+        .collect();
+    assert_same(&without_keep(rendered), &expected);
+    // A cluster that does not serve the policy's API (before v1.36) gets everything but it,
+    // as bootstrap skips it there.
+    let rendered = helm.template_with(&[], &[]);
+    let expected: BTreeMap<String, Value> = by_identity(&bootstrap::bootstrap_objects().unwrap())
+        .into_iter()
+        .filter(|(_, o)| !mutating(o))
+        .collect();
+    assert_same(&without_keep(rendered), &expected);
+
+    // The admission policies, with the site's ConfigMaps.
+    let rendered = without_keep(helm.template(&[
+        "admission.enabled=true",
+        &format!("image={image}"),
+        "admission.issuers={https://issuer.a.test=oidc-a:,https://issuer.b.test=oidc-b:}",
+        "admission.brokers={oidc-b:broker}",
+        "admission.workloadImages={registry.test:5000/team/provider:7}",
+    ]));
+    let mut expected = by_identity(&objects);
+    let admission = bootstrap::objects_of(bootstrap::ADMISSION).expect("the admission policies");
+    expected.extend(by_identity(&admission));
+    for (key, data) in [
+        (
+            "v1 ConfigMap banlieue-system/banlieue-claim-subject-policy",
+            json!({"issuers": "https://issuer.a.test=oidc-a:\nhttps://issuer.b.test=oidc-b:\n",
+                   "brokers": "oidc-b:broker"}),
+        ),
+        (
+            "v1 ConfigMap banlieue-system/banlieue-workload-images",
+            json!({"images": format!("{image}\nregistry.test:5000/team/provider:7\n"),
+                   "importAccounts": ""}),
+        ),
+    ] {
+        expected.get_mut(key).unwrap_or_else(|| panic!("no {key}"))["data"] = data;
+    }
+    assert_same(&rendered, &expected);
+}
+
+/// `helm install`, `upgrade` and `uninstall` against the API server (no node: the objects,
+/// not the pods): the release makes bootstrap's objects, an upgrade changes the controller's
+/// image and replicas, and uninstalling removes the Deployments but keeps every CRD and
+/// namespace, and a pool stored in them.
+#[tokio::test]
+async fn install_upgrade_and_uninstall_keep_what_users_stored() {
+    let Some(helm) = Helm::find() else { return };
+    let control_plane = ControlPlane::start().await.expect("control plane");
+    let kubeconfig = control_plane
+        .kubeconfig("admin")
+        .expect("admin kubeconfig")
+        .to_path_buf();
+    let client = control_plane.client().unwrap();
+    // A cluster without banlieue: the test control plane comes with the CRDs, which Helm would
+    // refuse to adopt.
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in banlieue_api::crds() {
+        let name = crd.metadata.name.expect("a name");
+        crds.delete(&name, &Default::default()).await.unwrap();
+    }
+    banlieue_testenv::poll::until(
+        "the CRDs to be gone",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(200),
+        || async {
+            let left = crds.list(&Default::default()).await?.items;
+            Ok::<_, kube::Error>(
+                (!left.iter().any(|c| c.spec.group == "banlieue.io")).then_some(()),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    let chart = chart();
+    let release = |verb: &str, sets: &[&str]| {
+        let mut args = vec![
+            verb,
+            "banlieue",
+            chart.to_str().expect("UTF-8 path"),
+            "--kubeconfig",
+            kubeconfig.to_str().expect("UTF-8 path"),
+            "--namespace",
+            "banlieue-helm",
+            "--create-namespace",
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        helm.run(&args)
+    };
+    release("install", &["image=registry.test/banlieue:1"]);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "banlieue-system");
+    let controller = deployments.get("banlieue-controller").await.unwrap();
+    assert_eq!(image_of(&controller), "registry.test/banlieue:1");
+    assert_eq!(controller.spec.replicas, Some(2));
+
+    // Something a user stored, under one of the chart's CRDs.
+    let pools = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "banlieue-system",
+        &kube::api::ApiResource::erase::<banlieue_api::VirtualMachinePool>(&()),
+    );
+    let pool: DynamicObject = serde_json::from_value(
+        serde_json::to_value(banlieue_dev::objects::pool()).expect("a pool"),
+    )
+    .expect("a pool");
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+
+    release(
+        "upgrade",
+        &["image=registry.test/banlieue:2", "controller.replicas=1"],
+    );
+    let controller = deployments.get("banlieue-controller").await.unwrap();
+    assert_eq!(image_of(&controller), "registry.test/banlieue:2");
+    assert_eq!(controller.spec.replicas, Some(1));
+    assert!(
+        pools
+            .get_opt(banlieue_dev::objects::POOL)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    helm.run(&[
+        "uninstall",
+        "banlieue",
+        "--kubeconfig",
+        kubeconfig.to_str().expect("UTF-8 path"),
+        "--namespace",
+        "banlieue-helm",
+        "--wait",
+    ]);
+    assert!(
+        deployments
+            .get_opt("banlieue-controller")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for crd in banlieue_api::crds() {
+        let name = crd.metadata.name.expect("a name");
+        assert!(
+            crds.get_opt(&name).await.unwrap().is_some(),
+            "{name} was deleted"
+        );
+    }
+    assert!(
+        pools
+            .get_opt(banlieue_dev::objects::POOL)
+            .await
+            .unwrap()
+            .is_some(),
+        "the stored pool went with the release"
+    );
+}
+
+fn image_of(deployment: &Deployment) -> String {
+    deployment
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
