@@ -16,6 +16,7 @@ libvirtd).
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -144,6 +145,13 @@ def main():
         # (ADR-0071): adding a backend is a CRD, a builder and a `machine::Backend`.
         rerun("banlieue-controller::integration", "banlieue-controller::integration (MemoryMachine)",
               {"BANLIEUE_TEST_MACHINE_KIND": "MemoryMachine"}, binaries, add)
+        # The oldest supported Kubernetes release (ADR-0072): bootstrap, the admission policies
+        # and the claim lifecycle against its control plane (built by scripts/setup
+        # oldest-kubernetes), where MutatingAdmissionPolicy v1 is not served.
+        oldest = {"BANLIEUE_CONTROL_PLANE_BIN": str(oldest_bin_dir())}
+        for name in ["banlieue::bootstrap", "banlieue-api::admission",
+                     "banlieue-controller::integration"]:
+            rerun(name, f"{name} (Kubernetes {oldest_version()})", oldest, binaries, add)
         # Bounded fuzzing of the libvirt receive path (fuzz/README.md): the same binary, longer.
         rerun("banlieue-libvirt::fuzz_packet", "banlieue-libvirt::fuzz_packet (20 s)",
               {"BANLIEUE_FUZZ_SECS": os.environ.get("BANLIEUE_FUZZ_SECS", "20")}, binaries, add,
@@ -172,6 +180,18 @@ def main():
 
     json.dump({"jobs": jobs}, sys.stdout, indent=1)
     print()
+
+
+def oldest_bin_dir():
+    cache = os.environ.get("BANLIEUE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "banlieue")
+    return Path(cache) / "control-plane" / "bin-oldest"
+
+
+def oldest_version():
+    """The oldest release's pin in scripts/control-plane, for the jobs' names."""
+    script = (Path(__file__).resolve().parents[1] / "control-plane").read_text()
+    found = re.search(r"KUBERNETES_OLDEST_VERSION:-(v[0-9.]+)", script)
+    return found.group(1) if found else "oldest"
 
 
 def rerun(name, as_name, env, binaries, add, extra_args=()):
