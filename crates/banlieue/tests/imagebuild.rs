@@ -488,7 +488,8 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
         .list(&ListParams::default().labels("banlieue.io/vmimage=borrowed"))
         .await?;
     assert!(made.items.is_empty(), "a Job for a digest nobody showed");
-    // Nothing of the owner's is lost: alice's image still has its artifact, where it was.
+    // Nothing of the owner's is lost: alice's image still has its artifact, where it was, and
+    // a fresh image of hers, with her credentials, still resolves and builds.
     let kept = env.artifact("shape-artifact").await?;
     assert!(
         kept.as_ref()
@@ -496,6 +497,14 @@ async fn each_shape_builds_to_what_qemu_img_makes_and_bootc_is_refused() -> Resu
                 && a.path == Some(decide::artifact_path(&artifact_digest))),
         "{kept:?}"
     );
+    env.image(
+        "fresh-after-borrowed",
+        &format!("oci://{}", env.registry.reference("disks/qcow2", "v1")),
+        true,
+    )
+    .await?;
+    let fresh = env.build("fresh-after-borrowed", &artifact_digest).await?;
+    assert_eq!(fresh.path, Some(decide::artifact_path(&artifact_digest)));
     // A Job made while the image could pull (here: the Job of the second image, after its
     // pull Secret is taken away) does not reuse the artifact either.
     env.image_as(&env.admin, "shape-artifact-again", &borrowed, Some(CA_MAP))
