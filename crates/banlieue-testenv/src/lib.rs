@@ -12,6 +12,7 @@ pub mod guest_agent;
 pub mod guest_image;
 mod janitor;
 pub mod libvirtd;
+pub mod manifests;
 pub mod node;
 pub mod oidc;
 mod pki;

@@ -6,6 +6,7 @@
 use banlieue::apply::Change;
 use banlieue::bootstrap;
 use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::manifests::{assert_same, by_identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
@@ -233,7 +234,7 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
         by_identity(&bootstrap::objects_of(&[("kustomize", text.as_str())]).expect("objects"))
     };
     let expected = bootstrap::bootstrap_objects().expect("bootstrap's objects");
-    assert_same(&render(&deploy), &by_identity(&expected));
+    assert_same("kustomize", &render(&deploy), &by_identity(&expected));
 
     let pushed = ("registry.test:5000/team/banlieue", "1.2.3");
     let overlay = tempfile::tempdir().expect("a temporary directory");
@@ -265,7 +266,11 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
     let mut expected = expected;
     bootstrap::set_controller_image(&mut expected, &image).expect("the controller's image");
     bootstrap::set_imagebuilder_image(&mut expected, &image);
-    assert_same(&render(overlay.path()), &by_identity(&expected));
+    assert_same(
+        "kustomize",
+        &render(overlay.path()),
+        &by_identity(&expected),
+    );
 
     let _turn = CLUSTER_WIDE.lock().await;
     let control_plane = ControlPlane::shared().await.expect("control plane");
@@ -292,7 +297,7 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
             })
             .cloned()
             .collect();
-        assert_same(&render(overlay.path()), &by_identity(&without));
+        assert_same("kustomize", &render(overlay.path()), &by_identity(&without));
     }
     let kubeconfig = control_plane.kubeconfig("admin").expect("admin kubeconfig");
     let out = std::process::Command::new(&kubectl)
@@ -317,62 +322,6 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
     assert_eq!(controller_image(&client).await, image);
     // Back to what the other tests expect; bootstrap takes the fields over.
     run_bootstrap(control_plane, None).await;
-}
-
-/// Objects by apiVersion, kind, namespace and name, as JSON.
-fn by_identity(objects: &[DynamicObject]) -> std::collections::BTreeMap<String, serde_json::Value> {
-    objects
-        .iter()
-        .map(|o| {
-            let types = o.types.clone().unwrap_or_default();
-            let key = format!(
-                "{} {} {}/{}",
-                types.api_version,
-                types.kind,
-                o.metadata.namespace.as_deref().unwrap_or(""),
-                o.metadata.name.as_deref().unwrap_or("")
-            );
-            (key, serde_json::to_value(o).expect("JSON"))
-        })
-        .collect()
-}
-
-fn assert_same(
-    rendered: &std::collections::BTreeMap<String, serde_json::Value>,
-    expected: &std::collections::BTreeMap<String, serde_json::Value>,
-) {
-    let keys = |m: &std::collections::BTreeMap<String, serde_json::Value>| {
-        m.keys().cloned().collect::<Vec<_>>()
-    };
-    assert_eq!(keys(rendered), keys(expected), "the same objects");
-    for (key, object) in expected {
-        if let Some(at) = first_difference(&rendered[key], object, String::new()) {
-            panic!("{key} differs at {at}");
-        }
-    }
-}
-
-/// The JSON pointer of the first place `a` and `b` differ, with both values there.
-fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> Option<String> {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
-            let (l, r) = (
-                x.get(k).unwrap_or(&Value::Null),
-                y.get(k).unwrap_or(&Value::Null),
-            );
-            first_difference(l, r, format!("{at}/{k}"))
-        }),
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
-            .iter()
-            .zip(y)
-            .enumerate()
-            .find_map(|(i, (l, r))| first_difference(l, r, format!("{at}/{i}"))),
-        // The CRD generator writes a bound as 512.0, YAML as 512: the same number.
-        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
-        _ if a == b => None,
-        _ => Some(format!("{at}: kustomize {a}, bootstrap {b}")),
-    }
 }
 
 /// Bootstrap applies every object it can: an object the cluster cannot take does not stop the

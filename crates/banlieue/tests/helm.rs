@@ -12,6 +12,7 @@ use std::process::Command;
 
 use banlieue::bootstrap;
 use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::manifests::{assert_same, by_identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -85,25 +86,6 @@ fn chart() -> PathBuf {
     banlieue_testenv::repo_path("deploy/helm/banlieue")
 }
 
-/// Objects by apiVersion, kind, namespace and name, as JSON; the chart's CRD annotation
-/// checked and taken off.
-fn by_identity(objects: &[DynamicObject]) -> BTreeMap<String, Value> {
-    objects
-        .iter()
-        .map(|o| {
-            let types = o.types.clone().unwrap_or_default();
-            let key = format!(
-                "{} {} {}/{}",
-                types.api_version,
-                types.kind,
-                o.metadata.namespace.as_deref().unwrap_or(""),
-                o.metadata.name.as_deref().unwrap_or("")
-            );
-            (key, serde_json::to_value(o).expect("JSON"))
-        })
-        .collect()
-}
-
 /// Takes the chart's keep annotation off every CRD and namespace of `rendered`, checking each
 /// had it.
 fn without_keep(mut rendered: BTreeMap<String, Value>) -> BTreeMap<String, Value> {
@@ -125,38 +107,6 @@ fn without_keep(mut rendered: BTreeMap<String, Value>) -> BTreeMap<String, Value
     rendered
 }
 
-fn assert_same(rendered: &BTreeMap<String, Value>, expected: &BTreeMap<String, Value>) {
-    let keys = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
-    assert_eq!(keys(rendered), keys(expected), "the same objects");
-    for (key, object) in expected {
-        if let Some(at) = first_difference(&rendered[key], object, String::new()) {
-            panic!("{key} differs at {at}");
-        }
-    }
-}
-
-/// The JSON pointer of the first place `a` and `b` differ, with both values there.
-fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
-            let (l, r) = (
-                x.get(k).unwrap_or(&Value::Null),
-                y.get(k).unwrap_or(&Value::Null),
-            );
-            first_difference(l, r, format!("{at}/{k}"))
-        }),
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
-            .iter()
-            .zip(y)
-            .enumerate()
-            .find_map(|(i, (l, r))| first_difference(l, r, format!("{at}/{i}"))),
-        // The CRD generator writes a bound as 512.0, YAML as 512: the same number.
-        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
-        _ if a == b => None,
-        _ => Some(format!("{at}: helm {a}, expected {b}")),
-    }
-}
-
 #[test]
 fn the_chart_lints_and_renders_what_bootstrap_applies() {
     let Some(helm) = Helm::find() else { return };
@@ -165,7 +115,11 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
     // The defaults: bootstrap's objects, the claim-protection policy included (helm's own
     // API versions serve it).
     let expected = by_identity(&bootstrap::bootstrap_objects().expect("bootstrap's objects"));
-    assert_same(&without_keep(helm.template(&[])), &expected);
+    assert_same(
+        "helm template",
+        &without_keep(helm.template(&[])),
+        &expected,
+    );
 
     // The image, replicas and resources of the values, where bootstrap --image puts the image.
     let image = "registry.test:5000/team/banlieue:1.2.3";
@@ -185,7 +139,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
         "controller.resources.requests.cpu=100m",
         "controller.resources.requests.memory=128Mi",
     ]);
-    assert_same(&without_keep(rendered), &expected);
+    assert_same("helm template", &without_keep(rendered), &expected);
 
     // Namespaces made elsewhere, and no claim-protection policy: bootstrap's objects but those.
     let mutating = |o: &Value| {
@@ -198,7 +152,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
         .into_iter()
         .filter(|(_, o)| o["kind"] != "Namespace" && !mutating(o))
         .collect();
-    assert_same(&without_keep(rendered), &expected);
+    assert_same("helm template", &without_keep(rendered), &expected);
     // A cluster that does not serve the policy's API (before v1.36) gets everything but it,
     // as bootstrap skips it there.
     let rendered = helm.template_with(&[], &[]);
@@ -206,7 +160,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
         .into_iter()
         .filter(|(_, o)| !mutating(o))
         .collect();
-    assert_same(&without_keep(rendered), &expected);
+    assert_same("helm template", &without_keep(rendered), &expected);
 
     // The admission policies, with the site's ConfigMaps.
     let rendered = without_keep(helm.template(&[
@@ -233,7 +187,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
     ] {
         expected.get_mut(key).unwrap_or_else(|| panic!("no {key}"))["data"] = data;
     }
-    assert_same(&rendered, &expected);
+    assert_same("helm template", &rendered, &expected);
 }
 
 /// `helm install`, `upgrade` and `uninstall` against the API server (no node: the objects,

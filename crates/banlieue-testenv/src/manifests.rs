@@ -1,0 +1,86 @@
+//! Comparing sets of Kubernetes objects rendered by different installers (`banlieue bootstrap`,
+//! kustomize, Helm): by identity, field by field, naming the first place two differ.
+
+use std::collections::BTreeMap;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+/// Objects by `apiVersion kind namespace/name`, as JSON.
+pub fn by_identity(objects: &[DynamicObject]) -> BTreeMap<String, Value> {
+    objects
+        .iter()
+        .map(|o| {
+            let types = o.types.clone().unwrap_or_default();
+            let key = format!(
+                "{} {} {}/{}",
+                types.api_version,
+                types.kind,
+                o.metadata.namespace.as_deref().unwrap_or(""),
+                o.metadata.name.as_deref().unwrap_or("")
+            );
+            (key, serde_json::to_value(o).expect("an object is JSON"))
+        })
+        .collect()
+}
+
+/// Panics unless `rendered` (by `renderer`) holds exactly the objects of `expected`, each
+/// equal field by field; the message names the first difference.
+pub fn assert_same(
+    renderer: &str,
+    rendered: &BTreeMap<String, Value>,
+    expected: &BTreeMap<String, Value>,
+) {
+    let keys = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        keys(rendered),
+        keys(expected),
+        "{renderer}: the same objects"
+    );
+    for (key, object) in expected {
+        if let Some(at) = first_difference(&rendered[key], object, String::new()) {
+            panic!("{renderer}: {key} differs at {at}");
+        }
+    }
+}
+
+/// The JSON pointer of the first place `a` and `b` differ, with both values there.
+pub fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let (l, r) = (
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+            );
+            first_difference(l, r, format!("{at}/{k}"))
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (l, r))| first_difference(l, r, format!("{at}/{i}"))),
+        // The CRD generator writes a bound as 512.0, YAML as 512: the same number.
+        (Value::Number(x), Value::Number(y)) if x.as_f64() == y.as_f64() => None,
+        _ if a == b => None,
+        _ => Some(format!("{at}: rendered {a}, expected {b}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_first_difference_is_named_and_equal_numbers_are_equal() {
+        let a = json!({"spec": {"max": 512, "list": [1, {"x": "a"}]}});
+        let b = json!({"spec": {"max": 512.0, "list": [1, {"x": "b"}]}});
+        assert_eq!(
+            first_difference(&a, &b, String::new()).as_deref(),
+            Some("/spec/list/1/x: rendered \"a\", expected \"b\"")
+        );
+        assert_eq!(first_difference(&a, &a, String::new()), None);
+        let missing = json!({"spec": {"max": 512, "list": [1, {"x": "a"}], "extra": true}});
+        assert!(first_difference(&missing, &a, String::new()).is_some());
+    }
+}
