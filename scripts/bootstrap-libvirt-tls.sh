@@ -1,40 +1,61 @@
 #!/usr/bin/env bash
-# Turns on libvirtd's TLS listener on this host, for banlieue's libvirt provider, which speaks
-# to libvirtd over mutual TLS only and authenticates with an x509 client certificate
+# Turns on libvirt's TLS listener on this host, for banlieue's libvirt provider, which speaks
+# to libvirt over mutual TLS only and authenticates with an x509 client certificate
 # (auth_tls = "none": the certificate is the credential).
 #
+# The listener is libvirtd on a host running the monolithic daemon, virtproxyd on a host
+# running libvirt's modular daemons (virtqemud and friends, with virtproxyd forwarding remote
+# clients to them: the default on Fedora and RHEL 9). Which one is detected, or said with
+# --daemons.
+#
 # It makes a private CA of its own (kept across runs, in a directory no other tool uses), a
-# server certificate and a client certificate, puts the server's files where libvirtd looks for
-# them, writes libvirtd.conf (allowing that one client's DN), brings the listener up, and leaves
-# the client's files in ~/.config/banlieue/libvirt/. Run it as root on the libvirt host; see
-# --help.
+# server certificate and a client certificate, puts the server's files where the daemon looks
+# for them, writes libvirtd.conf or virtproxyd.conf (allowing that one client's DN), brings the
+# listener up, and leaves the client's files in ~/.config/banlieue/libvirt/. Run it as root on
+# the libvirt host; see --help.
 set -euo pipefail
 shopt -s extglob
 
 readonly PROG=${0##*/}
 readonly BLOCK_BEGIN="# BEGIN banlieue TLS listener (written by bootstrap-libvirt-tls.sh; edit outside this block)"
 readonly BLOCK_END="# END banlieue TLS listener"
-# The libvirtd.conf keys the managed block owns; a setting of one of them elsewhere in the
-# file is commented out, since libvirtd would otherwise take whichever comes last.
+# The keys the managed block of libvirtd.conf or virtproxyd.conf owns; a setting of one of them
+# elsewhere in the file is commented out, since the daemon would otherwise take whichever comes
+# last.
 readonly MANAGED_KEYS=(listen_tls tls_port listen_addr auth_tls ca_file cert_file key_file tls_allowed_dn_list)
 readonly DEFAULT_TLS_PORT=16514
 # The CA's own directory. Not /etc/pki/CA: that is the system-wide CA directory other tools
 # (and an earlier admin) may hold a CA in, and signing libvirt clients with someone else's CA
-# would let every certificate it ever issued reach libvirtd.
+# would let every certificate it ever issued reach libvirt.
 readonly DEFAULT_CA_DIR=/etc/pki/banlieue-libvirt-ca
 
 usage() {
     cat <<EOF
 Usage: $PROG [OPTION]...
 
-Enable libvirtd's TLS listener (qemu+tls://HOST/system) for banlieue's libvirt provider.
+Enable libvirt's TLS listener (qemu+tls://HOST/system) for banlieue's libvirt provider.
+
+Two kinds of libvirt host are supported; the script prints which one it chose and why:
+  monolithic  libvirtd runs every driver and is the TLS listener itself, configured in
+              /etc/libvirt/libvirtd.conf (Debian, Ubuntu, older distributions).
+  modular     one daemon per driver (virtqemud for QEMU, ...) and virtproxyd, which listens
+              for remote clients and forwards them to virtqemud; the TLS listener is
+              virtproxyd, configured in /etc/libvirt/virtproxyd.conf (Fedora, RHEL 9 and
+              derivatives). virtqemud's own configuration is not touched.
+The choice, unless --daemons says it: with systemd, the units that are active, then those
+that are enabled (libvirtd.service/.socket against virtqemud/virtproxyd .service/.socket);
+otherwise, or when no unit tells, a running daemon (its pid file in /run), then which of
+libvirtd and virtproxyd/virtqemud is installed, then which of libvirtd.conf and
+virtproxyd.conf exists. When both kinds show at the same step the script stops and asks for
+--daemons; when nothing shows, it assumes libvirtd.
+The certificate paths below are the same for both daemons.
 
 What it does, in order:
   1. Makes a certificate authority of its own, unless it exists (it is kept across runs):
-       $DEFAULT_CA_DIR/cacert.pem            the CA certificate (libvirtd's ca_file)
+       $DEFAULT_CA_DIR/cacert.pem            the CA certificate (ca_file)
        $DEFAULT_CA_DIR/private/cakey.pem     its private key, mode 600
      It never uses the system-wide /etc/pki/CA unless told to with --ca-dir /etc/pki/CA.
-  2. Issues the server certificate libvirtd presents, with the subject alternative names
+  2. Issues the server certificate the daemon presents, with the subject alternative names
      (SANs) this host's fully qualified name and short name plus every --san:
        /etc/pki/libvirt/servercert.pem
        /etc/pki/libvirt/private/serverkey.pem   mode 600
@@ -47,24 +68,32 @@ What it does, in order:
      Secret (tls.crt, tls.key) and CA ConfigMap (ca.crt) are made from. The script refuses to
      write them inside a git work tree: they include a private key. Under sudo the directory
      must lie in the invoking user's home, since it is handed over to that user.
-  4. Writes /etc/libvirt/libvirtd.conf: listen_tls = 1, auth_tls = "none", tls_port,
-     listen_addr (with --listen-addr), the three file paths above, and tls_allowed_dn_list
-     naming the client certificate's distinguished name (so only that client, not every
-     certificate of the CA, is let in), in a marked block.
+  4. Writes /etc/libvirt/libvirtd.conf (monolithic) or /etc/libvirt/virtproxyd.conf
+     (modular): listen_tls = 1, auth_tls = "none", tls_port, listen_addr (with
+     --listen-addr), the three file paths above, and tls_allowed_dn_list naming the client
+     certificate's distinguished name (so only that client, not every certificate of the
+     CA, is let in), in a marked block.
      Settings elsewhere in the file are kept, except earlier settings of those keys, which
      are commented out. When the file changes, the previous one is kept beside it as
-     libvirtd.conf.bak.<UTC time>.
+     libvirtd.conf.bak.<UTC time> (virtproxyd.conf.bak.<UTC time>).
   5. Brings the listener up:
-     - with systemd: stops libvirtd.service, starts libvirtd.socket, enables and starts
-       libvirtd-tls.socket, then starts libvirtd.service. Under socket activation libvirtd
-       ignores listen_tls, listen_addr and tls_port (systemd owns the sockets), so a
-       non-default --listen-addr or --tls-port is written as a drop-in,
-       /etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf.
-     - without systemd: prints the command to run (libvirtd --listen -f CONF -d).
+     - with systemd, monolithic: stops libvirtd.service, starts libvirtd.socket, enables
+       and starts libvirtd-tls.socket, then starts libvirtd.service.
+     - with systemd, modular: stops virtproxyd.service, enables and starts virtqemud.socket
+       (virtproxyd forwards qemu:///system to it; virtqemud itself is not restarted),
+       starts virtproxyd.socket, enables and starts virtproxyd-tls.socket, then starts
+       virtproxyd.service.
+       Under socket activation the daemon ignores listen_tls, listen_addr and tls_port
+       (systemd owns the sockets), so a non-default --listen-addr or --tls-port is written
+       as a drop-in, /etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf
+       (virtproxyd-tls.socket.d/banlieue.conf). A daemon whose main socket unit is masked
+       opens its sockets itself and is restarted instead.
+     - without systemd: prints the command to run (libvirtd --listen -f CONF -d, or
+       virtproxyd -f CONF -d: virtproxyd has no --listen, it follows listen_tls).
      - with --no-restart or --root: prints the commands and touches no service.
 
 Re-running is safe: the CA is kept, certificates still valid for the requested names are
-kept, and an unchanged libvirtd.conf is not rewritten.
+kept, and an unchanged configuration file is not rewritten.
 
 Options:
   --san NAME|IP        Add a subject alternative name to the server certificate; repeat
@@ -81,7 +110,10 @@ Options:
   --ca-dir DIR         The CA's directory (cacert.pem, private/cakey.pem); default
                        $DEFAULT_CA_DIR. An existing CA there is used, so
                        naming another tool's CA directory here is a deliberate choice.
-  --listen-addr ADDR   Address the TLS listener binds (default: libvirtd's, all addresses).
+  --daemons monolithic|modular
+                       Which daemon listens for TLS: libvirtd, or virtproxyd in front of
+                       virtqemud (default: detected, as described above).
+  --listen-addr ADDR   Address the TLS listener binds (default: every address).
   --tls-port PORT      TCP port of the TLS listener (default: $DEFAULT_TLS_PORT).
   --days N             Validity of new certificates, in days (default: 3650).
   --tool certtool|openssl
@@ -95,6 +127,10 @@ Options:
                        directory is DIR/home; implies --no-restart. File contents (the
                        paths in libvirtd.conf) name the relocated files, so a daemon can
                        be started on them: libvirtd --listen -f DIR/etc/libvirt/libvirtd.conf
+                       (or virtproxyd -f DIR/etc/libvirt/virtproxyd.conf). Detection then
+                       looks inside DIR only, never at systemd: pid files in DIR/run,
+                       programs in DIR/usr/sbin (and bin, /sbin, /usr/local/sbin),
+                       configuration files in DIR/etc/libvirt.
   -h, --help           Show this help.
 
 Afterwards, from the machine holding the client files:
@@ -127,6 +163,7 @@ days=3650
 tool=""
 force=0
 restart=1
+daemons=""
 
 need_value() {
     if (($# < 2)) || [[ -z $2 ]]; then
@@ -147,6 +184,8 @@ while (($#)); do
     --client-dir=*) client_dir=${1#*=}; shift ;;
     --ca-dir) need_value "$@"; ca_dir=$2; shift 2 ;;
     --ca-dir=*) ca_dir=${1#*=}; shift ;;
+    --daemons) need_value "$@"; daemons=$2; shift 2 ;;
+    --daemons=*) daemons=${1#*=}; shift ;;
     --listen-addr) need_value "$@"; listen_addr=$2; shift 2 ;;
     --listen-addr=*) listen_addr=${1#*=}; shift ;;
     --tls-port) need_value "$@"; tls_port=$2; shift 2 ;;
@@ -173,6 +212,10 @@ if ! [[ $days =~ ^[0-9]+$ ]] || ((days == 0)); then
     die "--days must be a positive number, got '$days'"
 fi
 [[ $client_cn =~ ^[A-Za-z0-9._@-]+$ ]] || die "--client-cn may hold letters, digits and . _ @ - only"
+case $daemons in
+"" | monolithic | modular) ;;
+*) die "--daemons must be monolithic or modular, got '$daemons'" ;;
+esac
 if [[ -n $listen_addr && ! $listen_addr =~ ^[0-9A-Za-z.:_-]+$ ]]; then
     die "--listen-addr must be an address or host name, got '$listen_addr'"
 fi
@@ -204,8 +247,6 @@ ca_cert="$ca_dir/cacert.pem"
 ca_key="$ca_dir/private/cakey.pem"
 server_cert="$etc/pki/libvirt/servercert.pem"
 server_key="$etc/pki/libvirt/private/serverkey.pem"
-conf="$etc/libvirt/libvirtd.conf"
-socket_dropin="$etc/systemd/system/libvirtd-tls.socket.d/banlieue.conf"
 
 # Whose home the client files go to: under sudo, the invoking user's, so that they end up
 # with the person who will build the Kubernetes Secret from them.
@@ -348,6 +389,115 @@ requested_sans() {
         if is_ip "$s"; then echo "IP:$s"; else echo "DNS:$s"; fi
     done | canonical_sans
 }
+
+# --- which daemon listens: monolithic libvirtd or modular virtproxyd ---------------------
+
+systemd_running() {
+    [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null
+}
+
+# unit_state is-active|is-enabled UNIT: what systemctl says (active, enabled, masked, ...),
+# nothing for a unit it does not know.
+unit_state() {
+    systemctl "$1" "$2" 2>/dev/null || true
+}
+
+# first_unit is-active|is-enabled UNIT...: the first UNIT that is active (enabled).
+first_unit() {
+    local verb=$1 unit state
+    shift
+    for unit in "$@"; do
+        state=$(unit_state "$verb" "$unit")
+        case $verb:$state in
+        is-active:active | is-enabled:enabled | is-enabled:enabled-runtime)
+            printf '%s\n' "$unit"
+            return
+            ;;
+        esac
+    done
+}
+
+# running_daemon NAME: "NAME is running (pid N, PIDFILE)" when the pid file the daemon writes
+# by default names a live process of that name.
+running_daemon() {
+    local pid_file="$root/run/$1.pid" pid
+    [[ -r $pid_file ]] || return 0
+    pid=$(head -c 32 "$pid_file" | tr -dc 0-9)
+    [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]] || return 0
+    printf '%s is running (pid %s, %s)\n' "$1" "$pid" "$pid_file"
+}
+
+# installed_program NAME: its path, where distributions put the daemons.
+installed_program() {
+    local dir
+    for dir in /usr/sbin /usr/bin /sbin /usr/local/sbin; do
+        if [[ -x $root$dir/$1 ]]; then
+            printf '%s\n' "$root$dir/$1"
+            return
+        fi
+    done
+}
+
+# decide MONOLITHIC_EVIDENCE MODULAR_EVIDENCE: sets mode and why from one step of detection;
+# fails when that step showed neither kind.
+decide() {
+    if [[ -n $1 && -n $2 ]]; then
+        die "cannot tell which libvirt daemons this host runs: $1, and $2; pass --daemons monolithic (libvirtd) or --daemons modular (virtproxyd + virtqemud)"
+    elif [[ -n $1 ]]; then
+        mode=monolithic why="since $1"
+    elif [[ -n $2 ]]; then
+        mode=modular why="since $2"
+    else
+        return 1
+    fi
+}
+
+detect_daemons() {
+    local mono modu
+    if [[ -n $daemons ]]; then
+        mode=$daemons why="as --daemons says"
+        return
+    fi
+    # What systemd runs, then what it would start at boot. Never under --root: that tree is
+    # not the host systemd manages.
+    if [[ -z $root ]] && systemd_running; then
+        mono=$(first_unit is-active libvirtd.service libvirtd.socket)
+        modu=$(first_unit is-active virtproxyd.service virtproxyd.socket virtqemud.service virtqemud.socket)
+        decide "${mono:+$mono is active}" "${modu:+$modu is active}" && return
+        mono=$(first_unit is-enabled libvirtd.service libvirtd.socket)
+        modu=$(first_unit is-enabled virtproxyd.socket virtqemud.socket virtproxyd.service virtqemud.service)
+        decide "${mono:+$mono is enabled}" "${modu:+$modu is enabled}" && return
+    fi
+    # A daemon started some other way (an init script, by hand).
+    mono=$(running_daemon libvirtd)
+    modu=$(running_daemon virtproxyd)
+    [[ -n $modu ]] || modu=$(running_daemon virtqemud)
+    decide "$mono" "$modu" && return
+    # Which daemons are installed, then which are configured.
+    mono=$(installed_program libvirtd)
+    modu=$(installed_program virtproxyd)
+    [[ -n $modu ]] || modu=$(installed_program virtqemud)
+    decide "${mono:+$mono is installed}" "${modu:+$modu is installed}" && return
+    mono="" modu=""
+    [[ ! -e $etc/libvirt/libvirtd.conf ]] || mono="$etc/libvirt/libvirtd.conf exists"
+    [[ ! -e $etc/libvirt/virtproxyd.conf ]] || modu="$etc/libvirt/virtproxyd.conf exists"
+    decide "$mono" "$modu" && return
+    mode=monolithic why="assumed: no libvirt daemon is running, installed or configured here (pass --daemons modular for virtproxyd)"
+}
+
+mode="" why=""
+detect_daemons
+if [[ $mode == modular ]]; then
+    # virtproxyd listens for remote clients and forwards qemu:///system to virtqemud.
+    daemon=virtproxyd
+    mode_name="modular (virtproxyd + virtqemud)"
+else
+    daemon=libvirtd
+    mode_name="monolithic (libvirtd)"
+fi
+conf="$etc/libvirt/$daemon.conf"
+socket_dropin="$etc/systemd/system/$daemon-tls.socket.d/banlieue.conf"
+note "daemons: $mode_name, $why; TLS settings go in $conf"
 
 # --- key and certificate making ----------------------------------------------------------
 
@@ -570,7 +720,7 @@ if [[ -n $client_owner ]]; then
     done
 fi
 
-# --- 4. libvirtd.conf --------------------------------------------------------------------
+# --- 4. libvirtd.conf or virtproxyd.conf ------------------------------------------------
 
 quote() {
     local v=${1//\\/\\\\}
@@ -606,14 +756,14 @@ if [[ -e $conf ]]; then
                 if (key in managed) { print "#(banlieue) " $0; next }
             }
             print
-        }' "$conf" >"$work/libvirtd.conf"
-    # No blank line piles up between re-runs.
-    sed -i -e :a -e '/^\n*$/{$d;N;ba' -e '}' "$work/libvirtd.conf"
-    echo >>"$work/libvirtd.conf"
+        }' "$conf" >"$work/$daemon.conf"
+    # No blank line piles up between re-runs, and none leads a file that holds only the block.
+    sed -i -e :a -e '/^\n*$/{$d;N;ba' -e '}' "$work/$daemon.conf"
+    [[ ! -s $work/$daemon.conf ]] || echo >>"$work/$daemon.conf"
 fi
-cat "$work/block" >>"$work/libvirtd.conf"
+cat "$work/block" >>"$work/$daemon.conf"
 
-if [[ -e $conf ]] && cmp -s "$conf" "$work/libvirtd.conf"; then
+if [[ -e $conf ]] && cmp -s "$conf" "$work/$daemon.conf"; then
     note "$conf already has the TLS listener settings"
 else
     mkdir -p "$(dirname "$conf")"
@@ -622,7 +772,7 @@ else
         cp -p "$conf" "$backup"
         note "kept the previous configuration as $backup"
     fi
-    install_file "$work/libvirtd.conf" "$conf" 644
+    install_file "$work/$daemon.conf" "$conf" 644
     note "wrote $conf"
 fi
 
@@ -649,32 +799,78 @@ fi
 
 # --- 5. the listener ---------------------------------------------------------------------
 
-systemd_running() {
-    [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null
+# How the daemon is started without systemd: libvirtd listens on TCP only with --listen;
+# virtproxyd has no such option and follows listen_tls in its configuration file.
+if [[ $mode == modular ]]; then
+    start_command="virtproxyd -f $conf -d"
+else
+    start_command="libvirtd --listen -f $conf -d"
+fi
+
+# The systemctl steps, one per line, that bring the TLS listener up under socket activation.
+# The daemon takes its sockets from systemd only when it starts, and DAEMON-tls.socket is
+# bound to, and ordered after, DAEMON.socket: so the service goes down, the sockets come up,
+# and the service starts last with all of them.
+socket_steps() {
+    ((dropin_changed)) && echo "daemon-reload"
+    echo "stop $daemon.service"
+    if [[ $mode == modular ]]; then
+        # virtproxyd forwards qemu:///system to virtqemud's socket, which starts virtqemud on
+        # demand; a running virtqemud, and its guests, are left alone.
+        echo "enable virtqemud.socket"
+        echo "start virtqemud.socket"
+    fi
+    echo "start $daemon.socket"
+    echo "enable $daemon-tls.socket"
+    echo "restart $daemon-tls.socket"
+    echo "start $daemon.service"
 }
 
 print_manual_steps() {
+    local step
     echo
     echo "Nothing was restarted. To bring the TLS listener up:"
     echo "  with systemd (socket activation; sockets first, then the service):"
-    ((dropin_changed)) && echo "    systemctl daemon-reload"
-    echo "    systemctl stop libvirtd.service"
-    echo "    systemctl start libvirtd.socket"
-    echo "    systemctl enable libvirtd-tls.socket"
-    echo "    systemctl restart libvirtd-tls.socket"
-    echo "    systemctl start libvirtd.service"
-    echo "  without systemd (stop a running libvirtd first):"
-    echo "    libvirtd --listen -f $conf -d"
+    while IFS= read -r step; do
+        echo "    systemctl $step"
+    done < <(socket_steps)
+    if [[ $mode == modular ]]; then
+        echo "  without systemd (virtqemud running; stop a running virtproxyd first):"
+    else
+        echo "  without systemd (stop a running libvirtd first):"
+    fi
+    echo "    $start_command"
 }
 
 bring_up_with_systemd() {
-    if ! systemctl cat libvirtd.service >/dev/null 2>&1; then
-        die "libvirtd.service is not installed; on a host running libvirt's per-driver daemons the TLS listener is virtproxyd-tls.socket, configured in virtproxyd.conf, which this script does not set up"
+    local args_file unit step steps=()
+    if ! systemctl cat "$daemon.service" >/dev/null 2>&1; then
+        if [[ $mode == modular ]]; then
+            die "virtproxyd.service is not installed; with libvirt's modular daemons it is the TLS listener (on Fedora and RHEL: dnf install libvirt-daemon-proxy), or run again with --daemons monolithic if this host runs libvirtd"
+        fi
+        die "libvirtd.service is not installed; if this host runs libvirt's modular daemons (virtqemud), run again with --daemons modular to set up virtproxyd"
     fi
-    if [[ $(systemctl is-enabled libvirtd.socket 2>/dev/null || true) == masked ]]; then
+    if [[ $mode == modular ]]; then
+        systemctl cat virtqemud.service >/dev/null 2>&1 ||
+            die "virtqemud.service is not installed; virtproxyd forwards qemu:///system to it (on Fedora and RHEL: dnf install libvirt-daemon-driver-qemu)"
+        # virtproxyd.service is bound to its socket units (unlike libvirtd.service, which
+        # only wants them), so it has no mode without socket activation under systemd.
+        for unit in virtproxyd.socket virtproxyd-tls.socket virtqemud.socket; do
+            if [[ $(unit_state is-enabled "$unit") == masked ]]; then
+                die "$unit is masked, and the modular daemons run only under socket activation with systemd: systemctl unmask $unit, then run again"
+            fi
+        done
+        for args_file in /etc/default/virtproxyd /etc/sysconfig/virtproxyd; do
+            if [[ -e $args_file ]] && grep -Eq '^[[:space:]]*VIRTPROXYD_ARGS=.*--listen' "$args_file"; then
+                die "$args_file passes --listen, which virtproxyd does not accept; remove it and run again"
+            fi
+        done
+        if [[ $(unit_state is-enabled libvirtd-tls.socket) == enabled ]]; then
+            note "warning: libvirtd-tls.socket is enabled too; it conflicts with virtproxyd-tls.socket and would take the TLS port at boot: systemctl disable libvirtd-tls.socket"
+        fi
+    elif [[ $(unit_state is-enabled libvirtd.socket) == masked ]]; then
         # Traditional mode under systemd: libvirtd opens its own sockets, so it reads
         # listen_tls and needs --listen on its command line.
-        local args_file
         for args_file in /etc/default/libvirtd /etc/sysconfig/libvirtd; do
             if [[ -e $args_file ]] && ! grep -Eq '^[[:space:]]*LIBVIRTD_ARGS=.*(--listen|-l\b)' "$args_file"; then
                 note "warning: libvirtd.socket is masked, so libvirtd opens its sockets itself and needs --listen: add it to LIBVIRTD_ARGS in $args_file"
@@ -683,26 +879,14 @@ bring_up_with_systemd() {
         note "systemctl restart libvirtd.service"
         systemctl restart libvirtd.service
         return
+    else
+        for args_file in /etc/default/libvirtd /etc/sysconfig/libvirtd; do
+            if [[ -e $args_file ]] && grep -Eq '^[[:space:]]*LIBVIRTD_ARGS=.*--listen' "$args_file"; then
+                die "$args_file passes --listen, which libvirtd refuses under socket activation; remove it and run again"
+            fi
+        done
     fi
-    local args_file
-    for args_file in /etc/default/libvirtd /etc/sysconfig/libvirtd; do
-        if [[ -e $args_file ]] && grep -Eq '^[[:space:]]*LIBVIRTD_ARGS=.*--listen' "$args_file"; then
-            die "$args_file passes --listen, which libvirtd refuses under socket activation; remove it and run again"
-        fi
-    done
-    local step
-    # libvirtd takes its sockets from systemd only when it starts, and libvirtd-tls.socket is
-    # bound to, and ordered after, libvirtd.socket: so the service goes down, the sockets come
-    # up, and the service starts last with all of them.
-    local steps=()
-    ((dropin_changed)) && steps+=("daemon-reload")
-    steps+=(
-        "stop libvirtd.service"
-        "start libvirtd.socket"
-        "enable libvirtd-tls.socket"
-        "restart libvirtd-tls.socket"
-        "start libvirtd.service"
-    )
+    mapfile -t steps < <(socket_steps)
     for step in "${steps[@]}"; do
         note "systemctl $step"
         # shellcheck disable=SC2086 # each step is a verb and a unit
@@ -716,9 +900,14 @@ elif systemd_running; then
     bring_up_with_systemd
 else
     echo
-    echo "This host does not run systemd, so nothing was restarted. Stop a running libvirtd"
-    echo "(if any), then start it with the TLS listener:"
-    echo "  libvirtd --listen -f $conf -d"
+    if [[ $mode == modular ]]; then
+        echo "This host does not run systemd, so nothing was restarted. With virtqemud running,"
+        echo "stop a running virtproxyd (if any), then start it with the TLS listener:"
+    else
+        echo "This host does not run systemd, so nothing was restarted. Stop a running libvirtd"
+        echo "(if any), then start it with the TLS listener:"
+    fi
+    echo "  $start_command"
 fi
 
 host_for_uri=${san_list[0]}
