@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The operator as users deploy it: banlieue's image on the test cluster's real node, installed
-# with `banlieue bootstrap --image`, and the guides followed with kubectl against a real
-# libvirtd (crates/banlieue/tests/deployed.rs). The image's binary is one already built, and
-# only packaged here.
+# with `banlieue bootstrap --image`, `kubectl apply -k` and `helm install` in turn, and the
+# guides followed with kubectl against a real libvirtd (crates/banlieue/tests/deployed.rs). The
+# image's binary is one already built, and only packaged here.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"
@@ -23,14 +23,19 @@ scripts/image --out "$work" "${binary[@]}" >"$work/image.out"
 archive=$(find "$work" -name '*.docker.tar' | head -1)
 [[ -f $archive ]] || { echo "FAIL: scripts/image wrote no docker archive" >&2; cat "$work/image.out" >&2; exit 1; }
 echo "deployed: image $(awk '$1 == "digest" {print $2}' "$work/image.out")"
+# Once per way the README installs the operator: `banlieue bootstrap`, the kustomize base and
+# the Helm chart, each on a fresh cluster and node, the guides followed and a claim bound.
 # scripts/test names the test binary its one build made; run alone, this part builds it.
-if [[ -n ${BANLIEUE_DEPLOYED_TEST:-} ]]; then
-    (cd crates/banlieue && BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no \
-        "$BANLIEUE_DEPLOYED_TEST" --ignored --nocapture)
-else
-    BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no \
-        cargo test --workspace --locked --test deployed -- --ignored --nocapture
-fi
+for installer in ${BANLIEUE_DEPLOYED_INSTALLERS:-bootstrap kustomize helm}; do
+    echo "deployed: installed with $installer"
+    if [[ -n ${BANLIEUE_DEPLOYED_TEST:-} ]]; then
+        (cd crates/banlieue && BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no \
+            BANLIEUE_DEPLOYED_INSTALLER=$installer "$BANLIEUE_DEPLOYED_TEST" --ignored --nocapture)
+    else
+        BANLIEUE_IMAGE_ARCHIVE=$archive INSTA_UPDATE=no BANLIEUE_DEPLOYED_INSTALLER=$installer \
+            cargo test --workspace --locked --test deployed -- --ignored --nocapture
+    fi
+done
 
 # The main job as users would watch it in production: `dev up --deployed` with the same image.
 echo "deployed: banlieue-dev up --deployed"

@@ -699,6 +699,34 @@ impl ControlPlane {
         self.local.as_ref().map(|local| local.apiserver_ready_after)
     }
 
+    /// Deletes banlieue's CRDs (group `banlieue.io`), which every control plane starts with,
+    /// and waits until they are gone: a cluster without banlieue, for installers that refuse
+    /// to take over objects they did not make (Helm).
+    pub async fn remove_banlieue_crds(&self) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
+        let ours = || async {
+            Ok::<_, Error>(
+                crds.list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|c| c.spec.group == "banlieue.io")
+                    .filter_map(|c| c.metadata.name)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        for name in ours().await? {
+            crds.delete(&name, &Default::default()).await?;
+        }
+        wait_for(
+            "banlieue's CRDs to be gone",
+            Duration::from_secs(60),
+            || async { Ok(ours().await?.is_empty().then_some(())) },
+        )
+        .await
+    }
+
     /// Installs every CRD under the repository's `deploy/crds/`, when that directory exists.
     async fn install_crds(&self) -> Result<()> {
         let dir = crate::repo_path("deploy/crds");

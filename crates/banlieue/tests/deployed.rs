@@ -1,5 +1,6 @@
 //! The operator as users deploy it: banlieue's container image on a real node (containerd and a
-//! kubelet), installed with `banlieue bootstrap --image`, and the libvirt provider guide and the
+//! kubelet), installed with `banlieue bootstrap --image` (or, with BANLIEUE_DEPLOYED_INSTALLER,
+//! the kustomize base or the Helm chart), and the libvirt provider guide and the
 //! claims guide followed with kubectl against a real libvirtd. Every step is a guide's command
 //! or an API call of the user the guide names; the pods run as their own ServiceAccounts under
 //! the shipped RBAC, with no test-only grant.
@@ -58,6 +59,117 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + 
 
 /// The Lease the controller replicas take (deploy/controller.yaml, ADR-0067).
 const CONTROLLER_LEASE: &str = "banlieue-controller";
+
+/// How the operator is installed: the three ways the README gives, each checked to render
+/// the same objects (tests/bootstrap.rs, tests/helm.rs) and here to run them.
+#[derive(Clone, Copy, Debug)]
+enum Installer {
+    /// `banlieue bootstrap --image IMAGE`.
+    Bootstrap,
+    /// `kubectl apply --server-side -k` an overlay of deploy/ setting the image.
+    Kustomize,
+    /// `helm install` of deploy/helm/banlieue with `--set image=IMAGE`.
+    Helm,
+}
+
+impl Installer {
+    fn from_env() -> Result<Installer> {
+        match std::env::var("BANLIEUE_DEPLOYED_INSTALLER").as_deref() {
+            Err(_) | Ok("bootstrap") => Ok(Installer::Bootstrap),
+            Ok("kustomize") => Ok(Installer::Kustomize),
+            Ok("helm") => Ok(Installer::Helm),
+            Ok(other) => Err(format!(
+                "BANLIEUE_DEPLOYED_INSTALLER={other}: one of bootstrap, kustomize, helm"
+            )
+            .into()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Installer::Bootstrap => "banlieue bootstrap",
+            Installer::Kustomize => "kubectl apply -k",
+            Installer::Helm => "helm install",
+        }
+    }
+
+    fn install(self, cp: &ControlPlane, image: &str) -> Result {
+        let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
+        // The kustomize overlay and helm's own files, gone with the install.
+        let scratch = tempfile::tempdir()?;
+        let (program, args): (PathBuf, Vec<String>) = match self {
+            Installer::Bootstrap => (
+                PathBuf::from(env!("CARGO_BIN_EXE_banlieue")),
+                vec!["bootstrap".into(), "--image".into(), image.into()],
+            ),
+            Installer::Kustomize => {
+                // The README's overlay: deploy/ with the image set by `images:`.
+                let (name, tag) = image.rsplit_once(':').ok_or("an image with a tag")?;
+                let overlay = scratch.path().join("overlay");
+                std::fs::create_dir_all(&overlay)?;
+                let deploy = repo_path("deploy").canonicalize()?;
+                let up = overlay
+                    .canonicalize()?
+                    .components()
+                    .skip(1)
+                    .map(|_| "..")
+                    .collect::<Vec<_>>()
+                    .join("/");
+                std::fs::write(
+                    overlay.join("kustomization.yaml"),
+                    format!(
+                        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+                         resources:\n  - {up}{}\n\
+                         images:\n  - name: localhost/banlieue\n    newName: {name}\n    newTag: \"{tag}\"\n",
+                        deploy.display()
+                    ),
+                )?;
+                (
+                    bin_dir().join("kubectl"),
+                    vec![
+                        "apply".into(),
+                        "--server-side".into(),
+                        "-k".into(),
+                        overlay.display().to_string(),
+                    ],
+                )
+            }
+            Installer::Helm => (
+                bin_dir().join("helm"),
+                vec![
+                    "install".into(),
+                    "banlieue".into(),
+                    repo_path("deploy/helm/banlieue").display().to_string(),
+                    "--namespace".into(),
+                    "banlieue-helm".into(),
+                    "--create-namespace".into(),
+                    "--set".into(),
+                    format!("image={image}"),
+                ],
+            ),
+        };
+        let home = scratch.path().join("helm");
+        let out = Command::new(&program)
+            .env("KUBECONFIG", kubeconfig)
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .args(&args)
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} {}: {}{}",
+                program.display(),
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        eprintln!("installed with {}", self.name());
+        Ok(())
+    }
+}
 
 /// Runs kubectl as `identity` (a kubeconfig of the test control plane); returns stdout.
 fn kubectl(cp: &ControlPlane, identity: &str, args: &[&str]) -> Result<String> {
@@ -266,18 +378,16 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     let admin = cp.client()?;
     let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
 
-    // 1. `banlieue bootstrap --image`: the controller runs as a pod.
+    // 1. `banlieue bootstrap --image` (or the kustomize base, or the Helm chart, as
+    //    BANLIEUE_DEPLOYED_INSTALLER says): the controller runs as a pod.
     let t = Instant::now();
     let image = banlieue::bootstrap::DEFAULT_IMAGE;
-    let out = Command::new(env!("CARGO_BIN_EXE_banlieue"))
-        .env("KUBECONFIG", kubeconfig)
-        .args(["bootstrap", "--image", image])
-        .output()?;
-    assert!(
-        out.status.success(),
-        "bootstrap: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let installer = Installer::from_env()?;
+    if let Installer::Helm = installer {
+        // Helm refuses to take over the CRDs the test control plane starts with.
+        cp.remove_banlieue_crds().await?;
+    }
+    installer.install(&cp, image)?;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     until("the controller Deployment Available", 120, || async {
         let d = deployments.get("banlieue-controller").await?;
@@ -297,7 +407,11 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         Some("banlieue-controller")
     );
     assert_eq!(spec.containers[0].image.as_deref(), Some(image));
-    eprintln!("bootstrap → controller Available: {:.1?}", t.elapsed());
+    eprintln!(
+        "{} → controller Available: {:.1?}",
+        installer.name(),
+        t.elapsed()
+    );
 
     // 2. The guides' commands from here on, run as written (module `guide`), with the
     //    substitutions listed at the top of this file made in the reader's copies.

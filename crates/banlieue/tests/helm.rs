@@ -205,24 +205,8 @@ async fn install_upgrade_and_uninstall_keep_what_users_stored() {
     let client = control_plane.client().unwrap();
     // A cluster without banlieue: the test control plane comes with the CRDs, which Helm would
     // refuse to adopt.
+    control_plane.remove_banlieue_crds().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in banlieue_api::crds() {
-        let name = crd.metadata.name.expect("a name");
-        crds.delete(&name, &Default::default()).await.unwrap();
-    }
-    banlieue_testenv::poll::until(
-        "the CRDs to be gone",
-        std::time::Duration::from_secs(60),
-        std::time::Duration::from_millis(200),
-        || async {
-            let left = crds.list(&Default::default()).await?.items;
-            Ok::<_, kube::Error>(
-                (!left.iter().any(|c| c.spec.group == "banlieue.io")).then_some(()),
-            )
-        },
-    )
-    .await
-    .unwrap();
     let chart = chart();
     let release = |verb: &str, sets: &[&str]| {
         let mut args = vec![
