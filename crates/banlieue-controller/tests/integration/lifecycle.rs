@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use banlieue_api::conditions::{reasons, types};
 use banlieue_api::names;
 use banlieue_api::{ClaimPhase, VirtualMachine, VirtualMachineClaim, VirtualMachinePool};
+use banlieue_testenv::control_plane::wait_for;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -283,14 +284,25 @@ async fn current_revision_first_and_stale_when_nothing_fresher() -> TestResult {
     );
 
     // The refill is current: it goes first although the other old member has been Ready longer.
-    h.wait_available("p", 2).await?;
-    let fresh: Vec<String> = h
-        .members("p")
-        .await?
-        .iter()
-        .map(|m| m.name_any())
-        .filter(|n| !old.contains(n))
-        .collect();
+    // The pool's available count may still be the one from before c1 bound: wait for the refill
+    // member itself to exist.
+    let vms: Api<VirtualMachine> = h.api();
+    let selector = format!("{}=p", names::LABEL_POOL);
+    let fresh: Vec<String> = wait_for("the refill member", DEADLINE, || {
+        let (vms, selector, old) = (vms.clone(), selector.clone(), &old);
+        async move {
+            let fresh: Vec<String> = vms
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items
+                .iter()
+                .map(|m| m.name_any())
+                .filter(|n| !old.contains(n))
+                .collect();
+            Ok((!fresh.is_empty()).then_some(fresh))
+        }
+    })
+    .await?;
     assert_eq!(fresh.len(), 1, "{fresh:?}");
     // The pool's count may still be the one from before c1 bound: wait for the refill itself.
     h.wait_vm(&fresh[0], "the refill InfrastructureReady", |vm| {
