@@ -27,6 +27,13 @@ BOOTS_GUESTS = {
     "banlieue-dev::dev",
     "banlieue-testenv::guest",
 }
+# Test binaries that keep both cores busy without booting a guest: the libvirt import tests
+# stream GiB volumes through TLS with a hash on each side, and kill importers mid-upload. Beside
+# a compile or a booting guest, libvirtd 11.3 deadlocked twice after the killed importer (every
+# thread in futex wait, SIGTERM ignored); alone, or beside light jobs, it never did here.
+HEAVY = {
+    "banlieue-provider-libvirt::import",
+}
 # Test binaries that run a kubelet node. A node writes paths outside its state directory
 # (/var/lib/kubelet/device-plugins, /var/log/containers, sysctls it restores at teardown), so
 # two never run at once.
@@ -130,7 +137,7 @@ def main():
     for name, spec in sorted(binaries.items()):
         if quick and (name in BOOTS_GUESTS or name in RUNS_A_NODE):
             continue
-        if name in BOOTS_GUESTS:
+        if name in BOOTS_GUESTS or name in HEAVY:
             spec["weight"] = 2
         if name in RUNS_A_NODE:
             spec["group"] = "node"
