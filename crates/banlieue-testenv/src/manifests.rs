@@ -2,9 +2,43 @@
 //! kustomize, Helm): by identity, field by field, naming the first place two differ.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use kube::api::DynamicObject;
 use serde_json::Value;
+
+/// Writes `dir/kustomization.yaml`: the README's overlay, the repository's `deploy/` with the
+/// image `name:tag` set by `images:`. kustomize takes a base by a relative path only.
+pub fn write_image_overlay(dir: &Path, name: &str, tag: &str) -> std::io::Result<()> {
+    let deploy = crate::repo_path("deploy").canonicalize()?;
+    let up = dir
+        .canonicalize()?
+        .components()
+        .skip(1)
+        .map(|_| "..")
+        .collect::<Vec<_>>()
+        .join("/");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources:\n  - {up}{}\n\
+             images:\n  - name: localhost/banlieue\n    newName: {name}\n    newTag: \"{tag}\"\n",
+            deploy.display()
+        ),
+    )
+}
+
+/// Whether the cluster serves MutatingAdmissionPolicy v1 (Kubernetes v1.36 and later), which
+/// the claim-protection policy needs.
+pub async fn serves_mutating_admission_policies(client: &kube::Client) -> kube::Result<bool> {
+    Ok(client
+        .list_api_group_resources("admissionregistration.k8s.io/v1")
+        .await?
+        .resources
+        .iter()
+        .any(|r| r.kind == "MutatingAdmissionPolicy"))
+}
 
 /// Objects by `apiVersion kind namespace/name`, as JSON.
 pub fn by_identity(objects: &[DynamicObject]) -> BTreeMap<String, Value> {

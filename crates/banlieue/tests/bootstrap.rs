@@ -78,13 +78,9 @@ async fn bootstrap_is_idempotent_and_leaves_admission_alone() {
 
 /// Whether the cluster serves MutatingAdmissionPolicy v1 (Kubernetes v1.36 and later).
 async fn serves_mutating_policies(client: &kube::Client) -> bool {
-    client
-        .list_api_group_resources("admissionregistration.k8s.io/v1")
+    banlieue_testenv::manifests::serves_mutating_admission_policies(client)
         .await
         .expect("admissionregistration.k8s.io/v1")
-        .resources
-        .iter()
-        .any(|r| r.kind == "MutatingAdmissionPolicy")
 }
 
 /// The image of the controller container of the applied Deployment.
@@ -238,30 +234,8 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
 
     let pushed = ("registry.test:5000/team/banlieue", "1.2.3");
     let overlay = tempfile::tempdir().expect("a temporary directory");
-    // kustomize takes a base by a relative path only.
-    let up = overlay
-        .path()
-        .canonicalize()
-        .expect("the overlay's path")
-        .components()
-        .skip(1)
-        .map(|_| "..")
-        .collect::<Vec<_>>()
-        .join("/");
-    let base = format!(
-        "{up}{}",
-        deploy.canonicalize().expect("deploy/'s path").display()
-    );
-    std::fs::write(
-        overlay.path().join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - {}\n\
-             images:\n  - name: localhost/banlieue\n    newName: {}\n    newTag: \"{}\"\n",
-            base, pushed.0, pushed.1
-        ),
-    )
-    .expect("write the overlay");
+    banlieue_testenv::manifests::write_image_overlay(overlay.path(), pushed.0, pushed.1)
+        .expect("write the overlay");
     let image = format!("{}:{}", pushed.0, pushed.1);
     let mut expected = expected;
     bootstrap::set_controller_image(&mut expected, &image).expect("the controller's image");

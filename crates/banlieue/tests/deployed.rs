@@ -107,23 +107,7 @@ impl Installer {
                 let (name, tag) = image.rsplit_once(':').ok_or("an image with a tag")?;
                 let overlay = scratch.path().join("overlay");
                 std::fs::create_dir_all(&overlay)?;
-                let deploy = repo_path("deploy").canonicalize()?;
-                let up = overlay
-                    .canonicalize()?
-                    .components()
-                    .skip(1)
-                    .map(|_| "..")
-                    .collect::<Vec<_>>()
-                    .join("/");
-                std::fs::write(
-                    overlay.join("kustomization.yaml"),
-                    format!(
-                        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-                         resources:\n  - {up}{}\n\
-                         images:\n  - name: localhost/banlieue\n    newName: {name}\n    newTag: \"{tag}\"\n",
-                        deploy.display()
-                    ),
-                )?;
+                banlieue_testenv::manifests::write_image_overlay(&overlay, name, tag)?;
                 (
                     bin_dir().join("kubectl"),
                     vec![

@@ -785,13 +785,8 @@ async fn install_crds_once(admin: &Client) -> TestResult {
 async fn install_claim_protection_once(cp: &ControlPlane) -> TestResult {
     static DONE: OnceCell<()> = OnceCell::const_new();
     DONE.get_or_try_init(|| async {
-        let served = cp
-            .client()?
-            .list_api_group_resources("admissionregistration.k8s.io/v1")
-            .await?
-            .resources
-            .iter()
-            .any(|r| r.kind == "MutatingAdmissionPolicy");
+        let served =
+            banlieue_testenv::manifests::serves_mutating_admission_policies(&cp.client()?).await?;
         if served {
             let shipped = banlieue_testenv::repo_path("deploy/claim-protection.yaml");
             cp.apply_yaml(&shipped).await?;
