@@ -27,13 +27,6 @@ BOOTS_GUESTS = {
     "banlieue-dev::dev",
     "banlieue-testenv::guest",
 }
-# Test binaries that run alone: the libvirt import tests stream GiB volumes through TLS with a
-# hash on each side and kill importers mid-upload. Beside a compile (reproduced by hand: one run
-# in two) or a booting guest, libvirtd 11.3 deadlocked after the killed importer (every thread
-# in futex wait, SIGTERM ignored); alone it never did here. About 22 s of the run.
-RUNS_ALONE = {
-    "banlieue-provider-libvirt::import",
-}
 # Test binaries that run a kubelet node. A node writes paths outside its state directory
 # (/var/lib/kubelet/device-plugins, /var/log/containers, sysctls it restores at teardown), so
 # two never run at once.
@@ -139,9 +132,6 @@ def main():
             continue
         if name in BOOTS_GUESTS:
             spec["weight"] = 2
-        if name in RUNS_ALONE:
-            # More than the runner's default capacity (3) ever leaves beside it.
-            spec["weight"] = 3
         if name in RUNS_A_NODE:
             spec["group"] = "node"
         add(name, **spec)

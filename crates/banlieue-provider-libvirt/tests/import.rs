@@ -900,7 +900,12 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     }
     assert!(!key_body.is_empty());
 
-    let allocated = std::fs::metadata(&file).expect("volume file").blocks() * 512;
+    // libvirtd 11.3 deadlocks when a client's connection ends while stream data it already
+    // received still waits for the volume file: `daemonStreamEvent` holds the client's lock
+    // when the failed write closes the client, whose close hook takes that lock again. A frozen
+    // importer sends nothing more, so once the file stops growing nothing is queued, and the
+    // kill below is the pod's death, not that upstream race.
+    let allocated = wait_until_written(&file).await;
     assert!(
         allocated < 128 * MIB,
         "killed too late: {allocated} bytes written"
@@ -1036,6 +1041,25 @@ async fn import_child_mid_upload(
     .await
     .expect("upload started");
     (child, pid)
+}
+
+/// Waits until libvirtd has written out what a frozen importer sent: `file`'s allocation
+/// unchanged over a second. Returns the bytes allocated.
+async fn wait_until_written(file: &Path) -> u64 {
+    let allocated = || std::fs::metadata(file).expect("volume file").blocks() * 512;
+    let mut last = allocated();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = allocated();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!(
+        "{} still grows after 60 s with its importer frozen",
+        file.display()
+    );
 }
 
 /// Sends a signal to one process we started, by its PID.
