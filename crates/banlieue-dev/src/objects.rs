@@ -296,12 +296,14 @@ pub fn installer_image() -> VMImage {
 }
 
 /// What the test guest boots with (scripts/guest-image): EFI, and a vTPM whose EK
-/// certificates the claim carries.
+/// certificates the claim carries. One vCPU: under TCG on a busy two-core host, a second vCPU
+/// starved of host time stalls the guest's kernel (RCU stalls, a vCPU whose timer never fires)
+/// until its boot hangs, and it only adds load beside the other guests.
 pub fn guest_class() -> VMClass {
     let mut class = VMClass::new(
         GUEST_CLASS,
         VMClassSpec {
-            cpu: 2,
+            cpu: 1,
             memory: Quantity("1Gi".into()),
             firmware: Firmware::Efi,
             tpm_enabled: true,

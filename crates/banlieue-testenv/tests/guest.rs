@@ -50,7 +50,7 @@ fn domain_xml(
         "<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>1024</memory>
-  <vcpu>2</vcpu>
+  <vcpu>1</vcpu>
   <os firmware='efi'>
     <type arch='x86_64' machine='q35'>hvm</type>
     <firmware>

@@ -309,20 +309,31 @@ async fn scenario(
     )
     .await?;
     eprintln!("layerless pool: {}: {}", absent.reason, absent.message);
-    let silent = pool_members(&vms, NO_LAYER_POOL).await?;
-    let silent = silent.first().ok_or("the layerless pool has no member")?;
-    let silent_name = silent.name_any();
     // The pool gives up after the grace, which a guest booting under load may outlast: until
-    // its agent connects, the provider cannot yet tell that the guest has no phase file.
+    // its agent connects, the provider cannot yet tell that the guest has no phase file. A
+    // member may also be replaced meanwhile (a guest that failed under load), so each poll
+    // looks at the pool's members of the moment.
+    let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
     let guest = wait_until(
-        "the layerless machine's GuestReady once its agent answers",
+        "a layerless machine's GuestReady once its agent answers",
         BOOT_DEADLINE,
         || async {
-            let machine = machines.get(&silent_name).await?;
-            let conditions = machine.status.unwrap_or_default().contract.conditions;
-            Ok(conditions::find(&conditions, types::GUEST_READY)
-                .filter(|guest| guest.reason != reasons::AGENT_NOT_CONNECTED)
-                .cloned())
+            for member in pool_members(&vms, NO_LAYER_POOL).await? {
+                let name = member.name_any();
+                if seen.borrow_mut().insert(name.clone()) {
+                    eprintln!("layerless pool member: {name}");
+                }
+                let Some(machine) = machines.get_opt(&name).await? else {
+                    continue;
+                };
+                let conditions = machine.status.unwrap_or_default().contract.conditions;
+                if let Some(guest) = conditions::find(&conditions, types::GUEST_READY)
+                    .filter(|guest| guest.reason != reasons::AGENT_NOT_CONNECTED)
+                {
+                    return Ok(Some(guest.clone()));
+                }
+            }
+            Ok(None)
         },
     )
     .await?;
