@@ -33,6 +33,7 @@ BOOTS_GUESTS = {
 RUNS_A_NODE = {
     "banlieue-testenv::node",
     "banlieue-testenv::node_teardown",
+    "banlieue-testenv::agent_sandbox",
     "banlieue::deployed",
 }
 # Durations on a fresh 2-core machine (docs/testing.md), for the order of a first run; later
