@@ -44,6 +44,7 @@ FIRST_ESTIMATES = {
     "banlieue-testenv::guest": 120,
     "test.d/50-image": 45,
     "test.d/60-deployed": 275,
+    "test.d/60-deployed (Kubernetes v1.34.4)": 200,
     "clippy": 147,
 }
 
@@ -178,6 +179,12 @@ def main():
             if part == "60-deployed" and "banlieue::deployed" in binaries:
                 env["BANLIEUE_DEPLOYED_TEST"] = binaries["banlieue::deployed"]["argv"][0]
             add(f"test.d/{part}", ["bash", str(script)], cwd=str(repo), env=env, **spec)
+            if part == "60-deployed":
+                # The operator deployed on a node of the oldest release too, installed and
+                # upgraded by bootstrap (which leaves out the claim-protection policy there).
+                add(f"test.d/{part} (Kubernetes {oldest_version()})", ["bash", str(script)],
+                    cwd=str(repo), env={**env, **oldest, "BANLIEUE_DEPLOYED_INSTALLERS": "bootstrap",
+                                        "BANLIEUE_DEPLOYED_DEV_UP": "0"}, **spec)
 
     json.dump({"jobs": jobs}, sys.stdout, indent=1)
     print()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The operator as users deploy it: banlieue's image on the test cluster's real node, installed
-# with `banlieue bootstrap --image`, `kubectl apply -k` and `helm install` in turn, and the
-# guides followed with kubectl against a real libvirtd (crates/banlieue/tests/deployed.rs). The
+# from an earlier commit's manifests with `banlieue bootstrap --image`, `kubectl apply -k` and
+# `helm install` in turn and upgraded to this commit's, and the guides followed with kubectl
+# against a real libvirtd (crates/banlieue/tests/deployed.rs). BANLIEUE_DEPLOYED_INSTALLERS
+# picks installers; BANLIEUE_DEPLOYED_DEV_UP=0 leaves out `dev up --deployed`. The
 # image's binary is one already built, and only packaged here.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -37,7 +39,11 @@ for installer in ${BANLIEUE_DEPLOYED_INSTALLERS:-bootstrap kustomize helm}; do
     fi
 done
 
-# The main job as users would watch it in production: `dev up --deployed` with the same image.
+# The main job as users would watch it in production: `dev up --deployed` with the same image
+# (not on the oldest release's cluster, whose run is the install and upgrade alone).
+if [[ ${BANLIEUE_DEPLOYED_DEV_UP:-1} == 0 ]]; then
+    exit 0
+fi
 echo "deployed: banlieue-dev up --deployed"
 "$CARGO_TARGET_DIR/debug/banlieue-dev" up --deployed --non-interactive \
     --image-archive "$archive" >"$work/dev-up.out"

@@ -293,6 +293,14 @@ impl ControlPlane {
             source,
         })?;
         args.push(path_arg("admission-control-config-file", &admission));
+        if release_minor(&bin).is_some_and(|minor| minor < 36) {
+            // The test node's networking (node/network-policy.yaml) is a MutatingAdmissionPolicy,
+            // whose API before v1.36 is the beta one, off by default: served here for that
+            // shim alone. banlieue's own policy needs v1, which such a release does not serve,
+            // as on users' clusters.
+            args.push("--runtime-config=admissionregistration.k8s.io/v1beta1=true".into());
+            args.push("--feature-gates=MutatingAdmissionPolicy=true".into());
+        }
         if let Some(config) = &options.authentication_config {
             let path = dir.join("authentication-config.yaml");
             std::fs::write(&path, config).map_err(|source| Error::Io {
@@ -719,12 +727,40 @@ impl ControlPlane {
         for name in ours().await? {
             crds.delete(&name, &Default::default()).await?;
         }
-        wait_for(
+        // Each CRD waits for the API server to delete its objects first; on a loaded machine
+        // that has taken over a minute. A timeout names what is left and why.
+        let gone = wait_for(
             "banlieue's CRDs to be gone",
-            Duration::from_secs(60),
+            Duration::from_secs(180),
             || async { Ok(ours().await?.is_empty().then_some(())) },
         )
-        .await
+        .await;
+        if let Err(Error::Timeout { what, after, .. }) = gone {
+            let left: Vec<String> = crds
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|c| c.spec.group == "banlieue.io")
+                .map(|c| {
+                    let terminating = c
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|c| c.type_ == "Terminating")
+                        .and_then(|c| c.message)
+                        .unwrap_or_default();
+                    format!("{} ({terminating})", c.metadata.name.unwrap_or_default())
+                })
+                .collect();
+            return Err(Error::Timeout {
+                what,
+                after,
+                detail: format!("; left: {}", left.join(", ")),
+            });
+        }
+        gone
     }
 
     /// Installs every CRD under the repository's `deploy/crds/`, when that directory exists.
@@ -872,6 +908,14 @@ fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
         "--unsafe-no-fsync=true".into(),
         "--log-level=warn".into(),
     ]
+}
+
+/// The minor version of the release in `bin` (the first line of its `VERSIONS`, which
+/// `scripts/control-plane` writes), when it says.
+fn release_minor(bin: &Path) -> Option<u32> {
+    let versions = std::fs::read_to_string(bin.join("VERSIONS")).ok()?;
+    let release = versions.lines().next()?.trim().strip_prefix("v1.")?;
+    release.split('.').next()?.parse().ok()
 }
 
 fn apiserver_args(

@@ -10,7 +10,17 @@ use serde_json::Value;
 /// Writes `dir/kustomization.yaml`: the README's overlay, the repository's `deploy/` with the
 /// image `name:tag` set by `images:`. kustomize takes a base by a relative path only.
 pub fn write_image_overlay(dir: &Path, name: &str, tag: &str) -> std::io::Result<()> {
-    let deploy = crate::repo_path("deploy").canonicalize()?;
+    write_image_overlay_of(dir, &crate::repo_path("deploy"), name, tag)
+}
+
+/// [`write_image_overlay`] of another `deploy/` directory (an earlier release's).
+pub fn write_image_overlay_of(
+    dir: &Path,
+    deploy: &Path,
+    name: &str,
+    tag: &str,
+) -> std::io::Result<()> {
+    let deploy = deploy.canonicalize()?;
     let up = dir
         .canonicalize()?
         .components()
@@ -27,6 +37,23 @@ pub fn write_image_overlay(dir: &Path, name: &str, tag: &str) -> std::io::Result
             deploy.display()
         ),
     )
+}
+
+/// Appends to the overlay in `dir` what the README has users on Kubernetes before v1.36 add:
+/// patches deleting the claim-protection MutatingAdmissionPolicy and its binding, whose API
+/// those releases do not serve (the controller adds the claim finalizer itself there).
+pub fn leave_out_claim_protection(dir: &Path) -> std::io::Result<()> {
+    let file = dir.join("kustomization.yaml");
+    let mut text = std::fs::read_to_string(&file)?;
+    text.push_str("patches:\n");
+    for kind in ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] {
+        text.push_str(&format!(
+            "  - patch: |\n      $patch: delete\n      \
+             apiVersion: admissionregistration.k8s.io/v1\n      kind: {kind}\n      \
+             metadata:\n        name: banlieue-claim-protection\n"
+        ));
+    }
+    std::fs::write(file, text)
 }
 
 /// Whether the cluster serves MutatingAdmissionPolicy v1 (Kubernetes v1.36 and later), which

@@ -263,6 +263,18 @@ impl Node {
         .await
     }
 
+    /// Tags the node's image `source` as `target` too, as a new release's image would arrive:
+    /// pods naming `target` then start without a pull.
+    pub async fn tag_image(&self, source: &str, target: &str) -> Result<()> {
+        Ctr {
+            binary: &self.ctr,
+            socket: &self.containerd_socket,
+        }
+        .run(&["images", "tag", "--force", source, target])
+        .await
+        .map(|_| ())
+    }
+
     /// From start to Ready, containerd and the pause image import included.
     pub fn up_after(&self) -> Duration {
         self.up_after
@@ -449,7 +461,16 @@ fn create_cgroup(name: &str) -> Result<()> {
 async fn install_network_policy(client: &Client, dir: &Path, apiserver_port: u16) -> Result<()> {
     let path = dir.join("network-policy.yaml");
     let port = apiserver_port.to_string();
-    write_file(&path, &render(NETWORK_POLICY, &[("API_PORT", &port)]))?;
+    let mut policy = render(NETWORK_POLICY, &[("API_PORT", &port)]);
+    let served = crate::manifests::serves_mutating_admission_policies(client).await?;
+    if !served {
+        // Before v1.36 the control plane serves the beta API for this policy alone.
+        policy = policy.replace(
+            "apiVersion: admissionregistration.k8s.io/v1\n",
+            "apiVersion: admissionregistration.k8s.io/v1beta1\n",
+        );
+    }
+    write_file(&path, &policy)?;
     apply_yaml_with(client, &path, None).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let probe = Pod {

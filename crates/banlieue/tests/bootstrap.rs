@@ -252,16 +252,8 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
     if !serves_mutating_policies(&client).await {
         // Before Kubernetes v1.36 the overlay leaves out the claim-protection policy, as the
         // README says (the controller adds the finalizer itself), and renders the rest.
-        let mut text = std::fs::read_to_string(overlay.path().join("kustomization.yaml")).unwrap();
-        text.push_str("patches:\n");
-        for kind in ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"] {
-            text.push_str(&format!(
-                "  - patch: |\n      $patch: delete\n      \
-                 apiVersion: admissionregistration.k8s.io/v1\n      kind: {kind}\n      \
-                 metadata:\n        name: banlieue-claim-protection\n"
-            ));
-        }
-        std::fs::write(overlay.path().join("kustomization.yaml"), text).unwrap();
+        banlieue_testenv::manifests::leave_out_claim_protection(overlay.path())
+            .expect("patch the overlay");
         let without: Vec<DynamicObject> = expected
             .iter()
             .filter(|o| {

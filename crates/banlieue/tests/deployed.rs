@@ -1,7 +1,8 @@
 //! The operator as users deploy it: banlieue's container image on a real node (containerd and a
 //! kubelet), installed with `banlieue bootstrap --image` (or, with BANLIEUE_DEPLOYED_INSTALLER,
-//! the kustomize base or the Helm chart), and the libvirt provider guide and the
-//! claims guide followed with kubectl against a real libvirtd. Every step is a guide's command
+//! the kustomize base or the Helm chart) from an earlier commit's manifests and upgraded to
+//! this commit's once a claim is bound (module `install`), and the libvirt provider guide and
+//! the claims guide followed with kubectl against a real libvirtd. Every step is a guide's command
 //! or an API call of the user the guide names; the pods run as their own ServiceAccounts under
 //! the shipped RBAC, with no test-only grant.
 //!
@@ -21,11 +22,15 @@
 
 #[path = "deployed/guide.rs"]
 mod guide;
+#[path = "deployed/install.rs"]
+mod install;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use banlieue_api::conditions::types;
+use banlieue_api::names;
 use banlieue_api::{Provider, VMImage, VirtualMachine, VirtualMachineClaim};
 use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, MEDIA_TYPE_QCOW2};
 use banlieue_testenv::control_plane::{ControlPlane, bin_dir};
@@ -34,6 +39,7 @@ use banlieue_testenv::registry::{Layer, OciLayout, Registry, RegistryOptions};
 use banlieue_testenv::repo_path;
 use base64::Engine as _;
 use guide::Guides;
+use install::Installer;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -42,6 +48,8 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 
 const NS: &str = "banlieue-system";
+/// The pool of examples/19.
+const POOL: &str = "sandbox-pool";
 const PROVIDER: &str = "libvirt-edge-host-7";
 const BACKING_VOLUME: &str = "ubuntu-24.04-server-cloudimg-amd64.qcow2";
 const PROVIDER_GUIDE: &str = "docs/guides/libvirt-provider.md";
@@ -59,101 +67,6 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + 
 
 /// The Lease the controller replicas take (deploy/controller.yaml, ADR-0067).
 const CONTROLLER_LEASE: &str = "banlieue-controller";
-
-/// How the operator is installed: the three ways the README gives, each checked to render
-/// the same objects (tests/bootstrap.rs, tests/helm.rs) and here to run them.
-#[derive(Clone, Copy, Debug)]
-enum Installer {
-    /// `banlieue bootstrap --image IMAGE`.
-    Bootstrap,
-    /// `kubectl apply --server-side -k` an overlay of deploy/ setting the image.
-    Kustomize,
-    /// `helm install` of deploy/helm/banlieue with `--set image=IMAGE`.
-    Helm,
-}
-
-impl Installer {
-    fn from_env() -> Result<Installer> {
-        match std::env::var("BANLIEUE_DEPLOYED_INSTALLER").as_deref() {
-            Err(_) | Ok("bootstrap") => Ok(Installer::Bootstrap),
-            Ok("kustomize") => Ok(Installer::Kustomize),
-            Ok("helm") => Ok(Installer::Helm),
-            Ok(other) => Err(format!(
-                "BANLIEUE_DEPLOYED_INSTALLER={other}: one of bootstrap, kustomize, helm"
-            )
-            .into()),
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Installer::Bootstrap => "banlieue bootstrap",
-            Installer::Kustomize => "kubectl apply -k",
-            Installer::Helm => "helm install",
-        }
-    }
-
-    fn install(self, cp: &ControlPlane, image: &str) -> Result {
-        let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
-        // The kustomize overlay and helm's own files, gone with the install.
-        let scratch = tempfile::tempdir()?;
-        let (program, args): (PathBuf, Vec<String>) = match self {
-            Installer::Bootstrap => (
-                PathBuf::from(env!("CARGO_BIN_EXE_banlieue")),
-                vec!["bootstrap".into(), "--image".into(), image.into()],
-            ),
-            Installer::Kustomize => {
-                // The README's overlay: deploy/ with the image set by `images:`.
-                let (name, tag) = image.rsplit_once(':').ok_or("an image with a tag")?;
-                let overlay = scratch.path().join("overlay");
-                std::fs::create_dir_all(&overlay)?;
-                banlieue_testenv::manifests::write_image_overlay(&overlay, name, tag)?;
-                (
-                    bin_dir().join("kubectl"),
-                    vec![
-                        "apply".into(),
-                        "--server-side".into(),
-                        "-k".into(),
-                        overlay.display().to_string(),
-                    ],
-                )
-            }
-            Installer::Helm => (
-                bin_dir().join("helm"),
-                vec![
-                    "install".into(),
-                    "banlieue".into(),
-                    repo_path("deploy/helm/banlieue").display().to_string(),
-                    "--namespace".into(),
-                    "banlieue-helm".into(),
-                    "--create-namespace".into(),
-                    "--set".into(),
-                    format!("image={image}"),
-                ],
-            ),
-        };
-        let home = scratch.path().join("helm");
-        let out = Command::new(&program)
-            .env("KUBECONFIG", kubeconfig)
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .args(&args)
-            .output()?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} {}: {}{}",
-                program.display(),
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into());
-        }
-        eprintln!("installed with {}", self.name());
-        Ok(())
-    }
-}
 
 /// Runs kubectl as `identity` (a kubeconfig of the test control plane); returns stdout.
 fn kubectl(cp: &ControlPlane, identity: &str, args: &[&str]) -> Result<String> {
@@ -363,15 +276,26 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
 
     // 1. `banlieue bootstrap --image` (or the kustomize base, or the Helm chart, as
-    //    BANLIEUE_DEPLOYED_INSTALLER says): the controller runs as a pod.
+    //    BANLIEUE_DEPLOYED_INSTALLER says) of an earlier commit's manifests, upgraded below
+    //    once a claim is bound: the controller runs as a pod.
     let t = Instant::now();
     let image = banlieue::bootstrap::DEFAULT_IMAGE;
     let installer = Installer::from_env()?;
+    let release = installer.previous_release()?;
+    eprintln!(
+        "installing {}'s manifests ({})",
+        release.commit,
+        if release.differs {
+            "deploy/ differs from this commit's"
+        } else {
+            "deploy/ as this commit's: no earlier commit has what the installer reads"
+        }
+    );
     if let Installer::Helm = installer {
         // Helm refuses to take over the CRDs the test control plane starts with.
         cp.remove_banlieue_crds().await?;
     }
-    installer.install(&cp, image)?;
+    installer.install_previous(&cp, image, &release).await?;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     until("the controller Deployment Available", 120, || async {
         let d = deployments.get("banlieue-controller").await?;
@@ -614,13 +538,13 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     let guest_ready = vm
         .status
         .as_ref()
-        .and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == banlieue_api::conditions::types::GUEST_READY)
-        })
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == types::GUEST_READY))
         .map(|c| c.status.clone());
     assert_eq!(guest_ready.as_deref(), Some("True"), "{:?}", vm.status);
+
+    // 4b. The upgrade to this commit's manifests, with the claim Bound and a warm member in
+    //     the pool: both are kept, the same objects, their domains untouched.
+    upgrade_keeps_claims_and_members(&cp, installer, image, &release, &libvirtd, &bound).await?;
 
     // 5. Kill the acting controller replica and the provider's pod: the standby replica takes
     //    the Lease over, the Deployments replace the pods, and everything converges.
@@ -697,6 +621,150 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     assert!(left.is_empty(), "guide commands never run: {left:#?}");
     eprintln!("whole run: {:.1?}", started.elapsed());
     print_memory(&admin).await;
+    Ok(())
+}
+
+/// Waits for a warm member in example 19's pool, upgrades the install to this commit's
+/// manifests, waits for the controller Deployment to roll out, and checks that the bound claim
+/// and every VirtualMachine are the same objects as before, with their domains still defined.
+async fn upgrade_keeps_claims_and_members(
+    cp: &ControlPlane,
+    installer: Installer,
+    image: &str,
+    release: &install::Release,
+    libvirtd: &Libvirtd,
+    bound: &str,
+) -> Result {
+    let admin = cp.client()?;
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), NS);
+    let t = Instant::now();
+    // The pool hands out members once their guest says GuestReady (the test's pool).
+    let warm = until(
+        "a warm member in the pool before the upgrade",
+        480,
+        || async {
+            let members = vms
+                .list(&ListParams::default().labels(&format!("{}={POOL}", names::LABEL_POOL)))
+                .await?
+                .items;
+            Ok(members.into_iter().find(|vm| {
+                vm.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == types::GUEST_READY && c.status == "True")
+                })
+            }))
+        },
+    )
+    .await?;
+    eprintln!(
+        "claim Bound → {} warm in the pool: {:.1?}",
+        warm.metadata.name.as_deref().unwrap_or_default(),
+        t.elapsed()
+    );
+    let uids = |list: Vec<VirtualMachine>| -> Vec<(String, String)> {
+        let mut uids: Vec<(String, String)> = list
+            .into_iter()
+            .filter(|vm| vm.metadata.deletion_timestamp.is_none())
+            .map(|vm| {
+                (
+                    vm.metadata.name.unwrap_or_default(),
+                    vm.metadata.uid.unwrap_or_default(),
+                )
+            })
+            .collect();
+        uids.sort();
+        uids
+    };
+    let before = uids(vms.list(&ListParams::default()).await?.items);
+    let domains_before = domains(libvirtd).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), NS);
+    let claim_before = claims.get("sandbox-for-alice").await?;
+
+    // A release comes with its image: the same binary under the next tag, so the upgrade
+    // rolls the controller's replicas (and the image builder) as a real one does.
+    let (name, _) = image.rsplit_once(':').ok_or("an image with a tag")?;
+    let next = format!("{name}:upgraded");
+    cp.node().ok_or("a node")?.tag_image(image, &next).await?;
+    let t = Instant::now();
+    installer.upgrade(cp, &next).await?;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
+    until("the controller Deployment rolled out", 180, || async {
+        let d = deployments.get("banlieue-controller").await?;
+        let wanted = d.spec.replicas.unwrap_or(1);
+        let generation = d.metadata.generation.unwrap_or_default();
+        let pod_spec = d.spec.template.spec.as_ref();
+        let runs_next =
+            pod_spec.is_some_and(|s| s.containers[0].image.as_deref() == Some(next.as_str()));
+        Ok(d.status
+            .filter(|s| {
+                runs_next
+                    && s.observed_generation.unwrap_or_default() >= generation
+                    && s.updated_replicas.unwrap_or_default() == wanted
+                    && s.available_replicas.unwrap_or_default() == wanted
+                    && s.replicas.unwrap_or_default() == wanted
+            })
+            .map(|_| ()))
+    })
+    .await?;
+    // Only upgraded replicas are left, and one of them holds the Lease.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), NS);
+    let leader = until("an upgraded replica holding the Lease", 120, || async {
+        let replicas = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=banlieue-controller"))
+            .await?
+            .items;
+        let upgraded: Vec<String> = replicas
+            .iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec
+                        .as_ref()
+                        .is_some_and(|s| s.containers[0].image.as_deref() == Some(next.as_str()))
+            })
+            .map(pod_name)
+            .collect();
+        let holder = leases
+            .get(CONTROLLER_LEASE)
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity);
+        Ok(holder.filter(|h| upgraded.len() == replicas.len() && upgraded.contains(h)))
+    })
+    .await?;
+
+    let claim = claims.get("sandbox-for-alice").await?;
+    assert_eq!(kubectl_phase(&claim), "Bound", "{:?}", claim.status);
+    assert_eq!(claim.metadata.uid, claim_before.metadata.uid);
+    assert_eq!(
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| s.virtual_machine_ref.as_ref())
+            .map(|r| r.name.as_str()),
+        Some(bound)
+    );
+    let after = uids(vms.list(&ListParams::default()).await?.items);
+    let lost: Vec<&(String, String)> = before.iter().filter(|vm| !after.contains(vm)).collect();
+    assert!(
+        lost.is_empty(),
+        "VirtualMachines replaced or gone across the upgrade: {lost:?} (after: {after:?})"
+    );
+    let domains_after = domains(libvirtd).await?;
+    let undefined: Vec<&String> = domains_before
+        .iter()
+        .filter(|d| !domains_after.contains(d))
+        .collect();
+    assert!(undefined.is_empty(), "domains gone: {undefined:?}");
+    eprintln!(
+        "{} upgrade from {} → rolled out ({leader} leads), {} VirtualMachines and the Bound \
+         claim kept: {:.1?}",
+        installer.name(),
+        release.commit,
+        before.len(),
+        t.elapsed()
+    );
     Ok(())
 }
 
