@@ -36,6 +36,19 @@ RUNS_A_NODE = {
     "banlieue-testenv::agent_sandbox",
     "banlieue::deployed",
 }
+# Set-up parts only some jobs need, and the last Go builds of the set-up's compile lane (minutes
+# each on a fresh machine): they run as jobs of the plan, before the jobs that need them, so
+# every other test starts without waiting for them. scripts/test leaves them out of the set-up
+# it runs beside the build. A part no planned job needs is not run.
+def late_setup():
+    oldest = f"(Kubernetes {oldest_version()})"
+    return {
+        "helm": lambda name: name in ("banlieue::helm", "test.d/60-deployed"),
+        "oldest-kubernetes": lambda name: name.endswith(oldest),
+        "agent-sandbox": lambda name: name == "banlieue-testenv::agent_sandbox",
+    }
+
+
 # Durations on a fresh 2-core machine (docs/testing.md), for the order of a first run; later
 # runs order by the timings the last run wrote.
 FIRST_ESTIMATES = {
@@ -46,6 +59,9 @@ FIRST_ESTIMATES = {
     "test.d/60-deployed": 275,
     "test.d/60-deployed (Kubernetes v1.34.4)": 200,
     "clippy": 147,
+    "setup helm": 225,
+    "setup oldest-kubernetes": 600,
+    "setup agent-sandbox": 180,
 }
 
 
@@ -185,6 +201,18 @@ def main():
                 add(f"test.d/{part} (Kubernetes {oldest_version()})", ["bash", str(script)],
                     cwd=str(repo), env={**env, **oldest, "BANLIEUE_DEPLOYED_INSTALLERS": "bootstrap",
                                         "BANLIEUE_DEPLOYED_DEV_UP": "0"}, **spec)
+
+    if not os.environ.get("SKIP_SETUP"):
+        for part, needs in late_setup().items():
+            needers = [job for job in jobs if needs(job["name"])]
+            if not needers:
+                continue
+            # Go builds keep both cores busy; one at a time, as the set-up's compile lane runs
+            # them.
+            add(f"setup {part}", [str(repo / "scripts" / "setup"), part], cwd=str(repo),
+                weight=2, group="setup")
+            for job in needers:
+                job.setdefault("after", []).append(f"setup {part}")
 
     json.dump({"jobs": jobs}, sys.stdout, indent=1)
     print()
