@@ -597,6 +597,24 @@ impl ControlPlane {
         created.metadata.name.ok_or(Error::Unnamed("namespace"))
     }
 
+    /// A [`fresh_namespace`](Self::fresh_namespace) that can take Pods: its `default`
+    /// ServiceAccount exists (the API server refuses a Pod until the controller manager made it).
+    pub async fn fresh_namespace_for_pods(&self) -> Result<String> {
+        let namespace = self.fresh_namespace().await?;
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client()?, &namespace);
+        wait_for(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(60),
+            || {
+                let accounts = accounts.clone();
+                async move { Ok(accounts.get_opt("default").await?.map(|_| ())) }
+            },
+        )
+        .await?;
+        Ok(namespace)
+    }
+
     /// Server-side applies every document of a multi-document YAML file as the administrator;
     /// namespaced objects without a namespace go to `default`. CRDs among them are waited on
     /// until Established, so later documents and calls can use them.

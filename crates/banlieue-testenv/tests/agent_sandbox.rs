@@ -11,7 +11,7 @@ use banlieue_testenv::agent_sandbox::{AgentSandbox, Kind};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::node::PAUSE_IMAGE;
 use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::{Value, json};
@@ -56,14 +56,7 @@ fn object(kind: Kind, name: &str, spec: Value) -> DynamicObject {
 /// A fresh namespace whose `default` ServiceAccount exists (a Pod is refused until then), with
 /// a template of the node's pause image and a warm pool of `replicas` of it, every member Ready.
 async fn warm_pool(cp: &ControlPlane, replicas: u32) -> String {
-    let ns = cp.fresh_namespace().await.expect("namespace");
-    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client().expect("client"), &ns);
-    wait_for("the default service account", DEADLINE, || {
-        let accounts = accounts.clone();
-        async move { Ok(accounts.get_opt("default").await?.map(|_| ())) }
-    })
-    .await
-    .expect("default service account");
+    let ns = cp.fresh_namespace_for_pods().await.expect("namespace");
     // No NetworkPolicy: the test node has no pod network to enforce one on.
     let template = object(
         Kind::SandboxTemplate,

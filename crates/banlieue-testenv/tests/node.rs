@@ -10,9 +10,7 @@ use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::node::{self, NETWORK_POLICY_NAME, NODE_NAME};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
@@ -51,15 +49,7 @@ async fn tools_image(cp: &ControlPlane) -> &'static str {
 
 /// A fresh namespace whose `default` ServiceAccount exists (a Pod is refused until then).
 async fn namespace(cp: &ControlPlane) -> String {
-    let ns = cp.fresh_namespace().await.expect("namespace");
-    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client().expect("client"), &ns);
-    wait_for("the default service account", DEADLINE, || {
-        let accounts = accounts.clone();
-        async move { Ok(accounts.get_opt("default").await?.map(|_| ())) }
-    })
-    .await
-    .expect("default service account");
-    ns
+    cp.fresh_namespace_for_pods().await.expect("namespace")
 }
 
 async fn delete_namespace(client: &Client, ns: &str) {
