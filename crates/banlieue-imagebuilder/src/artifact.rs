@@ -11,10 +11,10 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::sparse::{DiskSink, SparseFile, ZEROS};
+use crate::hashing::{HashError, HashThread};
+use crate::sparse::{DiskSink, SparseFile};
 
 /// Progress is reported at least this often, in logical bytes.
 pub const PROGRESS_INTERVAL: u64 = 64 << 20;
@@ -48,13 +48,15 @@ pub fn record_path(artifact_path: &Path) -> PathBuf {
     with_suffix(artifact_path, ".json")
 }
 
-/// Writes a raw disk image sparsely and hashes its logical content.
+/// Writes a raw disk image sparsely and hashes its logical content, on a [`HashThread`] of its
+/// own.
 ///
-/// Dropping it without [`ArtifactWriter::finish`] leaves only `<final>.tmp`.
+/// Dropping it without [`ArtifactWriter::finish`] leaves only `<final>.tmp` and stops the
+/// hashing thread.
 #[derive(Debug)]
 pub struct ArtifactWriter {
     sparse: SparseFile,
-    hasher: Sha256,
+    hasher: HashThread,
     tmp_path: PathBuf,
     final_path: PathBuf,
 }
@@ -71,7 +73,7 @@ impl ArtifactWriter {
             .map_err(|source| Error::io("create the artifact", &tmp_path, source))?;
         Ok(Self {
             sparse: SparseFile::new(file),
-            hasher: Sha256::new(),
+            hasher: HashThread::sha256()?,
             tmp_path,
             final_path: final_path.to_path_buf(),
         })
@@ -82,7 +84,8 @@ impl ArtifactWriter {
         &self.tmp_path
     }
 
-    /// Sets the length, syncs the file, renames it to the final path and syncs the directory.
+    /// Sets the length, syncs the file, waits for the digest, renames the file to the final
+    /// path and syncs the directory.
     pub fn finish(self) -> Result<ArtifactRecord> {
         let Self {
             sparse,
@@ -93,33 +96,36 @@ impl ArtifactWriter {
         let (file, size_bytes) = sparse
             .finish()
             .map_err(|source| Error::io("write the artifact", &tmp_path, source))?;
+        // The hashing thread catches up while the file syncs.
         file.sync_all()
             .map_err(|source| Error::io("sync the artifact", &tmp_path, source))?;
         drop(file);
+        let digested = hasher.finish()?;
+        if digested.len != size_bytes {
+            // Cannot happen: both saw the same calls. Guards the digest's meaning.
+            return Err(Error::Hash(HashError::Stopped(format!(
+                "it hashed {} bytes of {size_bytes}",
+                digested.len
+            ))));
+        }
         std::fs::rename(&tmp_path, &final_path)
             .map_err(|source| Error::io("rename the artifact into place", &final_path, source))?;
         sync_parent(&final_path)?;
         Ok(ArtifactRecord {
             size_bytes,
-            sha256: hex(&hasher.finalize()),
+            sha256: digested.sha256,
         })
     }
 }
 
 impl DiskSink for ArtifactWriter {
     fn write_data(&mut self, data: &[u8]) -> io::Result<()> {
-        self.hasher.update(data);
+        self.hasher.data(data).map_err(io::Error::other)?;
         self.sparse.write_data(data)
     }
 
     fn write_zeros(&mut self, len: u64) -> io::Result<()> {
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(ZEROS.len() as u64);
-            // n ≤ ZEROS.len(), so the cast cannot truncate.
-            self.hasher.update(&ZEROS[..n as usize]);
-            left -= n;
-        }
+        self.hasher.zeros(len).map_err(io::Error::other)?;
         self.sparse.write_zeros(len)
     }
 
@@ -301,6 +307,7 @@ pub fn reusable(artifact_path: &Path, manifest_digest: &str) -> Result<Option<Co
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
     use std::os::unix::fs::MetadataExt;
 
     fn sha256_hex(bytes: &[u8]) -> String {
@@ -349,6 +356,90 @@ mod tests {
         assert_eq!(record.sha256, sha256_hex(&logical));
         assert_eq!(std::fs::read(&path).unwrap(), logical);
         assert!(!tmp_path(&path).exists());
+    }
+
+    /// One call on a writer: data, or a zero run.
+    #[derive(Debug, Clone, Copy)]
+    enum Call {
+        Data(usize),
+        ZeroData(usize),
+        Hole(u64),
+    }
+
+    /// Writes `calls`, then checks the record against the file read back: its length and the
+    /// SHA-256 of all its bytes.
+    fn check_layout(name: &str, calls: &[Call]) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.raw");
+        let mut w = ArtifactWriter::create(&path).unwrap();
+        for (i, call) in calls.iter().enumerate() {
+            match *call {
+                Call::Data(n) => w.write_data(&noise(n, i as u64)).unwrap(),
+                Call::ZeroData(n) => w.write_data(&vec![0; n]).unwrap(),
+                Call::Hole(n) => w.write_zeros(n).unwrap(),
+            }
+        }
+        let record = w.finish().unwrap();
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(record.size_bytes, file.len() as u64, "{name}");
+        assert_eq!(record.sha256, sha256_hex(&file), "{name}");
+    }
+
+    #[test]
+    fn digest_is_that_of_the_whole_file_wherever_the_holes_are() {
+        use Call::{Data, Hole, ZeroData};
+        const MIB: usize = 1 << 20;
+        let layouts: &[(&str, &[Call])] = &[
+            ("empty", &[]),
+            ("no hole", &[Data(3 * MIB + 5)]),
+            (
+                "hole at the start",
+                &[Hole(2 * MIB as u64 + 100), Data(MIB)],
+            ),
+            ("hole at the end", &[Data(MIB + 1), Hole(5 * MIB as u64)]),
+            ("holes at both ends", &[Hole(4096), Data(7), Hole(4095)]),
+            ("all hole", &[Hole(8 * MIB as u64)]),
+            ("all zeros as data", &[ZeroData(2 * MIB + 3)]),
+            (
+                "holes and zeros between data",
+                &[
+                    Data(MIB - 1),
+                    Hole(1),
+                    ZeroData(4096),
+                    Hole(MIB as u64 * 3),
+                    Hole(17),
+                    Data(5 * MIB / 2),
+                    ZeroData(1),
+                    Data(65_536),
+                ],
+            ),
+        ];
+        for (name, calls) in layouts {
+            check_layout(name, calls);
+        }
+    }
+
+    mod generated {
+        use super::{Call, check_layout};
+        use proptest::prelude::*;
+
+        proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        #[test]
+        fn digest_is_that_of_the_whole_file_for_any_layout(
+            calls in proptest::collection::vec(
+                prop_oneof![
+                    (0usize..300_000).prop_map(Call::Data),
+                    (0usize..20_000).prop_map(Call::ZeroData),
+                    (0u64..3_000_000).prop_map(Call::Hole),
+                ],
+                0..12,
+            )
+        ) {
+            check_layout("generated", &calls);
+        }
+        }
     }
 
     #[test]

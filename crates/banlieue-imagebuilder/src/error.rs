@@ -2,6 +2,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::classify::{DiskFormat, Refusal};
+use crate::hashing::HashError;
 use crate::qcow2::Qcow2Error;
 
 /// The crate's result type.
@@ -31,6 +32,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The artifact's digest could not be computed.
+    #[error(transparent)]
+    Hash(#[from] HashError),
     /// Writing the output disk failed.
     #[error("write the disk image")]
     Sink(#[source] io::Error),

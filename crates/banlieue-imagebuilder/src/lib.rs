@@ -6,11 +6,11 @@
 //! 2. [`layer`] turns downloaded, digest-verified blobs into one disk file: decompressing a disk
 //!    artifact's layer, or extracting a containerDisk's `disk/` file from its layer tars.
 //! 3. [`qcow2`] converts a qcow2 disk to raw; [`artifact::copy_raw`] copies a raw one. Both write
-//!    into an [`ArtifactWriter`], which keeps zero blocks as holes, hashes the content and
-//!    renames the file into place when complete; a [`CompletionRecord`] beside it lets a later
-//!    build of the same manifest reuse it.
+//!    into an [`ArtifactWriter`], which keeps zero blocks as holes, hashes the content on a
+//!    second thread ([`hashing`]) and renames the file into place when complete; a
+//!    [`CompletionRecord`] beside it lets a later build of the same manifest reuse it.
 //!
-//! Those are blocking std I/O with constant-size buffers, run in `spawn_blocking`. Around them:
+//! Those are blocking std I/O with bounded buffers, run in `spawn_blocking`. Around them:
 //!
 //! - [`reconcile`]: the reconciler (`banlieue imagebuild controller`) that resolves each
 //!   VMImage's Url source to a manifest digest and keeps one build Job per digest ([`decide`]
@@ -28,6 +28,7 @@ pub mod convert;
 pub mod credentials;
 pub mod decide;
 mod error;
+pub mod hashing;
 pub mod layer;
 pub mod manifest;
 pub mod publish;

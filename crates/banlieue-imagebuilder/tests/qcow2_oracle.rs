@@ -6,6 +6,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use banlieue_imagebuilder::ArtifactWriter;
 use banlieue_imagebuilder::qcow2::{self, ClusterCompression, Limits, Qcow2Error};
@@ -125,6 +126,7 @@ impl Case {
         let ours = std::fs::read(&out).unwrap();
         let theirs = std::fs::read(&expected).unwrap();
         assert_eq!(ours.len(), theirs.len());
+        assert_eq!(record.sha256, sha256_hex(&theirs));
         if let Some(at) = ours.iter().zip(&theirs).position(|(a, b)| a != b) {
             panic!("first difference at byte {at:#x}");
         }
@@ -221,6 +223,79 @@ fn extended_l2_subclusters() {
     assert!(h.extended_l2);
     let case = Case::from_source(10, &["-c", "-o", "extended_l2=on,cluster_size=128k"]);
     assert!(case.check().extended_l2);
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An image in memory whose reads fail from the `fail_at`-th on.
+struct FailingRead {
+    bytes: Vec<u8>,
+    reads: AtomicUsize,
+    fail_at: usize,
+}
+
+impl qcow2::ReadAt for FailingRead {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        if self.reads.fetch_add(1, Ordering::Relaxed) >= self.fail_at {
+            return Err(std::io::Error::other("injected read failure"));
+        }
+        qcow2::ReadAt::read_at(&self.bytes, buf, offset)
+    }
+}
+
+#[test]
+fn a_failing_read_mid_conversion_is_a_typed_error_and_leaves_no_artifact() {
+    let case = Case::from_source(11, &["-o", "cluster_size=64k"]);
+    let bytes = std::fs::read(&case.qcow2).unwrap();
+    let dir = case.dir.path().to_owned();
+    let counting = FailingRead {
+        bytes: bytes.clone(),
+        reads: AtomicUsize::new(0),
+        fail_at: usize::MAX,
+    };
+    let len = bytes.len() as u64;
+    qcow2::convert(
+        &counting,
+        len,
+        &mut NullSink::default(),
+        &LIMITS,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let reads = counting.reads.load(Ordering::Relaxed);
+    assert!(reads > 8, "{reads} reads");
+    // The header, the L1 table, the first L2 table, data halfway, the last data cluster.
+    for fail_at in [0, 1, 2, reads / 2, reads - 1] {
+        let (bytes, dir) = (bytes.clone(), dir.clone());
+        let (done, result) = std::sync::mpsc::channel();
+        // On a thread of its own so that a hang fails the test instead of stalling it.
+        std::thread::spawn(move || {
+            let out = dir.join(format!("failed-{fail_at}.raw"));
+            let src = FailingRead {
+                reads: AtomicUsize::new(0),
+                fail_at,
+                bytes,
+            };
+            let mut writer = ArtifactWriter::create(&out).unwrap();
+            let converted = qcow2::convert(&src, len, &mut writer, &LIMITS, &mut |_, _| {});
+            drop(writer);
+            let _ = done.send((converted, out.exists()));
+        });
+        let (converted, exists) = result
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the conversion ends");
+        match converted {
+            Err(Qcow2Error::Read(e)) => assert_eq!(e.to_string(), "injected read failure"),
+            other => panic!("read {fail_at} failing gave {other:?}"),
+        }
+        assert!(!exists);
+    }
 }
 
 /// Counts calls; keeps nothing.
