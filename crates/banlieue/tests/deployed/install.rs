@@ -39,7 +39,7 @@ pub enum Installer {
 /// `deploy/` of an earlier commit, extracted into a directory of its own.
 pub struct Release {
     pub commit: String,
-    /// Whether its `deploy/` differs from this commit's.
+    /// Whether what the installer reads of its `deploy/` differs from this commit's.
     pub differs: bool,
     dir: tempfile::TempDir,
 }
