@@ -255,24 +255,24 @@ impl Node {
     /// namespace, where the kubelet finds it. Pods use it with `imagePullPolicy: Never` (or a
     /// tag other than `latest`, which defaults to `IfNotPresent`).
     pub async fn import_image(&self, archive: &Path) -> Result<()> {
-        Ctr {
-            binary: &self.ctr,
-            socket: &self.containerd_socket,
-        }
-        .import(archive)
-        .await
+        self.ctr().import(archive).await
     }
 
     /// Tags the node's image `source` as `target` too, as a new release's image would arrive:
     /// pods naming `target` then start without a pull.
     pub async fn tag_image(&self, source: &str, target: &str) -> Result<()> {
+        self.ctr()
+            .run(&["images", "tag", "--force", source, target])
+            .await
+            .map(|_| ())
+    }
+
+    /// `ctr` against this node's containerd.
+    fn ctr(&self) -> Ctr<'_> {
         Ctr {
             binary: &self.ctr,
             socket: &self.containerd_socket,
         }
-        .run(&["images", "tag", "--force", source, target])
-        .await
-        .map(|_| ())
     }
 
     /// From start to Ready, containerd and the pause image import included.
