@@ -140,6 +140,11 @@ pub struct ControlPlaneOptions {
     /// A structured `AuthenticationConfiguration` (YAML), passed as `--authentication-config`
     /// (JWT issuers beside the client certificates and service account tokens).
     pub authentication_config: Option<String>,
+    /// Start as a cluster without banlieue: none of `deploy/crds/` installed. An installer
+    /// that owns the CRDs (Helm refuses to adopt objects it did not make) starts here, rather
+    /// than deleting them, which the API server can take minutes to finish right after they
+    /// were made (its CRD finalizer backs off while the new watch cache initializes).
+    pub without_banlieue_crds: bool,
 }
 
 impl ControlPlaneOptions {
@@ -147,6 +152,12 @@ impl ControlPlaneOptions {
     /// says.
     pub fn authentication_config(mut self, config: impl Into<String>) -> Self {
         self.authentication_config = Some(config.into());
+        self
+    }
+
+    /// See [`without_banlieue_crds`](Self::without_banlieue_crds).
+    pub fn without_banlieue_crds(mut self) -> Self {
+        self.without_banlieue_crds = true;
         self
     }
 }
@@ -226,7 +237,12 @@ impl ControlPlane {
 
     /// Starts an owned local control plane and a node registered with it (see [`Node`]).
     pub async fn start_with_node() -> Result<ControlPlane> {
-        let mut control_plane = Self::start().await?;
+        Self::start_with_node_with(ControlPlaneOptions::default()).await
+    }
+
+    /// [`start_with_node`](Self::start_with_node) with options.
+    pub async fn start_with_node_with(options: ControlPlaneOptions) -> Result<ControlPlane> {
+        let mut control_plane = Self::start_with(options).await?;
         let node = Node::start(&control_plane).await?;
         control_plane.node = Some(node);
         Ok(control_plane)
@@ -377,7 +393,9 @@ impl ControlPlane {
                 apiserver_port: apiserver,
             }),
         };
-        control_plane.install_crds().await?;
+        if !options.without_banlieue_crds {
+            control_plane.install_crds().await?;
+        }
         eprintln!(
             "control plane: /readyz after {:.1} s, controllers up after {:.1} s, state in {}",
             apiserver_ready_after.as_secs_f64(),
@@ -723,62 +741,6 @@ impl ControlPlane {
     /// How long the local apiserver took from spawn to a successful `/readyz`.
     pub fn apiserver_ready_after(&self) -> Option<Duration> {
         self.local.as_ref().map(|local| local.apiserver_ready_after)
-    }
-
-    /// Deletes banlieue's CRDs (group `banlieue.io`), which every control plane starts with,
-    /// and waits until they are gone: a cluster without banlieue, for installers that refuse
-    /// to take over objects they did not make (Helm).
-    pub async fn remove_banlieue_crds(&self) -> Result<()> {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client()?);
-        let ours = || async {
-            Ok::<_, Error>(
-                crds.list(&Default::default())
-                    .await?
-                    .items
-                    .into_iter()
-                    .filter(|c| c.spec.group == "banlieue.io")
-                    .filter_map(|c| c.metadata.name)
-                    .collect::<Vec<_>>(),
-            )
-        };
-        for name in ours().await? {
-            crds.delete(&name, &Default::default()).await?;
-        }
-        // Each CRD waits for the API server to delete its objects first; on a loaded machine
-        // that has taken over a minute. A timeout names what is left and why.
-        let gone = wait_for(
-            "banlieue's CRDs to be gone",
-            Duration::from_secs(180),
-            || async { Ok(ours().await?.is_empty().then_some(())) },
-        )
-        .await;
-        if let Err(Error::Timeout { what, after, .. }) = gone {
-            let left: Vec<String> = crds
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|c| c.spec.group == "banlieue.io")
-                .map(|c| {
-                    let terminating = c
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .find(|c| c.type_ == "Terminating")
-                        .and_then(|c| c.message)
-                        .unwrap_or_default();
-                    format!("{} ({terminating})", c.metadata.name.unwrap_or_default())
-                })
-                .collect();
-            return Err(Error::Timeout {
-                what,
-                after,
-                detail: format!("; left: {}", left.join(", ")),
-            });
-        }
-        gone
     }
 
     /// Installs every CRD under the repository's `deploy/crds/`, when that directory exists.

@@ -33,7 +33,7 @@ use banlieue_api::conditions::types;
 use banlieue_api::names;
 use banlieue_api::{Provider, VMImage, VirtualMachine, VirtualMachineClaim};
 use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, MEDIA_TYPE_QCOW2};
-use banlieue_testenv::control_plane::{ControlPlane, bin_dir};
+use banlieue_testenv::control_plane::{ControlPlane, ControlPlaneOptions, bin_dir};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::registry::{Layer, OciLayout, Registry, RegistryOptions};
 use banlieue_testenv::repo_path;
@@ -267,7 +267,13 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         std::env::var("BANLIEUE_IMAGE_ARCHIVE").map_err(|_| "set BANLIEUE_IMAGE_ARCHIVE")?,
     );
     let started = Instant::now();
-    let cp = ControlPlane::start_with_node().await?;
+    let installer = Installer::from_env()?;
+    // Helm refuses to take over CRDs it did not make: its cluster starts without banlieue's.
+    let cp = ControlPlane::start_with_node_with(match installer {
+        Installer::Helm => ControlPlaneOptions::default().without_banlieue_crds(),
+        _ => ControlPlaneOptions::default(),
+    })
+    .await?;
     let node = cp.node().ok_or("a node")?;
     node.import_image(&archive).await?;
     eprintln!("node up, image imported: {:.1?}", started.elapsed());
@@ -280,7 +286,6 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     //    once a claim is bound: the controller runs as a pod.
     let t = Instant::now();
     let image = banlieue::bootstrap::DEFAULT_IMAGE;
-    let installer = Installer::from_env()?;
     let release = installer.previous_release()?;
     eprintln!(
         "installing {}'s manifests ({})",
@@ -291,10 +296,6 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
             "deploy/ as this commit's: no earlier commit has what the installer reads"
         }
     );
-    if let Installer::Helm = installer {
-        // Helm refuses to take over the CRDs the test control plane starts with.
-        cp.remove_banlieue_crds().await?;
-    }
     installer.install_previous(&cp, image, &release).await?;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     until("the controller Deployment Available", 120, || async {

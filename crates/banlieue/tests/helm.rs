@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use banlieue::bootstrap;
-use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::control_plane::{ControlPlane, ControlPlaneOptions};
 use banlieue_testenv::manifests::{assert_same, by_identity};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -197,15 +197,16 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
 #[tokio::test]
 async fn install_upgrade_and_uninstall_keep_what_users_stored() {
     let Some(helm) = Helm::find() else { return };
-    let control_plane = ControlPlane::start().await.expect("control plane");
+    // A cluster without banlieue: Helm refuses to adopt CRDs it did not make.
+    let control_plane =
+        ControlPlane::start_with(ControlPlaneOptions::default().without_banlieue_crds())
+            .await
+            .expect("control plane");
     let kubeconfig = control_plane
         .kubeconfig("admin")
         .expect("admin kubeconfig")
         .to_path_buf();
     let client = control_plane.client().unwrap();
-    // A cluster without banlieue: the test control plane comes with the CRDs, which Helm would
-    // refuse to adopt.
-    control_plane.remove_banlieue_crds().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let chart = chart();
     let release = |verb: &str, sets: &[&str]| {
