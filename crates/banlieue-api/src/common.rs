@@ -112,6 +112,17 @@ pub mod address_type {
     pub const HOSTNAME: &str = "Hostname";
 }
 
+/// How a warm member waits for its claim (ADR-0073).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Standby {
+    /// Running: the member holds its memory on the host while it waits.
+    #[default]
+    Running,
+    /// Saved to disk once it has reached its pool's readiness (libvirt managed save, vSphere
+    /// suspend): it holds no host memory while it waits, and is resumed when claimed.
+    Saved,
+}
+
 /// Firmware a machine boots with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

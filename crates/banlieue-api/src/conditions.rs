@@ -24,6 +24,12 @@ pub mod types {
     pub const FILLING: &str = "Filling";
     /// VirtualMachinePool: members keep failing to start (True), or started again (False).
     pub const DEGRADED: &str = "Degraded";
+    /// LibvirtMachine, VirtualMachine: the machine is saved to disk and holds no host memory
+    /// (ADR-0073).
+    pub const SAVED: &str = "Saved";
+    /// VirtualMachineClaim of a `standby: Saved` pool: its member runs again (restored, the
+    /// guest's clock set, its addresses read again). `status.addresses` is filled only then.
+    pub const RESUMED: &str = "Resumed";
 }
 
 /// Condition reasons. A reason is CamelCase and stable; the message carries the detail.
@@ -73,6 +79,13 @@ pub mod reasons {
     pub const PROVIDER_NOT_READY: &str = "ProviderNotReady";
     pub const TEARDOWN_FAILED: &str = "TeardownFailed";
     pub const LIBVIRT_ERROR: &str = "LibvirtError";
+    /// Saved=True: the domain is saved (managed save) and waits for a claim.
+    pub const DOMAIN_SAVED: &str = "DomainSaved";
+    /// Saved=False: the domain runs.
+    pub const DOMAIN_NOT_SAVED: &str = "DomainNotSaved";
+    /// Ready=False: restoring the saved domain failed; its image was removed and the member
+    /// is replaced (ADR-0073).
+    pub const RESTORE_FAILED: &str = "RestoreFailed";
 
     // LibvirtMachine GuestReady (ADR-0043, ADR-0045). Unknown: the guest said nothing yet;
     // False: it said "not yet" or "failed"; True: it said "ready".
@@ -100,6 +113,8 @@ pub mod reasons {
     pub const STARTUP_DEADLINE_EXCEEDED: &str = "StartupDeadlineExceeded";
     /// Degraded=False: a member started since.
     pub const MEMBERS_STARTING: &str = "MembersStarting";
+    /// Ready=False: `standby: Saved` on a backend that cannot save machines.
+    pub const STANDBY_NOT_SUPPORTED: &str = "StandbyNotSupported";
 
     // VirtualMachineClaim
     pub const BOUND: &str = "Bound";
@@ -108,6 +123,10 @@ pub mod reasons {
     pub const MEMBER_DELETED: &str = "MemberDeleted";
     pub const EXPIRED: &str = "Expired";
     pub const RELEASING: &str = "Releasing";
+    /// Resumed=False: the bound member is saved, or its provider has not yet restored it.
+    pub const RESUMING: &str = "Resuming";
+    /// Resumed=True.
+    pub const RESUMED: &str = "Resumed";
 }
 
 /// Condition status values.

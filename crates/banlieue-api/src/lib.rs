@@ -18,7 +18,7 @@ pub mod vsphere;
 
 pub use common::{
     Firmware, KeySelector, LocalObjectReference, MachineAddress, SecretKeySelector, Source,
-    ValueOrSource,
+    Standby, ValueOrSource,
 };
 pub use image::{
     ArtifactPhase, BuildArtifact, ImagePhase, ImageSource, ImageSourceKind, InstallMode,

@@ -7,7 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{Firmware, LocalObjectReference, MachineAddress, SecretKeySelector};
+use crate::common::{Firmware, LocalObjectReference, MachineAddress, SecretKeySelector, Standby};
 use crate::conditions::Condition;
 
 /// Largest inline user-data accepted. A seed ISO holds more, but a claim-sized API object
@@ -57,6 +57,11 @@ pub struct VirtualMachineSpec {
     /// A Secret key holding cloud-init user-data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data_secret_ref: Option<SecretKeySelector>,
+    /// How the machine waits while unclaimed (ADR-0073). A pool writes its own
+    /// `spec.standby` here; `Saved` takes effect only for an unclaimed pool member that has
+    /// reached its pool's readiness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
 }
 
 /// Observed state of a VirtualMachine.
@@ -95,6 +100,11 @@ pub struct VirtualMachineStatus {
     /// When the VirtualMachine last became Ready; orders pool members by time Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_since: Option<Time>,
+    /// Whether the machine is running or saved, as its provider last reported for the
+    /// machine's current spec; unset while the provider has not acted on a change of it
+    /// (ADR-0073).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
 }
 
 /// A reference to a provider-specific machine.
@@ -161,6 +171,10 @@ pub struct LibvirtMachineSpec {
     /// A Secret key holding cloud-init user-data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_data_secret_ref: Option<SecretKeySelector>,
+    /// `Saved`: save the running domain (libvirt managed save); `Running` or unset: run it,
+    /// restoring a saved one (ADR-0073). The controller writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
 }
 
 /// The OS disk of a LibvirtMachine: exactly one shape (ADR-0040).
@@ -230,6 +244,10 @@ pub struct MachineStatusContract {
     /// The guest's own phase, when it publishes one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_phase: Option<String>,
+    /// Whether the machine is running or saved (ADR-0073); unset until the provider has
+    /// looked. A saved machine stays `ready`: it is resumed, not provisioned, when claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
     /// PEM certificates of the vTPM's endorsement keys.
     #[serde(default)]
     pub tpm_endorsement_certificates: Vec<String>,
@@ -259,6 +277,9 @@ pub struct MachineSpecContract {
     /// machine must report before it is handed out (ADR-0045).
     #[serde(default)]
     pub tpm_enabled: bool,
+    /// What the controller asks of the machine while it waits (ADR-0073).
+    #[serde(default)]
+    pub standby: Option<Standby>,
 }
 
 /// Cluster API's initialization block.

@@ -8,7 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{LocalObjectReference, MachineAddress};
+use crate::common::{LocalObjectReference, MachineAddress, Standby};
 use crate::conditions::Condition;
 use crate::machine::VirtualMachineSpec;
 
@@ -61,6 +61,11 @@ pub struct VirtualMachinePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_provisioning: Option<i32>,
+    /// How unclaimed members wait: `Running` (the default) or `Saved`, paused to disk once
+    /// they reach the pool's readiness and resumed when a claim binds one (ADR-0073). Copied
+    /// into each member's `spec.standby`; changing it is a new revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
 }
 
 /// Template of pool members.

@@ -244,6 +244,9 @@ fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             memory: input.class.spec.memory.clone(),
             user_data: input.vm.spec.user_data.clone(),
             user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+            // Born running: the VirtualMachine reconciler asks for `Saved` once the member
+            // has reached its pool's readiness (ADR-0073).
+            standby: None,
         },
     )
 }

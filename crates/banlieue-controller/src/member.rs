@@ -180,6 +180,7 @@ mod tests {
                 network_class_name: "isolated".into(),
                 user_data: None,
                 user_data_secret_ref: None,
+                standby: None,
             },
         );
         let mut status = VirtualMachineStatus::default();

@@ -390,6 +390,7 @@ pub fn pool() -> VirtualMachinePool {
                     network_class_name: NETWORK_CLASS.into(),
                     user_data: Some("#cloud-config\nhostname: sandbox\n".into()),
                     user_data_secret_ref: None,
+                    standby: None,
                 },
             },
             readiness: PoolReadiness::InfrastructureReady,
@@ -400,6 +401,7 @@ pub fn pool() -> VirtualMachinePool {
             },
             startup_deadline_seconds: None,
             max_provisioning: None,
+            standby: None,
         },
     );
     pool.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

@@ -279,6 +279,7 @@ fn libvirt_machine(name: &str, provider: &str, finalizers: &[&str]) -> LibvirtMa
             memory: Quantity("256Mi".into()),
             user_data: None,
             user_data_secret_ref: None,
+            standby: None,
         },
     );
     machine.metadata = ObjectMeta {

@@ -107,6 +107,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                     memory: Quantity("64Mi".into()),
                     user_data: None,
                     user_data_secret_ref: None,
+                    standby: None,
                 },
             );
             api.create(&PostParams::default(), &m).await?;

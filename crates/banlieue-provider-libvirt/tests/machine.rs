@@ -146,6 +146,7 @@ fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
             memory: Quantity("256Mi".into()),
             user_data: None,
             user_data_secret_ref: None,
+            standby: None,
         },
     )
 }

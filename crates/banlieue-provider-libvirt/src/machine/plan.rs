@@ -337,6 +337,7 @@ mod tests {
                 memory: Quantity("1Gi".into()),
                 user_data: user_data.map(str::to_owned),
                 user_data_secret_ref: None,
+                standby: None,
             },
         );
         m.metadata.namespace = Some("banlieue-system".into());
