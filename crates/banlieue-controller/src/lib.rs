@@ -26,6 +26,7 @@ mod reservations;
 pub mod revision;
 pub mod scheduling;
 mod spread;
+pub mod standby;
 mod vm;
 
 use std::future::Future;

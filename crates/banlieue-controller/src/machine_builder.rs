@@ -35,6 +35,10 @@ pub struct MachineBackend {
     pub finalizer: &'static str,
     /// Writes the kind's `spec` for a placed VirtualMachine.
     pub spec: fn(&MachineInput<'_>) -> Result<Value, BuildError>,
+    /// Its provider saves a machine whose `spec.standby` is `Saved` and restores it when
+    /// `Running`, reporting `status.standby` (ADR-0073). False: members of a `standby: Saved`
+    /// pool keep running, and the pool says `StandbyNotSupported`.
+    pub saves: bool,
 }
 
 impl MachineBackend {
@@ -58,6 +62,7 @@ impl MachineBackend {
             },
             finalizer,
             spec: placement_spec,
+            saves: false,
         }
     }
 
@@ -102,12 +107,14 @@ impl MachineBackends {
                 resource: ApiResource::erase::<LibvirtMachine>(&()),
                 finalizer: names::FINALIZER_DOMAIN_PROTECTION,
                 spec: libvirt_spec,
+                saves: true,
             },
             MachineBackend {
                 kind_name: "VSphereMachine",
                 resource: ApiResource::erase::<VSphereMachine>(&()),
                 finalizer: vsphere::FINALIZER_VM_PROTECTION,
                 spec: vsphere_spec,
+                saves: false,
             },
         ]))
     }

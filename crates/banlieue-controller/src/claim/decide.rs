@@ -4,8 +4,9 @@
 use std::cmp::Ordering;
 
 use banlieue_api::conditions::{self, reasons, types};
-use banlieue_api::{ClaimPhase, VirtualMachineClaimStatus};
+use banlieue_api::{ClaimPhase, Standby, VirtualMachine, VirtualMachineClaimStatus};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 
 use crate::member::MemberView;
 
@@ -91,6 +92,41 @@ pub fn start_of(status: &VirtualMachineClaimStatus) -> &'static str {
     } else {
         crate::metrics::START_WARM
     }
+}
+
+/// The claim's `Resumed` condition for a member of a `standby: Saved` pool (ADR-0073): True
+/// once its machine runs again for the spec the bind made; `None` for a member of any other
+/// pool, whose claims carry no such condition.
+pub fn resumed(member: &VirtualMachine, generation: Option<i64>) -> Option<conditions::Condition> {
+    if member.spec.standby != Some(Standby::Saved) {
+        return None;
+    }
+    let name = member.name_any();
+    let reported = member.status.as_ref().and_then(|s| s.standby);
+    let (state, reason, message) = match reported {
+        Some(Standby::Running) => (
+            conditions::status::TRUE,
+            reasons::RESUMED,
+            format!("member {name} runs"),
+        ),
+        Some(Standby::Saved) => (
+            conditions::status::FALSE,
+            reasons::RESUMING,
+            format!("member {name} is saved; its provider restores it"),
+        ),
+        None => (
+            conditions::status::FALSE,
+            reasons::RESUMING,
+            format!("member {name} is being restored"),
+        ),
+    };
+    Some(conditions::new(
+        types::RESUMED,
+        state,
+        reason,
+        message,
+        generation,
+    ))
 }
 
 #[cfg(test)]
@@ -211,6 +247,36 @@ mod tests {
             pool_not_found_message("sandbox-pool"),
             "pool sandbox-pool does not exist"
         );
+    }
+
+    #[test]
+    fn a_saved_pools_member_is_resumed_only_once_its_machine_runs_again() {
+        let member = |spec: Option<Standby>, reported: Option<Standby>| {
+            let mut vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+                "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+                "metadata": {"name": "web-abc", "namespace": "ns"},
+                "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
+                         "storageClassName": "fast", "networkClassName": "prod"}
+            }))
+            .unwrap();
+            vm.spec.standby = spec;
+            vm.status = Some(banlieue_api::VirtualMachineStatus {
+                standby: reported,
+                ..Default::default()
+            });
+            vm
+        };
+        let saved = Some(Standby::Saved);
+        let running = Some(Standby::Running);
+        assert_eq!(resumed(&member(None, running), Some(1)), None);
+        assert_eq!(resumed(&member(running, running), Some(1)), None);
+        let of = |reported| resumed(&member(saved, reported), Some(4)).unwrap();
+        assert_eq!(of(running).status, conditions::status::TRUE);
+        assert_eq!(of(running).reason, reasons::RESUMED);
+        assert_eq!(of(saved).status, conditions::status::FALSE);
+        assert_eq!(of(saved).reason, reasons::RESUMING);
+        assert_eq!(of(None).status, conditions::status::FALSE);
+        assert_eq!(of(None).observed_generation, Some(4));
     }
 
     #[test]

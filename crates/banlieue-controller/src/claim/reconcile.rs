@@ -130,10 +130,7 @@ async fn pending(
         &this.namespace,
         &pool.spec.template.spec.image_ref.name,
     );
-    let revision = pool_revision(
-        &pool.spec.template,
-        image.as_deref().and_then(image_revision).as_deref(),
-    );
+    let revision = pool_revision(&pool, image.as_deref().and_then(image_revision).as_deref());
     let vms = ctx.api::<VirtualMachine>(&this.namespace);
 
     let mut members: Vec<VirtualMachine> = cached_vms(ctx, &this.namespace, |vm| {
@@ -341,7 +338,7 @@ async fn complete_bind(
     next.virtual_machine_ref = Some(LocalObjectReference::new(&member_name));
     next.bound_at = Some(Time(bound_at));
     next.expires_at = Some(Time(expires_at));
-    mirror_member(&mut next, member);
+    mirror_member(&mut next, member, this.claim.metadata.generation);
     conditions::set(
         &mut next.conditions,
         conditions::new(
@@ -435,7 +432,7 @@ async fn bound(
         Some(member) if member.metadata.deletion_timestamp.is_none() => {
             delete_extra_members(this, ctx, &vms, &member_name).await?;
             let mut next = status.clone();
-            mirror_member(&mut next, &member);
+            mirror_member(&mut next, &member, this.claim.metadata.generation);
             if next != *status {
                 write_status(this, ctx, &next).await?;
             }
@@ -474,12 +471,24 @@ async fn bound(
     }
 }
 
-/// Copies what a consumer reads from the member: its addresses and EK certificates.
-fn mirror_member(next: &mut VirtualMachineClaimStatus, member: &VirtualMachine) {
+/// Copies what a consumer reads from the member: its addresses and EK certificates, and for a
+/// member of a `standby: Saved` pool whether it runs again (ADR-0073).
+fn mirror_member(
+    next: &mut VirtualMachineClaimStatus,
+    member: &VirtualMachine,
+    generation: Option<i64>,
+) {
     let member_status = member.status.clone().unwrap_or_default();
-    next.addresses = member_status.addresses;
-    next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates;
-    next.tpm_endorsement_key_digests = member_status.tpm_endorsement_key_digests;
+    next.addresses = member_status.addresses.clone();
+    next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates.clone();
+    next.tpm_endorsement_key_digests = member_status.tpm_endorsement_key_digests.clone();
+    if let Some(resumed) = decide::resumed(member, generation) {
+        // Addresses of a machine that does not run yet are not an address to connect to.
+        if resumed.status != status::TRUE {
+            next.addresses.clear();
+        }
+        conditions::set(&mut next.conditions, resumed, Time(Timestamp::now()));
+    }
 }
 
 async fn write_pending(

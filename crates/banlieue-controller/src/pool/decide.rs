@@ -44,6 +44,9 @@ pub struct PoolSnapshot {
     pub max_provisioning: Option<usize>,
     /// No member is created before this instant: the backoff after startup failures.
     pub creates_not_before: Option<Timestamp>,
+    /// `standby: Saved` was asked, and a member's machine is of this kind, which cannot be
+    /// saved (ADR-0073): the pool says so and creates no more members.
+    pub standby_not_supported_by: Option<String>,
     pub now: Timestamp,
 }
 
@@ -99,7 +102,10 @@ pub fn decide(pool: &PoolSnapshot) -> PoolPlan {
     let startup_failures = startup_failures(pool);
     // A failure found now starts (or extends) the backoff: its replacement waits for the next
     // round, which sees the backoff the reconciler records.
-    let creates = if backoff_left.is_some() || !startup_failures.is_empty() {
+    let creates = if backoff_left.is_some()
+        || !startup_failures.is_empty()
+        || pool.standby_not_supported_by.is_some()
+    {
         0
     } else {
         creates(pool, &live, replicas, limit)
@@ -345,6 +351,16 @@ fn verdict(
     available: usize,
     replicas: usize,
 ) -> ReadyVerdict {
+    if let Some(kind) = &pool.standby_not_supported_by {
+        return ReadyVerdict {
+            status: status::FALSE,
+            reason: reasons::STANDBY_NOT_SUPPORTED,
+            message: format!(
+                "standby: Saved: members are {kind}s, which their provider cannot save; \
+                 they keep running and no more are created"
+            ),
+        };
+    }
     if available >= replicas {
         return ReadyVerdict {
             status: status::TRUE,
@@ -552,8 +568,26 @@ mod tests {
             startup_deadline: None,
             max_provisioning: None,
             creates_not_before: None,
+            standby_not_supported_by: None,
             now: t(1000),
         }
+    }
+
+    #[test]
+    fn a_saved_pool_on_a_kind_that_cannot_save_says_so_and_creates_nothing() {
+        let mut snapshot = pool(3, vec![member("a", CURRENT, Some(10))]);
+        snapshot.standby_not_supported_by = Some("VSphereMachine".to_owned());
+        let plan = decide(&snapshot);
+        assert_eq!(plan.creates, 0);
+        assert_eq!(plan.ready.status, status::FALSE);
+        assert_eq!(plan.ready.reason, reasons::STANDBY_NOT_SUPPORTED);
+        assert!(
+            plan.ready.message.contains("VSphereMachines"),
+            "{}",
+            plan.ready.message
+        );
+        snapshot.standby_not_supported_by = None;
+        assert_eq!(decide(&snapshot).creates, 2);
     }
 
     #[test]

@@ -126,10 +126,7 @@ async fn observe(
             .await?
             .map(Arc::new),
     };
-    let revision = pool_revision(
-        &pool.spec.template,
-        image.as_deref().and_then(image_revision).as_deref(),
-    );
+    let revision = pool_revision(pool, image.as_deref().and_then(image_revision).as_deref());
 
     let members: Vec<Arc<VirtualMachine>> = ctx
         .stores
@@ -182,6 +179,7 @@ async fn observe(
             .map(|s| Duration::from_secs(s.max(1) as u64)),
         max_provisioning: pool.spec.max_provisioning.map(|n| n.max(1) as usize),
         creates_not_before: ctx.startup_failures.creates_not_before(pool_key),
+        standby_not_supported_by: standby_not_supported_by(pool, &members, ctx),
         now: Timestamp::now(),
     };
     Ok(Observed {
@@ -342,11 +340,33 @@ async fn reap(
     }
 }
 
+/// The kind of a member's machine that cannot be saved, when the pool asks for `standby:
+/// Saved` (ADR-0073).
+fn standby_not_supported_by(
+    pool: &VirtualMachinePool,
+    members: &[Arc<VirtualMachine>],
+    ctx: &Context,
+) -> Option<String> {
+    if pool.spec.standby != Some(banlieue_api::Standby::Saved) {
+        return None;
+    }
+    members
+        .iter()
+        .filter_map(|vm| vm.status.as_ref()?.machine_ref.as_ref())
+        .find(|reference| {
+            ctx.config
+                .machine_backends
+                .of_reference(reference)
+                .is_some_and(|backend| !backend.saves)
+        })
+        .map(|reference| reference.kind.clone())
+}
+
 /// A new member: the template, labelled with the pool and its revision, controlled by the pool,
 /// already holding the machine-protection finalizer.
 fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachine> {
     let name = pool.name_any();
-    let template = &pool.spec.template;
+    let template = crate::revision::member_template(pool);
     // The CRD refuses reserved keys in a template, but a pool stored before that rule may still
     // carry one; `banlieue.io/claim` copied here would make the member unclaimable.
     let mut labels = without_reserved_keys(&template.metadata.labels);
@@ -367,7 +387,7 @@ fn new_member(pool: &VirtualMachinePool, revision: &str) -> Result<VirtualMachin
             finalizers: Some(vec![names::FINALIZER_MACHINE_PROTECTION.to_owned()]),
             ..ObjectMeta::default()
         },
-        spec: template.spec.clone(),
+        spec: template.spec,
         status: None,
     })
 }

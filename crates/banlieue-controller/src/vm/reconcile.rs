@@ -21,6 +21,7 @@ use crate::error::{Error, Result, is_not_found};
 use crate::machine_builder::{self, Machine, MachineBackend, MachineInput};
 use crate::machine_status::{self, Scheduled};
 use crate::scheduling::{self, ScheduleInput};
+use crate::standby;
 
 /// How often a VirtualMachine waiting for its machine to go is looked at, in case the delete
 /// event is missed.
@@ -77,14 +78,20 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         &uid,
     )?;
 
-    let next = match (&current.machine_ref, known_backend, machine) {
-        (Some(_), _, Some(machine)) => machine_status::mirror_machine(
-            &current,
-            &machine.status,
-            machine.spec.tpm_enabled,
-            generation,
-            now,
-        ),
+    // The machine the status is mirrored from, when there is one.
+    let mut mirrored: Option<Machine> = None;
+    let mut next = match (&current.machine_ref, known_backend, machine) {
+        (Some(_), _, Some(machine)) => {
+            let next = machine_status::mirror_machine(
+                &current,
+                &machine.status,
+                machine.spec.tpm_enabled,
+                generation,
+                now,
+            );
+            mirrored = Some(machine);
+            next
+        }
         (Some(reference), Some(backend), None) => {
             // The cache may lag behind a machine created a moment ago; only the API server can
             // say it is gone.
@@ -92,13 +99,15 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
             match api.get_opt(&reference.name).await? {
                 Some(object) => {
                     let machine = Machine::read(backend, object)?;
-                    machine_status::mirror_machine(
+                    let next = machine_status::mirror_machine(
                         &current,
                         &machine.status,
                         machine.spec.tpm_enabled,
                         generation,
                         now,
-                    )
+                    );
+                    mirrored = Some(machine);
+                    next
                 }
                 None => machine_status::machine_deleted(&current, &reference.name, generation, now),
             }
@@ -116,6 +125,9 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         }
         (None, _, None) => place(&vm, &ctx, &namespace, &current, now).await?,
     };
+    if let Some(machine) = &mirrored {
+        next.standby = ask_for_standby(&vm, &next, machine, &ctx, &namespace).await?;
+    }
     if next != current {
         let written = ctx.patch_status(&vms, &name, &next).await?;
         ctx.vm_writes.wrote(vm.as_ref(), written);
@@ -128,6 +140,82 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         // recheck is a backstop that reads caches only, so it is cheap.
         Action::requeue(ctx.config.resync.min(UNSCHEDULABLE_RECHECK))
     })
+}
+
+/// Saved warm members (ADR-0073): writes the machine's `spec.standby` when the member's
+/// state asks for another (saved once it reached its pool's readiness unclaimed, running once
+/// claimed), and returns the standby the VirtualMachine reports (`next` is its status about
+/// to be written; the provider's report counts only once it has seen the latest spec). A
+/// VirtualMachine that does not ask for saved standby reports none, and costs nothing here.
+async fn ask_for_standby(
+    vm: &VirtualMachine,
+    next: &VirtualMachineStatus,
+    machine: &Machine,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Option<banlieue_api::Standby>> {
+    if vm.spec.standby != Some(banlieue_api::Standby::Saved) {
+        return Ok(None);
+    }
+    if let Some(failed) = banlieue_api::conditions::find(
+        &machine.status.conditions,
+        banlieue_api::conditions::types::READY,
+    )
+    .filter(|c| c.reason == banlieue_api::conditions::reasons::RESTORE_FAILED)
+        && vm.labels().contains_key(names::LABEL_CLAIM)
+    {
+        // The claimed member cannot run again: it is a vanished member, which the claim's
+        // rule for one handles (the guides'), and the pool replaces.
+        ctx.event(
+            vm,
+            EventType::Warning,
+            failed.reason.as_str(),
+            failed.message.clone(),
+        )
+        .await;
+        match ctx
+            .api::<VirtualMachine>(namespace)
+            .delete(&vm.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if is_not_found(&error) => {}
+            Err(error) => return Err(error.into()),
+        }
+        return Ok(None);
+    }
+    let backend = ctx.config.machine_backends.get(&machine.kind);
+    let saves = backend.is_some_and(|b| b.saves);
+    let generation = machine.object.metadata.generation;
+    let readiness = vm
+        .labels()
+        .get(names::LABEL_POOL)
+        .and_then(|pool| cached(&ctx.stores.pools, namespace, pool))
+        .filter(|pool| pool.uid().as_deref() == crate::member::controller_uid(vm))
+        .map(|pool| pool.spec.readiness);
+    // Judged on the status about to be written: the mirror of what the machine says now.
+    let mut judged = vm.clone();
+    judged.status = Some(next.clone());
+    let desired = standby::desired(&judged, readiness, saves);
+    if let (Some(backend), true) = (backend, standby::needs_write(machine.spec.standby, desired)) {
+        let patch = serde_json::json!({ "spec": { "standby": desired } });
+        backend
+            .api(&ctx.client, namespace)
+            .patch(
+                &machine.object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        // The provider has not seen this spec yet.
+        return Ok(None);
+    }
+    Ok(standby::reported(
+        &machine.spec,
+        &machine.status,
+        generation,
+        saves,
+    ))
 }
 
 /// The status of a VirtualMachine without a machine: scheduled, its machine created (by

@@ -13,3 +13,4 @@ mod pool_health;
 mod quick_start;
 mod race;
 mod scheduling;
+mod standby;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use banlieue_api::{MachineSpecContract, MachineStatusContract};
+use banlieue_api::{MachineSpecContract, MachineStatusContract, Standby};
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -31,6 +31,9 @@ pub struct Controls {
     pub guest_ready: AtomicBool,
     /// How long after deletion the finalizer is released.
     pub teardown_delay_ms: AtomicU32,
+    /// A machine asked to run again after a save stays saved while this is true (a slow
+    /// restore).
+    pub hold_resume: AtomicBool,
 }
 
 /// A running fake provider; stops when dropped.
@@ -52,6 +55,7 @@ impl FakeProvider {
             hold_teardown: AtomicBool::new(false),
             guest_ready: AtomicBool::new(true),
             teardown_delay_ms: AtomicU32::new(300),
+            hold_resume: AtomicBool::new(false),
         });
         // The test-only kind has a real provider, written with the kit: it plays the same
         // switches.
@@ -117,6 +121,9 @@ async fn serve(api: Api<DynamicObject>, backend: &'static Backend, controls: Arc
             };
             let ready = status.ready;
             let uid = machine.uid().unwrap_or_default();
+            if ready {
+                play_standby(&api, &machine, &spec, &status, &controls).await;
+            }
             if !ready && !reported.contains(&uid) && controls.ready_gate.load(Ordering::SeqCst) {
                 let (serial, address) = addresses.entry(name.clone()).or_insert_with(|| {
                     let n = next_address.fetch_add(1, Ordering::SeqCst);
@@ -159,6 +166,33 @@ async fn serve(api: Api<DynamicObject>, backend: &'static Backend, controls: Arc
             }
         }
     }
+}
+
+/// Does what `spec.standby` asks of a ready machine, at once (ADR-0073): reports it, for the
+/// machine's generation, as a provider does once it saved or restored the domain. Kinds whose
+/// provider cannot save never see the field written.
+async fn play_standby(
+    api: &Api<DynamicObject>,
+    machine: &DynamicObject,
+    spec: &MachineSpecContract,
+    status: &MachineStatusContract,
+    controls: &Controls,
+) {
+    let Some(wanted) = spec.standby else { return };
+    let generation = machine.metadata.generation;
+    let reported = status.standby == Some(wanted) && status.observed_generation >= generation;
+    let held = wanted == Standby::Running && controls.hold_resume.load(Ordering::SeqCst);
+    if reported || held {
+        return;
+    }
+    let patch = json!({"status": {"standby": wanted, "observedGeneration": generation}});
+    let _ = api
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
 }
 
 /// The contract a machine of any kind carries: its spec's and its status's (the default until a

@@ -1,0 +1,139 @@
+//! Saved warm pools (ADR-0073), the controller's half against a real API server: a member of a
+//! `standby: Saved` pool is asked to be saved once it is available, still counts as available,
+//! and a claim binds it at once but reports `Resumed` (and its addresses) only once its
+//! provider says the machine runs again. A kind whose provider cannot save makes the pool say
+//! `StandbyNotSupported`.
+
+use std::sync::atomic::Ordering;
+
+use banlieue_api::conditions::{self, reasons, status, types};
+use banlieue_api::{Standby, VirtualMachine, VirtualMachineClaim};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::support::backend::backend;
+use crate::support::fake_provider::FakeProvider;
+use crate::support::*;
+
+fn resumed(claim: &VirtualMachineClaim) -> Option<conditions::Condition> {
+    let status = claim.status.as_ref()?;
+    conditions::find(&status.conditions, types::RESUMED).cloned()
+}
+
+fn standby_of(vm: &VirtualMachine) -> Option<Standby> {
+    vm.status.as_ref()?.standby
+}
+
+/// The name of a member of `pool` whose VirtualMachine reports `standby: Saved`, other than
+/// `except`.
+async fn saved_member(h: &Harness, pool: &str, except: Option<&str>) -> TestResult<String> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let members = h.members(pool).await?;
+        if let Some(saved) = members.iter().find(|vm| {
+            standby_of(vm) == Some(Standby::Saved) && Some(vm.name_any().as_str()) != except
+        }) {
+            return Ok(saved.name_any());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("no saved member of {pool} after 60 s: {members:#?}").into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestResult {
+    let h = Harness::new().await?;
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let _controller = h.start_controller().await?;
+    h.create_pool("p", 1, "InfrastructureReady", json!({"standby": "Saved"}))
+        .await?;
+    if backend().kind.as_str() != "LibvirtMachine" {
+        // vSphere and the test-only kind cannot save: the pool says so and stops creating.
+        let pool = h
+            .wait_pool("p", "StandbyNotSupported", |s| {
+                conditions::find(&s.conditions, types::READY)
+                    .is_some_and(|c| c.reason == reasons::STANDBY_NOT_SUPPORTED)
+            })
+            .await?;
+        let ready = conditions::find(&pool.status.unwrap_or_default().conditions, types::READY)
+            .cloned()
+            .ok_or("a Ready condition")?;
+        assert!(
+            ready.message.contains(backend().kind.as_str()),
+            "{}",
+            ready.message
+        );
+        assert_eq!(h.members("p").await?.len(), 1, "no member after the first");
+        return Ok(());
+    }
+
+    // The member is saved once available, and a saved member is still available.
+    let member = saved_member(&h, "p", None).await?;
+    let machine = h.machine_api().get(&member).await?;
+    assert_eq!(machine.data["spec"]["standby"], "Saved");
+    h.wait_available("p", 1).await?;
+
+    // Bound at once; not resumed while its provider has not restored it.
+    provider.controls.hold_resume.store(true, Ordering::SeqCst);
+    h.create_claim("c", "p", 3600).await?;
+    let bound = h
+        .wait_claim("c", "Bound, Resumed=False", |c| {
+            is_bound(c) && resumed(c).is_some_and(|r| r.status == status::FALSE)
+        })
+        .await?;
+    assert_eq!(member_name(&bound).as_deref(), Some(member.as_str()));
+    assert_eq!(resumed(&bound).ok_or("Resumed")?.reason, reasons::RESUMING);
+    let bound_status = bound.status.clone().unwrap_or_default();
+    assert!(
+        bound_status.addresses.is_empty(),
+        "no address before the member runs: {:?}",
+        bound_status.addresses
+    );
+    let machine = h.machine_api().get(&member).await?;
+    assert_eq!(machine.data["spec"]["standby"], "Running");
+
+    // Restored: Resumed, with the member's addresses.
+    provider.controls.hold_resume.store(false, Ordering::SeqCst);
+    let resumed_claim = h
+        .wait_claim("c", "Resumed=True", |c| {
+            resumed(c).is_some_and(|r| r.status == status::TRUE)
+        })
+        .await?;
+    assert_eq!(
+        resumed(&resumed_claim).ok_or("Resumed")?.reason,
+        reasons::RESUMED
+    );
+    assert!(
+        !resumed_claim
+            .status
+            .unwrap_or_default()
+            .addresses
+            .is_empty(),
+        "the resumed member's addresses"
+    );
+
+    // The refill is saved in its turn.
+    h.wait_available("p", 1).await?;
+    saved_member(&h, "p", Some(&member)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_running_pool_writes_no_standby_anywhere() -> TestResult {
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let _controller = h.start_controller().await?;
+    let member = h.bound_claim("p", 1, "c").await?;
+    let vm = h.api::<VirtualMachine>().get(&member).await?;
+    assert_eq!(standby_of(&vm), None);
+    let machine = h.machine_api().get(&member).await?;
+    assert!(machine.data["spec"].get("standby").is_none());
+    let claim = h.api::<VirtualMachineClaim>().get("c").await?;
+    assert!(
+        resumed(&claim).is_none(),
+        "no Resumed on a Running pool's claim"
+    );
+    Ok(())
+}
