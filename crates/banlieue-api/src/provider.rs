@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
 use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -60,7 +61,7 @@ pub struct ProviderConnection {
 }
 
 /// Declared capabilities of a Provider.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderCapabilities {
     /// Storage classes this host offers, each mapped to a storage pool on the host.
@@ -94,6 +95,11 @@ pub struct ProviderCapabilities {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub memory_overcommit_percent: Option<u32>,
+    /// Memory the scheduler keeps free on each failure domain for restoring saved members
+    /// (`standby: Saved` pools, ADR-0073), whose memory is not counted while they are saved.
+    /// Unset: the memory of the largest saved member there, so one resume always fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_reserve: Option<Quantity>,
     /// vSphere Providers: the datacenters and clusters VMs may run in, one failure domain per
     /// cluster that exists (ADR-0069).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -312,7 +312,23 @@ impl Wanted<'_> {
         let limit = u64::try_from(u128::from(capacity.memory_bytes) * u128::from(percent) / 100)
             .unwrap_or(u64::MAX);
         let key = (provider_name.to_owned(), domain.name.clone());
-        let used = self.input.occupancy.memory.get(&key).copied().unwrap_or(0);
+        // Saved members hold no memory; what their resumes need is kept free (ADR-0073).
+        let reserve = provider
+            .spec
+            .capabilities
+            .resume_reserve
+            .as_ref()
+            .and_then(|q| banlieue_api::quantity::to_bytes(&q.0))
+            .or_else(|| self.input.occupancy.largest_saved.get(&key).copied())
+            .unwrap_or(0);
+        let used = self
+            .input
+            .occupancy
+            .memory
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(reserve);
         if used.saturating_add(self.memory) > limit {
             return Err(Miss {
                 stage: Stage::Capacity,
@@ -321,11 +337,20 @@ impl Wanted<'_> {
                     reason: reasons::INSUFFICIENT_CAPACITY,
                     message: String::new(),
                 },
-                short: Some(format!(
-                    "{provider_name} has {} of {} free",
-                    gib(limit.saturating_sub(used)),
-                    gib(limit)
-                )),
+                short: Some(if reserve > 0 {
+                    format!(
+                        "{provider_name} has {} of {} free, {} of it kept for resuming saved members",
+                        gib(limit.saturating_sub(used)),
+                        gib(limit),
+                        gib(reserve)
+                    )
+                } else {
+                    format!(
+                        "{provider_name} has {} of {} free",
+                        gib(limit.saturating_sub(used)),
+                        gib(limit)
+                    )
+                }),
             });
         }
         Ok(limit - used - self.memory)
@@ -486,6 +511,7 @@ mod tests {
         let occupancy = Occupancy {
             members: spread.clone(),
             memory: BTreeMap::new(),
+            largest_saved: BTreeMap::new(),
         };
         run_with(class, image, providers, &occupancy)
     }
@@ -684,6 +710,42 @@ mod tests {
     }
 
     #[test]
+    fn saved_members_hold_no_memory_but_a_resume_is_kept_free() {
+        let image = image_with_one_ready_provider(&["h1"]);
+        let h1 = sized("h1", 4, None);
+        let key = ("h1".to_owned(), "h1".to_owned());
+        // 1 GiB running, any number of saved members of at most 1 GiB: the 2 GiB class fits
+        // in 4 - 1 - 1 (one resume kept).
+        let occupancy = |running: u64, largest_saved: Option<u64>| Occupancy {
+            members: BTreeMap::new(),
+            memory: [(key.clone(), running << 30)].into(),
+            largest_saved: largest_saved
+                .map(|gib| [(key.clone(), gib << 30)].into())
+                .unwrap_or_default(),
+        };
+        let two_gib = class(false, None);
+        assert!(run_with(&two_gib, &image, &[&h1], &occupancy(1, Some(1))).is_ok());
+        // A 2 GiB saved member needs 2 GiB to come back: nothing left for a new 2 GiB one.
+        let e = run_with(&two_gib, &image, &[&h1], &occupancy(1, Some(2))).expect_err("full");
+        assert_eq!(e.reason, reasons::INSUFFICIENT_CAPACITY);
+        assert!(
+            e.message.contains("kept for resuming saved members"),
+            "{}",
+            e.message
+        );
+        // The administrator's reserve replaces the default, larger or smaller.
+        let mut reserved = h1.clone();
+        reserved.spec.capabilities.resume_reserve = Some(
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("512Mi".into()),
+        );
+        assert!(run_with(&two_gib, &image, &[&reserved], &occupancy(1, Some(2))).is_ok());
+        reserved.spec.capabilities.resume_reserve = Some(
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()),
+        );
+        assert!(run_with(&two_gib, &image, &[&reserved], &occupancy(1, None)).is_err());
+    }
+
+    #[test]
     fn memory_is_never_promised_beyond_the_limit() {
         let image = image_with_one_ready_provider(&["h1", "h2", "h3"]);
         let (h1, h2) = (sized("h1", 4, None), sized("h2", 3, Some(150)));
@@ -694,6 +756,7 @@ mod tests {
                 .iter()
                 .map(|(p, gib)| (((*p).to_owned(), (*p).to_owned()), gib << 30))
                 .collect(),
+            largest_saved: BTreeMap::new(),
         };
         let two_gib = class(false, None);
         // h1 has 2 of 4 GiB free: the 2 GiB class fits exactly (h2 has 1.5 of 4.5).
@@ -742,6 +805,7 @@ mod tests {
         let spread = Occupancy {
             members: [(("h1".to_owned(), "h1".to_owned()), 0)].into(),
             memory: [(("h2".to_owned(), "h2".to_owned()), 1 << 30)].into(),
+            largest_saved: BTreeMap::new(),
         };
         let mut one_member_on_h2 = spread.clone();
         one_member_on_h2
@@ -894,6 +958,7 @@ mod tests {
         let placed = schedule_with(&Occupancy {
             members: [(key("vc", "DC0/C1"), 1), (key("vc", "DC0/C0"), 1)].into(),
             memory: BTreeMap::new(),
+            largest_saved: BTreeMap::new(),
         })
         .expect("placed");
         assert_eq!(placed.provider, "host-1");
@@ -907,6 +972,7 @@ mod tests {
                 (key("vc", "DC0/C1"), 15 << 30),
             ]
             .into(),
+            largest_saved: BTreeMap::new(),
         })
         .expect_err("full everywhere");
         assert_eq!(failure.reason, reasons::INSUFFICIENT_CAPACITY);

@@ -34,8 +34,12 @@ struct Recent {
 pub struct Occupancy {
     /// Members of the pool being scheduled for (empty outside a pool).
     pub members: BTreeMap<Domain, usize>,
-    /// Memory, in bytes, of every VirtualMachine of the namespace placed there.
+    /// Memory, in bytes, of every VirtualMachine of the namespace placed there, but for
+    /// saved ones, which hold none (ADR-0073).
     pub memory: BTreeMap<Domain, u64>,
+    /// The memory of the largest saved VirtualMachine placed there: what one resume needs,
+    /// which the scheduler keeps free unless the Provider sets `resumeReserve`.
+    pub largest_saved: BTreeMap<Domain, u64>,
 }
 
 /// Placements made by this process, by (namespace, VirtualMachine name).
@@ -122,7 +126,14 @@ fn occupancy(
         if in_pool {
             *occupancy.members.entry(domain.clone()).or_insert(0) += 1;
         }
-        *occupancy.memory.entry(domain).or_insert(0) += memory_of(member);
+        let memory = memory_of(member);
+        let saved = status.and_then(|s| s.standby) == Some(banlieue_api::Standby::Saved);
+        if saved {
+            let largest = occupancy.largest_saved.entry(domain).or_insert(0);
+            *largest = (*largest).max(memory);
+        } else {
+            *occupancy.memory.entry(domain).or_insert(0) += memory;
+        }
     }
     occupancy
 }
@@ -231,6 +242,53 @@ mod tests {
         );
         // A member scheduled again (its status lost) does not count against itself.
         assert_eq!(place(&placements, "m2", &vms, &["a", "b"]), "b");
+    }
+
+    #[test]
+    fn a_saved_member_holds_no_memory_and_the_largest_is_kept_for_its_resume() {
+        let placements = RecentPlacements::default();
+        let saved = |name: &str| {
+            let mut vm = member(name, "p", Some(("a", "a"))).as_ref().clone();
+            if let Some(status) = vm.status.as_mut() {
+                status.standby = Some(banlieue_api::Standby::Saved);
+            }
+            Arc::new(vm)
+        };
+        let vms = vec![
+            member("m0", "p", Some(("a", "a"))),
+            saved("s0"),
+            saved("s1"),
+            saved("s2"),
+        ];
+        let mut seen = Occupancy::default();
+        placements
+            .place(
+                "ns",
+                "new",
+                Some("p"),
+                &vms,
+                // s1 is a bigger class.
+                |vm| {
+                    if vm.metadata.name.as_deref() == Some("s1") {
+                        4 * GIB
+                    } else {
+                        GIB
+                    }
+                },
+                Instant::now(),
+                |o| {
+                    seen = o.clone();
+                    Err::<((), Domain), ()>(())
+                },
+            )
+            .expect_err("nothing chosen");
+        assert_eq!(seen.memory.get(&domain("a")), Some(&GIB), "the running one");
+        assert_eq!(seen.largest_saved.get(&domain("a")), Some(&(4 * GIB)));
+        assert_eq!(
+            seen.members.get(&domain("a")),
+            Some(&4),
+            "saved members are members"
+        );
     }
 
     #[test]

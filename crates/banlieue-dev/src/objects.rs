@@ -232,6 +232,7 @@ pub fn provider(endpoint: &str) -> Provider {
                     .to_vec(),
                 memory_overcommit_percent: None,
                 vsphere: None,
+                resume_reserve: None,
             },
             attestation: Some(banlieue_api::ProviderAttestation {
                 ek_trust_bundle: Some(ValueOrSource {

@@ -133,6 +133,7 @@ mod tests {
                 ],
                 template_folders: Vec::new(),
             }),
+            resume_reserve: None,
         }
     }
 

@@ -90,6 +90,7 @@ mod tests {
             backing_file_volumes: Vec::new(),
             memory_overcommit_percent: None,
             vsphere: None,
+            resume_reserve: None,
         }
     }
 

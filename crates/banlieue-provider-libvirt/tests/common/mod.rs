@@ -197,6 +197,7 @@ impl Host {
                 .to_vec(),
             memory_overcommit_percent: None,
             vsphere: None,
+            resume_reserve: None,
         }
     }
 }
