@@ -61,6 +61,9 @@ pub struct Metrics {
     pub claim_bind_latency: Family<BindLabels, Histogram, HistogramConstructor>,
     /// Bound claims by pool and start: `warm` is a pool hit, `cold` a miss.
     pub pool_claims: Family<BindLabels, Counter>,
+    /// Seconds from a claim's bind to its member running again, for members of `standby:
+    /// Saved` pools (ADR-0073), by pool.
+    pub claim_resume_latency: Family<PoolLabels, Histogram, HistogramConstructor>,
     /// Members of each pool by phase (see `member::MemberView::phase`), and `Claimed`.
     pub pool_members: Family<PhaseLabels, Gauge>,
     /// Bind patches the API server rejected with 409 Conflict.
@@ -94,6 +97,11 @@ impl Metrics {
             "pool_claims",
             "Bound claims by pool: start=warm is a pool hit, start=cold a miss",
             metrics.pool_claims.clone(),
+        );
+        registry.register(
+            "claim_resume_latency_seconds",
+            "Seconds from a claim's bind to Resumed, for members of standby: Saved pools, by pool",
+            metrics.claim_resume_latency.clone(),
         );
         registry.register(
             "pool_members",
@@ -143,6 +151,7 @@ impl Metrics {
         Self {
             claim_bind_latency: Family::new_with_constructor(bind_latency_histogram),
             pool_claims: Family::default(),
+            claim_resume_latency: Family::new_with_constructor(bind_latency_histogram),
             pool_members: Family::default(),
             bind_conflicts: Counter::default(),
             bind_outcomes_unknown: Counter::default(),
@@ -160,6 +169,13 @@ impl Metrics {
             .get_or_create(&labels)
             .observe(latency_seconds.max(0.0));
         self.pool_claims.get_or_create(&labels).inc();
+    }
+
+    /// Records a resume, `latency_seconds` after the bind.
+    pub(crate) fn resumed(&self, labels: PoolLabels, latency_seconds: f64) {
+        self.claim_resume_latency
+            .get_or_create(&labels)
+            .observe(latency_seconds.max(0.0));
     }
 
     pub(crate) fn reconcile_error(&self, controller: &str, reason: &str) {

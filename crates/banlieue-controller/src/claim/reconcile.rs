@@ -351,6 +351,7 @@ async fn complete_bind(
         Time(Timestamp::now()),
     );
     write_status(this, ctx, &next).await?;
+    record_resume(this, ctx, status, &next);
     if let Some(created) = &this.claim.metadata.creation_timestamp {
         let latency = bound_at.duration_since(created.0);
         let labels = BindLabels {
@@ -435,6 +436,7 @@ async fn bound(
             mirror_member(&mut next, &member, this.claim.metadata.generation);
             if next != *status {
                 write_status(this, ctx, &next).await?;
+                record_resume(this, ctx, status, &next);
             }
             let wait = expires_at.map_or(ctx.config.resync, until);
             Ok(Action::requeue(wait.min(ctx.config.resync)))
@@ -468,6 +470,30 @@ async fn bound(
             .await;
             Ok(Action::await_change())
         }
+    }
+}
+
+/// Records the resume latency when `next` is the first status to say `Resumed=True`.
+fn record_resume(
+    this: &ClaimRef<'_>,
+    ctx: &Context,
+    before: &VirtualMachineClaimStatus,
+    next: &VirtualMachineClaimStatus,
+) {
+    let resumed =
+        |s: &VirtualMachineClaimStatus| conditions::is_true(&s.conditions, types::RESUMED);
+    if resumed(before) || !resumed(next) {
+        return;
+    }
+    if let Some(bound_at) = &next.bound_at {
+        let latency = Timestamp::now().duration_since(bound_at.0);
+        ctx.metrics.resumed(
+            crate::metrics::PoolLabels {
+                namespace: this.namespace.clone(),
+                pool: this.claim.spec.pool_ref.name.clone(),
+            },
+            latency.as_secs_f64(),
+        );
     }
 }
 

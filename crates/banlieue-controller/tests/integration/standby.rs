@@ -46,7 +46,7 @@ async fn saved_member(h: &Harness, pool: &str, except: Option<&str>) -> TestResu
 async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestResult {
     let h = Harness::new().await?;
     let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
-    let _controller = h.start_controller().await?;
+    let controller = h.start_controller().await?;
     h.create_pool("p", 1, "InfrastructureReady", json!({"standby": "Saved"}))
         .await?;
     if backend().kind.as_str() != "LibvirtMachine" {
@@ -112,6 +112,15 @@ async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestR
             .addresses
             .is_empty(),
         "the resumed member's addresses"
+    );
+    let series = format!(
+        "banlieue_controller_claim_resume_latency_seconds_count{{namespace=\"{}\",pool=\"p\"}} 1",
+        h.namespace
+    );
+    let metrics = controller.encoded_metrics()?;
+    assert!(
+        metrics.contains(&series),
+        "{series} missing from:\n{metrics}"
     );
 
     // The refill is saved in its turn.
