@@ -26,6 +26,30 @@ flag_set! {
 }
 
 flag_set! {
+    /// `virDomainSaveRestoreFlags` (include/libvirt/libvirt-domain.h), for
+    /// [`Domain::managed_save`](crate::Domain::managed_save).
+    pub struct DomainSaveRestoreFlags {
+        /// Avoid the file system cache when writing the image.
+        const BYPASS_CACHE = 1 << 0;
+        /// The domain runs once restored, whatever it did when saved.
+        const RUNNING = 1 << 1;
+        /// The domain is paused once restored.
+        const PAUSED = 1 << 2;
+        /// Reset the NVRAM from its template on restore.
+        const RESET_NVRAM = 1 << 3;
+    }
+}
+
+flag_set! {
+    /// `virDomainSetTimeFlags` (include/libvirt/libvirt-domain.h), for
+    /// [`Domain::set_time`](crate::Domain::set_time).
+    pub struct DomainSetTimeFlags {
+        /// Set the guest's clock from its RTC rather than from the time given.
+        const SYNC = 1 << 0;
+    }
+}
+
+flag_set! {
     /// `virDomainXMLFlags` (include/libvirt/libvirt-domain.h), for
     /// [`Domain::get_xml_desc`](crate::Domain::get_xml_desc).
     pub struct DomainXmlFlags {
@@ -265,6 +289,8 @@ mod tests {
         assert_eq!(undefine.bits(), 4 | 32 | 1);
         assert_eq!(DomainUndefineFlags::KEEP_TPM.bits(), 64);
         assert_eq!(DomainXmlFlags::INACTIVE.bits(), 2);
+        assert_eq!(DomainSaveRestoreFlags::RESET_NVRAM.bits(), 8);
+        assert_eq!(DomainSetTimeFlags::SYNC.bits(), 1);
         assert_eq!(ConnectListAllDomainsFlags::ACTIVE.bits(), 1);
         assert_eq!(ConnectListAllStoragePoolsFlags::ACTIVE.bits(), 2);
         assert_eq!(ConnectListAllNetworksFlags::ACTIVE.bits(), 2);
