@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{
     Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference, Provider,
-    SecretKeySelector,
+    SecretKeySelector, Standby,
 };
 use banlieue_libvirt::flags;
 use banlieue_libvirt::stream::TransferOptions;
@@ -1112,5 +1112,282 @@ async fn a_missing_pool_keeps_the_finalizer_and_names_the_pool() -> Result<()> {
         volumes.iter().all(|v| !v.starts_with(&ns)),
         "machine volumes left: {volumes:?}"
     );
+    Ok(())
+}
+
+/// The condition `type_` of `m`.
+fn condition(m: &LibvirtMachine, type_: &str) -> Option<Condition> {
+    m.status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.contract.conditions, type_))
+        .cloned()
+}
+
+/// Writes `spec.standby` of machine `name` with a JSON merge patch, as the VirtualMachine
+/// reconciler does (ADR-0073): the test stands in for the controller, as admin.
+async fn set_standby(api: &Api<LibvirtMachine>, name: &str, standby: Standby) -> Result<i64> {
+    let patched = api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "standby": standby } })),
+        )
+        .await?;
+    patched.metadata.generation.context("a generation")
+}
+
+/// Waits until machine `name` reports `standby` for `generation`, with `Saved` as `saved`
+/// and Ready as `ready_reason`.
+async fn wait_standby(
+    api: &Api<LibvirtMachine>,
+    name: &str,
+    generation: i64,
+    standby: Option<Standby>,
+    ready_reason: &str,
+) -> Result<LibvirtMachine> {
+    eventually(
+        &format!("{name} reports {standby:?} ({ready_reason}) for generation {generation}"),
+        120,
+        || async {
+            let m = api.get(name).await?;
+            let s = m.status.as_ref().context("a status")?;
+            let done = s.contract.observed_generation == Some(generation)
+                && s.contract.standby == standby
+                && ready(&m).is_some_and(|c| c.reason == ready_reason);
+            anyhow::ensure!(
+                done,
+                "generation {:?}, standby {:?}, Ready {:?}",
+                s.contract.observed_generation,
+                s.contract.standby,
+                ready(&m).map(|c| (c.reason, c.message))
+            );
+            Ok(Some(m))
+        },
+    )
+    .await
+}
+
+/// Truncates a managed save image right after libvirt's header and the domain XML it carries
+/// (`virQEMUSaveHeader`: 16 bytes of magic, then u32 version, data_len, was_running, format,
+/// cookieOffset and 14 unused; data_len bytes of XML, cookie and padding follow), so QEMU
+/// gets only the first bytes of its migration stream. A shorter file would be taken by
+/// libvirt as an incomplete save, silently removed and booted afresh.
+fn truncate_save_image(path: &std::path::Path) -> Result<()> {
+    const HEADER: u64 = 16 + 4 * 19;
+    let bytes = std::fs::read(path)?;
+    anyhow::ensure!(bytes.starts_with(b"LibvirtQemudSave"), "not a save image");
+    let data_len = u32::from_le_bytes(bytes[20..24].try_into()?) as u64;
+    let keep = HEADER + data_len + 16;
+    anyhow::ensure!(keep < bytes.len() as u64, "the image holds no QEMU stream");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .set_len(keep)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_is_saved_and_restored_as_its_spec_says_and_a_bad_image_is_removed() -> Result<()>
+{
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider, _) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    // `warm` is saved, restored, saved, and fails its restore; `cold` is deleted while saved.
+    for name in ["warm", "cold"] {
+        api.create(
+            &PostParams::default(),
+            &machine(name, &host, backing("base.raw")),
+        )
+        .await?;
+    }
+    for name in ["warm", "cold"] {
+        let m = wait_machine(&api, name, "running", 180, |c| c.status == "True").await?;
+        // A machine whose spec never said standby reports none.
+        let s = m.status.clone().unwrap();
+        assert_eq!(s.contract.standby, None);
+        assert!(condition(&m, "Saved").is_none());
+    }
+    let save_dir = host.libvirtd.state_dir().join("qemu/save");
+    let image = |name: &str| save_dir.join(format!("{ns}-{name}.save"));
+    let client = host.client().await?;
+    let domain = |name: &'static str| {
+        let client = &client;
+        let ns = &ns;
+        async move {
+            Domain::lookup_by_name(client, &format!("{ns}-{name}"))
+                .await?
+                .context("the domain exists")
+        }
+    };
+
+    // Saved: shut off with its image, still ready, and the guest's record kept.
+    let saving = std::time::Instant::now();
+    let mut generation = 0;
+    for name in ["warm", "cold"] {
+        generation = set_standby(&api, name, Standby::Saved).await?;
+    }
+    let before = api.get("warm").await?;
+    let warm = wait_standby(
+        &api,
+        "warm",
+        generation,
+        Some(Standby::Saved),
+        "DomainSaved",
+    )
+    .await?;
+    let saved_in = saving.elapsed();
+    wait_standby(
+        &api,
+        "cold",
+        generation,
+        Some(Standby::Saved),
+        "DomainSaved",
+    )
+    .await?;
+    let s = warm.status.clone().unwrap();
+    assert!(
+        s.contract.ready,
+        "a saved machine is resumed, not provisioned"
+    );
+    let ready_now = ready(&warm).unwrap();
+    assert_eq!(ready_now.status, "True");
+    assert_eq!(
+        ready_now.message,
+        format!(
+            "domain {ns}-warm is saved (managed save) and holds no host memory; it is restored \
+             when its spec says Running"
+        )
+    );
+    let saved = condition(&warm, "Saved").context("Saved")?;
+    assert_eq!(
+        (saved.status.as_str(), saved.reason.as_str()),
+        ("True", "DomainSaved")
+    );
+    for type_ in ["GuestReady", "AgentConnected"] {
+        assert_eq!(
+            condition(&warm, type_),
+            condition(&before, type_),
+            "{type_}"
+        );
+    }
+    let d = domain("warm").await?;
+    assert_eq!(d.get_state().await?.0, DomainState::Shutoff);
+    assert!(d.has_managed_save_image().await?);
+    assert!(image("warm").exists(), "{} exists", image("warm").display());
+    // Looked at again (the resync is 3 s) and left saved: not started, nothing written.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(d.get_state().await?.0, DomainState::Shutoff);
+    assert_eq!(
+        api.get("warm").await?.resource_version(),
+        warm.resource_version(),
+        "a saved machine's status does not change while it waits"
+    );
+
+    // Running: restored from the image (not booted), which libvirt then removes.
+    let restoring = std::time::Instant::now();
+    let generation = set_standby(&api, "warm", Standby::Running).await?;
+    let warm = wait_standby(
+        &api,
+        "warm",
+        generation,
+        Some(Standby::Running),
+        "DomainRunning",
+    )
+    .await?;
+    let restored_in = restoring.elapsed();
+    assert!(warm.status.as_ref().unwrap().contract.ready);
+    let (state, reason) = d.get_state().await?;
+    assert_eq!(state, DomainState::Running);
+    assert_eq!(
+        reason, 3,
+        "VIR_DOMAIN_RUNNING_RESTORED: restored, not booted"
+    );
+    assert!(!d.has_managed_save_image().await?);
+    assert!(
+        !image("warm").exists(),
+        "libvirt removes the restored image"
+    );
+    let saved = condition(&warm, "Saved").context("Saved")?;
+    assert_eq!(
+        (saved.status.as_str(), saved.reason.as_str()),
+        ("False", "DomainNotSaved")
+    );
+    // This guest runs no agent: its clock could not be set, and the condition says so.
+    assert!(
+        saved
+            .message
+            .contains("restored from its managed save image, but its guest's clock was not set"),
+        "{}",
+        saved.message
+    );
+    eprintln!(
+        "256 MiB TCG domain, patch to status: saved in {:.0} ms, restored in {:.0} ms",
+        saved_in.as_secs_f64() * 1000.0,
+        restored_in.as_secs_f64() * 1000.0
+    );
+
+    // Saved again, its image corrupted, then asked to run: RestoreFailed, the image removed,
+    // and the domain left down (the controller replaces the machine).
+    let generation = set_standby(&api, "warm", Standby::Saved).await?;
+    wait_standby(
+        &api,
+        "warm",
+        generation,
+        Some(Standby::Saved),
+        "DomainSaved",
+    )
+    .await?;
+    truncate_save_image(&image("warm"))?;
+    let generation = set_standby(&api, "warm", Standby::Running).await?;
+    // `standby` stays Saved: never Running, which the controller would read as resumed.
+    let warm = wait_standby(
+        &api,
+        "warm",
+        generation,
+        Some(Standby::Saved),
+        "RestoreFailed",
+    )
+    .await?;
+    assert!(!warm.status.as_ref().unwrap().contract.ready);
+    let failed = ready(&warm).unwrap();
+    assert_eq!(failed.status, "False");
+    assert!(
+        failed.message.starts_with(&format!(
+            "restoring domain {ns}-warm from its managed save image failed: "
+        )) && failed.message.contains("its save image was removed"),
+        "{}",
+        failed.message
+    );
+    assert!(!d.has_managed_save_image().await?);
+    assert!(!image("warm").exists(), "the bad image is removed");
+    let saved = condition(&warm, "Saved").context("Saved")?;
+    assert_eq!(saved.status, "False");
+    // Retried on the backoff: not booted afresh for the same spec.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(d.get_state().await?.0, DomainState::Shutoff);
+    assert_eq!(
+        ready(&api.get("warm").await?).unwrap().reason,
+        "RestoreFailed"
+    );
+
+    // A saved machine deleted: its domain and its image go.
+    assert!(image("cold").exists());
+    api.delete("cold", &DeleteParams::default()).await?;
+    api.delete("warm", &DeleteParams::default()).await?;
+    none_left(&api, "machines gone from the API", 120).await?;
+    let _ = client.close().await;
+    let domains = domain_names(&host).await?;
+    assert!(domains.is_empty(), "domains left: {domains:?}");
+    assert!(
+        !image("cold").exists(),
+        "{} left behind",
+        image("cold").display()
+    );
+    let left: Vec<_> = std::fs::read_dir(&save_dir)?
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "save images left: {left:?}");
     Ok(())
 }

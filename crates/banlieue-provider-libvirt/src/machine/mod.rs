@@ -115,12 +115,19 @@ impl Backend for Context {
         machine.status.as_ref()
     }
 
+    /// A saved machine's guest is not asked anything, so nothing of it settles: its recorded
+    /// GuestReady does not make the skeleton look again sooner than the resync.
     fn conditions_of(status: &LibvirtMachineStatus) -> &[Condition] {
+        if status.contract.standby == Some(banlieue_api::Standby::Saved) {
+            return &[];
+        }
         &status.contract.conditions
     }
 
+    /// A saved machine counts as settled, not as one about to run: it waits for its spec to
+    /// change (a watch event), and is looked at again at the resync, not every 5 s.
     fn running(observed: &plan::Observed) -> bool {
-        observed.running
+        observed.settled()
     }
 
     fn resync(&self) -> Duration {
@@ -247,5 +254,72 @@ async fn patch_status(
             format!("patch LibvirtMachine {name} status"),
             e,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use banlieue_api::Standby;
+    use banlieue_api::conditions::{reasons, status, types};
+    use banlieue_provider_kit::machine::look_again;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(1_800_000_000 + second).unwrap())
+    }
+
+    #[test]
+    fn a_saved_machine_is_looked_at_again_at_the_resync_not_as_one_starting() {
+        let resync = Duration::from_secs(60);
+        let saved = plan::Observed {
+            running: false,
+            addresses: vec![],
+            addresses_from_guest: false,
+            guest: guest::GuestSight::NotRunning,
+            standby: plan::StandbySight::Saved,
+        };
+        // A GuestReady still settling when it was saved (a pool that does not wait for it).
+        let mut status = LibvirtMachineStatus::default();
+        conditions::set(
+            &mut status.contract.conditions,
+            conditions::new(
+                types::GUEST_READY,
+                status::UNKNOWN,
+                reasons::AGENT_NOT_CONNECTED,
+                "x",
+                None,
+            ),
+            at(0),
+        );
+        let settling = look_again(
+            <Context as Backend>::running(&saved),
+            <Context as Backend>::conditions_of(&status),
+            resync,
+            at(4),
+        );
+        assert!(
+            settling < resync,
+            "the status is not saved yet: {settling:?}"
+        );
+        status.contract.standby = Some(Standby::Saved);
+        assert_eq!(
+            look_again(
+                <Context as Backend>::running(&saved),
+                <Context as Backend>::conditions_of(&status),
+                resync,
+                at(4),
+            ),
+            resync
+        );
+        // A domain on its way to running is still looked at soon.
+        let starting = plan::Observed {
+            standby: plan::StandbySight::Running,
+            ..saved
+        };
+        assert_eq!(
+            look_again(<Context as Backend>::running(&starting), &[], resync, at(4),),
+            Duration::from_secs(5)
+        );
     }
 }

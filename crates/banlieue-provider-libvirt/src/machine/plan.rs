@@ -4,7 +4,7 @@
 use crate::names;
 use banlieue_api::common::address_type;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
-use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddress};
+use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddress, Standby};
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
 
@@ -228,6 +228,150 @@ pub struct Observed {
     pub addresses_from_guest: bool,
     /// What the guest says about itself through its agent.
     pub guest: super::guest::GuestSight,
+    /// What became of the domain's standby (ADR-0073).
+    pub standby: StandbySight,
+}
+
+impl Observed {
+    /// Whether the skeleton may look again only at the resync: a running domain, or a saved
+    /// one, which waits for its spec to change (a watch event) and is never started on a
+    /// timer. Only a domain on its way to running is looked at sooner.
+    pub fn settled(&self) -> bool {
+        self.running || self.standby == StandbySight::Saved
+    }
+}
+
+/// What `spec.standby` asks of the domain; unset is `Running`.
+pub fn wanted(machine: &LibvirtMachine) -> Standby {
+    machine.spec.standby.unwrap_or_default()
+}
+
+/// What one reconcile does about the domain's standby (ADR-0073).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StandbyAct {
+    /// Nothing beyond what every reconcile does: the domain is observed as it is.
+    Observe,
+    /// A shut-off domain without a save image: start it, as any stopped domain.
+    Start,
+    /// A running domain asked to be saved: managed save.
+    Save,
+    /// A shut-off domain with its save image, asked to be saved: it is.
+    KeepSaved,
+    /// A shut-off domain with its save image, asked to run: starting it restores it.
+    Restore,
+    /// Its restore already failed and its image was removed (or the image of a machine last
+    /// reported saved is gone): it is not booted afresh behind the controller's back, which
+    /// replaces the machine. The error is reported again as it was (`message`). Only a spec
+    /// that says `Saved` again starts it.
+    StillFailed { message: String },
+}
+
+/// What to do with the domain, given `spec.standby` and what the host shows: whether the
+/// domain runs, whether it is shut off (or crashed), and whether it has a managed save image.
+pub fn standby_act(
+    machine: &LibvirtMachine,
+    running: bool,
+    shut_off: bool,
+    save_image: bool,
+) -> StandbyAct {
+    match (wanted(machine), running, shut_off, save_image) {
+        (Standby::Saved, true, _, _) => StandbyAct::Save,
+        (Standby::Saved, _, true, true) => StandbyAct::KeepSaved,
+        (Standby::Running, _, true, true) => StandbyAct::Restore,
+        (Standby::Running, _, true, false) => match restore_failed_before(machine) {
+            Some(message) => StandbyAct::StillFailed { message },
+            // Last reported saved, and its image is gone: a restore that failed (a reconcile
+            // on a cache that has not seen the report yet) or an image removed behind the
+            // provider's back. Either way the guest cannot resume where it was saved.
+            None if was_saved(machine) => StandbyAct::StillFailed {
+                message: format!(
+                    "domain {} was saved, but its managed save image is gone; it is not \
+                     started afresh (it is replaced)",
+                    MachineNames::of(machine).domain
+                ),
+            },
+            None => StandbyAct::Start,
+        },
+        (Standby::Saved, _, true, false) => StandbyAct::Start,
+        _ => StandbyAct::Observe,
+    }
+}
+
+/// The message of a `Ready=False RestoreFailed` reported for the machine's current generation.
+fn restore_failed_before(machine: &LibvirtMachine) -> Option<String> {
+    let status = machine.status.as_ref()?;
+    conditions::find(&status.contract.conditions, types::READY)
+        .filter(|c| c.reason == reasons::RESTORE_FAILED && c.status == status::FALSE)
+        .filter(|c| c.observed_generation == machine.metadata.generation)
+        .map(|c| c.message.clone())
+}
+
+/// What became of the domain's standby in one reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StandbySight {
+    /// The domain runs, or is started, as it always has.
+    Running,
+    /// Saved (just now, or found so): shut off with its managed save image. The guest is not
+    /// asked anything.
+    Saved,
+    /// Restored from its managed save image by this reconcile, and whether the guest's clock
+    /// was then set to the host's time (`Err` says why not).
+    Restored { clock: Result<(), String> },
+    /// Asked to be saved but found shut off without an image (the host restarted, or the
+    /// domain was stopped): started afresh.
+    StartedAfresh,
+}
+
+/// Whether the machine's status last reported it saved.
+fn was_saved(machine: &LibvirtMachine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .is_some_and(|s| s.contract.standby == Some(Standby::Saved))
+}
+
+/// What starting a stopped domain without a save image is: a fresh start of a saved machine
+/// whose image is gone, or the start of any other.
+pub fn started(machine: &LibvirtMachine) -> StandbySight {
+    if wanted(machine) == Standby::Saved && was_saved(machine) {
+        StandbySight::StartedAfresh
+    } else {
+        StandbySight::Running
+    }
+}
+
+/// Whether the agent is worth waiting for to set the clock after a restore: it answered
+/// before the save (AgentConnected as recorded). A guest that never had one is asked once.
+pub fn agent_expected(machine: &LibvirtMachine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.contract.conditions, types::AGENT_CONNECTED))
+}
+
+/// The error of a restore that failed: what libvirt said, and that the image is gone (or why
+/// it could not be removed).
+pub fn restore_failed(domain: &str, libvirt_said: &str, removed: Result<(), String>) -> Error {
+    let image = match removed {
+        Ok(()) => "its save image was removed".to_owned(),
+        Err(why) => format!("removing its save image failed too: {why}"),
+    };
+    Error::Invalid {
+        reason: reasons::RESTORE_FAILED,
+        message: format!(
+            "restoring domain {domain} from its managed save image failed: {libvirt_said}; \
+             {image}, and the machine is not started afresh (it is replaced)"
+        ),
+    }
+}
+
+/// Whether the status reports standby at all: only for a machine whose spec asks for one, or
+/// whose status already says it. A machine of a pool that never uses standby sees no status
+/// change (one more write per machine would cost every pool).
+fn reports_standby(machine: &LibvirtMachine, old: &LibvirtMachineStatus) -> bool {
+    machine.spec.standby.is_some()
+        || old.contract.standby.is_some()
+        || conditions::find(&old.contract.conditions, types::SAVED).is_some()
 }
 
 /// The status after a reconcile: `outcome` is what the host showed, or the error that stopped
@@ -247,7 +391,46 @@ pub fn status_after(
         ..old.clone()
     };
     new.contract.observed_generation = generation;
+    let standby = reports_standby(machine, &old);
     let ready = match outcome {
+        Ok(observed) if observed.standby == StandbySight::Saved => {
+            if let Some(uuid) = &old.domain_uuid {
+                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
+            }
+            // The guest is not asked anything while saved: its phase, GuestReady,
+            // AgentConnected, EK certificates and addresses stay as recorded. It is ready: a
+            // claim resumes it, nothing provisions it.
+            new.contract.initialization.provisioned = true;
+            new.contract.ready = true;
+            if standby {
+                new.contract.standby = Some(Standby::Saved);
+                conditions::set(
+                    &mut new.contract.conditions,
+                    conditions::new(
+                        types::SAVED,
+                        status::TRUE,
+                        reasons::DOMAIN_SAVED,
+                        format!(
+                            "domain {} is saved (managed save) and holds no host memory",
+                            names.domain
+                        ),
+                        generation,
+                    ),
+                    now.clone(),
+                );
+            }
+            conditions::new(
+                types::READY,
+                status::TRUE,
+                reasons::DOMAIN_SAVED,
+                format!(
+                    "domain {} is saved (managed save) and holds no host memory; it is \
+                     restored when its spec says Running",
+                    names.domain
+                ),
+                generation,
+            )
+        }
         Ok(observed) => {
             if let Some(uuid) = &old.domain_uuid {
                 new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
@@ -270,20 +453,29 @@ pub fn status_after(
                 guest.agent_connected,
                 now.clone(),
             );
+            if standby {
+                new.contract.standby = Some(Standby::Running);
+                set_not_saved(&mut new, &names.domain, &observed.standby, generation, &now);
+            }
             if observed.running {
+                let mut message = if observed.addresses_from_guest {
+                    format!(
+                        "domain {} is running; its addresses are as its guest agent \
+                         reports them (the host holds no DHCP lease for it)",
+                        names.domain
+                    )
+                } else {
+                    format!("domain {} is running", names.domain)
+                };
+                if let Some(restore) = restored(&observed.standby) {
+                    message.push_str("; ");
+                    message.push_str(&restore);
+                }
                 conditions::new(
                     types::READY,
                     status::TRUE,
                     reasons::DOMAIN_RUNNING,
-                    if observed.addresses_from_guest {
-                        format!(
-                            "domain {} is running; its addresses are as its guest agent \
-                             reports them (the host holds no DHCP lease for it)",
-                            names.domain
-                        )
-                    } else {
-                        format!("domain {} is running", names.domain)
-                    },
+                    message,
                     generation,
                 )
             } else {
@@ -298,11 +490,85 @@ pub fn status_after(
         }
         Err(e) => {
             new.contract.ready = false;
+            if standby && e.reason() == reasons::RESTORE_FAILED {
+                // Neither saved (the image is gone) nor running. `status.standby` stays as it
+                // was: `Running` would read as resumed, and a merge patch cannot unset it.
+                conditions::set(
+                    &mut new.contract.conditions,
+                    conditions::new(
+                        types::SAVED,
+                        status::FALSE,
+                        reasons::DOMAIN_NOT_SAVED,
+                        format!(
+                            "domain {} could not be restored and its save image was removed",
+                            names.domain
+                        ),
+                        generation,
+                    ),
+                    now.clone(),
+                );
+            }
             condition_for(e, generation)
         }
     };
     conditions::set(&mut new.contract.conditions, ready, now);
     new
+}
+
+/// What a restore in this reconcile did, for the Ready message.
+fn restored(sight: &StandbySight) -> Option<String> {
+    match sight {
+        StandbySight::Restored { clock: Ok(()) } => Some(
+            "restored from its managed save image, its guest's clock set to the host's time"
+                .to_owned(),
+        ),
+        StandbySight::Restored { clock: Err(why) } => Some(format!(
+            "restored from its managed save image, but its guest's clock was not set ({why}): \
+             it is behind by the time it was saved"
+        )),
+        _ => None,
+    }
+}
+
+/// `Saved=False`: the domain runs. A restore or a fresh start of a domain asked to be saved
+/// says so, and the message stays until the next one (later reconciles of a running domain
+/// keep it).
+fn set_not_saved(
+    new: &mut LibvirtMachineStatus,
+    domain: &str,
+    sight: &StandbySight,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    let message = match sight {
+        StandbySight::Restored { .. } => restored(sight)
+            .map(|r| format!("domain {domain} runs: {r}"))
+            .unwrap_or_default(),
+        StandbySight::StartedAfresh => format!(
+            "domain {domain} had no managed save image (its host restarted, or it was \
+             stopped) and was started afresh; it is saved again once its guest is ready"
+        ),
+        StandbySight::Running | StandbySight::Saved => {
+            match conditions::find(&new.contract.conditions, types::SAVED) {
+                // What the last restore or fresh start said stays while the domain runs.
+                Some(c) if c.status == status::FALSE && c.reason == reasons::DOMAIN_NOT_SAVED => {
+                    c.message.clone()
+                }
+                _ => format!("domain {domain} runs"),
+            }
+        }
+    };
+    conditions::set(
+        &mut new.contract.conditions,
+        conditions::new(
+            types::SAVED,
+            status::FALSE,
+            reasons::DOMAIN_NOT_SAVED,
+            message,
+            generation,
+        ),
+        now.clone(),
+    );
 }
 
 /// The Ready=False condition for an error, with the whole error chain as its message.
@@ -504,6 +770,7 @@ mod tests {
                 addresses: vec![],
                 addresses_from_guest: false,
                 guest: super::super::guest::GuestSight::NoPhaseFile,
+                standby: StandbySight::Running,
             }),
             at.clone(),
         );
@@ -519,6 +786,7 @@ mod tests {
                 addresses: vec![],
                 addresses_from_guest: true,
                 guest: super::super::guest::GuestSight::NoPhaseFile,
+                standby: StandbySight::Running,
             }),
             at.clone(),
         );
@@ -571,5 +839,360 @@ mod tests {
         let a = addresses(&ifaces);
         let got: Vec<&str> = a.iter().map(|a| a.address.as_str()).collect();
         assert_eq!(got, ["10.0.0.5", "fd00::5"]);
+    }
+
+    fn at(second: i64) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+        )
+    }
+
+    fn running() -> Observed {
+        Observed {
+            running: true,
+            addresses: vec![MachineAddress {
+                type_: address_type::INTERNAL_IP.into(),
+                address: "10.0.0.5".into(),
+            }],
+            addresses_from_guest: false,
+            guest: super::super::guest::GuestSight::Phase {
+                phase: super::super::guest::Phase::Ready,
+                ek: super::super::guest::EkReading::NotRead,
+            },
+            standby: StandbySight::Running,
+        }
+    }
+
+    /// A machine whose domain ran and whose guest said `ready`, with an EK certificate and
+    /// an address recorded: what the controller asks to save. `standby` is its spec's.
+    fn ready_machine(standby: Option<Standby>) -> LibvirtMachine {
+        let mut m = machine(immediate(), None);
+        m.metadata.generation = Some(1);
+        m.status = Some(LibvirtMachineStatus {
+            domain_uuid: Some(UUID.into()),
+            contract: banlieue_api::MachineStatusContract {
+                tpm_endorsement_certificates: vec!["PEM".into()],
+                tpm_endorsement_key_digests: vec!["sha256:00".into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let s = status_after(&m, "banlieue-system", "edge-7", &Ok(running()), at(10));
+        m.status = Some(s);
+        m.spec.standby = standby;
+        m.metadata.generation = Some(2);
+        m
+    }
+
+    fn condition(s: &LibvirtMachineStatus, type_: &str) -> Condition {
+        conditions::find(&s.contract.conditions, type_)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {type_} condition"))
+    }
+
+    fn saved_domain() -> Observed {
+        Observed {
+            running: false,
+            addresses: vec![],
+            addresses_from_guest: false,
+            guest: super::super::guest::GuestSight::NotRunning,
+            standby: StandbySight::Saved,
+        }
+    }
+
+    #[test]
+    fn a_saved_machine_is_ready_and_keeps_what_its_guest_said() {
+        let m = ready_machine(Some(Standby::Saved));
+        let before = m.status.clone().unwrap();
+        let s = status_after(&m, "banlieue-system", "edge-7", &Ok(saved_domain()), at(20));
+        assert_eq!(s.contract.standby, Some(Standby::Saved));
+        assert!(
+            s.contract.ready,
+            "a saved machine is resumed, not provisioned"
+        );
+        assert_eq!(s.contract.observed_generation, Some(2));
+        let ready = condition(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            (status::TRUE, reasons::DOMAIN_SAVED)
+        );
+        assert!(
+            ready.message.starts_with(
+                "domain banlieue-system-web-01 is saved (managed save) and holds no host memory"
+            ),
+            "{}",
+            ready.message
+        );
+        let saved = condition(&s, types::SAVED);
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            (status::TRUE, reasons::DOMAIN_SAVED)
+        );
+        assert_eq!(saved.observed_generation, Some(2));
+        // The guest is not asked anything: what it said before the save stays.
+        assert_eq!(s.contract.guest_phase.as_deref(), Some("ready"));
+        assert_eq!(s.contract.addresses, before.contract.addresses);
+        assert_eq!(
+            s.contract.tpm_endorsement_certificates,
+            before.contract.tpm_endorsement_certificates
+        );
+        for type_ in [types::GUEST_READY, types::AGENT_CONNECTED] {
+            assert_eq!(condition(&s, type_), condition(&before, type_), "{type_}");
+        }
+        assert!(conditions::is_true(
+            &s.contract.conditions,
+            types::GUEST_READY
+        ));
+        // Found saved again on the next look: nothing to write.
+        let mut again = m.clone();
+        again.status = Some(s.clone());
+        assert_eq!(
+            status_after(
+                &again,
+                "banlieue-system",
+                "edge-7",
+                &Ok(saved_domain()),
+                at(30)
+            ),
+            s
+        );
+    }
+
+    #[test]
+    fn a_restored_machine_runs_and_says_whether_its_clock_was_set() {
+        let mut m = ready_machine(Some(Standby::Saved));
+        m.status = Some(status_after(
+            &m,
+            "banlieue-system",
+            "edge-7",
+            &Ok(saved_domain()),
+            at(20),
+        ));
+        m.spec.standby = Some(Standby::Running);
+        m.metadata.generation = Some(3);
+        let restored = |clock: std::result::Result<(), String>| Observed {
+            standby: StandbySight::Restored { clock },
+            ..running()
+        };
+        let s = status_after(
+            &m,
+            "banlieue-system",
+            "edge-7",
+            &Ok(restored(Err("QEMU guest agent is not connected".into()))),
+            at(40),
+        );
+        assert_eq!(s.contract.standby, Some(Standby::Running));
+        assert!(s.contract.ready);
+        let saved = condition(&s, types::SAVED);
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            (status::FALSE, reasons::DOMAIN_NOT_SAVED)
+        );
+        assert_eq!(saved.last_transition_time, at(40));
+        let ready = condition(&s, types::READY);
+        assert_eq!(ready.reason, reasons::DOMAIN_RUNNING);
+        assert!(
+            ready.message.contains(
+                "restored from its managed save image, but its guest's clock was not set \
+                 (QEMU guest agent is not connected)"
+            ),
+            "{}",
+            ready.message
+        );
+        assert!(
+            saved.message.contains("clock was not set"),
+            "{}",
+            saved.message
+        );
+        // Read again, not the recorded ones.
+        assert_eq!(s.contract.addresses, running().addresses);
+
+        let s = status_after(
+            &m,
+            "banlieue-system",
+            "edge-7",
+            &Ok(restored(Ok(()))),
+            at(40),
+        );
+        let ready = condition(&s, types::READY);
+        assert!(
+            ready.message.ends_with(
+                "restored from its managed save image, its guest's clock set to the host's time"
+            ),
+            "{}",
+            ready.message
+        );
+        // The next look at the running domain: Saved=False keeps what the restore said.
+        let mut later = m.clone();
+        later.status = Some(s.clone());
+        let next = status_after(&later, "banlieue-system", "edge-7", &Ok(running()), at(50));
+        assert_eq!(condition(&next, types::SAVED), condition(&s, types::SAVED));
+        assert_eq!(
+            condition(&next, types::READY).message,
+            "domain banlieue-system-web-01 is running"
+        );
+    }
+
+    #[test]
+    fn a_restore_that_failed_is_reported_once_and_not_booted_afresh_for_the_same_spec() {
+        let mut m = ready_machine(Some(Standby::Saved));
+        m.status = Some(status_after(
+            &m,
+            "banlieue-system",
+            "edge-7",
+            &Ok(saved_domain()),
+            at(20),
+        ));
+        m.spec.standby = Some(Standby::Running);
+        m.metadata.generation = Some(3);
+        // A shut-off domain with its image, asked to run: restored.
+        assert_eq!(standby_act(&m, false, true, true), StandbyAct::Restore);
+        let failed = restore_failed(
+            "banlieue-system-web-01",
+            "internal error: cannot load the save image",
+            Ok(()),
+        );
+        let s = status_after(&m, "banlieue-system", "edge-7", &Err(failed), at(40));
+        assert!(!s.contract.ready);
+        let ready = condition(&s, types::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            (status::FALSE, reasons::RESTORE_FAILED)
+        );
+        assert_eq!(
+            ready.message,
+            "restoring domain banlieue-system-web-01 from its managed save image failed: \
+             internal error: cannot load the save image; its save image was removed, and the \
+             machine is not started afresh (it is replaced)"
+        );
+        assert_eq!(
+            s.contract.standby,
+            Some(Standby::Saved),
+            "never Running, which would read as resumed"
+        );
+        let saved = condition(&s, types::SAVED);
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            (status::FALSE, reasons::DOMAIN_NOT_SAVED)
+        );
+
+        // The retry finds the domain stopped without an image: the same error, no write.
+        let mut retried = m.clone();
+        retried.status = Some(s.clone());
+        let StandbyAct::StillFailed { message } = standby_act(&retried, false, true, false) else {
+            panic!("a failed restore is not booted afresh for the same spec");
+        };
+        let again = Error::Invalid {
+            reason: reasons::RESTORE_FAILED,
+            message,
+        };
+        assert_eq!(
+            status_after(&retried, "banlieue-system", "edge-7", &Err(again), at(50)),
+            s
+        );
+        // A reconcile that has not seen the report yet (the cache lags) finds the image gone
+        // from a machine last reported saved: not booted afresh either.
+        let StandbyAct::StillFailed { message } = standby_act(&m, false, true, false) else {
+            panic!("a saved machine without its image is not booted afresh");
+        };
+        assert!(
+            message.contains("was saved, but its managed save image is gone"),
+            "{message}"
+        );
+        // Only a spec that says Saved again starts it.
+        retried.metadata.generation = Some(4);
+        assert!(matches!(
+            standby_act(&retried, false, true, false),
+            StandbyAct::StillFailed { .. }
+        ));
+        retried.spec.standby = Some(Standby::Saved);
+        assert_eq!(standby_act(&retried, false, true, false), StandbyAct::Start);
+
+        let kept = restore_failed("d", "boom", Err("permission denied".into()));
+        assert!(
+            kept.to_string()
+                .contains("removing its save image failed too: permission denied"),
+            "{kept}"
+        );
+    }
+
+    #[test]
+    fn a_machine_without_standby_sees_no_status_change() {
+        let m = ready_machine(None);
+        let before = m.status.clone().unwrap();
+        let mut same_generation = m.clone();
+        same_generation.metadata.generation = Some(1);
+        let s = status_after(
+            &same_generation,
+            "banlieue-system",
+            "edge-7",
+            &Ok(running()),
+            at(30),
+        );
+        assert_eq!(s, before, "nothing to write");
+        assert_eq!(s.contract.standby, None);
+        assert!(conditions::find(&s.contract.conditions, types::SAVED).is_none());
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json.get("standby").is_none(), "{json}");
+        // Started after its host restarted: still nothing about standby.
+        assert_eq!(standby_act(&m, false, true, false), StandbyAct::Start);
+        assert_eq!(started(&m), StandbySight::Running);
+
+        // Asked to run explicitly (a claimed member never saved): it says so.
+        let mut asked = same_generation.clone();
+        asked.spec.standby = Some(Standby::Running);
+        let s = status_after(&asked, "banlieue-system", "edge-7", &Ok(running()), at(30));
+        assert_eq!(s.contract.standby, Some(Standby::Running));
+        assert_eq!(
+            condition(&s, types::SAVED).message,
+            "domain banlieue-system-web-01 runs"
+        );
+    }
+
+    #[test]
+    fn what_a_reconcile_does_follows_spec_standby_and_the_host() {
+        let saved_spec = ready_machine(Some(Standby::Saved));
+        let running_spec = ready_machine(Some(Standby::Running));
+        let unset = ready_machine(None);
+        // (running, shut off, save image)
+        assert_eq!(
+            standby_act(&saved_spec, true, false, false),
+            StandbyAct::Save
+        );
+        assert_eq!(
+            standby_act(&saved_spec, false, true, true),
+            StandbyAct::KeepSaved
+        );
+        // Host rebooted or crashed: started as today, saved again once ready.
+        assert_eq!(
+            standby_act(&saved_spec, false, true, false),
+            StandbyAct::Start
+        );
+        // Paused, or any other state: observed as it is.
+        assert_eq!(
+            standby_act(&saved_spec, false, false, false),
+            StandbyAct::Observe
+        );
+        for m in [&running_spec, &unset] {
+            assert_eq!(standby_act(m, false, true, true), StandbyAct::Restore);
+            assert_eq!(standby_act(m, false, true, false), StandbyAct::Start);
+            assert_eq!(standby_act(m, true, false, false), StandbyAct::Observe);
+        }
+        // A fresh start of a machine that was saved says so; of one never saved, it does not.
+        assert_eq!(started(&saved_spec), StandbySight::Running);
+        let mut was_saved = saved_spec.clone();
+        was_saved.status = Some(status_after(
+            &saved_spec,
+            "banlieue-system",
+            "edge-7",
+            &Ok(saved_domain()),
+            at(20),
+        ));
+        assert_eq!(started(&was_saved), StandbySight::StartedAfresh);
+        assert!(
+            agent_expected(&saved_spec),
+            "its agent answered before the save"
+        );
+        assert!(!agent_expected(&machine(immediate(), None)));
     }
 }

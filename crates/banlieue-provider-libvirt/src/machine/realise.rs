@@ -3,7 +3,7 @@
 //! interrupted anywhere resumes where it stopped.
 
 use banlieue_api::{LibvirtMachine, LibvirtMachineSpec, Provider};
-use banlieue_libvirt::flags::StorageVolCreateFlags;
+use banlieue_libvirt::flags::{DomainSaveRestoreFlags, DomainSetTimeFlags, StorageVolCreateFlags};
 use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
@@ -14,12 +14,13 @@ use serde_json::json;
 use super::Context;
 use super::agent;
 use super::guest::GuestSight;
-use super::plan::{self, Existing, MachineNames, Observed};
+use super::plan::{self, Existing, MachineNames, Observed, StandbyAct, StandbySight};
 use crate::error::{Error, Result};
 use crate::image::{decide, marker};
 use crate::volume_xml::{self, Backing, BackingFormat};
 
-/// Brings the machine's domain into existence and running; returns what the host shows.
+/// Brings the machine's domain into existence and running, or saved when its spec says so
+/// (ADR-0073); returns what the host shows.
 pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> Result<Observed> {
     let session = ctx.host.session().await?;
     let client = &session.client;
@@ -46,12 +47,45 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         "read the state of domain {}",
         names.domain
     )))?;
-    if state == DomainState::Shutoff || state == DomainState::Crashed {
-        domain
-            .create()
+    let shut_off = state == DomainState::Shutoff || state == DomainState::Crashed;
+    // Asked only of a stopped domain: a running one has no image to restore from.
+    let save_image = shut_off
+        && domain
+            .has_managed_save_image()
             .await
-            .map_err(Error::libvirt(format!("start domain {}", names.domain)))?;
-    }
+            .map_err(Error::libvirt(format!(
+                "ask whether domain {} has a managed save image",
+                names.domain
+            )))?;
+    let running = state == DomainState::Running;
+    let sight = match plan::standby_act(machine, running, shut_off, save_image) {
+        StandbyAct::Save => {
+            save(&domain, &names.domain).await?;
+            return Ok(saved());
+        }
+        StandbyAct::KeepSaved => return Ok(saved()),
+        StandbyAct::StillFailed { message } => {
+            return Err(Error::Invalid {
+                reason: banlieue_api::conditions::reasons::RESTORE_FAILED,
+                message,
+            });
+        }
+        StandbyAct::Restore => {
+            restore(&domain, &names.domain).await?;
+            // The clock is set below, once the domain is seen running.
+            StandbySight::Restored {
+                clock: Err("the domain is not running".to_owned()),
+            }
+        }
+        StandbyAct::Start => {
+            domain
+                .create()
+                .await
+                .map_err(Error::libvirt(format!("start domain {}", names.domain)))?;
+            plan::started(machine)
+        }
+        StandbyAct::Observe => StandbySight::Running,
+    };
     let (state, _) = domain.get_state().await.map_err(Error::libvirt(format!(
         "read the state of domain {}",
         names.domain
@@ -63,14 +97,22 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
             addresses: Vec::new(),
             addresses_from_guest: false,
             guest: GuestSight::NotRunning,
+            standby: sight,
         });
     }
+    let calls = &ctx.metrics.agent_commands;
+    let until = tokio::time::Instant::now() + agent::CONVERSATION_DEADLINE;
+    // The guest slept for as long as it was saved: its clock is the first thing it is told.
+    let sight = match sight {
+        StandbySight::Restored { .. } => StandbySight::Restored {
+            clock: set_clock(&domain, plan::agent_expected(machine), calls, until).await,
+        },
+        other => other,
+    };
     let recorded = machine
         .status
         .as_ref()
         .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
-    let calls = &ctx.metrics.agent_commands;
-    let until = tokio::time::Instant::now() + agent::CONVERSATION_DEADLINE;
     let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls, until).await;
     let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
     if agent_answers {
@@ -83,7 +125,101 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         addresses,
         addresses_from_guest,
         guest,
+        standby: sight,
     })
+}
+
+/// What a saved domain shows: nothing is asked of its guest.
+fn saved() -> Observed {
+    Observed {
+        running: false,
+        addresses: Vec::new(),
+        addresses_from_guest: false,
+        guest: GuestSight::NotRunning,
+        standby: StandbySight::Saved,
+    }
+}
+
+/// Saves the running domain with libvirt's managed save: its memory goes to the image libvirt
+/// keeps for it, and it stops.
+async fn save(domain: &Domain, name: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    domain
+        .managed_save(DomainSaveRestoreFlags::empty())
+        .await
+        .map_err(Error::libvirt(format!("save domain {name} (managed save)")))?;
+    tracing::info!(
+        domain = name,
+        seconds = started.elapsed().as_secs_f64(),
+        "domain saved"
+    );
+    Ok(())
+}
+
+/// Starts the saved domain, which restores it from its managed save image. An image that
+/// cannot be restored (a QEMU upgrade, corruption, no memory) is removed: it is tried once,
+/// and the machine is reported `RestoreFailed` for the controller to replace.
+async fn restore(domain: &Domain, name: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    let Err(e) = domain.create().await else {
+        tracing::info!(
+            domain = name,
+            seconds = started.elapsed().as_secs_f64(),
+            "domain restored from its managed save image"
+        );
+        return Ok(());
+    };
+    let said = banlieue_api::conditions::error_message(&e);
+    let removed = domain.managed_save_remove().await.map_err(|e| {
+        let why = banlieue_api::conditions::error_message(&e);
+        tracing::warn!(domain = name, error = %why, "could not remove a save image that failed to restore");
+        why
+    });
+    Err(plan::restore_failed(name, &said, removed))
+}
+
+/// How often setting the clock is tried again while an agent that answered before the save
+/// has not reconnected since the restore.
+const SET_TIME_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Sets the restored guest's clock to the host's time through its agent, by `until`. A guest
+/// whose agent answered before the save is given until then to answer again (its channel
+/// reconnects after the restore); one that never had an agent is asked once. `Err` says why
+/// the clock was not set.
+async fn set_clock(
+    domain: &Domain,
+    agent_expected: bool,
+    calls: &prometheus_client::metrics::counter::Counter,
+    until: tokio::time::Instant,
+) -> std::result::Result<(), String> {
+    let attempts = async {
+        loop {
+            calls.inc();
+            // Taken right before each call: the time the guest is told is the host's now.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let Err(e) = domain
+                .set_time(
+                    i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
+                    now.subsec_nanos(),
+                    DomainSetTimeFlags::empty(),
+                )
+                .await
+            else {
+                return Ok(());
+            };
+            let unresponsive =
+                e.remote().map(|r| r.code) == Some(banlieue_libvirt::ErrorCode::AgentUnresponsive);
+            if !(agent_expected && unresponsive) {
+                return Err(banlieue_api::conditions::error_message(&e));
+            }
+            tokio::time::sleep(SET_TIME_RETRY).await;
+        }
+    };
+    tokio::time::timeout_at(until, attempts)
+        .await
+        .unwrap_or_else(|_| Err(agent::deadline_message()))
 }
 
 /// The network's DHCP leases, which the host hands out, else what the guest agent reports
