@@ -162,10 +162,10 @@ async fn ask_for_standby(
         banlieue_api::conditions::types::READY,
     )
     .filter(|c| c.reason == banlieue_api::conditions::reasons::RESTORE_FAILED)
-        && vm.labels().contains_key(names::LABEL_CLAIM)
     {
-        // The claimed member cannot run again: it is a vanished member, which the claim's
-        // rule for one handles (the guides'), and the pool replaces.
+        // The member cannot run again (its provider keeps it down rather than boot it afresh
+        // under the same spec): a claimed one is a vanished member, which the claim's rule
+        // for one handles (the guides'), and an unclaimed one is replaced by its pool.
         ctx.event(
             vm,
             EventType::Warning,

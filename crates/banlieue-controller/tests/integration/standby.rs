@@ -146,3 +146,31 @@ async fn a_running_pool_writes_no_standby_anywhere() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_member_whose_restore_failed_is_deleted_and_its_claim_fails() -> TestResult {
+    if backend().kind.as_str() != "LibvirtMachine" {
+        return Ok(());
+    }
+    let h = Harness::new().await?;
+    let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let _controller = h.start_controller().await?;
+    h.create_pool("p", 1, "InfrastructureReady", json!({"standby": "Saved"}))
+        .await?;
+    let member = saved_member(&h, "p", None).await?;
+    provider.controls.fail_resume.store(true, Ordering::SeqCst);
+    h.create_claim("c", "p", 3600).await?;
+    let failed = h
+        .wait_claim("c", "Failed", |c| {
+            phase(c) == Some(banlieue_api::ClaimPhase::Failed)
+        })
+        .await?;
+    let bound = bound_condition(&failed).ok_or("a Bound condition")?;
+    assert_eq!(bound.reason, reasons::MEMBER_DELETED);
+    assert!(bound.message.contains(&member), "{}", bound.message);
+    gone(&h.api::<VirtualMachine>(), &member, "the member deleted").await?;
+    // The pool replaces it.
+    provider.controls.fail_resume.store(false, Ordering::SeqCst);
+    saved_member(&h, "p", Some(&member)).await?;
+    Ok(())
+}

@@ -34,6 +34,9 @@ pub struct Controls {
     /// A machine asked to run again after a save stays saved while this is true (a slow
     /// restore).
     pub hold_resume: AtomicBool,
+    /// A machine asked to run again after a save reports `Ready=False RestoreFailed`, as a
+    /// provider whose save image no longer restores does.
+    pub fail_resume: AtomicBool,
 }
 
 /// A running fake provider; stops when dropped.
@@ -56,6 +59,7 @@ impl FakeProvider {
             guest_ready: AtomicBool::new(true),
             teardown_delay_ms: AtomicU32::new(300),
             hold_resume: AtomicBool::new(false),
+            fail_resume: AtomicBool::new(false),
         });
         // The test-only kind has a real provider, written with the kit: it plays the same
         // switches.
@@ -185,7 +189,18 @@ async fn play_standby(
     if reported || held {
         return;
     }
-    let patch = json!({"status": {"standby": wanted, "observedGeneration": generation}});
+    let resuming = wanted == Standby::Running && status.standby == Some(Standby::Saved);
+    let patch = if resuming && controls.fail_resume.load(Ordering::SeqCst) {
+        if status.observed_generation >= generation {
+            return;
+        }
+        json!({"status": {"observedGeneration": generation, "conditions": [{
+            "type": "Ready", "status": "False", "reason": "RestoreFailed",
+            "message": "the save image no longer restores; it was removed",
+            "lastTransitionTime": now()}]}})
+    } else {
+        json!({"status": {"standby": wanted, "observedGeneration": generation}})
+    };
     let _ = api
         .patch_status(
             &machine.name_any(),
