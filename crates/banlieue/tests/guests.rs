@@ -17,7 +17,9 @@
 //! - a guest that answers for its agent and trickles files out is given up on after a few
 //!   reads, and its machine's teardown is not held up;
 //! - a guest without the guest-phase layer leaves its pool `ReadinessSignalAbsent`;
-//! - a Deferred image installs itself onto an empty disk, reboots, and only then is handed out.
+//! - a Deferred image installs itself onto an empty disk, reboots, and only then is handed out;
+//! - a `standby: Saved` pool's member is saved once GuestReady, bound at once, and `Resumed`
+//!   with the same vTPM and a clock set to the host's (a second test, beside the first).
 //!
 //! Guests are booted once for the whole file (two, then two more), since each costs about a
 //! minute of both cores. The figures it prints (create → GuestReady, claim → Bound, agent
@@ -30,8 +32,8 @@ use std::time::{Duration, Instant};
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
 use banlieue_api::{
-    ClaimPhase, LibvirtMachine, LocalObjectReference, PoolReadiness, Provider, VirtualMachine,
-    VirtualMachineClaim, VirtualMachinePool,
+    ClaimPhase, LibvirtMachine, LocalObjectReference, PoolReadiness, Provider, Standby,
+    VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
 use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
@@ -70,74 +72,469 @@ const QUIET: Duration = Duration::from_secs(65);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_guests_through_pools_and_claims() -> Result<(), BoxError> {
-    let (control_plane, libvirtd) = tokio::try_join!(
-        async { ControlPlane::start().await.map_err(BoxError::from) },
-        async {
-            Libvirtd::start(LibvirtdOptions::default())
-                .await
-                .map_err(|e| BoxError::from(e.to_string()))
-        },
-    )?;
-    let shutdown = CancellationToken::new();
-    let mut workers = Vec::new();
-    let mut registry = Registry::default();
-    let outcome = scenario(
-        &control_plane,
-        &libvirtd,
-        &shutdown,
-        &mut workers,
-        &mut registry,
-    )
-    .await;
-    shutdown.cancel();
-    for worker in workers {
-        let _ = worker.await;
-    }
-    let released = dev::release_host(&libvirtd).await;
-    if outcome.is_err() {
-        eprintln!("libvirtd: {}", libvirtd.diagnostics());
-    }
-    outcome?;
-    released
+    let mut host = DevHost::start().await?;
+    let outcome = match host.set_up("bng", Some(SIGNAL_GRACE)).await {
+        Ok(()) => scenario(&host).await,
+        Err(e) => Err(e),
+    };
+    host.finish(outcome).await
 }
 
-async fn scenario(
-    control_plane: &ControlPlane,
-    libvirtd: &Libvirtd,
-    shutdown: &CancellationToken,
-    workers: &mut Vec<tokio::task::JoinHandle<()>>,
-    registry: &mut Registry,
-) -> Result<(), BoxError> {
+/// A real control plane and libvirtd, with the controller and the Provider's workload running
+/// in this process as their ServiceAccounts (as `banlieue-dev up` wires them), the test guest
+/// image uploaded, and the guest image and class applied: what each test of this file runs on.
+struct DevHost {
+    control_plane: ControlPlane,
+    libvirtd: Libvirtd,
+    shutdown: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    registry: Registry,
+}
+
+impl DevHost {
+    async fn start() -> Result<DevHost, BoxError> {
+        let (control_plane, libvirtd) = tokio::try_join!(
+            async { ControlPlane::start().await.map_err(BoxError::from) },
+            async {
+                Libvirtd::start(LibvirtdOptions::default())
+                    .await
+                    .map_err(|e| BoxError::from(e.to_string()))
+            },
+        )?;
+        Ok(DevHost {
+            control_plane,
+            libvirtd,
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+            registry: Registry::default(),
+        })
+    }
+
+    /// Bootstraps the cluster, prepares libvirt (its network named `<network>`+pid), and
+    /// starts the controller (with `signal_grace` as its readiness-signal grace) and the
+    /// Provider's workload.
+    async fn set_up(
+        &mut self,
+        network: &str,
+        signal_grace: Option<Duration>,
+    ) -> Result<(), BoxError> {
+        let admin = self.control_plane.client()?;
+        let image = banlieue_testenv::guest_image::path()
+            .await
+            .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
+        dev::bootstrap_cluster(&admin).await?;
+        dev::admit_claimant(&admin).await?;
+        dev::prepare_libvirt(&self.libvirtd, &format!("{network}{}", std::process::id())).await?;
+        dev::upload_guest_image(&self.libvirtd, &image).await?;
+        dev::register_provider(
+            &admin,
+            &self.libvirtd,
+            &objects::provider_class(objects::DEV_IMAGE),
+        )
+        .await?;
+        self.workers.extend(
+            dev::spawn_controller_with(
+                &self.control_plane,
+                &mut self.registry,
+                &self.shutdown,
+                signal_grace,
+            )
+            .await?,
+        );
+        self.workers.extend(
+            dev::spawn_provider_workload(
+                &self.control_plane,
+                objects::PROVIDER,
+                Some(DomainType::Qemu),
+                DEADLINE,
+                &mut self.registry,
+                &self.shutdown,
+            )
+            .await?,
+        );
+        dev::apply(&admin, &objects::guest_image()).await?;
+        dev::apply(&admin, &objects::guest_class()).await?;
+        Ok(())
+    }
+
+    /// Stops the workers, releases the host's domains and volumes, and returns `outcome`
+    /// (printing the daemon's diagnostics when it failed).
+    async fn finish(self, outcome: Result<(), BoxError>) -> Result<(), BoxError> {
+        self.shutdown.cancel();
+        for worker in self.workers {
+            let _ = worker.await;
+        }
+        let released = dev::release_host(&self.libvirtd).await;
+        if outcome.is_err() {
+            eprintln!("libvirtd: {}", self.libvirtd.diagnostics());
+        }
+        outcome?;
+        released
+    }
+}
+
+/// A `standby: Saved` pool of real guests (ADR-0073), on a control plane and libvirtd of its
+/// own, beside the scenario above: the member boots to GuestReady, is saved (no QEMU process
+/// left, a managed save image on the host), is bound at once by a claim, and is `Resumed` once
+/// restored. The restored guest's TPM still holds the key of the EK certificate on the claim,
+/// and its clock was set to the host's although it slept while saved. Releasing it leaves no
+/// domain and no save image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_saved_guest_is_resumed_with_its_tpm_and_its_clock() -> Result<(), BoxError> {
+    let mut host = DevHost::start().await?;
+    let outcome = match host.set_up("bns", None).await {
+        Ok(()) => saved_scenario(&host).await,
+        Err(e) => Err(e),
+    };
+    host.finish(outcome).await
+}
+
+/// The saved pool of [`a_saved_guest_is_resumed_with_its_tpm_and_its_clock`].
+const SAVED_POOL: &str = "saved";
+/// How long the saved member sleeps before it is claimed: its clock falls this far behind
+/// unless the provider sets it.
+const SAVED_SLEEP: Duration = Duration::from_secs(30);
+
+async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
+    let (control_plane, libvirtd) = (&host.control_plane, &host.libvirtd);
     let admin = control_plane.client()?;
-    let image = banlieue_testenv::guest_image::path()
-        .await
-        .map_err(|e| banlieue_testenv::control_plane::error_chain(&e))?;
-    dev::bootstrap_cluster(&admin).await?;
-    dev::admit_claimant(&admin).await?;
-    dev::prepare_libvirt(libvirtd, &format!("bng{}", std::process::id())).await?;
-    dev::upload_guest_image(libvirtd, &image).await?;
-    dev::register_provider(
-        &admin,
-        libvirtd,
-        &objects::provider_class(objects::DEV_IMAGE),
+    let mut pool = guest_pool(SAVED_POOL, 1, objects::GUEST_USER_DATA);
+    pool.spec.standby = Some(Standby::Saved);
+    pool.spec.startup_deadline_seconds = Some(STARTUP_DEADLINE.as_secs() as i64);
+    let created = Instant::now();
+    dev::apply(&admin, &pool).await?;
+
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let saved = members_on_failure(
+        wait_until("a member saved", POOL_BOOT_DEADLINE, || async {
+            Ok(pool_members(&vms, SAVED_POOL)
+                .await?
+                .into_iter()
+                .find(|vm| vm.status.as_ref().and_then(|s| s.standby) == Some(Standby::Saved)))
+        })
+        .await,
+        &vms,
+        SAVED_POOL,
     )
     .await?;
-    workers.extend(
-        dev::spawn_controller_with(control_plane, registry, shutdown, Some(SIGNAL_GRACE)).await?,
+    let saved_after = created.elapsed();
+    let member = saved.name_any();
+    let saved_status = saved.status.clone().unwrap_or_default();
+    assert!(guest_ready(&saved), "only a GuestReady member is saved");
+    assert_eq!(
+        saved_status.tpm_endorsement_key_digests.len(),
+        2,
+        "EK certificates recorded before the save"
     );
-    workers.extend(
-        dev::spawn_provider_workload(
-            control_plane,
-            objects::PROVIDER,
-            Some(DomainType::Qemu),
-            DEADLINE,
-            registry,
-            shutdown,
-        )
-        .await?,
+    let domain = machines
+        .get(&member)
+        .await?
+        .status
+        .and_then(|s| s.domain_name)
+        .ok_or("the saved machine names no domain")?;
+    // Checked with virsh, a client independent of banlieue's.
+    let state = libvirtd.virsh(["domstate", domain.as_str()]).await?;
+    assert_eq!(state.trim(), "shut off", "a saved domain runs no QEMU");
+    let info = libvirtd.virsh(["dominfo", domain.as_str()]).await?;
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("Managed save:") && l.trim_end().ends_with("yes")),
+        "a managed save image: {info}"
     );
-    dev::apply(&admin, &objects::guest_image()).await?;
-    dev::apply(&admin, &objects::guest_class()).await?;
+    assert!(
+        libvirtd.guest_pids().is_empty(),
+        "no guest process holds memory while the only member is saved: {:?}",
+        libvirtd.guest_pids()
+    );
+    let image_file = save_image(libvirtd, &domain)?.ok_or("no save image on the host")?;
+    let image_bytes = std::fs::metadata(&image_file)?.len();
+
+    tokio::time::sleep(SAVED_SLEEP).await;
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    let mut claim = claim("resumed");
+    claim.spec.pool_ref.name = SAVED_POOL.into();
+    let claimed = Instant::now();
+    claims.create(&PostParams::default(), &claim).await?;
+    let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let bound = wait_until("the claim Bound", DEADLINE, || async {
+        let c = claims_admin.get("resumed").await?;
+        Ok((c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound)).then_some(c))
+    })
+    .await?;
+    let bound_after = claimed.elapsed();
+    let bound_status = bound.status.clone().unwrap_or_default();
+    assert_eq!(
+        bound_status.virtual_machine_ref.map(|r| r.name).as_deref(),
+        Some(member.as_str()),
+        "the saved member is the one bound"
+    );
+    let resumed = wait_until("the claim Resumed", DEADLINE, || async {
+        let c = claims_admin.get("resumed").await?;
+        let st = c.status.clone().unwrap_or_default();
+        Ok(conditions::is_true(&st.conditions, types::RESUMED).then_some(st))
+    })
+    .await?;
+    let resumed_after = claimed.elapsed();
+    assert!(
+        !resumed.addresses.is_empty(),
+        "a resumed claim has its address"
+    );
+    assert_eq!(
+        resumed.tpm_endorsement_key_digests, saved_status.tpm_endorsement_key_digests,
+        "the claim carries the certificates recorded before the save"
+    );
+    // The same vTPM: the key the restored guest's TPM reports is the one certified.
+    let guest_key = guest_ek_public_key_digest(libvirtd, &domain).await?;
+    assert_eq!(
+        Some(&guest_key),
+        resumed.tpm_endorsement_key_digests.first()
+    );
+    // The guest slept SAVED_SLEEP and more; its clock was set to the host's on resume.
+    let guest_now = guest_agent::run(libvirtd, &domain, "/usr/bin/date", &["+%s"]).await?;
+    let guest_now: i64 = String::from_utf8(guest_now)?.trim().parse()?;
+    let host_now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let skew = (host_now - guest_now).abs();
+    assert!(
+        skew < (SAVED_SLEEP.as_secs() / 3) as i64,
+        "the restored guest's clock is {skew} s off the host's"
+    );
+    let rss = libvirtd
+        .guest_pids()
+        .into_iter()
+        .map(resident_bytes)
+        .sum::<u64>();
+    eprintln!(
+        "saved pool: create → saved {:.1} s, save image {:.0} MiB; claim → Bound {:.2} s, \
+         claim → Resumed {:.2} s; guest processes after the resume hold {:.0} MiB resident; \
+         clock skew after the resume {skew} s",
+        saved_after.as_secs_f64(),
+        image_bytes as f64 / f64::from(1 << 20),
+        bound_after.as_secs_f64(),
+        resumed_after.as_secs_f64(),
+        rss as f64 / f64::from(1 << 20),
+    );
+
+    // Released: the domain and its save image go with the claim. The pool's refill is saved
+    // in its turn, so wait for the claim's member only.
+    claims_admin
+        .delete("resumed", &DeleteParams::default())
+        .await?;
+    wait_until("the released member gone", DEADLINE, || async {
+        Ok(vms.get_opt(&member).await?.is_none().then_some(()))
+    })
+    .await?;
+    let listed = libvirtd.virsh(["list", "--all", "--name"]).await?;
+    assert!(
+        !listed.lines().any(|l| l.trim() == domain),
+        "domain {domain} outlived its claim"
+    );
+    assert!(
+        !image_file.exists(),
+        "the save image {} outlived its machine",
+        image_file.display()
+    );
+    Ok(())
+}
+
+/// The figures of docs/performance.md's "Saved warm pools", run by hand (each claim waits for
+/// its pool's refill, about a minute of both cores per claim):
+/// `BANLIEUE_SAVED_BENCH_CLAIMS` claims (default 20) alternating between two GuestReady pools
+/// of `BANLIEUE_SAVED_BENCH_MEMBERS` members (default 2), one `Running`, one `Saved`. Each
+/// claim is made once its pool has a member ready to take (saved, for the saved pool), so
+/// every claim is warm. Prints the guest processes' resident memory with the running pool
+/// alone and once the saved pool is full, the save images' size, and p50/p90/p99 of claim →
+/// Bound (running pool) and claim → Bound and → Resumed (saved pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark of real guests under TCG: minutes of both cores per claim"]
+async fn saved_and_running_pools_side_by_side() -> Result<(), BoxError> {
+    let mut host = DevHost::start().await?;
+    let outcome = match host.set_up("bnb", None).await {
+        Ok(()) => side_by_side(&host).await,
+        Err(e) => Err(e),
+    };
+    host.finish(outcome).await
+}
+
+async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
+    let knob = |name: &str, default: usize| -> Result<usize, BoxError> {
+        match std::env::var(name) {
+            Ok(v) => Ok(v.parse()?),
+            Err(_) => Ok(default),
+        }
+    };
+    let members = knob("BANLIEUE_SAVED_BENCH_MEMBERS", 2)?;
+    let rounds = knob("BANLIEUE_SAVED_BENCH_CLAIMS", 20)?;
+    let (control_plane, libvirtd) = (&host.control_plane, &host.libvirtd);
+    let admin = control_plane.client()?;
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let resident = || {
+        libvirtd
+            .guest_pids()
+            .into_iter()
+            .map(resident_bytes)
+            .sum::<u64>()
+    };
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+
+    const RUNNING_POOL: &str = "warm";
+    dev::apply(
+        &admin,
+        &guest_pool(RUNNING_POOL, members as i32, objects::GUEST_USER_DATA),
+    )
+    .await?;
+    let ready = |pool: &'static str, saved: bool| {
+        let vms = vms.clone();
+        async move {
+            Ok::<_, BoxError>(
+                pool_members(&vms, pool)
+                    .await?
+                    .into_iter()
+                    .filter(|vm| !vm.labels().contains_key(names::LABEL_CLAIM))
+                    .filter(|vm| {
+                        guest_ready(vm)
+                            && (!saved
+                                || vm.status.as_ref().and_then(|s| s.standby)
+                                    == Some(Standby::Saved))
+                    })
+                    .count(),
+            )
+        }
+    };
+    wait_until("the running pool full", POOL_BOOT_DEADLINE, || async {
+        Ok((ready(RUNNING_POOL, false).await? >= members).then_some(()))
+    })
+    .await?;
+    let running_rss = resident();
+    let mut saved = guest_pool(SAVED_POOL, members as i32, objects::GUEST_USER_DATA);
+    saved.spec.standby = Some(Standby::Saved);
+    dev::apply(&admin, &saved).await?;
+    wait_until("the saved pool full", POOL_BOOT_DEADLINE, || async {
+        Ok((ready(SAVED_POOL, true).await? >= members).then_some(()))
+    })
+    .await?;
+    let both_rss = resident();
+    let mut images = 0;
+    for vm in pool_members(&vms, SAVED_POOL).await? {
+        if let Some(domain) = machines
+            .get(&vm.name_any())
+            .await?
+            .status
+            .and_then(|s| s.domain_name)
+            && let Some(file) = save_image(libvirtd, &domain)?
+        {
+            images += std::fs::metadata(file)?.len();
+        }
+    }
+    eprintln!(
+        "{members} running members: guest processes hold {:.0} MiB resident; with {members} \
+         saved members beside them: {:.0} MiB ({:+.0} MiB); save images {:.0} MiB in all",
+        mib(running_rss),
+        mib(both_rss),
+        mib(both_rss) - mib(running_rss),
+        mib(images)
+    );
+
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let (mut warm_bound, mut saved_bound, mut saved_resumed) = (vec![], vec![], vec![]);
+    for round in 0..rounds {
+        for (pool, is_saved) in [(RUNNING_POOL, false), (SAVED_POOL, true)] {
+            wait_until("a member to take", POOL_BOOT_DEADLINE, || async {
+                Ok((ready(pool, is_saved).await? >= 1).then_some(()))
+            })
+            .await?;
+            let name = format!("{pool}-{round}");
+            let mut c = claim(&name);
+            c.spec.pool_ref.name = pool.into();
+            let made = Instant::now();
+            claims.create(&PostParams::default(), &c).await?;
+            wait_until("Bound", DEADLINE, || async {
+                let c = claims_admin.get(&name).await?;
+                Ok((c.status.and_then(|s| s.phase) == Some(ClaimPhase::Bound)).then_some(()))
+            })
+            .await?;
+            let bound = made.elapsed().as_secs_f64();
+            if is_saved {
+                saved_bound.push(bound);
+                wait_until("Resumed", DEADLINE, || async {
+                    let st = claims_admin.get(&name).await?.status.unwrap_or_default();
+                    Ok(conditions::is_true(&st.conditions, types::RESUMED).then_some(()))
+                })
+                .await?;
+                saved_resumed.push(made.elapsed().as_secs_f64());
+            } else {
+                warm_bound.push(bound);
+            }
+            claims_admin.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    for (what, samples) in [
+        ("running pool, claim → Bound", &mut warm_bound),
+        ("saved pool, claim → Bound", &mut saved_bound),
+        ("saved pool, claim → Resumed", &mut saved_resumed),
+    ] {
+        eprintln!(
+            "{what}: n={} p50 {:.2} s, p90 {:.2} s, p99 {:.2} s",
+            samples.len(),
+            percentile(samples, 0.50),
+            percentile(samples, 0.90),
+            percentile(samples, 0.99)
+        );
+    }
+    Ok(())
+}
+
+/// The `p`-quantile (nearest rank) of `samples`.
+fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.sort_by(f64::total_cmp);
+    let rank = (p * samples.len() as f64).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}
+
+/// The managed save image libvirt keeps for `domain` under the daemon's own directories.
+fn save_image(libvirtd: &Libvirtd, domain: &str) -> Result<Option<std::path::PathBuf>, BoxError> {
+    let wanted = format!("{domain}.save");
+    let mut stack = vec![libvirtd.dir().to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let kind = entry.file_type()?;
+            if kind.is_dir() && !kind.is_symlink() {
+                stack.push(path);
+            } else if entry.file_name().to_string_lossy() == wanted {
+                return Ok(Some(path));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// VmRSS of process `pid` in bytes (0 when it is gone).
+fn resident_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|l| {
+                let kib = l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim();
+                kib.parse::<u64>().ok()
+            })
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+async fn scenario(host: &DevHost) -> Result<(), BoxError> {
+    let (control_plane, libvirtd, registry) = (&host.control_plane, &host.libvirtd, &host.registry);
+    let admin = control_plane.client()?;
 
     // Two warm members of the layered image, and one of a pool whose guests remove the layer
     // at boot; the claim is made before any has booted.
