@@ -615,6 +615,13 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
     create(&admin_vms, member("bound", &pool, true))
         .await
         .expect("a bound member");
+    let admin_machines = api_of(&admin, "LibvirtMachine", &ns).await;
+    create(
+        &admin_machines,
+        machine_object("LibvirtMachine", "victims-machine", None),
+    )
+    .await
+    .expect("a claimed VM's machine");
 
     // Without the policy RBAC alone decides: a writer of VirtualMachines plants a member.
     let planted = || member("planted", &pool, false);
@@ -715,8 +722,46 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
         "{message}"
     );
 
+    // Saving another user's running VM (ADR-0073), or making a machine of one's own that
+    // asks for it.
+    let message = forbidden(
+        try_patch(
+            &mallory_machines,
+            "victims-machine",
+            json!({ "spec": { "standby": "Saved" } }),
+        )
+        .await,
+    );
+    assert!(
+        message.contains(
+            "spec.standby of a LibvirtMachine is written only by banlieue's controller: bob"
+        ),
+        "{message}"
+    );
+    let mut saved = machine_object("LibvirtMachine", "saved-machine", None);
+    saved["spec"]["standby"] = json!("Saved");
+    let object: DynamicObject = serde_json::from_value(saved).expect("object");
+    let message = forbidden(mallory_machines.create(&dry_run, &object).await);
+    assert!(message.contains("spec.standby"), "{message}");
+    // Other fields of a machine stay RBAC's to decide.
+    try_patch(
+        &mallory_machines,
+        "victims-machine",
+        json!({ "metadata": { "labels": { "team": "b" } } }),
+    )
+    .await
+    .expect("a label of the user's own on a machine");
+
     // The controller's own ServiceAccount writes all of it.
-    let controller = api_of(&controller_client(cp, &ns).await, "VirtualMachine", &ns).await;
+    let controller_client = controller_client(cp, &ns).await;
+    try_patch(
+        &api_of(&controller_client, "LibvirtMachine", &ns).await,
+        "victims-machine",
+        json!({ "spec": { "standby": "Saved" } }),
+    )
+    .await
+    .expect("the controller asks a machine to save");
+    let controller = api_of(&controller_client, "VirtualMachine", &ns).await;
     try_patch(
         &controller,
         "warm",
