@@ -78,52 +78,47 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         &uid,
     )?;
 
-    // The machine the status is mirrored from, when there is one.
-    let mut mirrored: Option<Machine> = None;
-    let mut next = match (&current.machine_ref, known_backend, machine) {
-        (Some(_), _, Some(machine)) => {
-            let next = machine_status::mirror_machine(
-                &current,
-                &machine.status,
-                machine.spec.tpm_enabled,
-                generation,
-                now,
-            );
-            mirrored = Some(machine);
-            next
-        }
+    // The status, and the machine it mirrors when there is one.
+    let mirror = |machine: Machine| {
+        let next = machine_status::mirror_machine(
+            &current,
+            &machine.status,
+            machine.spec.tpm_enabled,
+            generation,
+            now.clone(),
+        );
+        (next, Some(machine))
+    };
+    let (mut next, mirrored) = match (&current.machine_ref, known_backend, machine) {
+        (Some(_), _, Some(machine)) => mirror(machine),
         (Some(reference), Some(backend), None) => {
             // The cache may lag behind a machine created a moment ago; only the API server can
             // say it is gone.
             let api = backend.api(&ctx.client, &namespace);
             match api.get_opt(&reference.name).await? {
-                Some(object) => {
-                    let machine = Machine::read(backend, object)?;
-                    let next = machine_status::mirror_machine(
-                        &current,
-                        &machine.status,
-                        machine.spec.tpm_enabled,
-                        generation,
-                        now,
-                    );
-                    mirrored = Some(machine);
-                    next
-                }
-                None => machine_status::machine_deleted(&current, &reference.name, generation, now),
+                Some(object) => mirror(Machine::read(backend, object)?),
+                None => (
+                    machine_status::machine_deleted(&current, &reference.name, generation, now),
+                    None,
+                ),
             }
         }
         // A reference always has a kind (an unknown one returned above).
-        (Some(reference), None, None) => {
-            machine_status::machine_deleted(&current, &reference.name, generation, now)
-        }
+        (Some(reference), None, None) => (
+            machine_status::machine_deleted(&current, &reference.name, generation, now),
+            None,
+        ),
         // The machine was created but the status saying so was lost (a crash between the
         // two writes): adopt it as it is rather than scheduling again, which could choose
         // another provider and rewrite a machine that is already being realised.
         (None, _, Some(machine)) => {
             let site = adopted_site(&ctx, &namespace, &vm, &machine);
-            machine_status::scheduled(&current, &site, generation, now)
+            (
+                machine_status::scheduled(&current, &site, generation, now),
+                None,
+            )
         }
-        (None, _, None) => place(&vm, &ctx, &namespace, &current, now).await?,
+        (None, _, None) => (place(&vm, &ctx, &namespace, &current, now).await?, None),
     };
     if let Some(machine) = &mirrored {
         next.standby = ask_for_standby(&vm, &next, machine, &ctx, &namespace).await?;
