@@ -86,6 +86,11 @@ pub mod reasons {
     /// Ready=False: restoring the saved domain failed; its image was removed and the member
     /// is replaced (ADR-0073).
     pub const RESTORE_FAILED: &str = "RestoreFailed";
+    /// VSphereMachine Saved=True (and Ready=True): the VM is suspended and waits for a claim
+    /// (ADR-0073).
+    pub const VM_SUSPENDED: &str = "VMSuspended";
+    /// VSphereMachine Saved=False: the VM is powered on.
+    pub const VM_NOT_SUSPENDED: &str = "VMNotSuspended";
 
     // LibvirtMachine GuestReady (ADR-0043, ADR-0045). Unknown: the guest said nothing yet;
     // False: it said "not yet" or "failed"; True: it said "ready".

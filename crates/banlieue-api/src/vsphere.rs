@@ -9,7 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{LocalObjectReference, SecretKeySelector};
+use crate::common::{LocalObjectReference, SecretKeySelector, Standby};
 use crate::machine::MachineStatusContract;
 
 /// The finalizer a VSphereMachine holds until its VM is destroyed in vCenter (ADR-0026).
@@ -100,6 +100,10 @@ pub struct VSphereMachineSpec {
     /// published and gate GuestReady (ADR-0045).
     #[serde(default)]
     pub tpm_enabled: bool,
+    /// `Saved`: suspend the powered-on VM (`SuspendVM_Task`); `Running` or unset: run it,
+    /// powering a suspended one on, which resumes it (ADR-0073). The controller writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<Standby>,
 }
 
 /// Observed state of a VSphereMachine: the contract every machine kind carries, flattened

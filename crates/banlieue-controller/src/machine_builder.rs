@@ -114,7 +114,7 @@ impl MachineBackends {
                 resource: ApiResource::erase::<VSphereMachine>(&()),
                 finalizer: vsphere::FINALIZER_VM_PROTECTION,
                 spec: vsphere_spec,
-                saves: false,
+                saves: true,
             },
         ]))
     }
@@ -297,6 +297,9 @@ fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             user_data: input.vm.spec.user_data.clone(),
             user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
             tpm_enabled: input.class.spec.tpm_enabled,
+            // Born running: the VirtualMachine reconciler asks for `Saved` (a suspended VM)
+            // once the member has reached its pool's readiness (ADR-0073).
+            standby: None,
         },
     )
 }

@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use banlieue_api::conditions::{self, types};
+use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::vsphere::{EXTRA_CONFIG_MACHINE_UID, FINALIZER_VM_PROTECTION};
 use banlieue_api::{
     KeySelector, LocalObjectReference, Provider, ProviderCapabilities, ProviderConnection,
-    ProviderSpec, StorageClassMapping, StorageTarget, VSphereCapabilities, VSphereDatacenter,
-    VSphereMachine, VSphereMachineSpec, ValueOrSource,
+    ProviderSpec, Standby, StorageClassMapping, StorageTarget, VSphereCapabilities,
+    VSphereDatacenter, VSphereMachine, VSphereMachineSpec, ValueOrSource,
 };
 use banlieue_provider_vsphere::machine::{ProviderConfig, run_provider};
 use banlieue_provider_vsphere::provider_status::{StatusConfig, run_status};
@@ -282,6 +282,7 @@ impl Env {
                 user_data: user_data.map(str::to_owned),
                 user_data_secret_ref: None,
                 tpm_enabled: false,
+                standby: None,
             },
         );
         self.machines()
@@ -740,6 +741,155 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         vc.vm_by_name(&env.vm_name("web-01"))
             .await
             .expect("by name"),
+        None
+    );
+    let gone = vc.vm_info(&vm_ref).await.expect_err("destroyed");
+    assert_eq!(
+        gone.fault().map(|f| f.kind.as_str()),
+        Some("ManagedObjectNotFound")
+    );
+}
+
+/// Sets the machine's `spec.standby` with the JSON merge patch the controller sends (ADR-0073).
+/// Only the controller may write it (deploy/admission/reserved-metadata.yaml); admin stands in
+/// for it here. Returns the machine's new generation.
+async fn ask_standby(env: &Env, name: &str, standby: &str) -> i64 {
+    let patched = env
+        .machines()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "standby": standby } })),
+        )
+        .await
+        .expect("patch spec.standby");
+    patched.metadata.generation.expect("generation")
+}
+
+/// The provider's word on the machine's standby, once it is for `generation` or later (what the
+/// controller trusts).
+fn standby_reported(m: &VSphereMachine, generation: i64) -> Option<Standby> {
+    let status = m.status.as_ref()?;
+    (status.contract.observed_generation >= Some(generation))
+        .then_some(status.contract.standby)
+        .flatten()
+}
+
+#[tokio::test]
+async fn a_saved_machine_is_suspended_resumed_when_running_and_destroyed_while_suspended() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C1"])]), None).await else {
+        return;
+    };
+    env.start_machines();
+    env.create_machine("warm", None).await;
+    let machine = env
+        .machine_until("warm", "the machine Ready", |m| {
+            m.status.as_ref().is_some_and(|s| s.contract.ready)
+        })
+        .await;
+    // Never asked to save: no standby in its status.
+    assert_eq!(
+        machine.status.as_ref().expect("status").contract.standby,
+        None
+    );
+    assert!(condition(&machine, types::SAVED).is_none());
+    let vm_ref = ManagedObjectRef::new(
+        "VirtualMachine",
+        machine.status.expect("status").vm_mo_ref.expect("moref"),
+    );
+    let vc = env.vsphere().await;
+    set_extra_config(&vc, &vm_ref, "SET.guest.ipAddress", "192.0.2.45").await;
+    set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "ready").await;
+    let before = env
+        .machine_until("warm", "GuestReady=True with an address", |m| {
+            condition(m, types::GUEST_READY).is_some_and(|c| c.status == "True")
+                && m.status.as_ref().is_some_and(|s| {
+                    s.contract
+                        .addresses
+                        .iter()
+                        .any(|a| a.address == "192.0.2.45")
+                })
+        })
+        .await;
+    let addresses = before.status.expect("status").contract.addresses;
+
+    // Saved: the VM is suspended, and the machine stays ready with its guest as recorded.
+    let generation = ask_standby(&env, "warm", "Saved").await;
+    let saved = env
+        .machine_until("warm", "standby: Saved", |m| {
+            standby_reported(m, generation) == Some(Standby::Saved)
+        })
+        .await;
+    assert_eq!(
+        vc.vm_info(&vm_ref).await.expect("vm info").power_state,
+        PowerState::Suspended
+    );
+    let status = saved.status.clone().expect("status");
+    assert!(status.contract.ready);
+    assert_eq!(status.contract.addresses, addresses);
+    let suspended = condition(&saved, types::SAVED).expect("Saved");
+    assert_eq!(
+        (suspended.status.as_str(), suspended.reason.as_str()),
+        ("True", reasons::VM_SUSPENDED)
+    );
+    let ready = condition(&saved, types::READY).expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", reasons::VM_SUSPENDED)
+    );
+    assert_eq!(
+        condition(&saved, types::GUEST_READY)
+            .expect("GuestReady")
+            .status,
+        "True"
+    );
+    // It stays suspended: a later look (the resync is 5 s here) leaves it so.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        vc.vm_info(&vm_ref).await.expect("vm info").power_state,
+        PowerState::Suspended
+    );
+
+    // Running: powered on, which resumes it; its addresses read again.
+    let generation = ask_standby(&env, "warm", "Running").await;
+    let resumed = env
+        .machine_until("warm", "standby: Running", |m| {
+            standby_reported(m, generation) == Some(Standby::Running)
+        })
+        .await;
+    assert_eq!(
+        vc.vm_info(&vm_ref).await.expect("vm info").power_state,
+        PowerState::PoweredOn
+    );
+    let status = resumed.status.clone().expect("status");
+    assert!(status.contract.ready);
+    assert_eq!(status.contract.addresses, addresses);
+    let not_suspended = condition(&resumed, types::SAVED).expect("Saved");
+    assert_eq!(
+        (not_suspended.status.as_str(), not_suspended.reason.as_str()),
+        ("False", reasons::VM_NOT_SUSPENDED)
+    );
+    let ready = condition(&resumed, types::READY).expect("Ready");
+    assert_eq!(ready.reason, banlieue_api::vsphere::reasons::POWERED_ON);
+
+    // Saved again, then deleted while suspended: the VM is destroyed with the machine.
+    let generation = ask_standby(&env, "warm", "Saved").await;
+    env.machine_until("warm", "standby: Saved again", |m| {
+        standby_reported(m, generation) == Some(Standby::Saved)
+    })
+    .await;
+    env.machines()
+        .delete("warm", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let api = env.machines();
+    eventually("the machine gone", 40, || async {
+        Ok(api.get_opt("warm").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("deleted");
+    assert_eq!(
+        vc.vm_by_name(&env.vm_name("warm")).await.expect("by name"),
         None
     );
     let gone = vc.vm_info(&vm_ref).await.expect_err("destroyed");

@@ -532,6 +532,12 @@ impl Client {
         self.start_task(&methods::power_off_vm_task(vm)).await
     }
 
+    /// Starts suspending `vm` (powered on): its memory is written to its datastore;
+    /// [`power_on_vm`](Self::power_on_vm) resumes it.
+    pub async fn suspend_vm(&self, vm: &ManagedObjectRef) -> Result<ManagedObjectRef> {
+        self.start_task(&methods::suspend_vm_task(vm)).await
+    }
+
     /// Starts destroying `entity` (a VM: its files too).
     pub async fn destroy(&self, entity: &ManagedObjectRef) -> Result<ManagedObjectRef> {
         self.start_task(&methods::destroy_task(entity)).await

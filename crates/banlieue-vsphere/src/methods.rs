@@ -181,6 +181,12 @@ pub fn power_off_vm_task(vm: &ManagedObjectRef) -> Request {
     BodyWriter::new("PowerOffVM_Task", vm).finish()
 }
 
+/// `VirtualMachine.SuspendVM_Task()`: the VM's memory goes to its datastore and it stops
+/// running; `PowerOnVM_Task` resumes it.
+pub fn suspend_vm_task(vm: &ManagedObjectRef) -> Request {
+    BodyWriter::new("SuspendVM_Task", vm).finish()
+}
+
 /// `VirtualMachine.MarkAsTemplate()`: the VM becomes a template (powered off, not a task).
 pub fn mark_as_template(vm: &ManagedObjectRef) -> Request {
     BodyWriter::new("MarkAsTemplate", vm).finish()
@@ -366,6 +372,7 @@ mod tests {
         );
         insta::assert_snapshot!("power_on_vm_task", check(&power_on_vm_task(&vm)));
         insta::assert_snapshot!("power_off_vm_task", check(&power_off_vm_task(&vm)));
+        insta::assert_snapshot!("suspend_vm_task", check(&suspend_vm_task(&vm)));
         insta::assert_snapshot!("destroy_task", check(&destroy_task(&vm)));
         insta::assert_snapshot!("mark_as_template", check(&mark_as_template(&vm)));
     }

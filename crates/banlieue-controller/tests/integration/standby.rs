@@ -1,8 +1,8 @@
 //! Saved warm pools (ADR-0073), the controller's half against a real API server: a member of a
 //! `standby: Saved` pool is asked to be saved once it is available, still counts as available,
 //! and a claim binds it at once but reports `Resumed` (and its addresses) only once its
-//! provider says the machine runs again. A kind whose provider cannot save makes the pool say
-//! `StandbyNotSupported`.
+//! provider says the machine runs again. LibvirtMachine and VSphereMachine save; a kind whose
+//! provider cannot (the test-only MemoryMachine) makes the pool say `StandbyNotSupported`.
 
 use std::sync::atomic::Ordering;
 
@@ -22,6 +22,19 @@ fn resumed(claim: &VirtualMachineClaim) -> Option<conditions::Condition> {
 
 fn standby_of(vm: &VirtualMachine) -> Option<Standby> {
     vm.status.as_ref()?.standby
+}
+
+/// Whether the kind under test can be saved, as the controller under test knows it
+/// (`MachineBackend.saves`): LibvirtMachine (managed save) and VSphereMachine (suspend) can,
+/// the test-only MemoryMachine cannot.
+fn kind_saves() -> bool {
+    let kind = &backend().kind;
+    let saves = backend()
+        .machine_backends()
+        .get(kind)
+        .is_some_and(|b| b.saves);
+    assert_eq!(saves, !backend().is_memory(), "{kind:?} saves: {saves}");
+    saves
 }
 
 /// The name of a member of `pool` whose VirtualMachine reports `standby: Saved`, other than
@@ -49,8 +62,8 @@ async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestR
     let controller = h.start_controller().await?;
     h.create_pool("p", 1, "InfrastructureReady", json!({"standby": "Saved"}))
         .await?;
-    if backend().kind.as_str() != "LibvirtMachine" {
-        // vSphere and the test-only kind cannot save: the pool says so and stops creating.
+    if !kind_saves() {
+        // The test-only kind cannot save: the pool says so and stops creating.
         let pool = h
             .wait_pool("p", "StandbyNotSupported", |s| {
                 conditions::find(&s.conditions, types::READY)
@@ -149,7 +162,7 @@ async fn a_running_pool_writes_no_standby_anywhere() -> TestResult {
 
 #[tokio::test]
 async fn a_member_whose_restore_failed_is_deleted_and_its_claim_fails() -> TestResult {
-    if backend().kind.as_str() != "LibvirtMachine" {
+    if !kind_saves() {
         return Ok(());
     }
     let h = Harness::new().await?;

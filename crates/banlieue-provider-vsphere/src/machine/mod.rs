@@ -105,7 +105,7 @@ impl Backend for Context {
     }
 
     fn running(observed: &plan::Observed) -> bool {
-        observed.powered_on
+        observed.settled()
     }
 
     fn resync(&self) -> Duration {

@@ -1,5 +1,6 @@
 //! The pure half of realising a VSphereMachine: its VM's name, the extraConfig its clone
-//! carries, the ownership guard, the guest's phase and the status it reports. No I/O here.
+//! carries, the ownership guard, what its standby asks of the VM's power (ADR-0073), the
+//! guest's phase and the status it reports. No I/O here.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -7,9 +8,11 @@ use std::net::IpAddr;
 use banlieue_api::common::address_type;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::vsphere::{self, EXTRA_CONFIG_MACHINE_UID, GUESTINFO_PHASE};
-use banlieue_api::{MachineAddress, VSphereMachine, VSphereMachineStatus, names, quantity};
+use banlieue_api::{
+    MachineAddress, Standby, VSphereMachine, VSphereMachineStatus, names, quantity,
+};
 use banlieue_provider_kit::guest::{self, EkCertificate, Phase};
-use banlieue_vsphere::GuestNic;
+use banlieue_vsphere::{GuestNic, PowerState};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -137,6 +140,143 @@ pub fn vm_name_taken(path: &str) -> Error {
     }
 }
 
+/// What `spec.standby` asks of the VM; unset is `Running`.
+pub fn wanted(machine: &VSphereMachine) -> Standby {
+    machine.spec.standby.unwrap_or_default()
+}
+
+/// Whether the status reports standby at all: only for a machine whose spec asks for one, or
+/// whose status already says it. A machine of a pool that never uses standby sees no status
+/// change (one more write per machine would cost every pool).
+fn reports_standby(machine: &VSphereMachine) -> bool {
+    machine.spec.standby.is_some()
+        || machine.status.as_ref().is_some_and(|s| {
+            s.contract.standby.is_some()
+                || conditions::find(&s.contract.conditions, types::SAVED).is_some()
+        })
+}
+
+/// Whether the machine's status last reported it suspended.
+fn was_suspended(machine: &VSphereMachine) -> bool {
+    machine
+        .status
+        .as_ref()
+        .is_some_and(|s| s.contract.standby == Some(Standby::Saved))
+}
+
+/// What one reconcile does with the VM's power, given `spec.standby` (ADR-0073).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PowerAct {
+    /// Nothing: the VM is as asked (powered on and `Running`, suspended and `Saved`), or in a
+    /// state this provider does not act on.
+    Observe,
+    /// Powered off (a fresh clone, or a VM someone powered off): power it on, which boots it.
+    /// Also a suspended VM of a machine that never used standby (someone suspended it).
+    PowerOn,
+    /// Powered on, and the spec says `Saved`: suspend it (`SuspendVM_Task`).
+    Suspend,
+    /// Suspended, and the spec says `Running`: powering it on resumes it. A failure is
+    /// `RestoreFailed` ([`resume_failed`]).
+    Resume,
+    /// Last reported suspended, asked to run, and found powered off: its suspended state is
+    /// gone (someone powered it off), so the guest cannot resume where it was. It is not
+    /// booted afresh under the same spec (a claim would get another guest): `RestoreFailed`,
+    /// and the controller replaces the machine.
+    SuspendLost { message: String },
+}
+
+/// What to do with the VM, given the machine (its spec and what its status last said) and the
+/// VM's power state. `vm` names the VM in the message.
+pub fn power_act(machine: &VSphereMachine, power: &PowerState, vm: &str) -> PowerAct {
+    match (wanted(machine), power) {
+        (Standby::Saved, PowerState::PoweredOn) => PowerAct::Suspend,
+        (Standby::Saved, PowerState::Suspended) => PowerAct::Observe,
+        (Standby::Running, PowerState::Suspended) if reports_standby(machine) => PowerAct::Resume,
+        (Standby::Running, PowerState::PoweredOff) if was_suspended(machine) => {
+            PowerAct::SuspendLost {
+                message: format!(
+                    "VM {vm} was suspended, but is now powered off: its suspended state is                      gone, so it cannot resume; it is not started afresh (it is replaced)"
+                ),
+            }
+        }
+        // A saved machine whose VM was powered off (its suspended state discarded) is
+        // unclaimed: it boots afresh and is suspended again.
+        (_, PowerState::PoweredOff | PowerState::Suspended) => PowerAct::PowerOn,
+        _ => PowerAct::Observe,
+    }
+}
+
+/// The VM's refusal of a power task (the task ran and vSphere said no), as opposed to a lost
+/// session or a task that did not end in time, which are tried again. A VM already in the
+/// state asked for (`InvalidPowerState`) is not refused either: the next look sees it so.
+fn refused(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::VSphere {
+            source: banlieue_vsphere::Error::Task { fault, .. },
+            ..
+        } if fault.kind != "InvalidPowerState"
+    )
+}
+
+/// The error of a resume (power-on of a suspended VM) that failed: `RestoreFailed` when vSphere
+/// refused it, which makes the controller replace the machine (its VM is destroyed with it);
+/// any other error as it is, to be tried again.
+pub fn resume_failed(vm: &str, error: Error) -> Error {
+    if !refused(&error) {
+        return error;
+    }
+    Error::Invalid {
+        reason: reasons::RESTORE_FAILED,
+        message: format!(
+            "powering on suspended VM {vm} failed, so it cannot resume: {}; it is not started \
+             afresh (it is replaced)",
+            conditions::error_message(&error)
+        ),
+    }
+}
+
+/// What a suspend that failed leaves: when vSphere refused it, the VM keeps running and
+/// available (`Ok` with why, reported as `Saved=False`; the suspend is tried again at the next
+/// look); any other error fails the reconcile as it is.
+pub fn suspend_failed(vm: &str, error: Error) -> Result<String> {
+    if !refused(&error) {
+        return Err(error);
+    }
+    Ok(format!(
+        "suspending VM {vm} failed, so it keeps running: {}",
+        conditions::error_message(&error)
+    ))
+}
+
+/// What became of the VM's standby in one reconcile (ADR-0073).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StandbySight {
+    /// The VM runs (or is on its way), as it always has.
+    Running,
+    /// Suspended, as its spec asks (just now, or found so). The guest is not asked anything.
+    Suspended,
+    /// Powered on from suspended by this reconcile: the guest resumed where it was.
+    Resumed,
+    /// Asked to be saved, but vSphere refused to suspend it: it keeps running (why).
+    SuspendRefused(String),
+}
+
+/// What became of the standby, given what this reconcile did (`acted`) and the VM's power
+/// state read afterwards: a VM suspended as its spec asks is [`StandbySight::Suspended`],
+/// whether just now or found so; otherwise what the reconcile did.
+pub fn standby_sight(
+    machine: &VSphereMachine,
+    power: &PowerState,
+    acted: StandbySight,
+) -> StandbySight {
+    if *power == PowerState::Suspended && wanted(machine) == Standby::Saved {
+        StandbySight::Suspended
+    } else {
+        acted
+    }
+}
+
 /// What a reconcile saw of the machine's VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -150,6 +290,17 @@ pub struct Observed {
     pub phase: Option<String>,
     /// DER endorsement key certificates of the VM's vTPM.
     pub ek_certificates: Vec<Vec<u8>>,
+    /// What became of its standby.
+    pub standby: StandbySight,
+}
+
+impl Observed {
+    /// Whether the skeleton may look again only at the resync: a running VM, or a suspended
+    /// one, which waits for its spec to change (a watch event) and is never resumed on a
+    /// timer. Only a VM on its way to running is looked at sooner.
+    pub fn settled(&self) -> bool {
+        self.powered_on || self.standby == StandbySight::Suspended
+    }
 }
 
 /// The addresses a guest reports, without loopback, link-local or unparsable ones, each once,
@@ -232,6 +383,7 @@ pub fn status_after(
     let generation = machine.metadata.generation;
     let mut new = old.clone();
     new.contract.observed_generation = generation;
+    let standby = reports_standby(machine);
     let ready = match outcome {
         Ok(o) => {
             new.vm_name = Some(o.vm_name.clone());
@@ -241,48 +393,15 @@ pub fn status_after(
                 new.contract.provider_id = Some(vsphere::provider_id(uuid));
             }
             new.contract.initialization.provisioned = true;
-            new.contract.ready = o.powered_on;
-            new.contract.addresses = addresses(&o.nics);
-            new.contract.guest_phase = o
-                .phase
-                .as_deref()
-                .filter(|_| o.powered_on)
-                .map(|p| Phase::parse(p.as_bytes()).as_status());
-            // A vTPM keeps its EK for the VM's life: certificates once recorded stay.
-            if new.contract.tpm_endorsement_certificates.is_empty() {
-                let (pems, digests) = endorsement_certificates(&o.ek_certificates);
-                new.contract.tpm_endorsement_certificates = pems;
-                new.contract.tpm_endorsement_key_digests = digests;
-            }
-            let guest = guest_ready(
-                o,
-                machine.spec.tpm_enabled,
-                new.contract.tpm_endorsement_certificates.len(),
-                generation,
-            );
-            conditions::set(&mut new.contract.conditions, guest, now.clone());
-            if o.powered_on {
-                conditions::new(
-                    types::READY,
-                    status::TRUE,
-                    vsphere::reasons::POWERED_ON,
-                    format!("VM {} ({}) is powered on", o.vm_name, o.moref),
-                    generation,
-                )
+            if o.standby == StandbySight::Suspended {
+                suspended(&mut new, o, standby, generation, &now)
             } else {
-                conditions::new(
-                    types::READY,
-                    status::FALSE,
-                    reasons::PROVISIONING,
-                    format!(
-                        "VM {} ({}) is {}, not powered on yet",
-                        o.vm_name, o.moref, o.power_state
-                    ),
-                    generation,
-                )
+                running(machine, &mut new, o, standby, generation, &now)
             }
         }
         Err(e) => {
+            // A resume that failed leaves `status.standby` and `Saved` as they were: the VM is
+            // still suspended, and `Running` would read as resumed.
             new.contract.ready = false;
             conditions::new(
                 types::READY,
@@ -295,6 +414,122 @@ pub fn status_after(
     };
     conditions::set(&mut new.contract.conditions, ready, now);
     new
+}
+
+/// The status of a suspended VM, and its Ready condition. The guest is not asked anything while
+/// suspended: its phase, GuestReady, EK certificates and addresses stay as recorded. It is
+/// ready: a claim resumes it, nothing provisions it.
+fn suspended(
+    new: &mut VSphereMachineStatus,
+    o: &Observed,
+    standby: bool,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    new.contract.ready = true;
+    if standby {
+        new.contract.standby = Some(Standby::Saved);
+        conditions::set(
+            &mut new.contract.conditions,
+            conditions::new(
+                types::SAVED,
+                status::TRUE,
+                reasons::VM_SUSPENDED,
+                format!(
+                    "VM {} ({}) is suspended and holds no host memory",
+                    o.vm_name, o.moref
+                ),
+                generation,
+            ),
+            now.clone(),
+        );
+    }
+    conditions::new(
+        types::READY,
+        status::TRUE,
+        reasons::VM_SUSPENDED,
+        format!(
+            "VM {} ({}) is suspended and holds no host memory; it is powered on (resumed) \
+             when its spec says Running",
+            o.vm_name, o.moref
+        ),
+        generation,
+    )
+}
+
+/// The status of a VM that is not suspended (powered on, or on its way), read afresh, and its
+/// Ready condition.
+fn running(
+    machine: &VSphereMachine,
+    new: &mut VSphereMachineStatus,
+    o: &Observed,
+    standby: bool,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    new.contract.ready = o.powered_on;
+    new.contract.addresses = addresses(&o.nics);
+    new.contract.guest_phase = o
+        .phase
+        .as_deref()
+        .filter(|_| o.powered_on)
+        .map(|p| Phase::parse(p.as_bytes()).as_status());
+    // A vTPM keeps its EK for the VM's life: certificates once recorded stay.
+    if new.contract.tpm_endorsement_certificates.is_empty() {
+        let (pems, digests) = endorsement_certificates(&o.ek_certificates);
+        new.contract.tpm_endorsement_certificates = pems;
+        new.contract.tpm_endorsement_key_digests = digests;
+    }
+    let guest = guest_ready(
+        o,
+        machine.spec.tpm_enabled,
+        new.contract.tpm_endorsement_certificates.len(),
+        generation,
+    );
+    conditions::set(&mut new.contract.conditions, guest, now.clone());
+    if standby && o.powered_on {
+        new.contract.standby = Some(Standby::Running);
+        let message = match &o.standby {
+            StandbySight::SuspendRefused(why) => why.clone(),
+            _ => format!("VM {} ({}) is powered on", o.vm_name, o.moref),
+        };
+        conditions::set(
+            &mut new.contract.conditions,
+            conditions::new(
+                types::SAVED,
+                status::FALSE,
+                reasons::VM_NOT_SUSPENDED,
+                message,
+                generation,
+            ),
+            now.clone(),
+        );
+    }
+    if o.powered_on {
+        let resumed = if o.standby == StandbySight::Resumed {
+            "; it resumed from suspended"
+        } else {
+            ""
+        };
+        conditions::new(
+            types::READY,
+            status::TRUE,
+            vsphere::reasons::POWERED_ON,
+            format!("VM {} ({}) is powered on{resumed}", o.vm_name, o.moref),
+            generation,
+        )
+    } else {
+        conditions::new(
+            types::READY,
+            status::FALSE,
+            reasons::PROVISIONING,
+            format!(
+                "VM {} ({}) is {}, not powered on yet",
+                o.vm_name, o.moref, o.power_state
+            ),
+            generation,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +553,7 @@ mod tests {
                 user_data: None,
                 user_data_secret_ref: None,
                 tpm_enabled: false,
+                standby: None,
             },
         );
         m.metadata.namespace = Some("team-a".into());
@@ -347,6 +583,7 @@ mod tests {
             }],
             phase: None,
             ek_certificates: vec![],
+            standby: StandbySight::Running,
         }
     }
 
@@ -468,6 +705,237 @@ mod tests {
         assert_eq!(s.vm_mo_ref.as_deref(), Some("vm-42"));
         let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
         assert_eq!(ready.reason, "VMNameTaken");
+    }
+
+    /// A machine whose spec asks for `standby`, and whose status last reported `reported`.
+    fn with_standby(standby: Option<Standby>, reported: Option<Standby>) -> VSphereMachine {
+        let mut m = machine();
+        m.spec.standby = standby;
+        let mut status = status_after(&m, &Ok(observed()), Time(Default::default()));
+        status.contract.standby = reported;
+        m.status = Some(status);
+        m
+    }
+
+    fn refusal(kind: &str) -> Error {
+        Error::VSphere {
+            what: "power on VM DC0/vm/team-a-web-01".into(),
+            source: banlieue_vsphere::Error::Task {
+                task: banlieue_vsphere::ManagedObjectRef::new("Task", "task-7"),
+                fault: banlieue_vsphere::Fault {
+                    kind: kind.into(),
+                    message: "the host said no".into(),
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn the_power_act_follows_the_standby_asked_for() {
+        use PowerState::{PoweredOff, PoweredOn, Suspended};
+        let (saved, running) = (Some(Standby::Saved), Some(Standby::Running));
+        let act = |m: &VSphereMachine, p: PowerState| power_act(m, &p, "vm");
+        // Never asked: a powered-off or suspended VM is powered on, as always.
+        let plain = with_standby(None, None);
+        assert_eq!(act(&plain, PoweredOn), PowerAct::Observe);
+        assert_eq!(act(&plain, PoweredOff), PowerAct::PowerOn);
+        assert_eq!(act(&plain, Suspended), PowerAct::PowerOn);
+        assert_eq!(
+            act(&plain, PowerState::Other("unknown".into())),
+            PowerAct::Observe
+        );
+        // Saved: a running VM is suspended, a suspended one stays so; one powered off (its
+        // suspended state discarded) is unclaimed, and boots afresh.
+        let to_save = with_standby(saved, running);
+        assert_eq!(act(&to_save, PoweredOn), PowerAct::Suspend);
+        assert_eq!(act(&to_save, Suspended), PowerAct::Observe);
+        assert_eq!(
+            act(&with_standby(saved, saved), PoweredOff),
+            PowerAct::PowerOn
+        );
+        // Running again: a suspended VM is resumed, a running one observed.
+        let to_run = with_standby(running, saved);
+        assert_eq!(act(&to_run, Suspended), PowerAct::Resume);
+        assert_eq!(act(&to_run, PoweredOn), PowerAct::Observe);
+        // Last reported suspended, found powered off: not booted afresh.
+        let PowerAct::SuspendLost { message } = act(&to_run, PoweredOff) else {
+            panic!("a lost suspend");
+        };
+        assert!(message.contains("not started afresh"), "{message}");
+        // Resumed and reported running since: powered off is powered on, as always.
+        assert_eq!(
+            act(&with_standby(running, running), PoweredOff),
+            PowerAct::PowerOn
+        );
+        // A status that says standby (or Saved) makes an unset spec resume too.
+        assert_eq!(act(&with_standby(None, saved), Suspended), PowerAct::Resume);
+    }
+
+    #[test]
+    fn a_vm_suspended_as_asked_is_seen_suspended() {
+        let saved = with_standby(Some(Standby::Saved), None);
+        let running = with_standby(Some(Standby::Running), Some(Standby::Saved));
+        let sight = |m: &VSphereMachine, p: PowerState, acted| standby_sight(m, &p, acted);
+        assert_eq!(
+            sight(&saved, PowerState::Suspended, StandbySight::Running),
+            StandbySight::Suspended
+        );
+        assert_eq!(
+            sight(&saved, PowerState::PoweredOn, StandbySight::Running),
+            StandbySight::Running
+        );
+        // Suspended but asked to run (a resume that left it so): not kept, not ready.
+        assert_eq!(
+            sight(&running, PowerState::Suspended, StandbySight::Running),
+            StandbySight::Running
+        );
+        assert_eq!(
+            sight(&running, PowerState::PoweredOn, StandbySight::Resumed),
+            StandbySight::Resumed
+        );
+    }
+
+    #[test]
+    fn only_a_refused_resume_is_restore_failed() {
+        let e = resume_failed("DC0/vm/x", refusal("GenericVmConfigFault"));
+        assert_eq!(e.reason(), reasons::RESTORE_FAILED);
+        assert!(
+            e.to_string().contains("GenericVmConfigFault") && e.to_string().contains("DC0/vm/x"),
+            "{e}"
+        );
+        // Already powered on: no failure to replace the machine for.
+        let e = resume_failed("DC0/vm/x", refusal("InvalidPowerState"));
+        assert_eq!(e.reason(), vsphere::reasons::VSPHERE_ERROR);
+        let timeout = Error::TaskTimeout {
+            what: "power on VM DC0/vm/x".into(),
+            after: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(
+            resume_failed("DC0/vm/x", timeout).reason(),
+            vsphere::reasons::VSPHERE_ERROR
+        );
+        // A refused suspend keeps the VM running; any other error fails the reconcile.
+        let why = suspend_failed("DC0/vm/x", refusal("NotSupported")).unwrap();
+        assert!(
+            why.contains("keeps running") && why.contains("NotSupported"),
+            "{why}"
+        );
+        assert!(
+            suspend_failed(
+                "DC0/vm/x",
+                Error::Invalid {
+                    reason: "X",
+                    message: "y".into()
+                }
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_suspended_vm_is_ready_saved_and_keeps_its_guest_as_recorded() {
+        let mut m = with_standby(Some(Standby::Saved), None);
+        let ready = Observed {
+            phase: Some("ready".into()),
+            ..observed()
+        };
+        m.status = Some(status_after(&m, &Ok(ready), Time(Default::default())));
+        let before = m.status.clone().unwrap();
+        assert_eq!(before.contract.standby, Some(Standby::Running));
+        let saved = conditions::find(&before.contract.conditions, types::SAVED).unwrap();
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            ("False", "VMNotSuspended")
+        );
+
+        // Suspended: vcsim (and vCenter) may report anything of the guest; nothing is read.
+        let asleep = Observed {
+            powered_on: false,
+            power_state: "suspended".into(),
+            nics: vec![],
+            phase: None,
+            standby: StandbySight::Suspended,
+            ..observed()
+        };
+        let s = status_after(&m, &Ok(asleep.clone()), Time(Default::default()));
+        assert!(s.contract.ready);
+        assert_eq!(s.contract.standby, Some(Standby::Saved));
+        assert_eq!(s.contract.observed_generation, Some(2));
+        assert_eq!(s.contract.addresses, before.contract.addresses);
+        assert_eq!(s.contract.guest_phase.as_deref(), Some("ready"));
+        let guest = conditions::find(&s.contract.conditions, types::GUEST_READY).unwrap();
+        assert_eq!(guest.status, "True");
+        let saved = conditions::find(&s.contract.conditions, types::SAVED).unwrap();
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            ("True", "VMSuspended")
+        );
+        let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "VMSuspended")
+        );
+        assert!(asleep.settled());
+
+        // Resumed: running, read afresh.
+        m.spec.standby = Some(Standby::Running);
+        m.metadata.generation = Some(3);
+        m.status = Some(s);
+        let awake = Observed {
+            nics: vec![GuestNic {
+                mac_address: None,
+                network: None,
+                connected: true,
+                ip_addresses: vec!["192.0.2.99".into()],
+            }],
+            phase: Some("ready".into()),
+            standby: StandbySight::Resumed,
+            ..observed()
+        };
+        let s = status_after(&m, &Ok(awake), Time(Default::default()));
+        assert_eq!(s.contract.standby, Some(Standby::Running));
+        assert_eq!(s.contract.observed_generation, Some(3));
+        assert_eq!(s.contract.addresses[0].address, "192.0.2.99");
+        let saved = conditions::find(&s.contract.conditions, types::SAVED).unwrap();
+        assert_eq!(
+            (saved.status.as_str(), saved.reason.as_str()),
+            ("False", "VMNotSuspended")
+        );
+        let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
+        assert!(ready.message.contains("resumed"), "{}", ready.message);
+
+        // A refused resume leaves it reported saved: Running would read as resumed.
+        m.status = Some(status_after(&m, &Ok(asleep), Time(Default::default())));
+        let failed = resume_failed("DC0/vm/x", refusal("GenericVmConfigFault"));
+        let s = status_after(&m, &Err(failed), Time(Default::default()));
+        assert!(!s.contract.ready);
+        assert_eq!(s.contract.standby, Some(Standby::Saved));
+        let ready = conditions::find(&s.contract.conditions, types::READY).unwrap();
+        assert_eq!(ready.reason, "RestoreFailed");
+    }
+
+    #[test]
+    fn a_refused_suspend_keeps_the_vm_running_and_says_why() {
+        let m = with_standby(Some(Standby::Saved), Some(Standby::Running));
+        let refused = Observed {
+            standby: StandbySight::SuspendRefused(
+                "suspending VM x failed, so it keeps running".into(),
+            ),
+            ..observed()
+        };
+        let s = status_after(&m, &Ok(refused), Time(Default::default()));
+        assert!(s.contract.ready);
+        assert_eq!(s.contract.standby, Some(Standby::Running));
+        let saved = conditions::find(&s.contract.conditions, types::SAVED).unwrap();
+        assert!(saved.message.contains("keeps running"), "{}", saved.message);
+    }
+
+    #[test]
+    fn a_machine_that_never_used_standby_reports_none() {
+        let m = machine();
+        let s = status_after(&m, &Ok(observed()), Time(Default::default()));
+        assert_eq!(s.contract.standby, None);
+        assert!(conditions::find(&s.contract.conditions, types::SAVED).is_none());
     }
 
     #[test]

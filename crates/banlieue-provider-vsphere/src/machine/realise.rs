@@ -1,5 +1,5 @@
-//! The acting half of a VSphereMachine reconcile: find or clone its VM, size it, power it on,
-//! and read what it is now.
+//! The acting half of a VSphereMachine reconcile: find or clone its VM, size it, power it on
+//! (or suspend it, or resume it, as its standby asks), and read what it is now.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use banlieue_vsphere::{
 use kube::{Api, ResourceExt};
 
 use super::Context;
-use super::plan::{self, Observed, Ownership};
+use super::plan::{self, Observed, Ownership, PowerAct, StandbySight};
 use crate::error::{Error, Result};
 use crate::template::{self, TemplateSight};
 
@@ -50,7 +50,8 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
     };
     let cpus = i64::from(machine.spec.cpu);
     let memory = plan::memory_mib(machine)?;
-    if info.power_state != PowerState::PoweredOn
+    // Only a powered-off VM is resized: vSphere changes no hardware of a suspended one.
+    if info.power_state == PowerState::PoweredOff
         && (int("config.hardware.numCPU") != Some(cpus)
             || int("config.hardware.memoryMB") != Some(memory))
     {
@@ -71,33 +72,76 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         )
         .await?;
     }
-    if matches!(
-        info.power_state,
-        PowerState::PoweredOff | PowerState::Suspended
-    ) {
-        let task = client
-            .power_on_vm(&vm)
-            .await
-            .map_err(Error::vsphere(format!("power on VM {path}")))?;
-        wait_task(
-            &client,
-            &task,
-            &format!("power on VM {path}"),
-            ctx.cfg.task_timeout,
-        )
-        .await?;
-    }
+    let standby = match plan::power_act(machine, &info.power_state, &path) {
+        PowerAct::Observe => StandbySight::Running,
+        PowerAct::PowerOn => {
+            power(&client, ctx, &vm, Power::On, &path).await?;
+            StandbySight::Running
+        }
+        PowerAct::Resume => {
+            power(&client, ctx, &vm, Power::On, &path)
+                .await
+                .map_err(|e| plan::resume_failed(&path, e))?;
+            StandbySight::Resumed
+        }
+        PowerAct::Suspend => match power(&client, ctx, &vm, Power::Suspend, &path).await {
+            Ok(()) => StandbySight::Running,
+            Err(e) => StandbySight::SuspendRefused(plan::suspend_failed(&path, e)?),
+        },
+        PowerAct::SuspendLost { message } => {
+            return Err(Error::Invalid {
+                reason: reasons::RESTORE_FAILED,
+                message,
+            });
+        }
+    };
+    // Read afresh: a resumed guest's addresses are what VMware Tools reports now.
     let info = vm_info(&client, &vm).await?;
     let instance_uuid = hardware
         .get("config.instanceUuid")
         .and_then(PropertyValue::text)
         .filter(|u| !u.is_empty() && u.len() <= 64)
         .map(str::to_owned);
-    Ok(observed(vm_name, &info, instance_uuid))
+    Ok(observed(machine, vm_name, &info, instance_uuid, standby))
+}
+
+/// A power task.
+#[derive(Clone, Copy)]
+enum Power {
+    On,
+    Suspend,
+}
+
+/// Runs a power task on `vm` to its end, within the task deadline.
+async fn power(
+    client: &Client,
+    ctx: &Context,
+    vm: &ManagedObjectRef,
+    power: Power,
+    path: &str,
+) -> Result<()> {
+    let what = match power {
+        Power::On => format!("power on VM {path}"),
+        Power::Suspend => format!("suspend VM {path}"),
+    };
+    let task = match power {
+        Power::On => client.power_on_vm(vm).await,
+        Power::Suspend => client.suspend_vm(vm).await,
+    }
+    .map_err(Error::vsphere(what.clone()))?;
+    wait_task(client, &task, &what, ctx.cfg.task_timeout).await?;
+    Ok(())
 }
 
 /// What the status is made from.
-fn observed(vm_name: String, info: &VmInfo, instance_uuid: Option<String>) -> Observed {
+fn observed(
+    machine: &VSphereMachine,
+    vm_name: String,
+    info: &VmInfo,
+    instance_uuid: Option<String>,
+    standby: StandbySight,
+) -> Observed {
+    let standby = plan::standby_sight(machine, &info.power_state, standby);
     Observed {
         vm_name,
         moref: info.moref.value.clone(),
@@ -112,6 +156,7 @@ fn observed(vm_name: String, info: &VmInfo, instance_uuid: Option<String>) -> Ob
         nics: info.guest_nics.clone(),
         phase: info.extra_config.get(GUESTINFO_PHASE).cloned(),
         ek_certificates: info.tpm_endorsement_certificates.clone(),
+        standby,
     }
 }
 
