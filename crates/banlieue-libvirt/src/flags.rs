@@ -44,7 +44,7 @@ flag_set! {
     /// `virDomainSetTimeFlags` (include/libvirt/libvirt-domain.h), for
     /// [`Domain::set_time`](crate::Domain::set_time).
     pub struct DomainSetTimeFlags {
-        /// Set the guest's clock from its RTC rather than from the time given.
+        /// Re-sync the guest's clock from the domain's RTC; the time given is ignored.
         const SYNC = 1 << 0;
     }
 }

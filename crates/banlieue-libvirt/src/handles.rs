@@ -259,8 +259,22 @@ impl Domain {
     }
 
     /// `virDomainManagedSave`: saves the running domain's memory and device state to a file
-    /// libvirt keeps for it, and stops it. The domain stays defined (same UUID, vTPM state and
-    /// NVRAM); the next [`Domain::create`] restores from the image, which libvirt then removes.
+    /// libvirt keeps for it, and stops it (its state is then `Shutoff`). The domain stays
+    /// defined (same UUID, vTPM state and NVRAM); the next [`Domain::create`] restores from the
+    /// image, which libvirt then removes. [`DomainUndefineFlags::MANAGED_SAVE`] lets an
+    /// undefine remove the image with the domain; without it, undefining a saved domain fails.
+    ///
+    /// ```no_run
+    /// # async fn demo(dom: banlieue_libvirt::Domain) -> banlieue_libvirt::Result<()> {
+    /// use banlieue_libvirt::DomainState;
+    /// use banlieue_libvirt::flags::DomainSaveRestoreFlags;
+    ///
+    /// dom.managed_save(DomainSaveRestoreFlags::empty()).await?;
+    /// assert_eq!(dom.get_state().await?.0, DomainState::Shutoff);
+    /// assert!(dom.has_managed_save_image().await?);
+    /// dom.create().await?; // restored from the image, not booted
+    /// # Ok(()) }
+    /// ```
     pub async fn managed_save(&self, flags: DomainSaveRestoreFlags) -> Result<()> {
         self.client
             .call::<rp::DomainManagedSave>(&remote::RemoteDomainManagedSaveArgs {
@@ -270,7 +284,16 @@ impl Domain {
             .await
     }
 
-    /// `virDomainHasManagedSaveImage`: whether a managed save image exists for the domain.
+    /// `virDomainHasManagedSaveImage`: whether a managed save image exists for the domain,
+    /// that is whether its next [`Domain::create`] restores rather than boots.
+    ///
+    /// ```no_run
+    /// # async fn demo(dom: banlieue_libvirt::Domain) -> banlieue_libvirt::Result<()> {
+    /// if dom.has_managed_save_image().await? {
+    ///     println!("{} resumes where it was saved", dom.name());
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn has_managed_save_image(&self) -> Result<bool> {
         let r = self
             .client
@@ -284,6 +307,14 @@ impl Domain {
 
     /// `virDomainManagedSaveRemove`: deletes the domain's managed save image; the next
     /// [`Domain::create`] boots it afresh.
+    ///
+    /// ```no_run
+    /// # async fn demo(dom: banlieue_libvirt::Domain) -> banlieue_libvirt::Result<()> {
+    /// dom.managed_save_remove().await?;
+    /// assert!(!dom.has_managed_save_image().await?);
+    /// dom.create().await?; // a fresh boot
+    /// # Ok(()) }
+    /// ```
     pub async fn managed_save_remove(&self) -> Result<()> {
         self.client
             .call::<rp::DomainManagedSaveRemove>(&remote::RemoteDomainManagedSaveRemoveArgs {
@@ -293,10 +324,30 @@ impl Domain {
             .await
     }
 
-    /// `virDomainSetTime`: sets the guest's clock through its guest agent to `seconds` and
-    /// `nseconds` since the Unix epoch, or from its RTC with [`DomainSetTimeFlags::SYNC`]. Fails
-    /// when the guest runs no agent. (Exercised against a booted guest by
-    /// `crates/banlieue/tests/guests.rs`.)
+    /// `virDomainSetTime`: sets the guest's clock to `seconds` and `nseconds` since the Unix
+    /// epoch, or, with [`DomainSetTimeFlags::SYNC`], re-syncs it from the domain's RTC (then
+    /// `seconds` and `nseconds` are ignored). Typically called after a restore, whose guest
+    /// clock stands where it was when saved.
+    ///
+    /// Needs the QEMU guest agent running in the guest (and the domain's
+    /// `org.qemu.guest_agent.0` channel): without one it fails with
+    /// [`ErrorCode::AgentUnresponsive`]. A wire snapshot pins the call; a booted guest with an
+    /// agent exercises it in `crates/banlieue/tests/guests.rs`, where the libvirt provider sets
+    /// a restored guest's clock to the host's.
+    ///
+    /// ```no_run
+    /// # async fn demo(dom: banlieue_libvirt::Domain) -> banlieue_libvirt::Result<()> {
+    /// use banlieue_libvirt::flags::DomainSetTimeFlags;
+    ///
+    /// let now = std::time::SystemTime::now()
+    ///     .duration_since(std::time::UNIX_EPOCH)
+    ///     .expect("after 1970");
+    /// dom.set_time(now.as_secs() as i64, now.subsec_nanos(), DomainSetTimeFlags::empty())
+    ///     .await?;
+    /// // Or let the guest take the time from its RTC.
+    /// dom.set_time(0, 0, DomainSetTimeFlags::SYNC).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn set_time(
         &self,
         seconds: i64,

@@ -1,6 +1,6 @@
 //! The typed handles against a real libvirtd: connection calls, a domain's lifecycle, pools and
-//! volumes (with ranged and sparse transfers), networks, lookups of missing objects, and the
-//! guest-agent call without an agent.
+//! volumes (with ranged and sparse transfers), networks, lookups of missing objects, a managed
+//! save and its restore, and the guest-agent calls without an agent.
 
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::stream::{STREAM_CHUNK, TransferOptions};
@@ -501,6 +501,17 @@ async fn a_managed_save_stops_the_domain_and_create_restores_it() {
         .await
         .expect("saved a third time");
     let image = find_file(d.dir(), &format!("{name}.save")).expect("the image on disk");
+    // Without MANAGED_SAVE, libvirt refuses to undefine a domain that has an image.
+    let refused = dom
+        .undefine_flags(flags::DomainUndefineFlags::empty())
+        .await
+        .expect_err("an image keeps its domain");
+    assert_eq!(
+        refused.remote().map(|r| r.code),
+        Some(ErrorCode::OperationInvalid),
+        "{refused}"
+    );
+    assert!(image.exists(), "a refused undefine keeps the image");
     dom.undefine_flags(flags::DomainUndefineFlags::MANAGED_SAVE)
         .await
         .expect("undefined");

@@ -1,6 +1,8 @@
 //! Pins the wire bytes of every procedure of every program: a deterministic sample of its
 //! arguments as a CALL packet and of its return value as a REPLY packet (or, for events, its
 //! message as a MESSAGE packet), as hex with offsets. Review shows any byte that changes.
+//! Beside them, the CALL packets some `Domain` handles send (managed save, its image, the
+//! guest's time), captured through a real `Client` by a scripted server.
 
 mod support;
 
@@ -144,5 +146,189 @@ fn snapshots_match_the_procedure_tables() {
     assert_eq!(
         remote, 453,
         "libvirt 11.3.0's remote program has 453 procedures"
+    );
+}
+
+/// The CALL packet a `Domain` handle sends, captured by a scripted server on an in-memory
+/// pipe: it answers libvirt's open sequence (no auth, no keepalive), then answers the one
+/// handle call with `ret` as its reply body. Returns the packet and what the handle returned.
+async fn handle_call<T, F, Fut>(ret: Bytes, call: F) -> (Packet, T)
+where
+    F: FnOnce(banlieue_libvirt::Domain) -> Fut,
+    Fut: std::future::Future<Output = banlieue_libvirt::Result<T>>,
+{
+    use banlieue_libvirt::Client;
+    use banlieue_libvirt::proto::remote::{self, procedures as rp};
+    use banlieue_libvirt::xdr::{Procedure, Xdr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn read_packet(io: &mut tokio::io::DuplexStream) -> Option<Packet> {
+        let mut len = [0u8; 4];
+        io.read_exact(&mut len).await.ok()?;
+        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+        frame[..4].copy_from_slice(&len);
+        io.read_exact(&mut frame[4..])
+            .await
+            .expect("a whole packet");
+        Some(Packet::decode(Bytes::from(frame)).expect("a well-formed packet"))
+    }
+
+    let (client_end, mut server) = tokio::io::duplex(64 * 1024);
+    let script = tokio::spawn(async move {
+        let mut handle_calls = Vec::new();
+        while let Some(call) = read_packet(&mut server).await {
+            assert_eq!(call.header.r#type, VirNetMessageType::CALL);
+            let body = match call.header.r#proc {
+                rp::AuthList::NUMBER => remote::RemoteAuthListRet { types: Vec::new() }
+                    .to_bytes()
+                    .expect("encodes")
+                    .freeze(),
+                rp::ConnectSupportsFeature::NUMBER => {
+                    remote::RemoteConnectSupportsFeatureRet { supported: 0 }
+                        .to_bytes()
+                        .expect("encodes")
+                        .freeze()
+                }
+                rp::ConnectOpen::NUMBER | rp::ConnectClose::NUMBER => Bytes::new(),
+                _ => {
+                    handle_calls.push(call.clone());
+                    ret.clone()
+                }
+            };
+            let reply = Packet {
+                header: VirNetMessageHeader {
+                    r#type: VirNetMessageType::REPLY,
+                    status: VirNetMessageStatus::OK,
+                    ..call.header.clone()
+                },
+                fds: None,
+                body,
+            };
+            let mut wire = BytesMut::new();
+            reply.encode(&mut wire).expect("encodes");
+            server.write_all(&wire).await.expect("replied");
+        }
+        handle_calls
+    });
+    let client = Client::handshake(client_end, "qemu:///system")
+        .await
+        .expect("handshake");
+    let dom = banlieue_libvirt::Domain::from_raw(
+        &client,
+        remote::RemoteNonnullDomain {
+            name: "banlieue-wire".into(),
+            uuid: [0x5a; 16],
+            id: 7,
+        },
+    );
+    let returned = call(dom).await.expect("the handle call succeeds");
+    client.close().await.expect("closed");
+    let mut handle_calls = script.await.expect("the script ran");
+    assert_eq!(handle_calls.len(), 1, "one call per handle method");
+    (handle_calls.remove(0), returned)
+}
+
+/// Pins a handle's call in `tests/snapshots`, without the expression that made it, like the
+/// per-procedure snapshots.
+fn assert_handle_snapshot(name: &str, text: String) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_omit_expression(true);
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+/// The call packet with its decoded arguments above the bytes, checking that it is `P`'s.
+fn handle_section<P: banlieue_libvirt::xdr::Procedure>(label: &str, call: &Packet) -> String
+where
+    P::Args: std::fmt::Debug,
+{
+    assert_eq!(
+        (call.header.prog, call.header.vers, call.header.r#proc),
+        (P::PROGRAM, P::VERSION, P::NUMBER),
+        "{label} calls {}",
+        P::NAME
+    );
+    let args: P::Args = call
+        .body()
+        .expect("the body decodes as the procedure's arguments");
+    let mut wire = BytesMut::new();
+    call.encode(&mut wire).expect("encodes");
+    format!(
+        "{label}: {} = {}\n{args:?}\n{}",
+        P::NAME,
+        P::NUMBER,
+        support::hexdump(&wire)
+    )
+}
+
+#[tokio::test]
+async fn managed_save_handles_send_pinned_calls() {
+    use banlieue_libvirt::flags::DomainSaveRestoreFlags;
+    use banlieue_libvirt::proto::remote::{self, procedures as rp};
+    use banlieue_libvirt::xdr::Xdr;
+
+    let (call, ()) = handle_call(Bytes::new(), |dom| async move {
+        dom.managed_save(DomainSaveRestoreFlags::BYPASS_CACHE | DomainSaveRestoreFlags::PAUSED)
+            .await
+    })
+    .await;
+    assert_handle_snapshot(
+        "handle_domain_managed_save",
+        handle_section::<rp::DomainManagedSave>(
+            "Domain::managed_save(BYPASS_CACHE | PAUSED)",
+            &call,
+        ),
+    );
+
+    for (result, has) in [(1, true), (0, false)] {
+        let ret = remote::RemoteDomainHasManagedSaveImageRet { result }
+            .to_bytes()
+            .expect("encodes")
+            .freeze();
+        let (call, returned) =
+            handle_call(ret, |dom| async move { dom.has_managed_save_image().await }).await;
+        assert_eq!(returned, has, "a reply of {result}");
+        assert_handle_snapshot(
+            "handle_domain_has_managed_save_image",
+            handle_section::<rp::DomainHasManagedSaveImage>(
+                "Domain::has_managed_save_image()",
+                &call,
+            ),
+        );
+    }
+
+    let (call, ()) = handle_call(Bytes::new(), |dom| async move {
+        dom.managed_save_remove().await
+    })
+    .await;
+    assert_handle_snapshot(
+        "handle_domain_managed_save_remove",
+        handle_section::<rp::DomainManagedSaveRemove>("Domain::managed_save_remove()", &call),
+    );
+}
+
+#[tokio::test]
+async fn set_time_handle_sends_a_pinned_call() {
+    use banlieue_libvirt::flags::DomainSetTimeFlags;
+    use banlieue_libvirt::proto::remote::procedures as rp;
+
+    let (at, ()) = handle_call(Bytes::new(), |dom| async move {
+        dom.set_time(1_800_000_000, 123_456_789, DomainSetTimeFlags::empty())
+            .await
+    })
+    .await;
+    let (sync, ()) = handle_call(Bytes::new(), |dom| async move {
+        dom.set_time(0, 0, DomainSetTimeFlags::SYNC).await
+    })
+    .await;
+    assert_handle_snapshot(
+        "handle_domain_set_time",
+        format!(
+            "{}\n{}",
+            handle_section::<rp::DomainSetTime>(
+                "Domain::set_time(1_800_000_000, 123_456_789, empty)",
+                &at
+            ),
+            handle_section::<rp::DomainSetTime>("Domain::set_time(0, 0, SYNC)", &sync)
+        ),
     );
 }
