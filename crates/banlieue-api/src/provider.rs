@@ -100,6 +100,14 @@ pub struct ProviderCapabilities {
     /// Unset: the memory of the largest saved member there, so one resume always fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_reserve: Option<Quantity>,
+    /// Storage on each failure domain that saved members' state may use (libvirt: the host's
+    /// managed-save directory, `/var/lib/libvirt/qemu/save`, whose free space libvirt does not
+    /// report). Every unclaimed member of a `standby: Saved` pool counts its class's memory
+    /// against it from the moment it is placed, since that is what its save will write; a
+    /// member that would not fit is not placed (`InsufficientCapacity`, naming save storage).
+    /// Unset: not limited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_storage: Option<Quantity>,
     /// vSphere Providers: the datacenters and clusters VMs may run in, one failure domain per
     /// cluster that exists (ADR-0069).
     #[serde(default, skip_serializing_if = "Option::is_none")]

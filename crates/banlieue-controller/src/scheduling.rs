@@ -126,11 +126,12 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         class,
         image,
         memory: quantity::to_bytes(&class.spec.memory.0).unwrap_or(0),
+        saves: crate::spread::holds_save_storage(input.vm),
     };
     // Each satisfying domain, with the memory it has to spare (0 when its capacity is
     // unknown: such a domain is never preferred for room it may not have).
     let mut candidates: Vec<(Placement, u64)> = Vec::new();
-    let mut short: Vec<String> = Vec::new();
+    let mut short: Vec<Shortage> = Vec::new();
     let mut furthest: Option<(Stage, Unschedulable)> = None;
     for provider in providers {
         let status = provider.status.as_ref();
@@ -160,11 +161,19 @@ pub fn schedule(input: ScheduleInput<'_>) -> Result<Placement, Unschedulable> {
         return Ok(best);
     }
     if let Some((Stage::Capacity, failure)) = &mut furthest {
+        let needs = if short.iter().any(|s| s.of == Resource::SaveStorage) {
+            format!(
+                "{0} of memory and {0} of save storage (its pool keeps members saved)",
+                gib(wanted.memory)
+            )
+        } else {
+            format!("{} of memory", gib(wanted.memory))
+        };
+        let shorts: Vec<&str> = short.iter().map(|s| s.words.as_str()).collect();
         failure.message = format!(
-            "class {} needs {} of memory and no failure domain has it to spare: {}",
+            "class {} needs {needs} and no failure domain has it to spare: {}",
             spec.class_ref.name,
-            gib(wanted.memory),
-            short.join("; ")
+            shorts.join("; ")
         );
     }
     Err(furthest.map(|(_, f)| f).unwrap_or_else(|| Unschedulable {
@@ -180,17 +189,45 @@ struct Wanted<'a> {
     image: &'a VMImage,
     /// The class's memory, in bytes.
     memory: u64,
+    /// Whether it will be saved, and so needs as much save storage (ADR-0073).
+    saves: bool,
+}
+
+/// What a failure domain ran out of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resource {
+    Memory,
+    SaveStorage,
+}
+
+/// A capacity shortfall of one failure domain: what ran out, and the words naming what it
+/// has free.
+struct Shortage {
+    of: Resource,
+    words: String,
 }
 
 /// Why one failure domain does not fit: how far it got through the checks, in the guides'
-/// words, and for a capacity shortfall the words naming its free memory.
+/// words, and for a capacity shortfall what it has free.
 struct Miss {
     stage: Stage,
     failure: Unschedulable,
-    short: Option<String>,
+    short: Option<Shortage>,
 }
 
 impl Miss {
+    /// A capacity shortfall, worded once every domain is known: see `schedule`.
+    fn capacity(of: Resource, words: String) -> Self {
+        Miss {
+            stage: Stage::Capacity,
+            failure: Unschedulable {
+                reason: reasons::INSUFFICIENT_CAPACITY,
+                message: String::new(),
+            },
+            short: Some(Shortage { of, words }),
+        }
+    }
+
     fn at(stage: Stage, reason: &'static str, message: String) -> Self {
         Miss {
             stage,
@@ -203,7 +240,7 @@ impl Miss {
 impl Wanted<'_> {
     /// The placement in `domain` of `provider` and the memory it leaves to spare, or why the
     /// domain does not fit: storage and network classes, features, a builder for the class,
-    /// the image Ready there, then memory, in that order.
+    /// the image Ready there, then memory, then save storage, in that order.
     fn fit(&self, provider: &Provider, domain: &FailureDomain) -> Result<(Placement, u64), Miss> {
         let spec = &self.input.vm.spec;
         let provider_name = provider.metadata.name.clone().unwrap_or_default();
@@ -269,6 +306,7 @@ impl Wanted<'_> {
             ));
         };
         let spare = self.spare_memory(provider, &provider_name, domain)?;
+        self.check_save_storage(provider, &provider_name, domain)?;
         let disk_size = self
             .class
             .spec
@@ -330,14 +368,9 @@ impl Wanted<'_> {
             .unwrap_or(0)
             .saturating_add(reserve);
         if used.saturating_add(self.memory) > limit {
-            return Err(Miss {
-                stage: Stage::Capacity,
-                // Worded once every domain is known: see `schedule`.
-                failure: Unschedulable {
-                    reason: reasons::INSUFFICIENT_CAPACITY,
-                    message: String::new(),
-                },
-                short: Some(if reserve > 0 {
+            return Err(Miss::capacity(
+                Resource::Memory,
+                if reserve > 0 {
                     format!(
                         "{provider_name} has {} of {} free, {} of it kept for resuming saved members",
                         gib(limit.saturating_sub(used)),
@@ -350,10 +383,49 @@ impl Wanted<'_> {
                         gib(limit.saturating_sub(used)),
                         gib(limit)
                     )
-                }),
-            });
+                },
+            ));
         }
         Ok(limit - used - self.memory)
+    }
+
+    /// For a VirtualMachine that will be saved, whether `domain` has its class's memory free
+    /// in the save storage the Provider gives saved members (`capabilities.saveStorage`;
+    /// unset, not limited), or the capacity miss naming what it has free.
+    fn check_save_storage(
+        &self,
+        provider: &Provider,
+        provider_name: &str,
+        domain: &FailureDomain,
+    ) -> Result<(), Miss> {
+        let limit = provider
+            .spec
+            .capabilities
+            .save_storage
+            .as_ref()
+            .and_then(|q| quantity::to_bytes(&q.0));
+        let (true, Some(limit)) = (self.saves, limit) else {
+            return Ok(());
+        };
+        let key = (provider_name.to_owned(), domain.name.clone());
+        let used = self
+            .input
+            .occupancy
+            .save_storage
+            .get(&key)
+            .copied()
+            .unwrap_or(0);
+        if used.saturating_add(self.memory) > limit {
+            return Err(Miss::capacity(
+                Resource::SaveStorage,
+                format!(
+                    "{provider_name} has {} of {} of save storage free",
+                    gib(limit.saturating_sub(used)),
+                    gib(limit)
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -512,6 +584,7 @@ mod tests {
             members: spread.clone(),
             memory: BTreeMap::new(),
             largest_saved: BTreeMap::new(),
+            save_storage: BTreeMap::new(),
         };
         run_with(class, image, providers, &occupancy)
     }
@@ -522,10 +595,20 @@ mod tests {
         providers: &[&Provider],
         occupancy: &Occupancy,
     ) -> Result<Placement, Unschedulable> {
+        run_vm(&vm(), class, image, providers, occupancy)
+    }
+
+    fn run_vm(
+        vm: &VirtualMachine,
+        class: &VMClass,
+        image: &VMImage,
+        providers: &[&Provider],
+        occupancy: &Occupancy,
+    ) -> Result<Placement, Unschedulable> {
         let pc = libvirt_class();
         let classes: BTreeMap<String, &ProviderClass> = [("libvirt".to_owned(), &pc)].into();
         schedule(ScheduleInput {
-            vm: &vm(),
+            vm,
             class: Some(class),
             image: Some(image),
             providers,
@@ -722,6 +805,7 @@ mod tests {
             largest_saved: largest_saved
                 .map(|gib| [(key.clone(), gib << 30)].into())
                 .unwrap_or_default(),
+            save_storage: BTreeMap::new(),
         };
         let two_gib = class(false, None);
         assert!(run_with(&two_gib, &image, &[&h1], &occupancy(1, Some(1))).is_ok());
@@ -746,6 +830,48 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_will_be_saved_needs_its_memory_in_save_storage() {
+        let image = image_with_one_ready_provider(&["h1", "h2"]);
+        let (mut h1, mut h2) = (sized("h1", 16, None), sized("h2", 16, None));
+        let two_gib = class(false, None);
+        let mut saving = vm();
+        saving.spec.standby = Some(banlieue_api::Standby::Saved);
+        let stored = |h1: u64, h2: u64| Occupancy {
+            save_storage: [
+                (("h1".to_owned(), "h1".to_owned()), h1 << 30),
+                (("h2".to_owned(), "h2".to_owned()), h2 << 30),
+            ]
+            .into(),
+            ..Occupancy::default()
+        };
+        // Unset: not limited.
+        assert!(run_vm(&saving, &two_gib, &image, &[&h1, &h2], &stored(100, 100)).is_ok());
+        let quantity = |q: &str| Some(Quantity(q.to_owned()));
+        h1.spec.capabilities.save_storage = quantity("4Gi");
+        h2.spec.capabilities.save_storage = quantity("3Gi");
+        // h1 has 2 GiB of save storage left: the 2 GiB class fits there and nowhere else.
+        let placed = run_vm(&saving, &two_gib, &image, &[&h1, &h2], &stored(2, 2));
+        assert_eq!(placed.expect("fits h1").provider, "h1");
+        let e = run_vm(&saving, &two_gib, &image, &[&h1, &h2], &stored(3, 2))
+            .expect_err("no save storage");
+        assert_eq!(e.reason, reasons::INSUFFICIENT_CAPACITY);
+        assert_eq!(
+            e.message,
+            "class small needs 2.0 GiB of memory and 2.0 GiB of save storage (its pool keeps \
+             members saved) and no failure domain has it to spare: h1 has 1.0 GiB of 4.0 GiB of \
+             save storage free; h2 has 1.0 GiB of 3.0 GiB of save storage free"
+        );
+        // A VirtualMachine that is not saved needs none, and a claimed member is not saved.
+        assert!(run_with(&two_gib, &image, &[&h1, &h2], &stored(4, 3)).is_ok());
+        saving
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(banlieue_api::names::LABEL_CLAIM.to_owned(), "c".to_owned());
+        assert!(run_vm(&saving, &two_gib, &image, &[&h1, &h2], &stored(4, 3)).is_ok());
+    }
+
+    #[test]
     fn memory_is_never_promised_beyond_the_limit() {
         let image = image_with_one_ready_provider(&["h1", "h2", "h3"]);
         let (h1, h2) = (sized("h1", 4, None), sized("h2", 3, Some(150)));
@@ -757,6 +883,7 @@ mod tests {
                 .map(|(p, gib)| (((*p).to_owned(), (*p).to_owned()), gib << 30))
                 .collect(),
             largest_saved: BTreeMap::new(),
+            save_storage: BTreeMap::new(),
         };
         let two_gib = class(false, None);
         // h1 has 2 of 4 GiB free: the 2 GiB class fits exactly (h2 has 1.5 of 4.5).
@@ -806,6 +933,7 @@ mod tests {
             members: [(("h1".to_owned(), "h1".to_owned()), 0)].into(),
             memory: [(("h2".to_owned(), "h2".to_owned()), 1 << 30)].into(),
             largest_saved: BTreeMap::new(),
+            save_storage: BTreeMap::new(),
         };
         let mut one_member_on_h2 = spread.clone();
         one_member_on_h2
@@ -959,6 +1087,7 @@ mod tests {
             members: [(key("vc", "DC0/C1"), 1), (key("vc", "DC0/C0"), 1)].into(),
             memory: BTreeMap::new(),
             largest_saved: BTreeMap::new(),
+            save_storage: BTreeMap::new(),
         })
         .expect("placed");
         assert_eq!(placed.provider, "host-1");
@@ -973,6 +1102,7 @@ mod tests {
             ]
             .into(),
             largest_saved: BTreeMap::new(),
+            save_storage: BTreeMap::new(),
         })
         .expect_err("full everywhere");
         assert_eq!(failure.reason, reasons::INSUFFICIENT_CAPACITY);

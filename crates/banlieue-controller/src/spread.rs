@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use banlieue_api::VirtualMachine;
-use banlieue_api::names::LABEL_POOL;
+use banlieue_api::names::{LABEL_CLAIM, LABEL_POOL};
 
 /// A failure domain: (provider, failure domain name).
 pub type Domain = (String, String);
@@ -40,6 +40,21 @@ pub struct Occupancy {
     /// The memory of the largest saved VirtualMachine placed there: what one resume needs,
     /// which the scheduler keeps free unless the Provider sets `resumeReserve`.
     pub largest_saved: BTreeMap<Domain, u64>,
+    /// Save storage, in bytes, promised to the VirtualMachines placed there that are or will
+    /// be saved (see [`holds_save_storage`]): each its class's memory, what its save writes.
+    pub save_storage: BTreeMap<Domain, u64>,
+}
+
+/// Whether `vm` holds save storage where it is placed: a member of a `standby: Saved` pool
+/// that no claim holds is saved once ready, or already is. A claimed one was restored, and a
+/// restore deletes its saved state.
+pub fn holds_save_storage(vm: &VirtualMachine) -> bool {
+    vm.spec.standby == Some(banlieue_api::Standby::Saved)
+        && !vm
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_CLAIM))
 }
 
 /// Placements made by this process, by (namespace, VirtualMachine name).
@@ -129,10 +144,13 @@ fn occupancy(
         let memory = memory_of(member);
         let saved = status.and_then(|s| s.standby) == Some(banlieue_api::Standby::Saved);
         if saved {
-            let largest = occupancy.largest_saved.entry(domain).or_insert(0);
+            let largest = occupancy.largest_saved.entry(domain.clone()).or_insert(0);
             *largest = (*largest).max(memory);
         } else {
-            *occupancy.memory.entry(domain).or_insert(0) += memory;
+            *occupancy.memory.entry(domain.clone()).or_insert(0) += memory;
+        }
+        if holds_save_storage(member) {
+            *occupancy.save_storage.entry(domain).or_insert(0) += memory;
         }
     }
     occupancy
@@ -288,6 +306,55 @@ mod tests {
             seen.members.get(&domain("a")),
             Some(&4),
             "saved members are members"
+        );
+    }
+
+    #[test]
+    fn unclaimed_members_of_a_saved_pool_hold_save_storage_from_their_placement() {
+        let placements = RecentPlacements::default();
+        let of_saved_pool = |name: &str, claimed: bool, reported_saved: bool| {
+            let mut vm = member(name, "p", Some(("a", "a"))).as_ref().clone();
+            vm.spec.standby = Some(banlieue_api::Standby::Saved);
+            if claimed {
+                vm.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert(LABEL_CLAIM.to_owned(), "c".to_owned());
+            }
+            if let (true, Some(status)) = (reported_saved, vm.status.as_mut()) {
+                status.standby = Some(banlieue_api::Standby::Saved);
+            }
+            Arc::new(vm)
+        };
+        let vms = vec![
+            // Booting, not saved yet: its save is coming.
+            of_saved_pool("booting", false, false),
+            of_saved_pool("saved", false, true),
+            // Resumed for a claim: its saved state is gone.
+            of_saved_pool("claimed", true, false),
+            // A running pool's member holds none.
+            member("running", "q", Some(("a", "a"))),
+        ];
+        let mut seen = Occupancy::default();
+        placements
+            .place(
+                "ns",
+                "new",
+                Some("p"),
+                &vms,
+                |_| 2 * GIB,
+                Instant::now(),
+                |o| {
+                    seen = o.clone();
+                    Err::<((), Domain), ()>(())
+                },
+            )
+            .expect_err("nothing chosen");
+        assert_eq!(seen.save_storage.get(&domain("a")), Some(&(4 * GIB)));
+        assert_eq!(
+            seen.memory.get(&domain("a")),
+            Some(&(6 * GIB)),
+            "booting, claimed and running hold memory; the saved one does not"
         );
     }
 

@@ -233,6 +233,7 @@ pub fn provider(endpoint: &str) -> Provider {
                 memory_overcommit_percent: None,
                 vsphere: None,
                 resume_reserve: None,
+                save_storage: None,
             },
             attestation: Some(banlieue_api::ProviderAttestation {
                 ek_trust_bundle: Some(ValueOrSource {

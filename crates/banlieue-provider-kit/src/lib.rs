@@ -13,7 +13,8 @@
 //!   ([`provider_status::Probe`]);
 //! - [`narrow`]: narrowing a declaration to the targets a failure domain has;
 //! - [`import_settings`]: where a ProviderClass's image imports run;
-//! - [`image_zones`]: a provider's entry of a VMImage's per-provider status.
+//! - [`image_zones`]: a provider's entry of a VMImage's per-provider status;
+//! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073).
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
@@ -26,6 +27,7 @@ pub mod machine;
 pub mod narrow;
 pub mod operator;
 pub mod provider_status;
+pub mod standby;
 pub mod user_data;
 
 /// The first retry of an object after a failed reconcile, in every provider reconciler (the

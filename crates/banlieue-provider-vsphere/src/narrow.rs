@@ -134,6 +134,7 @@ mod tests {
                 template_folders: Vec::new(),
             }),
             resume_reserve: None,
+            save_storage: None,
         }
     }
 

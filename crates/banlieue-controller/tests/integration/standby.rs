@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::{Standby, VirtualMachine, VirtualMachineClaim};
+use banlieue_testenv::control_plane::wait_for;
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -186,4 +187,79 @@ async fn a_member_whose_restore_failed_is_deleted_and_its_claim_fails() -> TestR
     provider.controls.fail_resume.store(false, Ordering::SeqCst);
     saved_member(&h, "p", Some(&member)).await?;
     Ok(())
+}
+
+#[tokio::test]
+async fn a_saved_pool_holds_no_more_members_than_the_save_storage_its_provider_gives() -> TestResult
+{
+    let h = Harness::new().await?;
+    if !kind_saves() {
+        // Nothing is placed for a pool the backend cannot save (the first test above).
+        return Ok(());
+    }
+    // Room for two saves of the harness class (2 GiB each).
+    let providers = h.api::<banlieue_api::Provider>();
+    let save_storage =
+        |quantity: &str| json!({"spec": {"capabilities": {"saveStorage": quantity}}});
+    providers
+        .patch(
+            PROVIDER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(save_storage("4Gi")),
+        )
+        .await?;
+    let controller = h.start_controller().await?;
+    h.create_pool(
+        "saved",
+        3,
+        "InfrastructureReady",
+        json!({"standby": "Saved"}),
+    )
+    .await?;
+    let selector = format!("{}=saved", banlieue_api::names::LABEL_POOL);
+    let list = kube::api::ListParams::default().labels(&selector);
+    let vms = h.api::<VirtualMachine>();
+    let refused = wait_for("two placed and one refused", DEADLINE, || async {
+        let members = vms.list(&list).await?.items;
+        let placed = members
+            .iter()
+            .filter(|vm| vm.status.as_ref().is_some_and(|s| s.provider_ref.is_some()))
+            .count();
+        let refused: Vec<String> = members
+            .iter()
+            .filter_map(|vm| {
+                let c = conditions::find(&vm.status.as_ref()?.conditions, types::SCHEDULED)?;
+                (c.status == status::FALSE && c.reason == reasons::INSUFFICIENT_CAPACITY)
+                    .then(|| c.message.clone())
+            })
+            .collect();
+        Ok((placed == 2 && refused.len() == 1).then_some(refused))
+    })
+    .await?;
+    assert!(
+        refused[0].contains(&format!(
+            "{PROVIDER} has 0.0 GiB of 4.0 GiB of save storage free"
+        )),
+        "{}",
+        refused[0]
+    );
+    // The administrator gives more: the waiting member is placed.
+    providers
+        .patch(
+            PROVIDER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(save_storage("6Gi")),
+        )
+        .await?;
+    wait_for("the third member placed", DEADLINE, || async {
+        let placed = h
+            .placements("saved")
+            .await?
+            .iter()
+            .filter(|m| m.provider.is_some())
+            .count();
+        Ok((placed == 3).then_some(()))
+    })
+    .await?;
+    controller.stop().await
 }

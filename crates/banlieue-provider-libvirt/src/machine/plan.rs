@@ -369,9 +369,7 @@ pub fn restore_failed(domain: &str, libvirt_said: &str, removed: Result<(), Stri
 /// whose status already says it. A machine of a pool that never uses standby sees no status
 /// change (one more write per machine would cost every pool).
 fn reports_standby(machine: &LibvirtMachine, old: &LibvirtMachineStatus) -> bool {
-    machine.spec.standby.is_some()
-        || old.contract.standby.is_some()
-        || conditions::find(&old.contract.conditions, types::SAVED).is_some()
+    banlieue_provider_kit::standby::reports_standby(machine.spec.standby, Some(&old.contract))
 }
 
 /// The status after a reconcile: `outcome` is what the host showed, or the error that stopped
@@ -401,24 +399,17 @@ pub fn status_after(
             // AgentConnected, EK certificates and addresses stay as recorded. It is ready: a
             // claim resumes it, nothing provisions it.
             new.contract.initialization.provisioned = true;
-            new.contract.ready = true;
-            if standby {
-                new.contract.standby = Some(Standby::Saved);
-                conditions::set(
-                    &mut new.contract.conditions,
-                    conditions::new(
-                        types::SAVED,
-                        status::TRUE,
-                        reasons::DOMAIN_SAVED,
-                        format!(
-                            "domain {} is saved (managed save) and holds no host memory",
-                            names.domain
-                        ),
-                        generation,
-                    ),
-                    now.clone(),
-                );
-            }
+            banlieue_provider_kit::standby::mark_saved(
+                &mut new.contract,
+                standby,
+                reasons::DOMAIN_SAVED,
+                format!(
+                    "domain {} is saved (managed save) and holds no host memory",
+                    names.domain
+                ),
+                generation,
+                &now,
+            );
             conditions::new(
                 types::READY,
                 status::TRUE,
@@ -454,8 +445,14 @@ pub fn status_after(
                 now.clone(),
             );
             if standby {
-                new.contract.standby = Some(Standby::Running);
-                set_not_saved(&mut new, &names.domain, &observed.standby, generation, &now);
+                let message = not_saved(&new, &names.domain, &observed.standby);
+                banlieue_provider_kit::standby::mark_running(
+                    &mut new.contract,
+                    reasons::DOMAIN_NOT_SAVED,
+                    message,
+                    generation,
+                    &now,
+                );
             }
             if observed.running {
                 let mut message = if observed.addresses_from_guest {
@@ -530,17 +527,11 @@ fn restored(sight: &StandbySight) -> Option<String> {
     }
 }
 
-/// `Saved=False`: the domain runs. A restore or a fresh start of a domain asked to be saved
-/// says so, and the message stays until the next one (later reconciles of a running domain
-/// keep it).
-fn set_not_saved(
-    new: &mut LibvirtMachineStatus,
-    domain: &str,
-    sight: &StandbySight,
-    generation: Option<i64>,
-    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-) {
-    let message = match sight {
+/// The message of `Saved=False` while the domain runs: a restore or a fresh start of a domain
+/// asked to be saved says so, and the message stays until the next one (later reconciles of a
+/// running domain keep it).
+fn not_saved(new: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> String {
+    match sight {
         StandbySight::Restored { .. } => restored(sight)
             .map(|r| format!("domain {domain} runs: {r}"))
             .unwrap_or_default(),
@@ -557,18 +548,7 @@ fn set_not_saved(
                 _ => format!("domain {domain} runs"),
             }
         }
-    };
-    conditions::set(
-        &mut new.contract.conditions,
-        conditions::new(
-            types::SAVED,
-            status::FALSE,
-            reasons::DOMAIN_NOT_SAVED,
-            message,
-            generation,
-        ),
-        now.clone(),
-    );
+    }
 }
 
 /// The Ready=False condition for an error, with the whole error chain as its message.

@@ -91,6 +91,7 @@ mod tests {
             memory_overcommit_percent: None,
             vsphere: None,
             resume_reserve: None,
+            save_storage: None,
         }
     }
 

@@ -198,6 +198,7 @@ impl Host {
             memory_overcommit_percent: None,
             vsphere: None,
             resume_reserve: None,
+            save_storage: None,
         }
     }
 }

@@ -149,11 +149,10 @@ pub fn wanted(machine: &VSphereMachine) -> Standby {
 /// whose status already says it. A machine of a pool that never uses standby sees no status
 /// change (one more write per machine would cost every pool).
 fn reports_standby(machine: &VSphereMachine) -> bool {
-    machine.spec.standby.is_some()
-        || machine.status.as_ref().is_some_and(|s| {
-            s.contract.standby.is_some()
-                || conditions::find(&s.contract.conditions, types::SAVED).is_some()
-        })
+    banlieue_provider_kit::standby::reports_standby(
+        machine.spec.standby,
+        machine.status.as_ref().map(|s| &s.contract),
+    )
 }
 
 /// Whether the machine's status last reported it suspended.
@@ -426,24 +425,17 @@ fn suspended(
     generation: Option<i64>,
     now: &Time,
 ) -> Condition {
-    new.contract.ready = true;
-    if standby {
-        new.contract.standby = Some(Standby::Saved);
-        conditions::set(
-            &mut new.contract.conditions,
-            conditions::new(
-                types::SAVED,
-                status::TRUE,
-                reasons::VM_SUSPENDED,
-                format!(
-                    "VM {} ({}) is suspended and holds no host memory",
-                    o.vm_name, o.moref
-                ),
-                generation,
-            ),
-            now.clone(),
-        );
-    }
+    banlieue_provider_kit::standby::mark_saved(
+        &mut new.contract,
+        standby,
+        reasons::VM_SUSPENDED,
+        format!(
+            "VM {} ({}) is suspended and holds no host memory",
+            o.vm_name, o.moref
+        ),
+        generation,
+        now,
+    );
     conditions::new(
         types::READY,
         status::TRUE,
@@ -488,21 +480,16 @@ fn running(
     );
     conditions::set(&mut new.contract.conditions, guest, now.clone());
     if standby && o.powered_on {
-        new.contract.standby = Some(Standby::Running);
         let message = match &o.standby {
             StandbySight::SuspendRefused(why) => why.clone(),
             _ => format!("VM {} ({}) is powered on", o.vm_name, o.moref),
         };
-        conditions::set(
-            &mut new.contract.conditions,
-            conditions::new(
-                types::SAVED,
-                status::FALSE,
-                reasons::VM_NOT_SUSPENDED,
-                message,
-                generation,
-            ),
-            now.clone(),
+        banlieue_provider_kit::standby::mark_running(
+            &mut new.contract,
+            reasons::VM_NOT_SUSPENDED,
+            message,
+            generation,
+            now,
         );
     }
     if o.powered_on {
