@@ -246,6 +246,13 @@ def main():
           f"{passed} tests passed; timings: {table}", flush=True)
     for job in failed:
         print(f"test: {job.status}: {job.name} (log: {job.log})", flush=True)
+    # Printed again by scripts/test after its timing table, as the last lines of the run: a CI
+    # system that keeps only the end of the output still shows why a job failed.
+    with open(out / "failures.txt", "w") as failures:
+        for job in failed:
+            if job.log is not None:
+                failures.write(f"test: {job.status}: {job.name}, end of {job.log}:\n")
+                failures.write(tail(job.log) + "\n")
     return 1 if failed else 0
 
 

@@ -24,8 +24,8 @@ pub mod types {
     pub const FILLING: &str = "Filling";
     /// VirtualMachinePool: members keep failing to start (True), or started again (False).
     pub const DEGRADED: &str = "Degraded";
-    /// LibvirtMachine, VirtualMachine: the machine is saved to disk and holds no host memory
-    /// (ADR-0073).
+    /// LibvirtMachine, VSphereMachine, VirtualMachine: the machine is saved to disk (a managed
+    /// save, a suspended VM) and holds no host memory (ADR-0073).
     pub const SAVED: &str = "Saved";
     /// VirtualMachineClaim of a `standby: Saved` pool: its member runs again (restored, the
     /// guest's clock set, its addresses read again). `status.addresses` is filled only then.

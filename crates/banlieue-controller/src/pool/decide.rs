@@ -576,13 +576,13 @@ mod tests {
     #[test]
     fn a_saved_pool_on_a_kind_that_cannot_save_says_so_and_creates_nothing() {
         let mut snapshot = pool(3, vec![member("a", CURRENT, Some(10))]);
-        snapshot.standby_not_supported_by = Some("VSphereMachine".to_owned());
+        snapshot.standby_not_supported_by = Some("MemoryMachine".to_owned());
         let plan = decide(&snapshot);
         assert_eq!(plan.creates, 0);
         assert_eq!(plan.ready.status, status::FALSE);
         assert_eq!(plan.ready.reason, reasons::STANDBY_NOT_SUPPORTED);
         assert!(
-            plan.ready.message.contains("VSphereMachines"),
+            plan.ready.message.contains("MemoryMachines"),
             "{}",
             plan.ready.message
         );
