@@ -268,12 +268,13 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     );
     let started = Instant::now();
     let installer = Installer::from_env()?;
-    // Helm refuses to take over CRDs it did not make: its cluster starts without banlieue's.
-    let cp = ControlPlane::start_with_node_with(match installer {
-        Installer::Helm => ControlPlaneOptions::default().without_banlieue_crds(),
-        _ => ControlPlaneOptions::default(),
-    })
-    .await?;
+    // A cluster before its first install has no banlieue CRDs: the installer brings them. (With
+    // this commit's CRDs already there under another field manager, an earlier release's that
+    // differ would be a server-side apply conflict, and Helm refuses to take over CRDs it did
+    // not make.)
+    let cp =
+        ControlPlane::start_with_node_with(ControlPlaneOptions::default().without_banlieue_crds())
+            .await?;
     let node = cp.node().ok_or("a node")?;
     node.import_image(&archive).await?;
     eprintln!("node up, image imported: {:.1?}", started.elapsed());
