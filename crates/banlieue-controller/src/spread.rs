@@ -212,6 +212,29 @@ mod tests {
             .expect("placed")
     }
 
+    /// What a new member `new` of pool `p` would see, each VirtualMachine holding `memory_of`.
+    fn seen_by_new(
+        vms: &[Arc<VirtualMachine>],
+        memory_of: impl Fn(&VirtualMachine) -> u64,
+    ) -> Occupancy {
+        let mut seen = Occupancy::default();
+        RecentPlacements::default()
+            .place(
+                "ns",
+                "new",
+                Some("p"),
+                vms,
+                memory_of,
+                Instant::now(),
+                |o| {
+                    seen = o.clone();
+                    Err::<((), Domain), ()>(())
+                },
+            )
+            .expect_err("nothing chosen");
+        seen
+    }
+
     #[test]
     fn a_burst_spreads_before_the_cache_shows_it() {
         let placements = RecentPlacements::default();
@@ -237,21 +260,7 @@ mod tests {
         ];
         assert_eq!(place(&placements, "new", &vms, &["a", "b", "c"]), "c");
         // Memory counts every placed VirtualMachine, whatever its pool.
-        let mut memory = BTreeMap::new();
-        placements
-            .place(
-                "ns",
-                "new",
-                Some("p"),
-                &vms,
-                |_| GIB,
-                Instant::now(),
-                |o| {
-                    memory = o.memory.clone();
-                    Err::<((), Domain), ()>(())
-                },
-            )
-            .expect_err("nothing chosen");
+        let memory = seen_by_new(&vms, |_| GIB).memory;
         assert_eq!(memory.get(&domain("a")), Some(&(2 * GIB)));
         assert_eq!(
             memory.get(&domain("c")),
@@ -264,7 +273,6 @@ mod tests {
 
     #[test]
     fn a_saved_member_holds_no_memory_and_the_largest_is_kept_for_its_resume() {
-        let placements = RecentPlacements::default();
         let saved = |name: &str| {
             let mut vm = member(name, "p", Some(("a", "a"))).as_ref().clone();
             if let Some(status) = vm.status.as_mut() {
@@ -278,28 +286,14 @@ mod tests {
             saved("s1"),
             saved("s2"),
         ];
-        let mut seen = Occupancy::default();
-        placements
-            .place(
-                "ns",
-                "new",
-                Some("p"),
-                &vms,
-                // s1 is a bigger class.
-                |vm| {
-                    if vm.metadata.name.as_deref() == Some("s1") {
-                        4 * GIB
-                    } else {
-                        GIB
-                    }
-                },
-                Instant::now(),
-                |o| {
-                    seen = o.clone();
-                    Err::<((), Domain), ()>(())
-                },
-            )
-            .expect_err("nothing chosen");
+        // s1 is a bigger class.
+        let seen = seen_by_new(&vms, |vm| {
+            if vm.metadata.name.as_deref() == Some("s1") {
+                4 * GIB
+            } else {
+                GIB
+            }
+        });
         assert_eq!(seen.memory.get(&domain("a")), Some(&GIB), "the running one");
         assert_eq!(seen.largest_saved.get(&domain("a")), Some(&(4 * GIB)));
         assert_eq!(
@@ -311,7 +305,6 @@ mod tests {
 
     #[test]
     fn unclaimed_members_of_a_saved_pool_hold_save_storage_from_their_placement() {
-        let placements = RecentPlacements::default();
         let of_saved_pool = |name: &str, claimed: bool, reported_saved: bool| {
             let mut vm = member(name, "p", Some(("a", "a"))).as_ref().clone();
             vm.spec.standby = Some(banlieue_api::Standby::Saved);
@@ -335,21 +328,7 @@ mod tests {
             // A running pool's member holds none.
             member("running", "q", Some(("a", "a"))),
         ];
-        let mut seen = Occupancy::default();
-        placements
-            .place(
-                "ns",
-                "new",
-                Some("p"),
-                &vms,
-                |_| 2 * GIB,
-                Instant::now(),
-                |o| {
-                    seen = o.clone();
-                    Err::<((), Domain), ()>(())
-                },
-            )
-            .expect_err("nothing chosen");
+        let seen = seen_by_new(&vms, |_| 2 * GIB);
         assert_eq!(seen.save_storage.get(&domain("a")), Some(&(4 * GIB)));
         assert_eq!(
             seen.memory.get(&domain("a")),

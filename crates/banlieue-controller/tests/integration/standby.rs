@@ -199,15 +199,20 @@ async fn a_saved_pool_holds_no_more_members_than_the_save_storage_its_provider_g
     }
     // Room for two saves of the harness class (2 GiB each).
     let providers = h.api::<banlieue_api::Provider>();
-    let save_storage =
-        |quantity: &str| json!({"spec": {"capabilities": {"saveStorage": quantity}}});
-    providers
-        .patch(
-            PROVIDER,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(save_storage("4Gi")),
-        )
-        .await?;
+    let give_save_storage = |quantity: &'static str| {
+        let providers = providers.clone();
+        async move {
+            let patch = json!({"spec": {"capabilities": {"saveStorage": quantity}}});
+            providers
+                .patch(
+                    PROVIDER,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(patch),
+                )
+                .await
+        }
+    };
+    give_save_storage("4Gi").await?;
     let controller = h.start_controller().await?;
     h.create_pool(
         "saved",
@@ -244,13 +249,7 @@ async fn a_saved_pool_holds_no_more_members_than_the_save_storage_its_provider_g
         refused[0]
     );
     // The administrator gives more: the waiting member is placed.
-    providers
-        .patch(
-            PROVIDER,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(save_storage("6Gi")),
-        )
-        .await?;
+    give_save_storage("6Gi").await?;
     wait_for("the third member placed", DEADLINE, || async {
         let placed = h
             .placements("saved")
