@@ -23,6 +23,12 @@ pub struct Metrics {
     /// Seconds from a LibvirtMachine's creation to its GuestReady turning True: the guest's
     /// boot and setup, which a GuestReady pool pays before any claim.
     pub guest_ready_latency: Histogram,
+    /// Seconds a saved domain took to start from its managed save image (ADR-0073): QEMU
+    /// started and the guest's memory read back.
+    pub restore_latency: Histogram,
+    /// Seconds from a restore to its guest's clock set through the agent (or given up on):
+    /// how long the agent took to answer again.
+    pub clock_set_latency: Histogram,
     /// Commands sent to guest agents (QEMU_PROC_DOMAIN_AGENT_COMMAND, and the agent-sourced
     /// address query): what reading guests costs the host.
     pub agent_commands: Counter,
@@ -50,6 +56,16 @@ impl Metrics {
             "guest_ready_seconds",
             "Seconds from a LibvirtMachine's creation to its guest reporting ready",
             metrics.guest_ready_latency.clone(),
+        );
+        registry.register(
+            "restore_seconds",
+            "Seconds a saved domain took to start from its managed save image",
+            metrics.restore_latency.clone(),
+        );
+        registry.register(
+            "clock_set_seconds",
+            "Seconds from a restore to its guest's clock set through the agent",
+            metrics.clock_set_latency.clone(),
         );
         registry.register(
             "agent_commands",
@@ -86,6 +102,9 @@ impl Metrics {
             // waits for a slow host or a retried step takes minutes.
             machine_ready_latency: Histogram::new(exponential_buckets(0.25, 2.0, 13)),
             guest_ready_latency: Histogram::new(exponential_buckets(0.25, 2.0, 13)),
+            // 50 ms to ~25 s: a resume is meant to take about a second.
+            restore_latency: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
+            clock_set_latency: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
             agent_commands: Counter::default(),
             domains_defined: Counter::default(),
             domains_undefined: Counter::default(),

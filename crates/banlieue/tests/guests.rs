@@ -309,6 +309,7 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
         resumed_after.as_secs_f64(),
         rss as f64 / f64::from(1 << 20),
     );
+    eprintln!("saved pool: {}", resume_parts(&host.registry)?);
 
     // Released: the domain and its save image go with the claim. The pool's refill is saved
     // in its turn, so wait for the claim's member only.
@@ -468,6 +469,7 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
             percentile(samples, 0.99)
         );
     }
+    eprintln!("saved pool: {}", resume_parts(&host.registry)?);
     Ok(())
 }
 
@@ -1148,6 +1150,21 @@ fn pem_to_der(pem: &str) -> Result<Vec<u8>, BoxError> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where a resume's time went, from the provider's histograms: the restore itself (QEMU
+/// started from the save image) and the guest agent's answer to the clock being set.
+fn resume_parts(registry: &Registry) -> Result<String, BoxError> {
+    let mean = |name: &str| -> Result<(f64, f64), BoxError> {
+        let count = metric(registry, &format!("{name}_count"))?;
+        Ok((count, metric(registry, &format!("{name}_sum"))? / count))
+    };
+    let (restores, restore) = mean("restore_seconds")?;
+    let (_, clock) = mean("clock_set_seconds")?;
+    Ok(format!(
+        "{restores} restores took {restore:.2} s each on average (domain started from its save \
+         image), then {clock:.2} s until the guest's clock was set through its agent"
+    ))
 }
 
 /// The value of a provider metric (`banlieue_provider_libvirt_<name>`) in `registry`.
