@@ -120,4 +120,9 @@ async fn every_example_applies_in_order_and_reads_back_as_its_type() {
         .expect("the example claim");
     assert_eq!(claim.spec.pool_ref.name, "sandbox-pool");
     assert_eq!(claim.spec.ttl_seconds, 900);
+    // The saved pool's field is stored, not pruned.
+    let pools: kube::Api<banlieue_api::VirtualMachinePool> =
+        kube::Api::namespaced(client.clone(), "banlieue-system");
+    let saved = pools.get("saved-pool").await.expect("the saved pool");
+    assert_eq!(saved.spec.standby, Some(banlieue_api::Standby::Saved));
 }
