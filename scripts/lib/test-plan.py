@@ -34,6 +34,7 @@ RUNS_A_NODE = {
     "banlieue-testenv::node",
     "banlieue-testenv::node_teardown",
     "banlieue-testenv::agent_sandbox",
+    "banlieue-controller::side_by_side",
     "banlieue::deployed",
 }
 # Set-up parts only some jobs need, and the last Go builds of the set-up's compile lane (minutes
@@ -45,7 +46,8 @@ def late_setup():
     return {
         "helm": lambda name: name in ("banlieue::helm", "test.d/60-deployed"),
         "oldest-kubernetes": lambda name: name.endswith(oldest),
-        "agent-sandbox": lambda name: name == "banlieue-testenv::agent_sandbox",
+        "agent-sandbox": lambda name: name in ("banlieue-testenv::agent_sandbox",
+                                               "banlieue-controller::side_by_side"),
     }
 
 

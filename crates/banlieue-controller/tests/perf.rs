@@ -8,11 +8,12 @@
 
 mod support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use banlieue_api::VirtualMachineClaim;
+use banlieue_testenv::claim_load::{Usage, api_writes, writes_between};
 use banlieue_testenv::control_plane::wait_for;
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -78,57 +79,17 @@ async fn wait_all_bound(
     Ok(())
 }
 
-/// Write requests the API server has answered, by resource (and subresource), from its own
-/// `apiserver_request_total`.
-async fn api_writes(admin: &kube::Client) -> TestResult<HashMap<String, f64>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = admin.request_text(request).await?;
-    let mut writes = HashMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        if !matches!(
-            label("verb").as_str(),
-            "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY"
-        ) {
-            continue;
-        }
-        let mut resource = label("resource");
-        let subresource = label("subresource");
-        if !subresource.is_empty() {
-            resource = format!("{resource}/{subresource}");
-        }
-        *writes.entry(resource).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-    }
-    Ok(writes)
-}
-
 /// The writes between two readings of [`api_writes`], per bound claim, largest first.
 fn writes_per_claim(
-    before: &HashMap<String, f64>,
-    after: &HashMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
     claims: usize,
 ) -> String {
-    let mut rows: Vec<(String, f64)> = after
-        .iter()
-        .map(|(resource, n)| {
-            let delta = n - before.get(resource).copied().unwrap_or(0.0);
-            (resource.clone(), delta / claims as f64)
-        })
+    let rows: Vec<(String, f64)> = writes_between(before, after)
+        .into_iter()
+        .map(|(resource, n)| (resource, n / claims as f64))
         .filter(|(_, per_claim)| *per_claim >= 0.05)
         .collect();
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     let total: f64 = rows.iter().map(|(_, n)| n).sum();
     let detail: Vec<String> = rows
         .iter()
@@ -263,29 +224,11 @@ fn claim_object(name: &str) -> VirtualMachineClaim {
 
 /// Resident memory (KiB) and CPU time (clock ticks) of a process, from /proc.
 fn usage(pid: u32) -> TestResult<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .ok_or("no VmRSS")?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = fields
-        .get(11)
-        .and_then(|u| u.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(0);
-    Ok((rss, ticks))
+    let usage = Usage::of(pid)?;
+    Ok((
+        usage.rss_kib,
+        (usage.cpu.as_secs_f64() * 100.0).round() as u64,
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use kube::api::ApiResource;
-use serde_json::Value;
+use kube::api::{ApiResource, DynamicObject};
+use serde_json::{Value, json};
 
 use crate::control_plane::{self, ControlPlane, apply_yaml_with};
 
@@ -159,6 +159,74 @@ impl Kind {
             plural: self.plural().to_owned(),
         }
     }
+}
+
+/// The label agent-sandbox puts on a Sandbox, and its value for one that came from a warm pool.
+pub const LAUNCH_TYPE: &str = "agents.x-k8s.io/launch-type";
+
+/// An object of `kind` named `name` with `spec`.
+pub fn object(kind: Kind, name: &str, spec: Value) -> DynamicObject {
+    let mut object = DynamicObject::new(name, &kind.api_resource());
+    object.data = json!({ "spec": spec });
+    object
+}
+
+/// A SandboxTemplate `name` whose pod runs the test node's pause image, which the node has
+/// already imported (nothing is pulled). No NetworkPolicy: the test node has no pod network to
+/// enforce one on, and its pods are made hostNetwork.
+pub fn pause_template(name: &str) -> DynamicObject {
+    object(
+        Kind::SandboxTemplate,
+        name,
+        json!({
+            "networkPolicyManagement": "Unmanaged",
+            "podTemplate": {
+                "metadata": {},
+                "spec": {
+                    "containers": [{
+                        "name": "pause",
+                        "image": crate::node::PAUSE_IMAGE,
+                        "imagePullPolicy": "Never",
+                    }],
+                },
+            },
+        }),
+    )
+}
+
+/// A SandboxWarmPool `name` of `replicas` sandboxes of `template`.
+pub fn warm_pool(name: &str, template: &str, replicas: u32) -> DynamicObject {
+    object(
+        Kind::SandboxWarmPool,
+        name,
+        json!({ "replicas": replicas, "sandboxTemplateRef": { "name": template } }),
+    )
+}
+
+/// A SandboxClaim `name` on the warm pool `pool`.
+pub fn claim(name: &str, pool: &str) -> DynamicObject {
+    object(
+        Kind::SandboxClaim,
+        name,
+        json!({ "warmPoolRef": { "name": pool } }),
+    )
+}
+
+/// Whether an object of agent-sandbox's has its `Ready` condition true (a claim once its
+/// Sandbox is, a Sandbox once its pod is).
+pub fn is_ready(object: &DynamicObject) -> bool {
+    object.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// How many sandboxes of a SandboxWarmPool are ready (its `status.readyReplicas`).
+pub fn ready_replicas(pool: &DynamicObject) -> u64 {
+    pool.data["status"]["readyReplicas"].as_u64().unwrap_or(0)
 }
 
 /// The directory of the build: `BANLIEUE_AGENT_SANDBOX_DIR`, else

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 pub mod access;
 pub mod agent_sandbox;
+pub mod claim_load;
 pub mod control_plane;
 pub mod guest_agent;
 pub mod guest_image;

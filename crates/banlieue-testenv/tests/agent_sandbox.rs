@@ -7,21 +7,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use banlieue_testenv::agent_sandbox::{AgentSandbox, Kind};
+use banlieue_testenv::agent_sandbox::{self, AgentSandbox, Kind, LAUNCH_TYPE};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
-use banlieue_testenv::node::PAUSE_IMAGE;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const TEMPLATE: &str = "pause";
 const POOL: &str = "pause-pool";
-/// What agent-sandbox labels a claimed Sandbox with, and the value for a warm pool's.
-const LAUNCH_TYPE: &str = "agents.x-k8s.io/launch-type";
 
 /// The control plane and node this binary shares, with agent-sandbox's controller on it.
 async fn cluster() -> &'static ControlPlane {
@@ -43,47 +39,18 @@ fn api(cp: &ControlPlane, namespace: &str, kind: Kind) -> Api<DynamicObject> {
     )
 }
 
-fn object(kind: Kind, name: &str, spec: Value) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": kind.api_resource().api_version,
-        "kind": kind.name(),
-        "metadata": { "name": name },
-        "spec": spec,
-    }))
-    .expect("an object")
-}
-
 /// A fresh namespace whose `default` ServiceAccount exists (a Pod is refused until then), with
 /// a template of the node's pause image and a warm pool of `replicas` of it, every member Ready.
 async fn warm_pool(cp: &ControlPlane, replicas: u32) -> String {
     let ns = cp.fresh_namespace_for_pods().await.expect("namespace");
-    // No NetworkPolicy: the test node has no pod network to enforce one on.
-    let template = object(
-        Kind::SandboxTemplate,
-        TEMPLATE,
-        json!({
-            "networkPolicyManagement": "Unmanaged",
-            "podTemplate": {
-                "metadata": {},
-                "spec": {
-                    "containers": [{
-                        "name": "pause",
-                        "image": PAUSE_IMAGE,
-                        "imagePullPolicy": "Never",
-                    }],
-                },
-            },
-        }),
-    );
     api(cp, &ns, Kind::SandboxTemplate)
-        .create(&PostParams::default(), &template)
+        .create(
+            &PostParams::default(),
+            &agent_sandbox::pause_template(TEMPLATE),
+        )
         .await
         .expect("create the SandboxTemplate");
-    let pool = object(
-        Kind::SandboxWarmPool,
-        POOL,
-        json!({ "replicas": replicas, "sandboxTemplateRef": { "name": TEMPLATE } }),
-    );
+    let pool = agent_sandbox::warm_pool(POOL, TEMPLATE, replicas);
     let pools = api(cp, &ns, Kind::SandboxWarmPool);
     let created = Instant::now();
     pools
@@ -96,8 +63,7 @@ async fn warm_pool(cp: &ControlPlane, replicas: u32) -> String {
         || {
             let pools = pools.clone();
             async move {
-                let pool = pools.get(POOL).await?;
-                let ready = pool.data["status"]["readyReplicas"].as_u64().unwrap_or(0);
+                let ready = agent_sandbox::ready_replicas(&pools.get(POOL).await?);
                 Ok((ready == u64::from(replicas)).then_some(()))
             }
         },
@@ -128,16 +94,6 @@ async fn pods(cp: &ControlPlane, namespace: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn ready(object: &DynamicObject) -> bool {
-    object.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-}
-
 /// Creates a claim on the pool for each of `names` at once and returns when each was created
 /// (just before its request) and first seen Ready, from a watch opened before the first.
 async fn claim_all(
@@ -161,11 +117,7 @@ async fn claim_all(
     let created = futures::future::join_all(names.iter().map(|name| {
         let claims = claims.clone();
         async move {
-            let claim = object(
-                Kind::SandboxClaim,
-                name,
-                json!({ "warmPoolRef": { "name": POOL } }),
-            );
+            let claim = agent_sandbox::claim(name, POOL);
             let at = Instant::now();
             claims
                 .create(&PostParams::default(), &claim)
@@ -186,7 +138,10 @@ async fn claim_all(
                 continue;
             };
             let name = claim.metadata.name.clone().unwrap_or_default();
-            if wanted.contains(&name) && ready(&claim) && !seen_ready.contains_key(&name) {
+            if wanted.contains(&name)
+                && agent_sandbox::is_ready(&claim)
+                && !seen_ready.contains_key(&name)
+            {
                 seen_ready.insert(name, Instant::now());
             }
         }
@@ -234,7 +189,11 @@ async fn a_claim_gets_a_warm_pod_and_its_sandbox_becomes_ready() {
         .get(&sandbox_name)
         .await
         .expect("the claim's Sandbox");
-    assert!(ready(&sandbox), "the Sandbox is Ready: {:?}", sandbox.data);
+    assert!(
+        agent_sandbox::is_ready(&sandbox),
+        "the Sandbox is Ready: {:?}",
+        sandbox.data
+    );
     assert_eq!(
         sandbox
             .metadata

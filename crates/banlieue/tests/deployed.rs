@@ -1015,6 +1015,17 @@ async fn import_image(
         .await?
         .items;
     assert!(!ran.is_empty());
+    // Where the import's time went: each pod's own account of its transfer (bytes sent as data
+    // and as holes, seconds), beside the end-to-end figure above.
+    for pod in &ran {
+        let log = pods
+            .logs(&pod_name(pod), &Default::default())
+            .await
+            .unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("import complete")) {
+            eprintln!("import pod {}: {}", pod_name(pod), line.trim());
+        }
+    }
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
     let creds = secrets.get("libvirt-edge-creds").await?;
     let encoded_key = creds

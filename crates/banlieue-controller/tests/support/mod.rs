@@ -69,7 +69,12 @@ impl Harness {
     pub async fn new() -> TestResult<Self> {
         // An unknown backend fails here, before a control plane is started for nothing.
         let _ = backend();
-        let cp = ControlPlane::shared().await?;
+        Self::on(ControlPlane::shared().await?).await
+    }
+
+    /// A harness on `cp` (e.g. a control plane with a node, shared with other systems).
+    pub async fn on(cp: &'static ControlPlane) -> TestResult<Self> {
+        let _ = backend();
         let admin = cp.client()?;
         install_crds_once(&admin).await?;
         install_role_once(&admin, cp).await?;
