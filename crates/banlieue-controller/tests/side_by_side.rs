@@ -19,7 +19,8 @@
 //! Its knobs: `BANLIEUE_SIDE_BY_SIDE_RUNS` (3), `…_SECONDS` (each rate's arrival window, 5),
 //! `…_POOL` (the warm pool and the burst, 300), `…_RATES` (`10,45,100`), `…_DWELL_MS` (how
 //! long a claim is held once ready before it is deleted, 1000), `…_QUIET` (how idle the machine
-//! must be, over 3 s, before each phase, 0.7). The smoke test runs the same
+//! must be, over 3 s, before each phase, 0.7), `…_SYSTEMS` (`banlieue` or `agent-sandbox` alone;
+//! both by default). The smoke test runs the same
 //! code at a tiny rate, so it cannot rot.
 
 mod support;
@@ -60,6 +61,8 @@ struct Load {
     /// Before each phase, wait (up to [`QUIET_DEADLINE`]) until the machine is at least this
     /// idle: a teardown's processes outlive its objects.
     quiet: Option<f64>,
+    /// Which systems run (both unless `…_SYSTEMS` names one).
+    systems: Vec<&'static str>,
 }
 
 impl Load {
@@ -81,6 +84,10 @@ impl Load {
             window: Duration::from_secs_f64(number("SECONDS", 5.0)),
             dwell: Duration::from_millis(number("DWELL_MS", 1000.0) as u64),
             quiet: Some(number("QUIET", 0.7)),
+            systems: ["agent-sandbox", "banlieue"]
+                .into_iter()
+                .filter(|system| var("SYSTEMS").is_none_or(|v| v.split(',').any(|s| s == *system)))
+                .collect(),
         }
     }
 }
@@ -443,7 +450,15 @@ async fn side_by_side(
     for run in 1..=runs {
         let banlieue_first = run % 2 == 0;
         for turn in 0..2 {
-            if (turn == 0) == banlieue_first {
+            let banlieue_turn = (turn == 0) == banlieue_first;
+            if !load.systems.contains(&if banlieue_turn {
+                "banlieue"
+            } else {
+                "agent-sandbox"
+            }) {
+                continue;
+            }
+            if banlieue_turn {
                 let system = Banlieue::start(cp, run, load.pool).await?;
                 let measured = phases(&system, &admin, load, run).await?;
                 system.stop().await?;
@@ -528,6 +543,7 @@ async fn the_benchmark_harness_runs_both_systems_at_a_tiny_rate() -> TestResult 
         dwell: Duration::from_millis(200),
         // The suite runs other jobs beside this one: the machine is never quiet.
         quiet: None,
+        systems: vec!["agent-sandbox", "banlieue"],
     };
     let results = side_by_side(&load, 1).await?;
     for system in ["agent-sandbox", "banlieue"] {

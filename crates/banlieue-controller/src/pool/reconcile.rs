@@ -92,6 +92,18 @@ pub(crate) async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) 
     Ok(Action::requeue(wait))
 }
 
+/// The names of the VirtualMachines of `namespace` the cache holds, in any state. A create
+/// counts as seen once its member is here at all: a member a waiting claim bound before the
+/// pool's first look at it is no longer an unclaimed member, and counting only those kept it
+/// pending until its expectation timed out, so a drained pool refilled that many fewer.
+fn names_in_cache<'a>(cached: &'a [Arc<VirtualMachine>], namespace: &str) -> BTreeSet<&'a str> {
+    cached
+        .iter()
+        .filter(|vm| vm.metadata.namespace.as_deref() == Some(namespace))
+        .filter_map(|vm| vm.metadata.name.as_deref())
+        .collect()
+}
+
 /// What the pool's decision is made from, read from the caches (and the image once from the
 /// API server when the cache has not seen it yet).
 struct Observed {
@@ -128,22 +140,21 @@ async fn observe(
     };
     let revision = pool_revision(pool, image.as_deref().and_then(image_revision).as_deref());
 
-    let members: Vec<Arc<VirtualMachine>> = ctx
-        .stores
-        .vms
-        .state()
-        .into_iter()
+    let cached = ctx.stores.vms.state();
+    let members: Vec<Arc<VirtualMachine>> = cached
+        .iter()
         .filter(|vm| {
             vm.metadata.namespace.as_deref() == Some(namespace)
                 && is_unclaimed_member(vm, &name, &uid)
         })
+        .cloned()
         .collect();
     let hosts = ctx.host_states(namespace);
     let views: Vec<MemberView> = members
         .iter()
         .map(|vm| MemberView::of(vm, pool.spec.readiness).on_host(hosts.of(vm)))
         .collect();
-    let seen: BTreeSet<&str> = views.iter().map(|m| m.name.as_str()).collect();
+    let seen = names_in_cache(&cached, namespace);
     let pending_creates = ctx
         .expectations
         .pending(pool_key, |member| seen.contains(member));
@@ -429,5 +440,34 @@ mod tests {
         assert_eq!(labels.get("team").map(String::as_str), Some("a"));
         assert_eq!(labels.get(names::LABEL_POOL).map(String::as_str), Some("p"));
         assert_eq!(member.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_create_counts_as_seen_once_cached_even_if_already_bound_or_elsewhere() {
+        let vm = |namespace: &str, name: &str, labels: serde_json::Value| {
+            Arc::new(
+                serde_json::from_value::<VirtualMachine>(json!({
+                    "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+                    "metadata": { "name": name, "namespace": namespace, "labels": labels },
+                    "spec": { "classRef": { "name": "c" }, "imageRef": { "name": "i" },
+                              "storageClassName": "s", "networkClassName": "n" }
+                }))
+                .expect("vm"),
+            )
+        };
+        let cached = vec![
+            vm("ns", "p-warm", json!({ names::LABEL_POOL: "p" })),
+            // Bound by a waiting claim before the pool looked: no pool label any more.
+            vm("ns", "p-bound", json!({ names::LABEL_CLAIM: "c1" })),
+            vm("other", "p-elsewhere", json!({ names::LABEL_POOL: "p" })),
+        ];
+        let seen = names_in_cache(&cached, "ns");
+        assert_eq!(seen, BTreeSet::from(["p-bound", "p-warm"]));
+
+        let expectations = crate::expectations::Expectations::default();
+        for member in ["p-warm", "p-bound", "p-not-yet"] {
+            expectations.created("ns/p", member);
+        }
+        assert_eq!(expectations.pending("ns/p", |m| seen.contains(m)), 1);
     }
 }
