@@ -19,8 +19,11 @@ fi
 # last used by a clone elsewhere, this workspace's crates are rebuilt (the registry's are not).
 banlieue_workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 banlieue_marker="$CARGO_TARGET_DIR/.banlieue-workspace"
-if [[ -f $banlieue_marker && $(<"$banlieue_marker") != "$banlieue_workspace" ]]; then
-    echo "the build cache was last used by a clone at $(<"$banlieue_marker"); rebuilding this workspace's crates" >&2
+banlieue_last=$(cat "$banlieue_marker" 2>/dev/null || true)
+# An empty marker (a truncating write by an older copy of this file, seen midway) is no marker:
+# cleaning the workspace on a misread would delete every test binary of a running suite.
+if [[ -n $banlieue_last && $banlieue_last != "$banlieue_workspace" ]]; then
+    echo "the build cache was last used by a clone at $banlieue_last; rebuilding this workspace's crates" >&2
     banlieue_packages=()
     while read -r package; do banlieue_packages+=(-p "$package"); done < <(
         cd "$banlieue_workspace" &&
@@ -30,8 +33,11 @@ if [[ -f $banlieue_marker && $(<"$banlieue_marker") != "$banlieue_workspace" ]];
     (cd "$banlieue_workspace" && cargo clean --quiet "${banlieue_packages[@]}")
 fi
 mkdir -p "$CARGO_TARGET_DIR"
-printf '%s\n' "$banlieue_workspace" >"$banlieue_marker"
-unset banlieue_marker banlieue_packages
+# Written whole, by a rename: scripts sourcing this at the same moment (jobs of one test run)
+# read the old path or the new one, never the empty file a truncating write shows for a while.
+printf '%s\n' "$banlieue_workspace" >"$banlieue_marker.$$"
+mv -f "$banlieue_marker.$$" "$banlieue_marker"
+unset banlieue_marker banlieue_packages banlieue_last
 
 # build_banlieue: $CARGO_TARGET_DIR/debug/banlieue and banlieue-dev, built as the test build
 # builds them. `cargo test --workspace` unifies the features that the packages' dev-dependencies turn on (tokio's
