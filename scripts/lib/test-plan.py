@@ -36,6 +36,7 @@ RUNS_A_NODE = {
     "banlieue-testenv::agent_sandbox",
     "banlieue-controller::side_by_side",
     "banlieue::deployed",
+    "banlieue::two_nodes",
 }
 # Set-up parts only some jobs need, and the last Go builds of the set-up's compile lane (minutes
 # each on a fresh machine): they run as jobs of the plan, before the jobs that need them, so

@@ -4,6 +4,7 @@
 //! logic and no controllers. The CRD manifests in `deploy/crds/` are generated from it by
 //! `banlieue crds` and a test fails when they drift.
 
+pub mod artifacts;
 pub mod common;
 pub mod conditions;
 pub mod image;

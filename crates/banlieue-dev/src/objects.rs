@@ -175,6 +175,12 @@ pub fn provider_class(image: &str) -> ProviderClass {
                     verbs: vec!["get".into()],
                     ..PolicyRule::default()
                 },
+                PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["persistentvolumeclaims".into()]),
+                    verbs: vec!["get".into()],
+                    ..PolicyRule::default()
+                },
             ],
             import: Default::default(),
             pod: Default::default(),

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_VMIMAGE};
-use banlieue_api::pods;
 use banlieue_api::{ArtifactPhase, BuildArtifact, ImageSource, ImageSourceKind, VMImage};
+use banlieue_api::{artifacts, pods};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
@@ -259,15 +259,20 @@ pub fn build_args(
     .collect()
 }
 
-/// The build Job of `image` at `pinned_reference` (`repository@digest`).
+/// The build Job of `image` at `pinned_reference` (`repository@digest`), its pod placed by
+/// how the artifacts volume is shared (`sharing`).
 pub fn build_job(
     settings: &BuildSettings,
     image_namespace: &str,
     image: &str,
     digest: &str,
     pinned_reference: &str,
+    sharing: artifacts::Sharing,
 ) -> Job {
     let labels = job_labels(image_namespace, image);
+    let placement = artifacts::placement(&settings.artifacts_claim, sharing);
+    let mut pod_labels = labels.clone();
+    pod_labels.extend(placement.labels);
     let q = |s: &str| Quantity(s.to_owned());
     let mut args = settings.command.clone();
     args.extend(build_args(
@@ -294,11 +299,12 @@ pub fn build_job(
             active_deadline_seconds: Some(BUILD_DEADLINE_SECONDS),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels),
+                    labels: Some(pod_labels),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
+                    affinity: placement.affinity,
                     service_account_name: Some(settings.service_account.clone()),
                     // Volumes that honour fsGroup become writable by the builder.
                     security_context: Some(pods::restricted_pod(Some(BUILD_UID))),
@@ -479,8 +485,28 @@ mod tests {
     #[test]
     fn the_job_runs_the_builder_unprivileged_on_the_artifacts_volume() {
         let settings = BuildSettings::default();
-        let job = build_job(&settings, "banlieue-system", "debian", D1, "r/x@sha256:1");
-        let pod = job.spec.and_then(|s| s.template.spec).expect("pod");
+        let job = build_job(
+            &settings,
+            "banlieue-system",
+            "debian",
+            D1,
+            "r/x@sha256:1",
+            artifacts::Sharing::OneNode,
+        );
+        let template = job.spec.map(|s| s.template).expect("template");
+        // Placed with the artifacts volume's other users (banlieue_api::artifacts).
+        let labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+        assert_eq!(
+            labels
+                .get(artifacts::LABEL_ARTIFACTS_CLAIM)
+                .map(String::as_str),
+            Some("banlieue-artifacts")
+        );
+        let pod = template.spec.expect("pod");
+        assert_eq!(
+            pod.affinity,
+            artifacts::placement("banlieue-artifacts", artifacts::Sharing::OneNode).affinity
+        );
         assert_eq!(pod.service_account_name.as_deref(), Some("banlieue-build"));
         let c = &pod.containers[0];
         assert_eq!(c.command.as_deref(), Some(&["/banlieue".to_owned()][..]));

@@ -156,7 +156,14 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
     );
     if let (Some(digest), Ok((reference, _))) = (&plan.create_job, &resolved) {
         let pinned = pull::pinned(reference, digest).to_string();
-        let job = decide::build_job(&ctx.config.build, &namespace, &name, digest, &pinned);
+        let build = &ctx.config.build;
+        let sharing = banlieue_runtime::artifacts::sharing(
+            &ctx.client,
+            &build.namespace,
+            &build.artifacts_claim,
+        )
+        .await;
+        let job = decide::build_job(build, &namespace, &name, digest, &pinned, sharing);
         match jobs.create(&PostParams::default(), &job).await {
             Ok(_) => tracing::info!(vmimage = %name, digest, "build Job created"),
             Err(kube::Error::Api(s)) if s.code == 409 => {}

@@ -102,6 +102,8 @@ pub enum Error {
     NodeFilesMissing { missing: Vec<String> },
     #[error("a node runs only beside a local control plane, not with {EXTERNAL_KUBECONFIG_ENV}")]
     NodeNeedsLocalControlPlane,
+    #[error("another node needs a loopback address other than 127.0.0.1, not {address}")]
+    NodeAddressNotLoopback { address: std::net::Ipv4Addr },
     #[error(
         "only a local control plane's processes can be restarted, not {EXTERNAL_KUBECONFIG_ENV}'s"
     )]

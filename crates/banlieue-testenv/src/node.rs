@@ -1,5 +1,7 @@
 //! A real Kubernetes node beside a local control plane: containerd, kube-scheduler and a
 //! kubelet named `localhost`, so that pods (the project's own images among them) run in tests.
+//! [`Node::start_another`] adds more nodes on other loopback addresses, each with its own
+//! containerd and kubelet, for what only shows with more than one node (where pods land).
 //!
 //! Everything lives under one temp directory (containerd's root, state, runc root and `opt`
 //! directory, the kubelet's root and pod logs). What the components write elsewhere regardless
@@ -14,6 +16,7 @@
 //! probes ask `127.0.0.1`; product manifests stay exactly as users deploy them.
 
 use std::ffi::OsString;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -52,6 +55,7 @@ const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// PID, kills its containers and undoes what it changed on the host.
 #[derive(Debug)]
 pub struct Node {
+    name: String,
     processes: Processes,
     containerd_socket: PathBuf,
     ctr: PathBuf,
@@ -100,10 +104,51 @@ impl Binaries {
     }
 }
 
+/// Who a node is: its name, which is also the host name the API server dials its kubelet by,
+/// and the loopback address the kubelet listens on.
+struct Identity {
+    name: String,
+    address: Ipv4Addr,
+    /// The first node runs the cluster's one kube-scheduler.
+    runs_scheduler: bool,
+}
+
 impl Node {
     /// Starts containerd, kube-scheduler and the kubelet against `control_plane` (which must be
     /// local) and waits until the node is Ready.
     pub async fn start(control_plane: &ControlPlane) -> Result<Node> {
+        let identity = Identity {
+            name: NODE_NAME.to_owned(),
+            address: Ipv4Addr::LOCALHOST,
+            runs_scheduler: true,
+        };
+        Self::start_as(control_plane, identity).await
+    }
+
+    /// Starts another node on `control_plane`, which already has its first one (and with it
+    /// the scheduler): its own containerd and kubelet, listening on the loopback address
+    /// `address` (for example 127.0.0.2), which is also its name, so that the API server
+    /// reaches it by that host name without a resolver. Pods then have two nodes to be
+    /// scheduled on, as on a cluster of two machines.
+    pub async fn start_another(control_plane: &ControlPlane, address: Ipv4Addr) -> Result<Node> {
+        if !address.is_loopback() || address == Ipv4Addr::LOCALHOST {
+            return Err(Error::NodeAddressNotLoopback { address });
+        }
+        let identity = Identity {
+            name: address.to_string(),
+            address,
+            runs_scheduler: false,
+        };
+        Self::start_as(control_plane, identity).await
+    }
+
+    async fn start_as(control_plane: &ControlPlane, identity: Identity) -> Result<Node> {
+        let Identity {
+            name,
+            address,
+            runs_scheduler,
+        } = identity;
+        let address_text = address.to_string();
         let local = control_plane
             .local()
             .ok_or(Error::NodeNeedsLocalControlPlane)?;
@@ -131,14 +176,14 @@ impl Node {
         create_cgroup(&cgroup)?;
 
         let pki = &local.pki;
-        let node_client = pki.client(&format!("system:node:{NODE_NAME}"), Some("system:nodes"))?;
-        let scheduler_client = pki.client("system:kube-scheduler", None)?;
-        let kubelet_serving = pki.serving("kubelet-serving", &["127.0.0.1", NODE_NAME])?;
+        let node_client = pki.client(&format!("system:node:{name}"), Some("system:nodes"))?;
+        let kubelet_serving = pki.serving(
+            &format!("kubelet-serving-{name}"),
+            &[address_text.as_str(), name.as_str()],
+        )?;
         let ca = &pki.ca.cert;
         let kubelet_kubeconfig =
             write_kubeconfig(&dir, "kubelet", &local.server, ca, &node_client)?;
-        let scheduler_kubeconfig =
-            write_kubeconfig(&dir, "kube-scheduler", &local.server, ca, &scheduler_client)?;
 
         // containerd, and the pause image every pod sandbox runs.
         let dir_text = dir.display().to_string();
@@ -184,11 +229,16 @@ impl Node {
         let client = control_plane.client()?;
         install_network_policy(&client, &dir, local.apiserver_port).await?;
 
-        processes.spawn(
-            "kube-scheduler",
-            &binaries.scheduler,
-            &scheduler_args(&scheduler_kubeconfig),
-        )?;
+        if runs_scheduler {
+            let scheduler_client = pki.client("system:kube-scheduler", None)?;
+            let scheduler_kubeconfig =
+                write_kubeconfig(&dir, "kube-scheduler", &local.server, ca, &scheduler_client)?;
+            processes.spawn(
+                "kube-scheduler",
+                &binaries.scheduler,
+                &scheduler_args(&scheduler_kubeconfig),
+            )?;
+        }
 
         let kubelet_dir = dir.join("kubelet");
         create_dir(&kubelet_dir)?;
@@ -203,6 +253,7 @@ impl Node {
                 KUBELET_CONFIG,
                 &[
                     ("DIR", &dir_text),
+                    ("ADDRESS", &address_text),
                     ("PORT", &port),
                     ("CGROUP", &cgroup),
                     ("CA", &text(ca)),
@@ -220,14 +271,15 @@ impl Node {
                 path_arg("kubeconfig", &kubelet_kubeconfig),
                 path_arg("root-dir", &kubelet_dir.join("root")),
                 path_arg("cert-dir", &kubelet_dir.join("pki")),
-                format!("--hostname-override={NODE_NAME}"),
+                format!("--hostname-override={name}"),
             ],
         )?;
         let nodes: Api<NodeObject> = Api::all(client);
-        let waited = wait_for("node localhost to be Ready", STARTUP_DEADLINE, || {
-            let nodes = nodes.clone();
+        let waiting_for = format!("node {name} to be Ready");
+        let waited = wait_for(&waiting_for, STARTUP_DEADLINE, || {
+            let (nodes, name) = (nodes.clone(), name.clone());
             async move {
-                let node = nodes.get_opt(NODE_NAME).await?;
+                let node = nodes.get_opt(&name).await?;
                 Ok(node.filter(is_ready).map(|_| ()))
             }
         })
@@ -235,6 +287,7 @@ impl Node {
         processes.check_running()?;
         waited.map_err(|error| with_logs(error, &processes))?;
         let node = Node {
+            name,
             processes,
             containerd_socket,
             ctr: binaries.ctr,
@@ -243,12 +296,18 @@ impl Node {
             kubelet_ready_after: kubelet_started.elapsed(),
         };
         eprintln!(
-            "node: up after {:.1} s (kubelet start to Ready {:.2} s), state in {}",
+            "node {}: up after {:.1} s (kubelet start to Ready {:.2} s), state in {}",
+            node.name,
             node.up_after.as_secs_f64(),
             node.kubelet_ready_after.as_secs_f64(),
             dir.display()
         );
         Ok(node)
+    }
+
+    /// The node's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Imports an image archive (docker-archive or OCI tar) into containerd's `k8s.io`

@@ -1,7 +1,8 @@
 //! Whether the artifacts volume can work on this cluster: build Jobs write it and import Jobs
-//! read it (ADR-0010, ADR-0016), each where the scheduler puts them. A ReadWriteOnce volume is
-//! mounted by one node at a time, so with more than one schedulable node a Job placed on
-//! another node than the one holding it waits forever. `banlieue bootstrap` says so.
+//! read it (ADR-0010, ADR-0016). A volume that is not ReadWriteMany is mounted by one node at a
+//! time; the Jobs then follow each other onto the node that holds it
+//! ([`banlieue_api::artifacts`]), which works on any number of nodes but does every build and
+//! import on that one node. `banlieue bootstrap` says what the shipped claim will do here.
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::Client;
@@ -21,16 +22,31 @@ pub fn warning(access_modes: Option<&[String]>, schedulable_nodes: usize) -> Opt
              deploy/imagebuild/artifacts-pvc.yaml and apply it"
         ));
     };
-    let shared = modes.iter().any(|m| m == "ReadWriteMany");
-    (!shared && schedulable_nodes > 1).then(|| {
-        format!(
-            "PersistentVolumeClaim {NAMESPACE}/{CLAIM} is {} and the cluster has \
-             {schedulable_nodes} schedulable nodes: a build or import Job placed on another node \
-             than the one holding the volume waits forever; use a ReadWriteMany storage class \
-             (docs/guides/image-builder.md)",
-            modes.join(", ")
-        )
-    })
+    let has = |mode: &str| modes.iter().any(|m| m == mode);
+    let listed = modes.join(", ");
+    if has("ReadWriteMany") {
+        None
+    } else if has("ReadWriteOnce") {
+        (schedulable_nodes > 1).then(|| {
+            format!(
+                "PersistentVolumeClaim {NAMESPACE}/{CLAIM} is {listed} and the cluster has \
+                 {schedulable_nodes} schedulable nodes: every build and import Job runs on the \
+                 node that holds the volume; a ReadWriteMany storage class lets them spread \
+                 (docs/guides/image-builder.md)"
+            )
+        })
+    } else if has("ReadWriteOncePod") {
+        Some(format!(
+            "PersistentVolumeClaim {NAMESPACE}/{CLAIM} is ReadWriteOncePod: one pod at a time \
+             mounts it, so builds and imports wait for each other; ReadWriteOnce lets them \
+             share its node (docs/guides/image-builder.md)"
+        ))
+    } else {
+        Some(format!(
+            "PersistentVolumeClaim {NAMESPACE}/{CLAIM} is {listed}: build Jobs cannot write \
+             it; it must be ReadWriteOnce or ReadWriteMany (docs/guides/image-builder.md)"
+        ))
+    }
 }
 
 /// Reads the PVC and the nodes, and returns [`warning`]'s verdict.
@@ -68,10 +84,28 @@ mod tests {
     fn read_write_once_works_on_one_node_and_is_named_on_more() {
         let rwo = modes(&["ReadWriteOnce"]);
         assert_eq!(warning(Some(&rwo), 1), None);
-        let said = warning(Some(&rwo), 3).expect("a warning");
-        assert!(said.contains("is ReadWriteOnce and the cluster has 3 schedulable nodes"));
-        let rwop = modes(&["ReadWriteOncePod"]);
-        assert!(warning(Some(&rwop), 2).is_some());
+        let said = warning(Some(&rwo), 3).expect("a note");
+        assert!(
+            said.contains("is ReadWriteOnce and the cluster has 3 schedulable nodes"),
+            "{said}"
+        );
+        assert!(
+            said.contains("runs on the node that holds the volume"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn a_claim_that_serialises_or_cannot_be_written_is_named_on_any_cluster() {
+        let rwop = warning(Some(&modes(&["ReadWriteOncePod"])), 1).expect("a warning");
+        assert!(rwop.contains("wait for each other"), "{rwop}");
+        let rox = warning(Some(&modes(&["ReadOnlyMany"])), 1).expect("a warning");
+        assert!(rox.contains("build Jobs cannot write it"), "{rox}");
+        // ReadWriteOnce beside ReadWriteOncePod is still shared by the pods of one node.
+        assert_eq!(
+            warning(Some(&modes(&["ReadWriteOncePod", "ReadWriteOnce"])), 1),
+            None
+        );
     }
 
     #[test]

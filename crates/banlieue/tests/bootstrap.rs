@@ -346,8 +346,8 @@ async fn bootstrap_applies_what_it_can_and_names_what_it_could_not() {
 }
 
 /// What bootstrap says of the artifacts volume, against the API server: nothing for the
-/// shipped ReadWriteOnce PVC on one node, a warning naming it once a second schedulable node
-/// joins, nothing again for an unschedulable one.
+/// shipped ReadWriteOnce PVC on one node, a note that every Job runs on the volume's node once
+/// a second schedulable node joins, nothing more for an unschedulable one.
 #[tokio::test]
 async fn a_read_write_once_artifacts_volume_is_named_on_more_than_one_node() {
     use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};

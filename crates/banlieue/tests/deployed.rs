@@ -626,6 +626,30 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     Ok(())
 }
 
+/// Each member's name, phase and non-True conditions with their reasons and messages.
+fn describe_members(members: &[VirtualMachine]) -> String {
+    if members.is_empty() {
+        return "none".into();
+    }
+    let describe = |vm: &VirtualMachine| {
+        let status = vm.status.as_ref();
+        let conditions: Vec<String> = status
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.status != "True")
+            .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+            .collect();
+        format!(
+            "{} (guest phase {:?}) [{}]",
+            vm.metadata.name.as_deref().unwrap_or_default(),
+            status.and_then(|s| s.guest_phase.as_deref()),
+            conditions.join("; ")
+        )
+    };
+    members.iter().map(describe).collect::<Vec<_>>().join(", ")
+}
+
 /// Waits for a warm member in example 19's pool, upgrades the install to this commit's
 /// manifests, waits for the controller Deployment to roll out, and checks that the bound claim
 /// and every VirtualMachine are the same objects as before, with their domains still defined.
@@ -649,13 +673,18 @@ async fn upgrade_keeps_claims_and_members(
                 .list(&ListParams::default().labels(&format!("{}={POOL}", names::LABEL_POOL)))
                 .await?
                 .items;
-            Ok(members.into_iter().find(|vm| {
+            let guest_ready = |vm: &VirtualMachine| {
                 vm.status.as_ref().is_some_and(|s| {
                     s.conditions
                         .iter()
                         .any(|c| c.type_ == types::GUEST_READY && c.status == "True")
                 })
-            }))
+            };
+            if let Some(warm) = members.iter().find(|vm| guest_ready(vm)) {
+                return Ok(Some(warm.clone()));
+            }
+            // Not yet: what each member says, which the timeout reports.
+            Err(format!("; the pool's members: {}", describe_members(&members)).into())
         },
     )
     .await?;

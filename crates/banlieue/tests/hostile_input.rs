@@ -802,6 +802,7 @@ fn privileged_import_job() -> Value {
         "probe",
         &format!("sha256:{}", "0".repeat(64)),
         "127.0.0.1:5000/probe@sha256:0",
+        banlieue_api::artifacts::Sharing::OneNode,
     ))
     .unwrap_or_default();
     job["metadata"] = json!({"name": "import-probe", "namespace": names::DEFAULT_BUILD_NAMESPACE});

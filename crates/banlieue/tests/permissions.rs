@@ -72,6 +72,7 @@ const ASKS: &[Ask] = &[
     Ask("watch", "", "secrets", None, false),
     Ask("get", "", "configmaps", None, false),
     Ask("list", "", "configmaps", None, false),
+    Ask("get", "", "persistentvolumeclaims", None, false),
     Ask("create", "", "pods", None, false),
     Ask("create", "", "pods/exec", None, false),
     Ask("create", "", "serviceaccounts", None, false),
@@ -510,6 +511,7 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
         "probe",
         &format!("sha256:{}", "0".repeat(64)),
         "127.0.0.1:5000/probe@sha256:0",
+        banlieue_api::artifacts::Sharing::OneNode,
     ))
     .expect("json");
     build["metadata"]["name"] = json!("pinned-probe");

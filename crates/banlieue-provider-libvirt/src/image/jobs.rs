@@ -11,10 +11,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use banlieue_api::artifacts::Sharing;
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
 use banlieue_provider_kit::image_zones::{self, ZonesError};
+use banlieue_runtime::artifacts;
 use banlieue_runtime::reconcile::ErrorBackoff;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -185,9 +187,14 @@ impl ImageReconciler {
         let class_name = class.name_any();
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &settings.namespace);
         let mut zones = Vec::with_capacity(requests.len());
+        let sharing = if requests.is_empty() {
+            Sharing::OneNode
+        } else {
+            artifacts::sharing(&self.client, &settings.namespace, &settings.artifacts_claim).await
+        };
         for request in requests {
             let (pool, volume) = (request.pool, request.volume);
-            let desired = decide::import_job(request, provider, class);
+            let desired = decide::import_job(request, provider, class, sharing);
             let zone = match ensure_job(&jobs, &desired).await? {
                 JobState::Present(job) => decide::zone_from_job(pool, volume, &job),
                 JobState::Forbidden => {

@@ -106,6 +106,7 @@ pub(crate) fn job_with(condition: Option<(&str, &str, &str)>) -> Job {
         &request(&artifact),
         &provider(&[("gold", "nvme")]),
         &class(Default::default()),
+        banlieue_api::artifacts::Sharing::OneNode,
     );
     job.status = Some(JobStatus {
         conditions: condition.map(|(t, reason, message)| {

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER, LABEL_VMIMAGE};
-use banlieue_api::pods;
 use banlieue_api::{Provider, ProviderClass};
+use banlieue_api::{artifacts, pods};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, ResourceRequirements,
@@ -150,12 +150,21 @@ pub fn job_labels(image: &str, provider: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The import Job for `request` on `provider`. Its name is a function of the request, which
-/// is what makes adoption possible.
-pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &ProviderClass) -> Job {
+/// The import Job for `request` on `provider`, its pod placed by how the artifacts volume is
+/// shared (`sharing`). Its name is a function of the request, which is what makes adoption
+/// possible.
+pub fn import_job(
+    request: &ImportRequest<'_>,
+    provider: &Provider,
+    class: &ProviderClass,
+    sharing: artifacts::Sharing,
+) -> Job {
     let provider_name = provider.metadata.name.as_deref().unwrap_or_default();
     let settings = ImportSettings::of(class);
     let labels = job_labels(request.image, provider_name);
+    let placement = artifacts::placement(&settings.artifacts_claim, sharing);
+    let mut pod_labels = labels.clone();
+    pod_labels.extend(placement.labels);
     let mut args = class.spec.args.clone();
     args.extend(import_args(request, provider_name));
     Job {
@@ -171,11 +180,12 @@ pub fn import_job(request: &ImportRequest<'_>, provider: &Provider, class: &Prov
             active_deadline_seconds: Some(active_deadline_seconds(request.artifact.size_bytes)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels),
+                    labels: Some(pod_labels),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
+                    affinity: placement.affinity,
                     // Never the build namespace's `default` account (ADR-0063).
                     service_account_name: Some(settings.account_for(
                         provider.metadata.namespace.as_deref().unwrap_or_default(),
@@ -244,6 +254,34 @@ mod tests {
         let name = job.metadata.name.as_deref().unwrap();
         assert!(name.starts_with("import-ubuntu-edge-7-nvme-"), "{name}");
         assert_eq!(name.len(), "import-ubuntu-edge-7-nvme-".len() + 10);
+    }
+
+    #[test]
+    fn import_pods_follow_the_artifacts_volume_unless_it_is_shared() {
+        let artifact = artifact(Some(10));
+        let pod_of = |sharing| {
+            let job = import_job(
+                &request(&artifact),
+                &provider(&[("gold", "nvme")]),
+                &class(Default::default()),
+                sharing,
+            );
+            job.spec.map(|s| s.template).expect("template")
+        };
+        let one_node = pod_of(artifacts::Sharing::OneNode);
+        let labels = one_node.metadata.and_then(|m| m.labels).unwrap_or_default();
+        assert_eq!(
+            labels
+                .get(artifacts::LABEL_ARTIFACTS_CLAIM)
+                .map(String::as_str),
+            Some("banlieue-artifacts")
+        );
+        assert_eq!(
+            one_node.spec.and_then(|s| s.affinity),
+            artifacts::placement("banlieue-artifacts", artifacts::Sharing::OneNode).affinity
+        );
+        let any_node = pod_of(artifacts::Sharing::AnyNode);
+        assert_eq!(any_node.spec.and_then(|s| s.affinity), None);
     }
 
     #[test]
