@@ -32,6 +32,10 @@ pub struct ControllerConfig {
     /// The machine kinds this controller builds: the built-in ones unless the embedding
     /// binary adds a backend (ADR-0071).
     pub machine_backends: MachineBackends,
+    /// How many objects each reconciler (VirtualMachines, pools, claims) works on at once; 0
+    /// for no bound. The API client speaks HTTP/1.1, one request at a time per connection, so
+    /// without a bound a burst of claims opens about one TLS connection per claim in flight.
+    pub concurrent_reconciles: u16,
 }
 
 impl Default for ControllerConfig {
@@ -46,6 +50,7 @@ impl Default for ControllerConfig {
             reconcile_timeout: Duration::from_secs(30),
             manager_name: crate::FIELD_MANAGER.to_owned(),
             machine_backends: MachineBackends::built_in(),
+            concurrent_reconciles: 0,
         }
     }
 }

@@ -188,6 +188,11 @@ struct VmTriggers {
     images: Triggers<VMImage>,
 }
 
+/// The settings every reconciler runs with.
+fn reconciler_config(ctx: &Context) -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(ctx.config.concurrent_reconciles)
+}
+
 /// The VirtualMachine reconciler: woken by its VirtualMachines, their machines, and for the
 /// unscheduled ones by Providers and by their VMImage.
 fn run_vms(
@@ -213,6 +218,7 @@ fn run_vms(
                 vm.spec.image_ref.name == image_name
             })
         })
+        .with_config(reconciler_config(&ctx))
         .graceful_shutdown_on(shutdown)
         .run(
             |vm, ctx| guarded("virtualmachine", vm, ctx, vm::reconcile::reconcile),
@@ -272,6 +278,7 @@ fn run_pools(
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
                 .collect::<Vec<_>>()
         })
+        .with_config(reconciler_config(&ctx))
         .graceful_shutdown_on(shutdown)
         .run(
             |pool, ctx| guarded("virtualmachinepool", pool, ctx, pool::reconcile::reconcile),
@@ -324,6 +331,7 @@ fn run_claims(
             }
             None => Vec::new(),
         })
+        .with_config(reconciler_config(&ctx))
         .graceful_shutdown_on(shutdown)
         .run(
             |claim, ctx| {

@@ -266,7 +266,7 @@ async fn scale(label: &str, pools: i32, per_pool: i32) -> TestResult {
     let kubeconfig = h.controller_kubeconfig(&std::env::temp_dir()).await?;
     // Production's resync period, so idle CPU is what a deployed controller spends.
     let resync = banlieue_controller::ControllerConfig::default().resync;
-    let mut child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 1, resync)?;
+    let mut child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 1, resync, &[])?;
     let pid = child.pid();
     let (rss_start, _) = usage(pid)?;
     let started = Instant::now();
@@ -315,7 +315,7 @@ async fn scale(label: &str, pools: i32, per_pool: i32) -> TestResult {
         vms.delete(&member.name_any(), &Default::default()).await?;
     }
     let restarted = Instant::now();
-    let child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 2, resync)?;
+    let child = ChildController::spawn_with_resync(&kubeconfig, &h.namespace, 2, resync, &[])?;
     // The pools' statuses still count the deleted members: wholeness is read off the members.
     wait_for("every pool whole again", Duration::from_secs(300), || {
         let vms = vms.clone();

@@ -20,7 +20,8 @@
 //! `…_POOL` (the warm pool and the burst, 300), `…_RATES` (`10,45,100`), `…_DWELL_MS` (how
 //! long a claim is held once ready before it is deleted, 1000), `…_QUIET` (how idle the machine
 //! must be, over 3 s, before each phase, 0.7), `…_SYSTEMS` (`banlieue` or `agent-sandbox` alone;
-//! both by default). The smoke test runs the same
+//! both by default), `…_CONCURRENT_RECONCILES` (banlieue's `--concurrent-reconciles`; its
+//! default otherwise). The smoke test runs the same
 //! code at a tiny rate, so it cannot rot.
 
 mod support;
@@ -128,8 +129,19 @@ impl Banlieue {
         let provider = FakeProvider::start(harness.admin.clone(), &harness.namespace);
         let kubeconfig = harness.controller_kubeconfig(&std::env::temp_dir()).await?;
         let resync = banlieue_controller::ControllerConfig::default().resync;
-        let controller =
-            ChildController::spawn_with_resync(&kubeconfig, &harness.namespace, run, resync)?;
+        // The production bound unless the knob names another (0: none).
+        let concurrency = std::env::var("BANLIEUE_SIDE_BY_SIDE_CONCURRENT_RECONCILES").ok();
+        let flags: Vec<&str> = match &concurrency {
+            Some(n) => vec!["--concurrent-reconciles", n],
+            None => Vec::new(),
+        };
+        let controller = ChildController::spawn_with_resync(
+            &kubeconfig,
+            &harness.namespace,
+            run,
+            resync,
+            &flags,
+        )?;
         harness
             .create_pool(POOL, i32::try_from(pool)?, "InfrastructureReady", json!({}))
             .await?;

@@ -371,6 +371,9 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
         "securityContext": pod.security_context,
         "podLabels": ours(spec.template.metadata.as_ref().and_then(|m| m.labels.as_ref())),
         "restartPolicy": pod.restart_policy,
+        // The test's build namespace has no artifacts claim the provider could read: placed as
+        // for ReadWriteOnce, with the other pods on the volume.
+        "affinity": pod.affinity,
         // The Provider's own import account, whose name ends in a hash of its namespace.
         "serviceAccountName": pod.service_account_name.as_deref().map(|a| {
             let own = banlieue_provider_kit::operator::workloads::import_account_name(&c.ns, PROVIDER);

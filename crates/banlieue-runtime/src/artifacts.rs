@@ -1,6 +1,8 @@
 //! Reads how the artifacts volume is shared, for the build and import Jobs' placement
 //! ([`banlieue_api::artifacts`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use banlieue_api::artifacts::Sharing;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
@@ -17,7 +19,14 @@ pub async fn sharing(client: &Client, namespace: &str, claim: &str) -> Sharing {
             Sharing::of(modes.as_deref())
         }
         Err(error) => {
-            tracing::warn!(%namespace, %claim, %error, "the artifacts claim could not be read; its Jobs are kept on one node");
+            // Once per process at warning level: an install whose role lacks the rule hits this
+            // on every reconcile, and the Jobs still run.
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if WARNED.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%namespace, %claim, %error, "the artifacts claim could not be read");
+            } else {
+                tracing::warn!(%namespace, %claim, %error, "the artifacts claim could not be read; its Jobs are kept on one node (said once)");
+            }
             Sharing::OneNode
         }
     }

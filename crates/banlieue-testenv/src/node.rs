@@ -705,6 +705,7 @@ mod tests {
                 KUBELET_CONFIG,
                 &[
                     ("DIR", "/tmp/n"),
+                    ("ADDRESS", "127.0.0.2"),
                     ("PORT", "1"),
                     ("CGROUP", "c"),
                     ("CA", "/ca"),

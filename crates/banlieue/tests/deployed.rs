@@ -418,7 +418,10 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     let t = Instant::now();
     let registry = Registry::start(RegistryOptions::secure()).await?;
     let _artifacts = import_image(&cp, &mut guides, &libvirtd, &registry).await?;
-    eprintln!("artifact Ready → both zones Ready: {:.1?}", t.elapsed());
+    eprintln!(
+        "registry push, build and import (examples/10 → both zones Ready): {:.1?}",
+        t.elapsed()
+    );
 
     // 4. Example 17: a VMImage (BackingFile), a VMClass and a VirtualMachine → a running domain.
     let t = Instant::now();
@@ -427,11 +430,36 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         "kubectl apply -f examples/17-virtualmachine-libvirt.yaml",
     )?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), NS);
-    until("web-01's domain running", 180, || async {
+    let running = until("web-01's domain running", 180, || async {
         let state = libvirtd.virsh(["domstate", "banlieue-system-web-01"]).await;
-        Ok(state.ok().filter(|s| s.trim() == "running").map(|_| ()))
+        if state.as_ref().is_ok_and(|s| s.trim() == "running") {
+            return Ok(Some(()));
+        }
+        // Not yet: what the VirtualMachine says, which the timeout reports.
+        let vm = vms.get_opt("web-01").await?;
+        Err(format!(
+            "; domain {state:?}; the VirtualMachine: {}",
+            describe_members(vm.as_slice())
+        )
+        .into())
     })
-    .await?;
+    .await;
+    if running.is_err() {
+        for args in [
+            &["-n", NS, "get", "vmimage", "ubuntu-2404", "-o", "yaml"][..],
+            &[
+                "-n",
+                NS,
+                "logs",
+                &format!("deployment/banlieue-provider-{PROVIDER}"),
+                "--tail=60",
+            ],
+        ] {
+            let shown = kubectl(&cp, "admin", args).unwrap_or_else(|e| e.to_string());
+            eprintln!("$ kubectl {}\n{shown}", args.join(" "));
+        }
+    }
+    running?;
     let listed = guides.run(
         admin_kubeconfig,
         "kubectl get virtualmachine,libvirtmachine -n banlieue-system",
@@ -623,6 +651,124 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
     assert!(left.is_empty(), "guide commands never run: {left:#?}");
     eprintln!("whole run: {:.1?}", started.elapsed());
     print_memory(&admin).await;
+    Ok(())
+}
+
+/// One import's own account of its transfer, from its "import complete" log line.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    /// When it ended, in seconds since the Unix epoch (the line's timestamp).
+    ended: f64,
+    seconds: f64,
+    data_bytes: u64,
+    hole_bytes: u64,
+}
+
+impl Transfer {
+    /// `2026-…T14:27:39.375067Z  INFO …: import complete … data_bytes=N hole_bytes=N … seconds=S`.
+    fn parse(line: &str) -> Option<Transfer> {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+        };
+        let stamp = line.split_whitespace().next()?;
+        let ended =
+            std::time::SystemTime::from(stamp.parse::<k8s_openapi::jiff::Timestamp>().ok()?)
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_secs_f64();
+        Some(Transfer {
+            ended,
+            seconds: field("seconds")?.parse().ok()?,
+            data_bytes: field("data_bytes")?.parse().ok()?,
+            hole_bytes: field("hole_bytes")?.parse().ok()?,
+        })
+    }
+
+    fn bytes(&self) -> u64 {
+        self.data_bytes + self.hole_bytes
+    }
+}
+
+/// The same artifact imported once more by the same binary run alone on the host, into a pool
+/// of its own, and the Job pods' transfers set against it: the pods' two transfers at once
+/// count as two (their bytes over the window from the first start to the last end), the
+/// standalone one as one. Uses the administrator's kubeconfig: only the throughput is
+/// compared here; the pods' identity is checked above.
+async fn import_against_standalone(
+    cp: &ControlPlane,
+    libvirtd: &Libvirtd,
+    pod_transfers: &[Transfer],
+    source: &Path,
+    volume: &str,
+    revision: &str,
+) -> Result {
+    const BENCH_POOL: &str = "import-standalone";
+    let pool_dir = libvirtd.create_pool_dir(BENCH_POOL)?;
+    let target = pool_dir.display().to_string();
+    libvirtd
+        .virsh(["pool-define-as", BENCH_POOL, "dir", "--target", &target])
+        .await?;
+    libvirtd.virsh(["pool-start", BENCH_POOL]).await?;
+    let kubeconfig = cp.kubeconfig("admin").ok_or("admin kubeconfig")?;
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_banlieue"))
+        .env("KUBECONFIG", kubeconfig)
+        .args(["provider", "libvirt", "import", "--vmimage", URL_IMAGE])
+        .args(["--provider", PROVIDER, "--provider-namespace", NS])
+        .args([
+            "--pool",
+            BENCH_POOL,
+            "--volume",
+            volume,
+            "--revision",
+            revision,
+        ])
+        .arg("--source")
+        .arg(source)
+        .arg("--artifacts-root")
+        .arg(source.parent().ok_or("the artifact's directory")?)
+        .output()?;
+    let wall = started.elapsed().as_secs_f64();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        return Err(format!("the standalone import failed: {said}").into());
+    }
+    let alone = said
+        .lines()
+        .filter(|l| l.contains("import complete"))
+        .find_map(Transfer::parse)
+        .ok_or_else(|| format!("no \"import complete\" from the standalone import: {said}"))?;
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let first_start = pod_transfers
+        .iter()
+        .map(|t| t.ended - t.seconds)
+        .fold(f64::INFINITY, f64::min);
+    let last_end = pod_transfers
+        .iter()
+        .map(|t| t.ended)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let window = last_end - first_start;
+    let pods_bytes: u64 = pod_transfers.iter().map(Transfer::bytes).sum();
+    let pods_rate = mib(pods_bytes) / window;
+    let alone_rate = mib(alone.bytes()) / alone.seconds;
+    eprintln!(
+        "import throughput: {} Job pods {:.0} MiB in {window:.2} s = {pods_rate:.0} MiB/s; \
+         standalone (same binary, same artifact) {:.0} MiB in {:.2} s ({wall:.2} s from process \
+         start) = {alone_rate:.0} MiB/s; Job pods / standalone = {:.2}×",
+        pod_transfers.len(),
+        mib(pods_bytes),
+        mib(alone.bytes()),
+        alone.seconds,
+        pods_rate / alone_rate
+    );
+    libvirtd
+        .virsh(["vol-delete", "--pool", BENCH_POOL, volume])
+        .await?;
     Ok(())
 }
 
@@ -959,6 +1105,7 @@ async fn import_image(
         Ok(artifact.filter(|a| format!("{:?}", a.phase) == "Ready"))
     })
     .await;
+    let artifact_ready = Instant::now();
     let artifact = match built {
         Ok(artifact) => artifact,
         Err(e) => {
@@ -1001,6 +1148,10 @@ async fn import_image(
         Ok(ready.then_some(zones))
     })
     .await?;
+    eprintln!(
+        "build artifact Ready → both zones Ready: {:.1?}",
+        artifact_ready.elapsed()
+    );
 
     let shown = guides.run(
         kubeconfig,
@@ -1046,6 +1197,7 @@ async fn import_image(
     assert!(!ran.is_empty());
     // Where the import's time went: each pod's own account of its transfer (bytes sent as data
     // and as holes, seconds), beside the end-to-end figure above.
+    let mut transfers = Vec::new();
     for pod in &ran {
         let log = pods
             .logs(&pod_name(pod), &Default::default())
@@ -1053,8 +1205,28 @@ async fn import_image(
             .unwrap_or_default();
         if let Some(line) = log.lines().find(|l| l.contains("import complete")) {
             eprintln!("import pod {}: {}", pod_name(pod), line.trim());
+            transfers.extend(Transfer::parse(line));
         }
     }
+    let volume = zones
+        .first()
+        .and_then(|z| z.volume.clone())
+        .ok_or("a zone's volume")?;
+    let revision = images
+        .get(URL_IMAGE)
+        .await?
+        .status
+        .and_then(|s| s.revision)
+        .ok_or("the image's revision")?;
+    import_against_standalone(
+        cp,
+        libvirtd,
+        &transfers,
+        &dir.join(&path),
+        &volume,
+        &revision,
+    )
+    .await?;
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
     let creds = secrets.get("libvirt-edge-creds").await?;
     let encoded_key = creds

@@ -191,6 +191,8 @@ async fn a_saved_guest_is_resumed_with_its_tpm_and_its_clock() -> Result<(), Box
 
 /// The saved pool of [`a_saved_guest_is_resumed_with_its_tpm_and_its_clock`].
 const SAVED_POOL: &str = "saved";
+/// The InfrastructureReady pool of the side-by-side benchmark.
+const INFRASTRUCTURE_POOL: &str = "infrastructure";
 /// How long the saved member sleeps before it is claimed: its clock falls this far behind
 /// unless the provider sets it.
 const SAVED_SLEEP: Duration = Duration::from_secs(30);
@@ -335,12 +337,14 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
 
 /// The figures of docs/performance.md's "Saved warm pools", run by hand (each claim waits for
 /// its pool's refill, about a minute of both cores per claim):
-/// `BANLIEUE_SAVED_BENCH_CLAIMS` claims (default 20) alternating between two GuestReady pools
-/// of `BANLIEUE_SAVED_BENCH_MEMBERS` members (default 2), one `Running`, one `Saved`. Each
-/// claim is made once its pool has a member ready to take (saved, for the saved pool), so
-/// every claim is warm. Prints the guest processes' resident memory with the running pool
-/// alone and once the saved pool is full, the save images' size, and p50/p90/p99 of claim →
-/// Bound (running pool) and claim → Bound and → Resumed (saved pool).
+/// `BANLIEUE_SAVED_BENCH_CLAIMS` rounds (default 20) of one claim on each of three pools of
+/// `BANLIEUE_SAVED_BENCH_MEMBERS` members (default 2) of the same guest: a GuestReady
+/// `Running` pool, a GuestReady `Saved` one, and an InfrastructureReady `Running` one (its
+/// members handed out once their domain runs). Each claim is made once its pool has a member
+/// ready to take (saved, for the saved pool), so every claim is warm. Prints the guest
+/// processes' resident memory with the running pool alone and once the saved pool is full, the
+/// save images' size, and p50/p90/p99 of claim → Bound on each pool and → Resumed on the
+/// saved one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark of real guests under TCG: minutes of both cores per claim"]
 async fn saved_and_running_pools_side_by_side() -> Result<(), BoxError> {
@@ -389,7 +393,12 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
                     .into_iter()
                     .filter(|vm| !vm.labels().contains_key(names::LABEL_CLAIM))
                     .filter(|vm| {
-                        guest_ready(vm)
+                        let ready = if pool == INFRASTRUCTURE_POOL {
+                            infrastructure_ready(vm)
+                        } else {
+                            guest_ready(vm)
+                        };
+                        ready
                             && (!saved
                                 || vm.status.as_ref().and_then(|s| s.standby)
                                     == Some(Standby::Saved))
@@ -411,6 +420,20 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
     })
     .await?;
     let both_rss = resident();
+    // Handed out as soon as the domain runs: the same guests, without waiting for their boot.
+    let mut infrastructure = guest_pool(
+        INFRASTRUCTURE_POOL,
+        members as i32,
+        objects::GUEST_USER_DATA,
+    );
+    infrastructure.spec.readiness = PoolReadiness::InfrastructureReady;
+    dev::apply(&admin, &infrastructure).await?;
+    wait_until(
+        "the InfrastructureReady pool full",
+        POOL_BOOT_DEADLINE,
+        || async { Ok((ready(INFRASTRUCTURE_POOL, false).await? >= members).then_some(())) },
+    )
+    .await?;
     let mut images = 0;
     for vm in pool_members(&vms, SAVED_POOL).await? {
         if let Some(domain) = machines
@@ -436,8 +459,13 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
     let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let (mut warm_bound, mut saved_bound, mut saved_resumed) = (vec![], vec![], vec![]);
+    let mut infrastructure_bound = vec![];
     for round in 0..rounds {
-        for (pool, is_saved) in [(RUNNING_POOL, false), (SAVED_POOL, true)] {
+        for (pool, is_saved) in [
+            (RUNNING_POOL, false),
+            (SAVED_POOL, true),
+            (INFRASTRUCTURE_POOL, false),
+        ] {
             wait_until("a member to take", POOL_BOOT_DEADLINE, || async {
                 Ok((ready(pool, is_saved).await? >= 1).then_some(()))
             })
@@ -450,6 +478,8 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
             if is_saved {
                 saved_bound.push(bound);
                 saved_resumed.push(times.resumed.ok_or("not resumed")?.as_secs_f64());
+            } else if pool == INFRASTRUCTURE_POOL {
+                infrastructure_bound.push(bound);
             } else {
                 warm_bound.push(bound);
             }
@@ -457,7 +487,11 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
         }
     }
     for (what, samples) in [
-        ("running pool, claim → Bound", &mut warm_bound),
+        ("running pool (GuestReady), claim → Bound", &mut warm_bound),
+        (
+            "running pool (InfrastructureReady), claim → Bound",
+            &mut infrastructure_bound,
+        ),
         ("saved pool, claim → Bound", &mut saved_bound),
         ("saved pool, claim → Resumed", &mut saved_resumed),
     ] {
@@ -1005,6 +1039,12 @@ fn claim(name: &str) -> VirtualMachineClaim {
     claim.metadata.name = Some(name.into());
     claim.spec.pool_ref.name = POOL.into();
     claim
+}
+
+fn infrastructure_ready(vm: &VirtualMachine) -> bool {
+    vm.status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, types::INFRASTRUCTURE_READY))
 }
 
 fn guest_ready(vm: &VirtualMachine) -> bool {

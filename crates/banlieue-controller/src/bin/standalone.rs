@@ -28,7 +28,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 const USAGE: &str = "usage: controller KUBECONFIG [NAMESPACE] [--leader-elect[=BOOL] | --no-leader-elect] \
      [--lease-duration-seconds S] [--renew-deadline-seconds S] [--retry-period-seconds S] \
-     [--resync-seconds S] [--placement-kind API_VERSION/KIND/PLURAL/FINALIZER]";
+     [--resync-seconds S] [--concurrent-reconciles N] \
+     [--placement-kind API_VERSION/KIND/PLURAL/FINALIZER]";
 
 #[derive(Debug)]
 struct Args {
@@ -43,6 +44,8 @@ struct Args {
     resync: Duration,
     /// Machine kinds added to the built-in ones.
     placement_kinds: Vec<MachineBackend>,
+    /// Objects each reconciler works on at once (0: no bound).
+    concurrent_reconciles: u16,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -56,6 +59,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         retry_period: leader::DEFAULT_RETRY_PERIOD,
         resync: Duration::from_secs(5),
         placement_kinds: Vec::new(),
+        concurrent_reconciles: ControllerConfig::default().concurrent_reconciles,
     };
     let seconds = |value: Option<String>| -> Result<Duration, String> {
         let value = value.ok_or(USAGE)?;
@@ -73,6 +77,12 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--renew-deadline-seconds" => parsed.renew_deadline = seconds(args.next())?,
             "--retry-period-seconds" => parsed.retry_period = seconds(args.next())?,
             "--resync-seconds" => parsed.resync = seconds(args.next())?,
+            "--concurrent-reconciles" => {
+                let value = args.next().ok_or(USAGE)?;
+                parsed.concurrent_reconciles = value
+                    .parse()
+                    .map_err(|_| format!("not a count of reconciles: {value}"))?;
+            }
             "--placement-kind" => parsed
                 .placement_kinds
                 .push(placement_kind(&args.next().ok_or(USAGE)?)?),
@@ -163,6 +173,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         namespace: args.namespace,
         readiness_signal_grace: Duration::from_secs(2),
         resync: args.resync,
+        concurrent_reconciles: args.concurrent_reconciles,
         machine_backends: args
             .placement_kinds
             .into_iter()

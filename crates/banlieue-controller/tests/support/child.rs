@@ -62,15 +62,12 @@ impl ChildController {
         namespace: &str,
         run: u32,
         resync: Duration,
+        extra: &[&str],
     ) -> TestResult<Self> {
         let resync = resync.as_secs_f64().to_string();
-        Self::spawn_unelected(
-            kubeconfig,
-            namespace,
-            None,
-            run,
-            &["--resync-seconds", &resync],
-        )
+        let mut flags = vec!["--resync-seconds", &resync];
+        flags.extend_from_slice(extra);
+        Self::spawn_unelected(kubeconfig, namespace, None, run, &flags)
     }
 
     /// One process without leader election, its log named after `run`, with `extra` flags.
