@@ -249,9 +249,14 @@ pub enum ZonePhase {
     printcolumn = r#"{"name":"CPU","type":"integer","jsonPath":".spec.cpu"}"#,
     printcolumn = r#"{"name":"Memory","type":"string","jsonPath":".spec.memory"}"#,
     printcolumn = r#"{"name":"Firmware","type":"string","jsonPath":".spec.firmware"}"#,
-    printcolumn = r#"{"name":"TPM","type":"boolean","jsonPath":".spec.tpmEnabled"}"#
+    printcolumn = r#"{"name":"TPM","type":"boolean","jsonPath":".spec.tpmEnabled"}"#,
+    printcolumn = r#"{"name":"SecureBoot","type":"boolean","jsonPath":".spec.secureBoot"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.secureBoot) && self.secureBoot) || (has(self.firmware) && self.firmware == 'efi')",
+    "message": "secureBoot needs firmware: efi"
+}]))]
 pub struct VMClassSpec {
     /// Virtual CPUs.
     #[schemars(range(min = 1, max = 512))]
@@ -264,6 +269,10 @@ pub struct VMClassSpec {
     /// Attach an emulated TPM 2.0. Needs a failure domain that declares the `vtpm` feature.
     #[serde(default)]
     pub tpm_enabled: bool,
+    /// Boot with UEFI Secure Boot on and the firmware's default keys (Microsoft's) enrolled,
+    /// so only a signed boot chain starts. Needs `firmware: efi`.
+    #[serde(default)]
+    pub secure_boot: bool,
     /// Size of the OS disk; overrides the image's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_size: Option<Quantity>,

@@ -141,6 +141,9 @@ pub struct MachineReference {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!(has(self.userData) && has(self.userDataSecretRef))",
     "message": "set at most one of userData and userDataSecretRef"
+}, {
+    "rule": "!(has(self.secureBoot) && self.secureBoot) || (has(self.firmware) && self.firmware == 'efi')",
+    "message": "secureBoot needs firmware: efi"
 }]))]
 pub struct LibvirtMachineSpec {
     /// The Provider (same namespace) whose host runs the domain.
@@ -159,6 +162,12 @@ pub struct LibvirtMachineSpec {
     /// Attach an emulated TPM 2.0 (tpm-crb, swtpm).
     #[serde(default)]
     pub tpm_enabled: bool,
+    /// UEFI Secure Boot on, with the firmware's default keys enrolled (libvirt picks the
+    /// SMM-enabled firmware and a variable store with Microsoft's keys). Needs `firmware: efi`.
+    // Written only when asked for, so that a controller newer than the installed CRD
+    // writes no field the API server would drop.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure_boot: bool,
     /// Virtual CPUs.
     #[schemars(range(min = 1, max = 512))]
     pub cpu: u32,

@@ -100,6 +100,12 @@ pub struct VSphereMachineSpec {
     /// published and gate GuestReady (ADR-0045).
     #[serde(default)]
     pub tpm_enabled: bool,
+    /// Boot with UEFI Secure Boot: before its first power-on the VM is set to EFI firmware with
+    /// `bootOptions.efiSecureBootEnabled`, so the template must boot a signed chain under EFI.
+    // Written only when asked for, so that a controller newer than the installed CRD
+    // writes no field the API server would drop.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure_boot: bool,
     /// `Saved`: suspend the powered-on VM (`SuspendVM_Task`); `Running` or unset: run it,
     /// powering a suspended one on, which resumes it (ADR-0073). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

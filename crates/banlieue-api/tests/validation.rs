@@ -244,6 +244,50 @@ async fn user_data_is_inline_or_by_reference_and_bounded() {
 }
 
 #[tokio::test]
+async fn secure_boot_needs_efi_firmware() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VMClass>(&());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
+    let class = |name: &str, extra: Value| {
+        let mut spec = json!({ "cpu": 1, "memory": "1Gi" });
+        spec.as_object_mut()
+            .expect("spec")
+            .extend(extra.as_object().expect("fields").clone());
+        json!({ "apiVersion": "banlieue.io/v1alpha1", "kind": "VMClass",
+                "metadata": { "name": name }, "spec": spec })
+    };
+    // The firmware's default (bios) counts as not efi, as an explicit bios does.
+    for (name, extra) in [
+        ("defaulted", json!({ "secureBoot": true })),
+        ("bios", json!({ "secureBoot": true, "firmware": "bios" })),
+    ] {
+        let (code, message) = refusal(create(&api, class(name, extra)).await);
+        assert_eq!(code, 422, "{name}");
+        assert!(
+            message.contains("secureBoot needs firmware: efi"),
+            "{name}: {message}"
+        );
+    }
+    let created = create(
+        &api,
+        class("secure", json!({ "secureBoot": true, "firmware": "efi" })),
+    )
+    .await
+    .expect("secureBoot with efi is accepted");
+    assert_eq!(created.data["spec"]["secureBoot"], json!(true));
+    let plain = create(&api, class("plain", json!({})))
+        .await
+        .expect("a class without secureBoot is accepted");
+    assert_eq!(
+        plain.data["spec"]["secureBoot"],
+        json!(false),
+        "defaulted off"
+    );
+}
+
+#[tokio::test]
 async fn a_pool_scales_through_its_scale_subresource() {
     let cp = control_plane().await;
     let ns = cp.fresh_namespace().await.expect("namespace");

@@ -247,6 +247,7 @@ fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             disk,
             firmware: input.class.spec.firmware,
             tpm_enabled: input.class.spec.tpm_enabled,
+            secure_boot: input.class.spec.secure_boot,
             cpu: input.class.spec.cpu,
             memory: input.class.spec.memory.clone(),
             user_data: input.vm.spec.user_data.clone(),
@@ -297,6 +298,7 @@ fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             user_data: input.vm.spec.user_data.clone(),
             user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
             tpm_enabled: input.class.spec.tpm_enabled,
+            secure_boot: input.class.spec.secure_boot,
             // Born running: the VirtualMachine reconciler asks for `Saved` (a suspended VM)
             // once the member has reached its pool's readiness (ADR-0073).
             standby: None,
@@ -326,6 +328,10 @@ pub struct PlacementSpec {
     pub install_mode: InstallMode,
     pub disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
     pub firmware: banlieue_api::Firmware,
+    /// UEFI Secure Boot with the default keys enrolled; written only when asked for, so a
+    /// backend whose schema predates it sees the shape it always did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure_boot: bool,
     pub cpu: u32,
     pub memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -349,6 +355,7 @@ pub fn placement_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             install_mode: placement.image.install_mode,
             disk_size: placement.image.disk_size.clone(),
             firmware: input.class.spec.firmware,
+            secure_boot: input.class.spec.secure_boot,
             cpu: input.class.spec.cpu,
             memory: input.class.spec.memory.clone(),
             user_data: input.vm.spec.user_data.clone(),
@@ -458,7 +465,8 @@ mod tests {
         serde_json::from_value(json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VMClass",
             "metadata": {"name": "small"},
-            "spec": {"cpu": 2, "memory": "2Gi", "tpmEnabled": true, "firmware": "efi"}
+            "spec": {"cpu": 2, "memory": "2Gi", "tpmEnabled": true, "firmware": "efi",
+                     "secureBoot": true}
         }))
         .expect("valid VMClass")
     }
@@ -546,6 +554,7 @@ mod tests {
         assert_eq!(spec.disk.size.0, "20Gi");
         assert!(spec.tpm_enabled);
         assert_eq!(spec.firmware, banlieue_api::Firmware::Efi);
+        assert!(spec.secure_boot);
         assert_eq!((spec.cpu, spec.memory.0.as_str()), (2, "2Gi"));
         assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
 
@@ -663,7 +672,22 @@ mod tests {
         );
         assert_eq!((spec.cpu, spec.memory.0.as_str()), (2, "2Gi"));
         assert!(spec.tpm_enabled);
+        assert!(spec.secure_boot);
         assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
+        // Without Secure Boot the shape is the one it was before the field existed.
+        let mut plain = class.clone();
+        plain.spec.secure_boot = false;
+        let without = build(
+            found,
+            &MachineInput {
+                vm: &vm,
+                class: &plain,
+                placement: &placement,
+            },
+        )
+        .expect("buildable");
+        assert_eq!(without.data["spec"].get("secureBoot"), None);
+        assert_eq!(object.data["spec"]["secureBoot"], json!(true));
         let read = Machine::read(found, object).expect("the contract");
         assert_eq!(read.reference().api_version, "test.banlieue.io/v1alpha1");
         assert_eq!(read.reference().kind, "MemoryMachine");
@@ -774,6 +798,7 @@ mod tests {
         assert_eq!(spec.folder, None);
         assert_eq!((spec.cpu, spec.memory.0.as_str()), (2, "2Gi"));
         assert!(spec.tpm_enabled);
+        assert!(spec.secure_boot);
         assert_eq!(spec.user_data.as_deref(), Some("#cloud-config\n"));
 
         let read = Machine::read(&backend(MachineKind::VSPHERE_MACHINE), object).expect("contract");

@@ -175,12 +175,6 @@ pub fn provider_class(image: &str) -> ProviderClass {
                     verbs: vec!["get".into()],
                     ..PolicyRule::default()
                 },
-                PolicyRule {
-                    api_groups: Some(vec![String::new()]),
-                    resources: Some(vec!["persistentvolumeclaims".into()]),
-                    verbs: vec!["get".into()],
-                    ..PolicyRule::default()
-                },
             ],
             import: Default::default(),
             pod: Default::default(),
@@ -315,6 +309,7 @@ pub fn guest_class() -> VMClass {
             memory: Quantity("1Gi".into()),
             firmware: Firmware::Efi,
             tpm_enabled: true,
+            secure_boot: false,
             disk_size: None,
         },
     );
@@ -376,6 +371,7 @@ pub fn class() -> VMClass {
             memory: Quantity("128Mi".into()),
             firmware: Firmware::Bios,
             tpm_enabled: false,
+            secure_boot: false,
             disk_size: None,
         },
     );

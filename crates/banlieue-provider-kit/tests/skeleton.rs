@@ -275,6 +275,7 @@ fn libvirt_machine(name: &str, provider: &str, finalizers: &[&str]) -> LibvirtMa
             },
             firmware: Firmware::Bios,
             tpm_enabled: false,
+            secure_boot: false,
             cpu: 1,
             memory: Quantity("256Mi".into()),
             user_data: None,

@@ -31,6 +31,18 @@ impl DomainType {
     }
 }
 
+/// The firmware a domain boots: libvirt picks the loader and variable store that match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootFirmware {
+    /// SeaBIOS.
+    Bios,
+    /// OVMF without Secure Boot.
+    Efi,
+    /// OVMF with Secure Boot on and the distribution's default keys (Microsoft's) enrolled;
+    /// such firmware needs SMM, so that the guest cannot write the key variables itself.
+    EfiSecureBoot,
+}
+
 /// A volume of a storage pool, as a disk source (`<source pool=… volume=…/>`): libvirt resolves
 /// the path, so the provider never handles host paths.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +61,7 @@ pub struct DomainDefinition {
     pub domain_type: DomainType,
     pub vcpu: u32,
     pub memory_kib: u64,
-    pub efi: bool,
+    pub firmware: BootFirmware,
     pub tpm: bool,
     /// The machine's own qcow2 (an overlay, or an empty disk for Deferred/Manual).
     pub os_disk: VolumeRef,
@@ -86,6 +98,13 @@ fn write_domain(w: &mut Writer<Vec<u8>>, def: &DomainDefinition) -> std::io::Res
             w.create_element("features").write_inner_content(|w| {
                 w.create_element("acpi").write_empty()?;
                 w.create_element("apic").write_empty()?;
+                // Said, not left to libvirt: the secure firmware's descriptor requires SMM,
+                // and a domain without it matches no firmware.
+                if def.firmware == BootFirmware::EfiSecureBoot {
+                    w.create_element("smm")
+                        .with_attribute(("state", "on"))
+                        .write_empty()?;
+                }
                 Ok(())
             })?;
             text(w, "on_poweroff", "destroy")?;
@@ -102,7 +121,15 @@ fn write_os(w: &mut Writer<Vec<u8>>, def: &DomainDefinition) -> std::io::Result<
     let os = w.create_element("os");
     // No loader path: libvirt picks the loader and a per-domain varstore copy from its
     // firmware descriptors, which differ between distributions.
-    let os = if def.efi {
+    // Both features are always said, on or off, so that libvirt's choice among the firmware
+    // descriptors is the one asked for: plain OVMF, or the SMM-enabled build with a variable
+    // store that has the default keys enrolled and Secure Boot on.
+    let secure_boot = match def.firmware {
+        BootFirmware::Bios => None,
+        BootFirmware::Efi => Some("no"),
+        BootFirmware::EfiSecureBoot => Some("yes"),
+    };
+    let os = if secure_boot.is_some() {
         os.with_attribute(("firmware", "efi"))
     } else {
         os
@@ -112,13 +139,11 @@ fn write_os(w: &mut Writer<Vec<u8>>, def: &DomainDefinition) -> std::io::Result<
             .with_attribute(("arch", "x86_64"))
             .with_attribute(("machine", "q35"))
             .write_text_content(BytesText::new("hvm"))?;
-        if def.efi {
-            // Secure boot with enrolled keys needs the SMM-enabled firmware; the sandbox
-            // images are not signed, so both are off and libvirt picks plain OVMF.
+        if let Some(enabled) = secure_boot {
             w.create_element("firmware").write_inner_content(|w| {
                 for name in ["enrolled-keys", "secure-boot"] {
                     w.create_element("feature")
-                        .with_attribute(("enabled", "no"))
+                        .with_attribute(("enabled", enabled))
                         .with_attribute(("name", name))
                         .write_empty()?;
                 }
@@ -272,7 +297,7 @@ mod tests {
             domain_type: DomainType::Qemu,
             vcpu: 2,
             memory_kib: 1024 * 1024,
-            efi: false,
+            firmware: BootFirmware::Bios,
             tpm: false,
             os_disk: VolumeRef {
                 pool: "default".into(),
@@ -290,7 +315,7 @@ mod tests {
     #[test]
     fn devices_follow_the_shape() {
         let xml = render(&DomainDefinition {
-            efi: true,
+            firmware: BootFirmware::Efi,
             tpm: true,
             domain_type: DomainType::Kvm,
             install_media: Some(VolumeRef {
@@ -311,6 +336,24 @@ mod tests {
             "{xml}"
         );
         assert!(!xml.contains("<graphics"), "{xml}");
+    }
+
+    #[test]
+    fn only_secure_boot_enables_the_features_and_smm() {
+        let features = |firmware| {
+            let xml = render(&DomainDefinition {
+                firmware,
+                ..immediate()
+            });
+            (
+                xml.matches(r#"enabled="yes""#).count(),
+                xml.matches(r#"enabled="no""#).count(),
+                xml.contains(r#"<smm state="on"/>"#),
+            )
+        };
+        assert_eq!(features(BootFirmware::Bios), (0, 0, false));
+        assert_eq!(features(BootFirmware::Efi), (0, 2, false));
+        assert_eq!(features(BootFirmware::EfiSecureBoot), (2, 0, true));
     }
 
     #[test]

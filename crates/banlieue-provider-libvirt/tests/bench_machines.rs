@@ -103,6 +103,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                     },
                     firmware: Firmware::Bios,
                     tpm_enabled: false,
+                    secure_boot: false,
                     cpu: 1,
                     memory: Quantity("64Mi".into()),
                     user_data: None,

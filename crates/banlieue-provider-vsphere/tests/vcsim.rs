@@ -268,6 +268,15 @@ impl Env {
     }
 
     async fn create_machine(&self, name: &str, user_data: Option<&str>) -> VSphereMachine {
+        self.create_machine_with(name, user_data, false).await
+    }
+
+    async fn create_machine_with(
+        &self,
+        name: &str,
+        user_data: Option<&str>,
+        secure_boot: bool,
+    ) -> VSphereMachine {
         let machine = VSphereMachine::new(
             name,
             VSphereMachineSpec {
@@ -282,6 +291,7 @@ impl Env {
                 user_data: user_data.map(str::to_owned),
                 user_data_secret_ref: None,
                 tpm_enabled: false,
+                secure_boot,
                 standby: None,
             },
         );
@@ -629,6 +639,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
                 "config.hardware.numCPU",
                 "config.hardware.memoryMB",
                 "config.instanceUuid",
+                "config.firmware",
             ],
         )
         .await
@@ -668,6 +679,48 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         Some(format!("vsphere://{uuid}"))
     );
     assert_eq!(status.instance_uuid.as_deref(), Some(uuid));
+    // Not asked for Secure Boot: the clone keeps the firmware it was cloned with.
+    assert_eq!(
+        placed.get("config.firmware").and_then(PropertyValue::text),
+        Some("bios")
+    );
+    // Asked for it: set to EFI with Secure Boot on before its first power-on.
+    let secure = env.create_machine_with("secure-01", None, true).await;
+    env.machine_until("secure-01", "the secure-boot machine Ready", |m| {
+        m.status.as_ref().is_some_and(|s| s.contract.ready)
+    })
+    .await;
+    let secure_vm = vc
+        .find_by_inventory_path(&format!("DC0/vm/{}", env.vm_name("secure-01")))
+        .await
+        .expect("find")
+        .expect("the secure-boot machine's VM");
+    let boot = vc
+        .retrieve_one(
+            &secure_vm,
+            &[
+                "config.firmware",
+                "config.bootOptions",
+                "runtime.powerState",
+            ],
+        )
+        .await
+        .expect("boot settings");
+    assert_eq!(
+        boot.get("config.firmware").and_then(PropertyValue::text),
+        Some("efi")
+    );
+    let efi_secure_boot = match boot.get("config.bootOptions") {
+        Some(PropertyValue::Other(options)) => options
+            .child_text("efiSecureBootEnabled")
+            .map(str::to_owned),
+        other => panic!("config.bootOptions is {other:?}"),
+    };
+    assert_eq!(efi_secure_boot.as_deref(), Some("true"));
+    env.machines()
+        .delete(&secure.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the secure-boot machine");
     // No phase yet: the guest has said nothing.
     let guest = condition(&machine, types::GUEST_READY).expect("GuestReady");
     assert_eq!(

@@ -48,6 +48,8 @@ pub enum Error {
         exit_code: i64,
         stderr: String,
     },
+    #[error("{path} holds {len} bytes, not an EFI variable (4 attribute bytes and a value)")]
+    NotEfiVariable { path: String, len: usize },
     #[error("not base64: {b64:?}")]
     NotBase64 {
         b64: String,
@@ -105,6 +107,28 @@ pub async fn read_text(daemon: &Libvirtd, domain: &str, path: &str) -> Result<St
         path: path.to_owned(),
         source,
     })
+}
+
+/// The UEFI global variable `SecureBoot` as Linux's efivarfs shows it: four attribute bytes,
+/// then the value, 1 when the firmware enforces Secure Boot.
+pub const SECURE_BOOT_EFIVAR: &str =
+    "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
+
+/// Whether the guest's firmware booted it with Secure Boot enforced, from the guest's side.
+pub async fn secure_boot(daemon: &Libvirtd, domain: &str) -> Result<bool> {
+    let bytes = read_file(daemon, domain, SECURE_BOOT_EFIVAR).await?;
+    secure_boot_value(&bytes).ok_or_else(|| Error::NotEfiVariable {
+        path: SECURE_BOOT_EFIVAR.to_owned(),
+        len: bytes.len(),
+    })
+}
+
+/// The value of an efivarfs `SecureBoot` file: `None` unless it is attributes and one byte.
+fn secure_boot_value(bytes: &[u8]) -> Option<bool> {
+    match bytes {
+        [_, _, _, _, value] => Some(*value == 1),
+        _ => None,
+    }
 }
 
 /// What a command run in the guest printed, and how it exited.
@@ -178,4 +202,19 @@ fn decode(b64: &str) -> Result<Vec<u8>> {
 
 fn owned(args: &[&str]) -> Vec<String> {
     args.iter().map(|&arg| arg.to_owned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secure_boot_value;
+
+    #[test]
+    fn secure_boot_is_the_byte_after_the_attributes() {
+        // Attributes NV|BS|RT (0x06 little-endian), then the value.
+        assert_eq!(secure_boot_value(&[6, 0, 0, 0, 1]), Some(true));
+        assert_eq!(secure_boot_value(&[6, 0, 0, 0, 0]), Some(false));
+        assert_eq!(secure_boot_value(&[6, 0, 0, 0]), None);
+        assert_eq!(secure_boot_value(&[6, 0, 0, 0, 1, 0]), None);
+        assert_eq!(secure_boot_value(&[]), None);
+    }
 }

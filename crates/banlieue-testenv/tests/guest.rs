@@ -210,6 +210,11 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
         marker.trim() == format!("user-data ran: {token}"),
         "marker {marker:?}"
     );
+    // Booted by EFI with the secure-boot features off: the firmware enforces nothing.
+    ensure!(
+        !guest_agent::secure_boot(&daemon, name).await?,
+        "the guest reports Secure Boot on"
+    );
     for pem in [EK_RSA_PEM, EK_ECC_PEM] {
         let text = guest_agent::read_text(&daemon, name, pem).await?;
         ensure!(

@@ -159,7 +159,8 @@ pub fn clone_vm_task(vm: &ManagedObjectRef, spec: &CloneSpec) -> Request {
 pub fn reconfig_vm_task(vm: &ManagedObjectRef, spec: &ReconfigSpec) -> Request {
     let mut w = BodyWriter::new("ReconfigVM_Task", vm);
     w.open("spec");
-    // VirtualMachineConfigSpec: numCPUs, memoryMB, extraConfig in this order.
+    // VirtualMachineConfigSpec: numCPUs, memoryMB, extraConfig, bootOptions, firmware in this
+    // order (the schema's sequence; vCenter refuses elements out of it).
     if let Some(cpus) = spec.num_cpus {
         w.text("numCPUs", &cpus.to_string());
     }
@@ -167,6 +168,14 @@ pub fn reconfig_vm_task(vm: &ManagedObjectRef, spec: &ReconfigSpec) -> Request {
         w.text("memoryMB", &memory.to_string());
     }
     write_extra_config(&mut w, &spec.extra_config);
+    if let Some(secure_boot) = spec.efi_secure_boot {
+        w.open("bootOptions")
+            .text("efiSecureBootEnabled", bool_text(secure_boot))
+            .close("bootOptions");
+    }
+    if let Some(firmware) = &spec.firmware {
+        w.text("firmware", firmware);
+    }
     w.close("spec");
     w.finish()
 }
@@ -367,6 +376,18 @@ mod tests {
                     num_cpus: Some(4),
                     memory_mb: Some(8192),
                     extra_config: vec![("guestinfo.banlieue.phase".into(), "ready".into())],
+                    ..Default::default()
+                }
+            ))
+        );
+        insta::assert_snapshot!(
+            "reconfig_vm_task_secure_boot",
+            check(&reconfig_vm_task(
+                &vm,
+                &ReconfigSpec {
+                    efi_secure_boot: Some(true),
+                    firmware: Some("efi".into()),
+                    ..Default::default()
                 }
             ))
         );

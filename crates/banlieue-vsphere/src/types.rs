@@ -188,6 +188,10 @@ pub struct ReconfigSpec {
     pub memory_mb: Option<i64>,
     /// `extraConfig` entries to set; an empty value removes the key.
     pub extra_config: Vec<(String, String)>,
+    /// `bootOptions.efiSecureBootEnabled`: UEFI Secure Boot on or off (needs EFI firmware).
+    pub efi_secure_boot: Option<bool>,
+    /// `firmware`: `bios` or `efi` (vim25's GuestOsDescriptorFirmwareType).
+    pub firmware: Option<String>,
 }
 
 /// A task's state.

@@ -301,6 +301,7 @@ async fn a_clone_carries_its_guestinfo_powers_on_and_off_and_is_destroyed() {
         num_cpus: Some(2),
         memory_mb: Some(2048),
         extra_config: vec![("SET.guest.ipAddress".into(), "192.0.2.10".into())],
+        ..ReconfigSpec::default()
     };
     wait(
         &client,

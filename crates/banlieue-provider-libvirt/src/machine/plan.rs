@@ -8,7 +8,7 @@ use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddres
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
 
-use crate::domain_xml::{DomainDefinition, DomainType, VolumeRef};
+use crate::domain_xml::{BootFirmware, DomainDefinition, DomainType, VolumeRef};
 use crate::error::{Error, Result};
 use crate::quantity;
 
@@ -169,13 +169,28 @@ pub fn definition(
         domain_type,
         vcpu: spec.cpu,
         memory_kib: memory / 1024,
-        efi: spec.firmware == Firmware::Efi,
+        firmware: boot_firmware(spec.firmware, spec.secure_boot)?,
         tpm: spec.tpm_enabled,
         os_disk: volume(&names.os_volume),
         install_media: spec.disk.install_media.as_deref().map(volume),
         cidata: volume(&names.cidata_volume),
         network: spec.network.clone(),
     })
+}
+
+/// The firmware to boot. Secure Boot without EFI is refused rather than dropped: the CRD
+/// rejects it, so only a machine written around the schema gets here, and it must not boot
+/// without the Secure Boot it asked for.
+fn boot_firmware(firmware: Firmware, secure_boot: bool) -> Result<BootFirmware> {
+    match (firmware, secure_boot) {
+        (Firmware::Bios, false) => Ok(BootFirmware::Bios),
+        (Firmware::Efi, false) => Ok(BootFirmware::Efi),
+        (Firmware::Efi, true) => Ok(BootFirmware::EfiSecureBoot),
+        (Firmware::Bios, true) => Err(Error::Invalid {
+            reason: reasons::PROVISIONING,
+            message: "secureBoot needs firmware: efi".into(),
+        }),
+    }
 }
 
 /// The NoCloud seed: instance-id is the domain's UUID, so a rebuilt VM is a new instance;
@@ -579,6 +594,7 @@ mod tests {
                 disk,
                 firmware: Firmware::Bios,
                 tpm_enabled: false,
+                secure_boot: false,
                 cpu: 2,
                 memory: Quantity("1Gi".into()),
                 user_data: user_data.map(str::to_owned),
@@ -652,6 +668,22 @@ mod tests {
         m.spec.firmware = Firmware::Efi;
         m.spec.tpm_enabled = true;
         insta::assert_snapshot!(xml(&m));
+    }
+
+    #[test]
+    fn efi_secure_boot_machine_xml() {
+        let mut m = machine(immediate(), None);
+        m.spec.firmware = Firmware::Efi;
+        m.spec.secure_boot = true;
+        insta::assert_snapshot!(xml(&m));
+    }
+
+    #[test]
+    fn secure_boot_without_efi_is_refused() {
+        let mut m = machine(immediate(), None);
+        m.spec.secure_boot = true;
+        let error = definition(&m, UUID, DomainType::Qemu).expect_err("refused");
+        assert!(error.to_string().contains("secureBoot"), "{error}");
     }
 
     #[test]

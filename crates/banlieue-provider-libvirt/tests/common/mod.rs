@@ -192,7 +192,7 @@ impl Host {
             }],
             features: vec!["vtpm".into()],
             // The image volumes the tests make (or name to find them missing).
-            backing_file_volumes: ["base.raw", "installer.iso", "missing.raw"]
+            backing_file_volumes: ["base.raw", "installer.iso", "missing.raw", "guest.qcow2"]
                 .map(String::from)
                 .to_vec(),
             memory_overcommit_percent: None,

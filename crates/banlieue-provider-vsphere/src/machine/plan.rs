@@ -111,6 +111,18 @@ pub fn memory_mib(machine: &VSphereMachine) -> Result<i64> {
     i64::try_from(mib).map_err(|_| invalid())
 }
 
+/// Whether a powered-off VM must be set to EFI firmware with Secure Boot on: the machine asks
+/// for Secure Boot and the VM lacks either. A clone keeps its template's firmware, so Secure
+/// Boot brings EFI with it (the class asked for both); a machine that does not ask leaves the
+/// template's settings alone.
+pub fn needs_secure_boot(
+    machine: &VSphereMachine,
+    firmware: Option<&str>,
+    efi_secure_boot: Option<bool>,
+) -> bool {
+    machine.spec.secure_boot && (firmware != Some("efi") || efi_secure_boot != Some(true))
+}
+
 /// What a VM of the machine's name is to the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ownership {
@@ -540,6 +552,7 @@ mod tests {
                 user_data: None,
                 user_data_secret_ref: None,
                 tpm_enabled: false,
+                secure_boot: false,
                 standby: None,
             },
         );
@@ -929,5 +942,18 @@ mod tests {
     fn endorsement_certificates_that_do_not_parse_are_left_out() {
         let (pems, digests) = endorsement_certificates(&[b"not DER".to_vec()]);
         assert!(pems.is_empty() && digests.is_empty());
+    }
+
+    #[test]
+    fn secure_boot_brings_efi_and_is_set_only_when_missing() {
+        let plain = machine();
+        assert!(!needs_secure_boot(&plain, Some("bios"), None));
+        assert!(!needs_secure_boot(&plain, Some("efi"), Some(false)));
+        let mut secure = machine();
+        secure.spec.secure_boot = true;
+        assert!(needs_secure_boot(&secure, Some("bios"), None));
+        assert!(needs_secure_boot(&secure, Some("efi"), Some(false)));
+        assert!(needs_secure_boot(&secure, None, Some(true)));
+        assert!(!needs_secure_boot(&secure, Some("efi"), Some(true)));
     }
 }

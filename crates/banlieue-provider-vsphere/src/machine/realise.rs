@@ -40,6 +40,8 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
                 "config.hardware.numCPU",
                 "config.hardware.memoryMB",
                 "config.instanceUuid",
+                "config.firmware",
+                "config.bootOptions",
             ],
         )
         .await
@@ -50,15 +52,24 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
     };
     let cpus = i64::from(machine.spec.cpu);
     let memory = plan::memory_mib(machine)?;
-    // Only a powered-off VM is resized: vSphere changes no hardware of a suspended one.
-    if info.power_state == PowerState::PoweredOff
-        && (int("config.hardware.numCPU") != Some(cpus)
-            || int("config.hardware.memoryMB") != Some(memory))
-    {
+    let resize = int("config.hardware.numCPU") != Some(cpus)
+        || int("config.hardware.memoryMB") != Some(memory);
+    let secure_boot = plan::needs_secure_boot(
+        machine,
+        hardware
+            .get("config.firmware")
+            .and_then(PropertyValue::text),
+        efi_secure_boot(hardware.get("config.bootOptions")),
+    );
+    // Only a powered-off VM is changed: vSphere changes no hardware of a suspended one, and
+    // boot options matter only before the (first) power-on.
+    if info.power_state == PowerState::PoweredOff && (resize || secure_boot) {
         let spec = ReconfigSpec {
             num_cpus: i32::try_from(cpus).ok(),
             memory_mb: Some(memory),
             extra_config: Vec::new(),
+            efi_secure_boot: secure_boot.then_some(true),
+            firmware: secure_boot.then(|| "efi".to_owned()),
         };
         let task = client
             .reconfigure_vm(&vm, &spec)
@@ -103,6 +114,18 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         .filter(|u| !u.is_empty() && u.len() <= 64)
         .map(str::to_owned);
     Ok(observed(machine, vm_name, &info, instance_uuid, standby))
+}
+
+/// `efiSecureBootEnabled` of a `config.bootOptions` value; `None` when unset.
+fn efi_secure_boot(boot_options: Option<&PropertyValue>) -> Option<bool> {
+    match boot_options? {
+        PropertyValue::Other(options) => match options.child_text("efiSecureBootEnabled")? {
+            "true" | "1" => Some(true),
+            "false" | "0" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// A power task.
