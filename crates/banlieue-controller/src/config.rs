@@ -34,7 +34,9 @@ pub struct ControllerConfig {
     pub machine_backends: MachineBackends,
     /// How many objects each reconciler (VirtualMachines, pools, claims) works on at once; 0
     /// for no bound. The API client speaks HTTP/1.1, one request at a time per connection, so
-    /// without a bound a burst of claims opens about one TLS connection per claim in flight.
+    /// without a bound a burst of claims opens about one TLS connection per claim in flight:
+    /// a burst of 300 claims took the controller to 300–320 MiB resident and a p50 of
+    /// 2.25–2.36 s, against 66 MiB and 1.75–1.77 s with 32 (docs/performance.md).
     pub concurrent_reconciles: u16,
 }
 
@@ -50,7 +52,7 @@ impl Default for ControllerConfig {
             reconcile_timeout: Duration::from_secs(30),
             manager_name: crate::FIELD_MANAGER.to_owned(),
             machine_backends: MachineBackends::built_in(),
-            concurrent_reconciles: 0,
+            concurrent_reconciles: 32,
         }
     }
 }

@@ -21,7 +21,7 @@
 //! long a claim is held once ready before it is deleted, 1000), `…_QUIET` (how idle the machine
 //! must be, over 3 s, before each phase, 0.7), `…_SYSTEMS` (`banlieue` or `agent-sandbox` alone;
 //! both by default), `…_CONCURRENT_RECONCILES` (banlieue's `--concurrent-reconciles`; its
-//! default otherwise). The smoke test runs the same
+//! default otherwise, 32). The smoke test runs the same
 //! code at a tiny rate, so it cannot rot.
 
 mod support;
