@@ -24,6 +24,8 @@ from pathlib import Path
 # Test binaries that boot guests under TCG: each keeps both cores busy while it does.
 BOOTS_GUESTS = {
     "banlieue::guests",
+    # The Secure Boot test boots the test guest beside the binary's libvirtd restart tests.
+    "banlieue-provider-libvirt::machine",
     "banlieue-dev::dev",
     "banlieue-testenv::guest",
 }
