@@ -436,6 +436,18 @@ pub async fn bootstrap_cluster(kube: &Client) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// [`bootstrap_cluster`] without its Deployments, for a cluster with a node whose roles run
+/// in this process: there a controller pod would be a second controller, and a pod of an image
+/// the node lacks a pull from a registry.
+pub async fn bootstrap_cluster_without_workloads(kube: &Client) -> Result<(), BoxError> {
+    let objects: Vec<_> = bootstrap::bootstrap_objects()?
+        .into_iter()
+        .filter(|o| o.types.as_ref().is_none_or(|t| t.kind != "Deployment"))
+        .collect();
+    bootstrap::apply_all(kube, &objects, |_| {}).await?;
+    Ok(())
+}
+
 /// Applies the shipped admission policies with the dev issuer and images, and lets [`objects::CLAIMANT`]
 /// create and read claims in the system namespace.
 pub async fn admit_claimant(kube: &Client) -> Result<(), BoxError> {
@@ -506,6 +518,31 @@ pub async fn spawn_controller_with(
             ..banlieue::roles::Roles::default()
         },
     )
+}
+
+/// Runs the Provider operator alone in this process, as the controller's ServiceAccount,
+/// watching only `namespace`'s Providers: for a control plane other tests' Providers share.
+pub async fn spawn_operator(
+    control_plane: &ControlPlane,
+    namespace: &str,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, BoxError> {
+    let kube = control_plane
+        .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
+        .await?;
+    let config = banlieue_provider_kit::operator::OperatorConfig {
+        namespace: Some(namespace.to_owned()),
+        ..Default::default()
+    };
+    let shutdown = shutdown.clone();
+    Ok(tokio::spawn(async move {
+        let stop = shutdown.clone().cancelled_owned();
+        let outcome = banlieue_provider_kit::operator::run_operator(kube, config, stop).await;
+        if let Err(error) = outcome {
+            say!("the provider operator failed: {error}");
+            shutdown.cancel();
+        }
+    }))
 }
 
 /// Runs the workload of the Provider `provider` (in the system namespace) in this process, as
