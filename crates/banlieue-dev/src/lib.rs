@@ -51,6 +51,20 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Size of the BackingFile image: enough for QEMU to open, small enough to write instantly.
 const IMAGE_BYTES: u64 = 4 << 20;
 
+/// The BackingFile image's first sector: `cli; hlt; jmp back to hlt` and the boot signature.
+/// SeaBIOS boots it and the vCPU sleeps for good; with no bootable disk SeaBIOS would keep
+/// looking for one, and under TCG a few hundred such domains keep two cores busy.
+const HALTING_BOOT_SECTOR: [u8; 512] = {
+    let mut sector = [0u8; 512];
+    sector[0] = 0xFA; // cli
+    sector[1] = 0xF4; // hlt
+    sector[2] = 0xEB; // jmp short, relative to the next instruction (offset 4)...
+    sector[3] = 0xFD; // ...-3: back to the hlt
+    sector[510] = 0x55;
+    sector[511] = 0xAA;
+    sector
+};
+
 #[derive(Debug, clap::Subcommand)]
 pub enum DevCommand {
     /// Start a local control plane and libvirtd, bootstrap, register a Provider, run the
@@ -658,10 +672,14 @@ async fn prepare_host(host: &LibvirtClient, pool_dir: &str, bridge: &str) -> Res
         StorageVolCreateFlags::empty(),
     )
     .await?;
-    let mut zeros = tokio::io::AsyncReadExt::take(tokio::io::repeat(0), IMAGE_BYTES);
+    let zeros = tokio::io::AsyncReadExt::take(
+        tokio::io::repeat(0),
+        IMAGE_BYTES - HALTING_BOOT_SECTOR.len() as u64,
+    );
+    let mut disk = tokio::io::AsyncReadExt::chain(&HALTING_BOOT_SECTOR[..], zeros);
     volume
         .upload(
-            &mut zeros,
+            &mut disk,
             TransferOptions::new().length(IMAGE_BYTES).sparse(true),
         )
         .await?;
