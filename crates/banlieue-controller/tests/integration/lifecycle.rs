@@ -73,7 +73,12 @@ async fn deleting_the_pool_keeps_bound_members() -> TestResult {
     let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
     let bound = h.bound_claim("p", 2, "c").await?;
-    h.wait_available("p", 2).await?;
+    // Two available is also what the pool said before the bind: wait for the status that
+    // counts the bound member, written once the refill exists.
+    h.wait_pool("p", "two available besides the bound member", |s| {
+        (s.replicas, s.available_replicas, s.claimed_replicas) == (2, 2, 1)
+    })
+    .await?;
     let unclaimed: Vec<String> = h.members("p").await?.iter().map(|m| m.name_any()).collect();
     assert_eq!(unclaimed.len(), 2);
 
