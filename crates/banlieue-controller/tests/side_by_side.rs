@@ -167,8 +167,7 @@ impl LibvirtHost {
         )]);
         banlieue_dev::register_provider(&admin, &libvirtd, &class).await?;
         let shutdown = CancellationToken::new();
-        let mut workers =
-            vec![banlieue_dev::spawn_operator(cp, SYSTEM_NAMESPACE, &shutdown).await?];
+        let mut workers = banlieue_dev::spawn_operator(cp, SYSTEM_NAMESPACE, &shutdown).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         workers.extend(
             banlieue_dev::spawn_provider_workload(

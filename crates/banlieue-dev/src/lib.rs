@@ -540,23 +540,20 @@ pub async fn spawn_operator(
     control_plane: &ControlPlane,
     namespace: &str,
     shutdown: &CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, BoxError> {
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
     let kube = control_plane
         .client_as_service_account(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT)
         .await?;
-    let config = banlieue_provider_kit::operator::OperatorConfig {
-        namespace: Some(namespace.to_owned()),
-        ..Default::default()
-    };
-    let shutdown = shutdown.clone();
-    Ok(tokio::spawn(async move {
-        let stop = shutdown.clone().cancelled_owned();
-        let outcome = banlieue_provider_kit::operator::run_operator(kube, config, stop).await;
-        if let Err(error) = outcome {
-            say!("the provider operator failed: {error}");
-            shutdown.cancel();
-        }
-    }))
+    banlieue::roles::spawn_all(
+        &kube,
+        &mut Registry::default(),
+        shutdown,
+        banlieue::roles::Roles {
+            operator: true,
+            operator_namespace: Some(namespace.to_owned()),
+            ..banlieue::roles::Roles::default()
+        },
+    )
 }
 
 /// Runs the workload of the Provider `provider` (in the system namespace) in this process, as
@@ -967,5 +964,25 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dev_image_boots_into_a_halt_it_never_leaves() {
+        let sector = HALTING_BOOT_SECTOR;
+        assert_eq!(
+            &sector[510..],
+            [0x55, 0xAA],
+            "SeaBIOS boots only a signed sector"
+        );
+        assert_eq!(&sector[..2], [0xFA, 0xF4], "interrupts off, then hlt");
+        // The short jump after the hlt lands on the hlt: an NMI's return halts again.
+        assert_eq!(sector[2], 0xEB);
+        let next = 4_i64;
+        assert_eq!(next + i64::from(sector[3] as i8), 1);
     }
 }

@@ -23,6 +23,8 @@ pub struct Roles {
     pub controller: bool,
     /// The Provider operator: each Provider's workload (never its host).
     pub operator: bool,
+    /// Watch only this namespace's Providers (the operator's; every namespace when `None`).
+    pub operator_namespace: Option<String>,
     /// One libvirt Provider's workload: its readiness, LibvirtMachines and image imports:
     /// (name, namespace).
     pub libvirt_provider: Option<(String, String)>,
@@ -77,7 +79,10 @@ pub fn spawn_all(
         tasks.push(supervise("provider operator", shutdown, async move {
             banlieue_provider_kit::operator::run_operator(
                 kube,
-                OperatorConfig::default(),
+                OperatorConfig {
+                    namespace: roles.operator_namespace,
+                    ..OperatorConfig::default()
+                },
                 stop.cancelled_owned(),
             )
             .await
