@@ -142,6 +142,8 @@ pub(crate) struct Context {
     event_windows: Arc<Mutex<EventWindows>>,
     /// When each pool's status was last written by this process.
     pub status_writes: LastWrites,
+    /// When each waiting claim's status was last written by this process, by uid.
+    pub waiting_writes: LastWrites,
     /// VirtualMachines whose status this process wrote, until the cache shows the write.
     pub vm_writes: OwnWrites<VirtualMachine>,
     /// Claims whose status this process wrote, until the cache shows the write.
@@ -184,7 +186,8 @@ impl Context {
             placements: RecentPlacements::default(),
             assignments: Mutex::default(),
             event_windows: Arc::default(),
-            status_writes: LastWrites::default(),
+            status_writes: LastWrites::keeping(crate::pool::decide::STATUS_COUNTS_INTERVAL),
+            waiting_writes: LastWrites::keeping(crate::claim::decide::WAITING_COUNTS_INTERVAL),
             vm_writes: OwnWrites::default(),
             claim_writes: OwnWrites::default(),
             startup_failures: StartupFailures::default(),
@@ -341,25 +344,33 @@ where
     store.get(&ObjectRef::new(name).within(namespace))
 }
 
-/// When this process last wrote each object's status, kept for
-/// [`crate::pool::decide::STATUS_COUNTS_INTERVAL`] only: older writes no longer delay a new one.
-#[derive(Debug, Default)]
+/// When this process last wrote each object's status, kept only as long as a write that old
+/// can still delay a new one.
+#[derive(Debug)]
 pub(crate) struct LastWrites {
+    keep: std::time::Duration,
     at: Mutex<HashMap<String, Instant>>,
 }
 
 impl LastWrites {
+    pub fn keeping(keep: std::time::Duration) -> Self {
+        Self {
+            keep,
+            at: Mutex::default(),
+        }
+    }
+
     /// How long ago `key` was last written, if recently enough to matter.
     pub fn since_last(&self, key: &str, now: Instant) -> Option<std::time::Duration> {
         let at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
-        at.get(key).map(|t| now.saturating_duration_since(*t))
+        at.get(key)
+            .map(|t| now.saturating_duration_since(*t))
+            .filter(|since| *since < self.keep)
     }
 
     pub fn wrote(&self, key: &str, now: Instant) {
         let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
-        at.retain(|_, t| {
-            now.saturating_duration_since(*t) < crate::pool::decide::STATUS_COUNTS_INTERVAL
-        });
+        at.retain(|_, t| now.saturating_duration_since(*t) < self.keep);
         at.insert(key.to_owned(), now);
     }
 }

@@ -361,6 +361,72 @@ impl ClaimSystem for Banlieue {
     fn controller_pid(&self) -> u32 {
         self.controller.pid()
     }
+
+    /// The pool's counts and Ready condition, then its members that are not Ready, with their
+    /// conditions: what a pool that stopped short of full was waiting for.
+    async fn shortfall(&self) -> Vec<String> {
+        let summary = |conditions: &[banlieue_api::conditions::Condition]| {
+            conditions
+                .iter()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let mut lines = Vec::new();
+        match self.api::<VirtualMachinePool>().get(POOL).await {
+            Ok(pool) => {
+                let status = pool.status.unwrap_or_default();
+                lines.push(format!(
+                    "pool: {} replicas, {} ready, {} available, {} claimed; {}",
+                    status.replicas,
+                    status.ready_replicas,
+                    status.available_replicas,
+                    status.claimed_replicas,
+                    summary(&status.conditions)
+                ));
+            }
+            Err(error) => lines.push(format!("pool: {error}")),
+        }
+        let selector = format!("{}={POOL}", banlieue_api::names::LABEL_POOL);
+        match self
+            .api::<VirtualMachine>()
+            .list(&ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(members) => lines.extend(
+                members
+                    .items
+                    .iter()
+                    .filter(|vm| {
+                        vm.metadata.deletion_timestamp.is_some()
+                            || !vm.status.as_ref().is_some_and(|s| {
+                                banlieue_api::conditions::is_true(
+                                    &s.conditions,
+                                    banlieue_api::conditions::types::READY,
+                                )
+                            })
+                    })
+                    .take(20)
+                    .map(|vm| {
+                        let conditions = vm
+                            .status
+                            .as_ref()
+                            .map_or_else(String::new, |s| summary(&s.conditions));
+                        let deleting = if vm.metadata.deletion_timestamp.is_some() {
+                            " (deleting)"
+                        } else {
+                            ""
+                        };
+                        format!(
+                            "member {}{deleting}: {conditions}",
+                            vm.metadata.name.as_deref().unwrap_or_default()
+                        )
+                    }),
+            ),
+            Err(error) => lines.push(format!("members: {error}")),
+        }
+        lines
+    }
 }
 
 struct AgentSandboxPool {

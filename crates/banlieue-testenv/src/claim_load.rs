@@ -75,6 +75,11 @@ pub trait ClaimSystem: Sync {
     fn warm(&self) -> impl Future<Output = Result<usize>> + Send;
     /// The PID of its controller.
     fn controller_pid(&self) -> u32;
+    /// What keeps the pool short of full, one line each, for the error when it does not
+    /// refill in time.
+    fn shortfall(&self) -> impl Future<Output = Vec<String>> + Send {
+        async { Vec::new() }
+    }
 }
 
 /// When claims arrive.
@@ -373,11 +378,13 @@ pub async fn wait_warm(
             return Ok(Instant::now());
         }
         if Instant::now() >= end {
+            let mut missing = vec![format!("{} warm members", system.name())];
+            missing.extend(system.shortfall().await);
             return Err(Error::NotReady {
                 created: members,
                 ready: warm,
                 after: deadline,
-                missing: vec![format!("{} warm members", system.name())],
+                missing,
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -2,6 +2,7 @@
 //! of its Bound condition.
 
 use std::cmp::Ordering;
+use std::time::Duration;
 
 use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::{ClaimPhase, Standby, VirtualMachine, VirtualMachineClaimStatus};
@@ -73,6 +74,53 @@ pub fn expires_at(bound_at: Timestamp, ttl_seconds: i64) -> Timestamp {
 /// The message of `Bound=False, NoMemberAvailable`: the pool's own diagnosis in parentheses.
 pub fn no_member_message(pool: &str, pool_reason: &str, pool_message: &str) -> String {
     format!("no Ready, unclaimed member in pool {pool} (pool: {pool_reason}: {pool_message})")
+}
+
+/// The least time between two status writes of one waiting claim that change only the count
+/// its message quotes. A pool filling behind a burst writes its status every second with a new
+/// count, and each waiting claim rewriting its own in step cost several writes per claim. A
+/// change of meaning (the phase, the claim's reason, the pool's reason) is written at once.
+pub const WAITING_COUNTS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When a waiting claim's changed status should be written: `None` now, else after the delay.
+/// Only a change of the pool's own message under the same pool reason waits, and only when
+/// this process wrote the claim within [`WAITING_COUNTS_INTERVAL`].
+pub fn waiting_write_delay(
+    current: &VirtualMachineClaimStatus,
+    next: &VirtualMachineClaimStatus,
+    since_last_write: Option<Duration>,
+) -> Option<Duration> {
+    /// All but the quoted pool message of a waiting claim's status.
+    fn waiting(
+        s: &VirtualMachineClaimStatus,
+    ) -> Option<(VirtualMachineClaimStatus, &str, Option<i64>, &str)> {
+        let bound = conditions::find(&s.conditions, types::BOUND)?;
+        if bound.reason != reasons::NO_MEMBER_AVAILABLE {
+            return None;
+        }
+        let diagnosis = quoted_pool_reason(&bound.message)?;
+        let mut rest = s.clone();
+        rest.conditions.retain(|c| c.type_ != types::BOUND);
+        Some((
+            rest,
+            bound.status.as_str(),
+            bound.observed_generation,
+            diagnosis,
+        ))
+    }
+    let (before, after) = (waiting(current)?, waiting(next)?);
+    if before != after || next.phase != Some(ClaimPhase::Pending) {
+        return None;
+    }
+    WAITING_COUNTS_INTERVAL
+        .checked_sub(since_last_write?)
+        .filter(|rest| !rest.is_zero())
+}
+
+/// The pool reason a [`no_member_message`] quotes.
+fn quoted_pool_reason(message: &str) -> Option<&str> {
+    let (_, diagnosis) = message.split_once(" (pool: ")?;
+    diagnosis.split_once(": ").map(|(reason, _)| reason)
 }
 
 /// The message of `Bound=False, PoolNotFound`.
@@ -247,6 +295,72 @@ mod tests {
             pool_not_found_message("sandbox-pool"),
             "pool sandbox-pool does not exist"
         );
+    }
+
+    fn waiting(pool_reason: &str, pool_message: &str) -> VirtualMachineClaimStatus {
+        VirtualMachineClaimStatus {
+            phase: Some(ClaimPhase::Pending),
+            conditions: vec![conditions::new(
+                types::BOUND,
+                conditions::status::FALSE,
+                reasons::NO_MEMBER_AVAILABLE,
+                no_member_message("p", pool_reason, pool_message),
+                Some(1),
+            )],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_waiting_claim_quotes_a_new_count_at_most_every_interval() {
+        let before = waiting("Filling", "3 of 300 members available");
+        let after = waiting("Filling", "4 of 300 members available");
+        let recently = Some(Duration::from_secs(3));
+        assert_eq!(
+            waiting_write_delay(&before, &after, recently),
+            Some(WAITING_COUNTS_INTERVAL - Duration::from_secs(3))
+        );
+        // Not written by this process lately (or ever, since it started): written now.
+        assert_eq!(waiting_write_delay(&before, &after, None), None);
+        assert_eq!(
+            waiting_write_delay(&before, &after, Some(WAITING_COUNTS_INTERVAL)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_change_of_meaning_in_a_waiting_claim_is_written_at_once() {
+        let recently = Some(Duration::from_millis(10));
+        let filling = waiting("Filling", "3 of 300 members available");
+        let never = waiting(
+            "ReadinessSignalAbsent",
+            r#"no member has published the "GuestReady" condition"#,
+        );
+        assert_eq!(waiting_write_delay(&filling, &never, recently), None);
+        // The first wait, and a claim that is no longer waiting.
+        assert_eq!(
+            waiting_write_delay(&VirtualMachineClaimStatus::default(), &filling, recently),
+            None
+        );
+        let mut gone = filling.clone();
+        gone.conditions[0].reason = reasons::POOL_NOT_FOUND.to_owned();
+        gone.conditions[0].message = pool_not_found_message("p");
+        assert_eq!(waiting_write_delay(&filling, &gone, recently), None);
+        // A new generation of the claim is a new spec to report on.
+        let mut newer = waiting("Filling", "4 of 300 members available");
+        newer.conditions[0].observed_generation = Some(2);
+        assert_eq!(waiting_write_delay(&filling, &newer, recently), None);
+        let mut bound = filling.clone();
+        bound.phase = Some(ClaimPhase::Bound);
+        assert_eq!(waiting_write_delay(&filling, &bound, recently), None);
+    }
+
+    #[test]
+    fn the_quoted_pool_reason_is_read_back_from_the_message() {
+        let message = no_member_message("a-pool", "Filling", "waiting: 3 of 5: soon");
+        assert_eq!(quoted_pool_reason(&message), Some("Filling"));
+        assert_eq!(quoted_pool_reason(&pool_not_found_message("a-pool")), None);
+        assert_eq!(quoted_pool_reason(""), None);
     }
 
     #[test]

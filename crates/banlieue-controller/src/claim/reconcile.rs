@@ -4,7 +4,7 @@
 //! controller can only patch claims; it never creates or updates one.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::names;
@@ -43,6 +43,11 @@ async fn write_status(
     let written = ctx.patch_status(&this.api, &this.name, next).await?;
     ctx.claim_writes.wrote(this.claim, written);
     Ok(())
+}
+
+/// A waiting claim looks again at the resync, or sooner when a write waits for its window.
+fn requeue_waiting(ctx: &Context, delay: Option<Duration>) -> Action {
+    Action::requeue(delay.map_or(ctx.config.resync, |d| d.min(ctx.config.resync)))
 }
 
 /// One claim, as the reconciler handles it.
@@ -113,7 +118,7 @@ async fn pending(
         &this.claim.spec.pool_ref.name,
     ) else {
         let pool_name = &this.claim.spec.pool_ref.name;
-        write_pending(
+        let delay = write_pending(
             this,
             ctx,
             status,
@@ -121,7 +126,7 @@ async fn pending(
             decide::pool_not_found_message(pool_name),
         )
         .await?;
-        return Ok(Action::requeue(ctx.config.resync));
+        return Ok(requeue_waiting(ctx, delay));
     };
     let pool_name = pool.name_any();
     let pool_uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
@@ -161,7 +166,7 @@ async fn pending(
                         "the pool has not reported yet".to_owned(),
                     )
                 });
-            write_pending(
+            let delay = write_pending(
                 this,
                 ctx,
                 status,
@@ -169,7 +174,7 @@ async fn pending(
                 decide::no_member_message(&pool_name, &pool_reason, &pool_message),
             )
             .await?;
-            return Ok(Action::requeue(ctx.config.resync));
+            return Ok(requeue_waiting(ctx, delay));
         };
         let member_name = chosen.name.clone();
         match bind_patch(this, &vms, &member_name, chosen.resource_version.as_deref()).await {
@@ -517,13 +522,15 @@ fn mirror_member(
     }
 }
 
+/// Writes the claim's Pending status, with an Event when its reason changed; a change of the
+/// quoted count only waits out its window (returned: when to look again).
 async fn write_pending(
     this: &ClaimRef<'_>,
     ctx: &Context,
     status: &VirtualMachineClaimStatus,
     reason: &str,
     message: String,
-) -> Result<()> {
+) -> Result<Option<Duration>> {
     let mut next = status.clone();
     next.phase = decide::advance(status.phase, ClaimPhase::Pending);
     let reason_changed = conditions::find(&status.conditions, types::BOUND)
@@ -540,14 +547,24 @@ async fn write_pending(
         ),
         Time(Timestamp::now()),
     );
-    if next != *status {
-        write_status(this, ctx, &next).await?;
-        if reason_changed {
-            ctx.event(this.claim, EventType::Normal, reason, message)
-                .await;
-        }
+    if next == *status {
+        return Ok(None);
     }
-    Ok(())
+    let delay = decide::waiting_write_delay(
+        status,
+        &next,
+        ctx.waiting_writes.since_last(&this.uid, Instant::now()),
+    );
+    if delay.is_some() {
+        return Ok(delay);
+    }
+    write_status(this, ctx, &next).await?;
+    ctx.waiting_writes.wrote(&this.uid, Instant::now());
+    if reason_changed {
+        ctx.event(this.claim, EventType::Normal, reason, message)
+            .await;
+    }
+    Ok(None)
 }
 
 async fn enter_releasing(
