@@ -863,6 +863,15 @@ async fn the_benchmark_harness_runs_every_system_at_a_tiny_rate() -> TestResult 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run alone with --ignored --release --nocapture"]
 async fn banlieue_and_agent_sandbox_side_by_side() -> TestResult {
+    // The libvirt provider and the operator run in this process: their warnings (a domain that
+    // failed to start, say) belong in the benchmark's output. RUST_LOG widens it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let load = Load::from_env();
     let runs: u32 = std::env::var("BANLIEUE_SIDE_BY_SIDE_RUNS")
         .ok()
