@@ -871,6 +871,7 @@ async fn banlieue_and_agent_sandbox_side_by_side() -> TestResult {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .try_init();
     let load = Load::from_env();
     let runs: u32 = std::env::var("BANLIEUE_SIDE_BY_SIDE_RUNS")

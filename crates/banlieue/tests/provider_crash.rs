@@ -1,15 +1,22 @@
-//! Chaos: the libvirt provider process dies between defining a domain and starting it.
+//! Chaos: the libvirt provider process dies in the middle of making a machine.
 //!
 //! A real control plane and a real libvirtd registered as a Provider; the controller and the
 //! operator run in this process as the controller's ServiceAccount, and the Provider's workload
 //! runs as a separate `banlieue provider libvirt run` process with the ServiceAccount the
 //! operator made for it (its token in a kubeconfig), under the shipped RBAC. Its first run has
-//! `BANLIEUE_CRASH_AT=after-domain-define`, so it aborts right after its first domain is
-//! defined. Then the host holds a defined, stopped domain; the next run must adopt and start
-//! that very domain (same UUID, never a second definition), the pool's member becomes
-//! available and a claim binds it; deleting the pool leaves no domain and no volume of the
-//! member's behind. Each run acts only while it holds the provider's own Lease: the second
-//! waits for the crashed run's to expire, and a third started beside the second stays standby.
+//! `BANLIEUE_CRASH_AT` set, so it aborts at one step:
+//!
+//! - `after-domain-define`: right after its first domain is defined. The host then holds a
+//!   defined, stopped domain; the next run must adopt and start that very domain (same UUID,
+//!   never a second definition).
+//! - `after-volume-create`: right after its first volume is created, as when the reply of a
+//!   create is lost. The volume must already be recorded as the machine's, so the next run
+//!   reuses it instead of refusing it as someone else's (`VolumeNotOwned`).
+//!
+//! Then the pool's member becomes available and a claim binds it; deleting the pool leaves no
+//! domain and no volume of the member's behind. Each run acts only while it holds the
+//! provider's own Lease: the second waits for the crashed run's to expire, and a third started
+//! beside the second stays standby.
 
 // Shared with multi_host.rs, which starts three daemons; this binary needs one.
 #[allow(dead_code)]
@@ -25,7 +32,7 @@ use banlieue_api::{
 use banlieue_dev::{self as dev, objects};
 use banlieue_provider_kit::operator::workloads::workload_name;
 use banlieue_provider_libvirt::domain_type::DOMAIN_TYPE_ENV;
-use banlieue_provider_libvirt::machine::CRASH_AFTER_DOMAIN_DEFINE;
+use banlieue_provider_libvirt::machine::{CRASH_AFTER_DOMAIN_DEFINE, CRASH_AFTER_VOLUME_CREATE};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::poll;
@@ -41,6 +48,19 @@ const POOL: &str = "crash";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Result<(), BoxError> {
+    killed_at(CRASH_AFTER_DOMAIN_DEFINE).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_killed_right_after_creating_a_volume_reuses_it() -> Result<(), BoxError> {
+    killed_at(CRASH_AFTER_VOLUME_CREATE).await
+}
+
+/// One scenario at a time: the hosts' networks are named after this process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn killed_at(point: &'static str) -> Result<(), BoxError> {
+    let _turn = ONE_AT_A_TIME.lock().await;
     if !Libvirtd::available().map_err(|e| banlieue_testenv::control_plane::error_chain(&e))? {
         return Ok(());
     }
@@ -60,7 +80,7 @@ async fn a_provider_killed_between_define_and_start_adopts_its_domain() -> Resul
     // The controller and the operator only: the host's workload is the child process.
     let workers = hosts::spawn_roles(&control_plane, &[], DEADLINE, DEADLINE, &shutdown).await?;
     let logs = tempfile::tempdir()?;
-    let outcome = scenario(&control_plane, &admin, &hosts[0], logs.path()).await;
+    let outcome = scenario(&control_plane, &admin, &hosts[0], logs.path(), point).await;
     shutdown.cancel();
     for worker in workers {
         let _ = worker.await;
@@ -86,6 +106,7 @@ async fn scenario(
     admin: &Client,
     host: &Host,
     logs: &std::path::Path,
+    point: &'static str,
 ) -> Result<(), BoxError> {
     // The operator's workload for the Provider: its ServiceAccount and grants.
     let account = workload_name(&host.provider);
@@ -104,7 +125,7 @@ async fn scenario(
         &host.provider,
         &kubeconfig,
         &logs.join("first.log"),
-        Some(CRASH_AFTER_DOMAIN_DEFINE),
+        Some(point),
     )?;
     hosts::wait_ready(admin, std::slice::from_ref(host), DEADLINE).await?;
     // It acts only while it holds its own Lease (its Role grants it by name).
@@ -127,49 +148,77 @@ async fn scenario(
     pool.spec.replicas = 1;
     dev::apply(admin, &pool).await?;
 
-    // The first run dies by SIGABRT once its domain is defined.
+    // The first run dies by SIGABRT at the crash point.
     let aborted = Instant::now();
     let status = loop {
         if let Some(status) = first.child.try_wait()? {
             break status;
         }
         if aborted.elapsed() > DEADLINE {
-            return Err("the provider did not abort after define".into());
+            return Err(format!("the provider did not abort at {point}").into());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     assert!(!status.success(), "the provider exited normally: {status}");
-    let defined = hosts::domains(&host.libvirtd).await?;
-    assert_eq!(defined.len(), 1, "domains after the crash: {defined:?}");
-    let domain = defined[0].clone();
-    assert!(
-        hosts::running_domains(&host.libvirtd).await?.is_empty(),
-        "the domain was started before the crash"
-    );
-    let uuid = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
     let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let listed = machines.list(&ListParams::default()).await?.items;
     let recorded: Vec<_> = listed
         .iter()
         .map(|m| {
             let status = m.status.clone().unwrap_or_default();
-            (m.name_any(), status.domain_name, status.domain_uuid)
+            (
+                m.name_any(),
+                status.domain_name,
+                status.domain_uuid,
+                status.volumes,
+            )
         })
         .collect();
     let [machine] = <[LibvirtMachine; 1]>::try_from(listed)
         .map_err(|_| format!("one LibvirtMachine for a pool of one, found {recorded:?}"))?;
-    if machine
-        .status
-        .as_ref()
-        .and_then(|s| s.domain_uuid.as_deref())
-        != Some(uuid.trim())
-    {
-        return Err(format!(
-            "the crashed run did not record the UUID {} of {domain} before defining it: {recorded:?}",
-            uuid.trim()
-        )
-        .into());
-    }
+    let defined = hosts::domains(&host.libvirtd).await?;
+    // The UUID of the domain the crashed run defined, which the next run must keep.
+    let crashed_uuid = if point == CRASH_AFTER_DOMAIN_DEFINE {
+        assert_eq!(defined.len(), 1, "domains after the crash: {defined:?}");
+        let domain = defined[0].clone();
+        assert!(
+            hosts::running_domains(&host.libvirtd).await?.is_empty(),
+            "the domain was started before the crash"
+        );
+        let uuid = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
+        if machine
+            .status
+            .as_ref()
+            .and_then(|s| s.domain_uuid.as_deref())
+            != Some(uuid.trim())
+        {
+            return Err(format!(
+                "the crashed run did not record the UUID {} of {domain} before defining it: {recorded:?}",
+                uuid.trim()
+            )
+            .into());
+        }
+        Some(uuid)
+    } else {
+        assert!(defined.is_empty(), "domains after the crash: {defined:?}");
+        let volumes = host
+            .libvirtd
+            .virsh(["vol-list", objects::STORAGE_POOL])
+            .await?;
+        let made: Vec<&str> = volumes
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| name.contains(&machine.name_any()))
+            .collect();
+        let owned = machine.status.clone().unwrap_or_default().volumes;
+        assert_eq!(made.len(), 1, "volumes after the crash:\n{volumes}");
+        assert_eq!(
+            owned,
+            vec![made[0].to_owned()],
+            "the crashed run made a volume it had not recorded as its own"
+        );
+        None
+    };
 
     // The next run adopts the defined domain and starts it.
     let restarted = Instant::now();
@@ -215,13 +264,21 @@ async fn scenario(
         "a second provider took the Lease of a live one"
     );
     third.stop();
-    assert_eq!(hosts::domains(&host.libvirtd).await?, vec![domain.clone()]);
+    let defined = hosts::domains(&host.libvirtd).await?;
+    assert_eq!(
+        defined.len(),
+        1,
+        "domains once the member is available: {defined:?}"
+    );
+    let domain = defined[0].clone();
     assert_eq!(
         hosts::running_domains(&host.libvirtd).await?,
         vec![domain.clone()]
     );
-    let again = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
-    assert_eq!(again.trim(), uuid.trim(), "the domain was defined again");
+    if let Some(uuid) = crashed_uuid {
+        let again = host.libvirtd.virsh(["domuuid", domain.as_str()]).await?;
+        assert_eq!(again.trim(), uuid.trim(), "the domain was defined again");
+    }
 
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let mut claim = objects::claim();

@@ -7,7 +7,7 @@ pub mod guest;
 pub mod host;
 pub mod plan;
 mod realise;
-pub use realise::CRASH_AFTER_DOMAIN_DEFINE;
+pub use realise::{CRASH_AFTER_DOMAIN_DEFINE, CRASH_AFTER_VOLUME_CREATE};
 mod teardown;
 
 use std::future::Future;

@@ -302,6 +302,10 @@ async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> 
 /// domain its next run must adopt and start, never define twice.
 pub const CRASH_AFTER_DOMAIN_DEFINE: &str = "after-domain-define";
 
+/// The crash point right after one of the machine's volumes is created: a provider that dies
+/// there (or whose create reply is lost) leaves a volume its next run must take as its own.
+pub const CRASH_AFTER_VOLUME_CREATE: &str = "after-volume-create";
+
 /// Creates the volumes and the seed, then defines the domain with the recorded UUID.
 async fn provision(
     machine: &LibvirtMachine,
@@ -392,10 +396,12 @@ async fn create_os_volume(
         None => None,
     };
     let xml = volume_xml::qcow2(&names.os_volume, capacity, backing.as_ref());
-    let vol = StorageVol::create_xml(pool, &xml, StorageVolCreateFlags::empty())
-        .await
-        .map_err(Error::libvirt(format!("create volume {}", names.os_volume)))?;
-    owned.record(&vol, &names.os_volume).await
+    owned
+        .create(&names.os_volume, &spec.pool, || {
+            StorageVol::create_xml(pool, &xml, StorageVolCreateFlags::empty())
+        })
+        .await?;
+    Ok(())
 }
 
 /// Writes the cloud-init seed volume afresh.
@@ -422,19 +428,12 @@ async fn create_seed(
     let seed = plan::seed(&names.domain, uuid, user_data)
         .to_bytes()
         .map_err(Error::Seed)?;
-    let cidata = StorageVol::create_xml(
-        pool,
-        &volume_xml::raw(&names.cidata_volume, seed.len() as u64),
-        StorageVolCreateFlags::empty(),
-    )
-    .await
-    .map_err(Error::libvirt(format!(
-        "create volume {}",
-        names.cidata_volume
-    )))?;
-    if !owned.contains(&names.cidata_volume) {
-        owned.record(&cidata, &names.cidata_volume).await?;
-    }
+    let xml = volume_xml::raw(&names.cidata_volume, seed.len() as u64);
+    let cidata = owned
+        .create(&names.cidata_volume, &spec.pool, || {
+            StorageVol::create_xml(pool, &xml, StorageVolCreateFlags::empty())
+        })
+        .await?;
     let mut reader: &[u8] = &seed;
     cidata
         .upload(
@@ -498,9 +497,47 @@ impl OwnedVolumes {
         self.volumes.iter().any(|v| v == volume)
     }
 
-    /// Records `volume`, just created as `vol` ([`record_volume`]).
-    async fn record(&mut self, vol: &StorageVol, volume: &str) -> Result<()> {
-        record_volume(&self.api, &self.machine, vol, volume, &mut self.volumes).await
+    /// Creates `volume`, which the caller found absent, recording it in `status.volumes`
+    /// first. A create whose reply is lost (the call timed out while libvirtd went on, or the
+    /// provider died) may still leave the volume behind, and a volume recorded only after its
+    /// create would then be no one's: refused as `VolumeNotOwned` for ever. Recorded before,
+    /// it is this machine's to reuse or delete whatever became of the call. A volume that
+    /// appeared between the look-up and the create is someone else's: its record is taken back.
+    async fn create<F>(
+        &mut self,
+        volume: &str,
+        pool: &str,
+        create: impl FnOnce() -> F,
+    ) -> Result<StorageVol>
+    where
+        F: Future<Output = std::result::Result<StorageVol, banlieue_libvirt::Error>>,
+    {
+        let recorded_now = !self.contains(volume);
+        if recorded_now {
+            self.volumes = update_recorded(&self.api, &self.machine, |volumes| {
+                if !volumes.iter().any(|v| v == volume) {
+                    volumes.push(volume.to_owned());
+                }
+            })
+            .await?;
+        }
+        match create().await {
+            Ok(vol) => {
+                banlieue_runtime::crash::crash_at(CRASH_AFTER_VOLUME_CREATE);
+                Ok(vol)
+            }
+            Err(e) if e.is_already_exists() && recorded_now => {
+                self.volumes = update_recorded(&self.api, &self.machine, |volumes| {
+                    volumes.retain(|v| v != volume);
+                })
+                .await?;
+                Err(plan::volume_not_owned(volume, pool))
+            }
+            Err(e) => Err(Error::Libvirt {
+                what: format!("create volume {volume}"),
+                source: e,
+            }),
+        }
     }
 }
 
@@ -513,16 +550,14 @@ async fn recorded_volumes(api: &Api<LibvirtMachine>, name: &str) -> Result<Vec<S
     Ok(fresh.status.map(|s| s.volumes).unwrap_or_default())
 }
 
-/// Records `volume`, just created, in `status.volumes`: from then on it is this machine's to
-/// reuse and delete. Retried on conflicts (the controller writes the same object); when the
-/// record cannot be written the volume is deleted again, since nothing would prove it ours.
-async fn record_volume(
+/// Changes `status.volumes` of the machine as the API server has it now, guarded by its
+/// resourceVersion and retried on conflicts (the controller writes the same object); the
+/// list written.
+async fn update_recorded(
     api: &Api<LibvirtMachine>,
     name: &str,
-    vol: &StorageVol,
-    volume: &str,
-    owned: &mut Vec<String>,
-) -> Result<()> {
+    change: impl Fn(&mut Vec<String>),
+) -> Result<Vec<String>> {
     let mut last = None;
     for _ in 0..RECORD_ATTEMPTS {
         let fresh = match api.get(name).await {
@@ -532,33 +567,26 @@ async fn record_volume(
                 continue;
             }
         };
-        let mut volumes = fresh
+        let recorded = fresh
             .status
             .as_ref()
             .map(|s| s.volumes.clone())
             .unwrap_or_default();
-        if !volumes.iter().any(|v| v == volume) {
-            volumes.push(volume.to_owned());
+        let mut volumes = recorded.clone();
+        change(&mut volumes);
+        if volumes == recorded {
+            return Ok(volumes);
         }
         match super::patch_status(api, &fresh, json!({ "volumes": volumes })).await {
-            Ok(true) => {
-                *owned = volumes;
-                return Ok(());
-            }
+            Ok(true) => return Ok(volumes),
             Ok(false) => {}
             Err(e) => last = Some(e),
         }
     }
-    let recorded = last.unwrap_or_else(|| Error::Invalid {
+    Err(last.unwrap_or_else(|| Error::Invalid {
         reason: banlieue_api::conditions::reasons::PROVISIONING,
-        message: format!("LibvirtMachine {name} kept changing while volume {volume} was recorded"),
-    });
-    if let Err(e) = vol.delete().await
-        && !e.is_not_found()
-    {
-        tracing::warn!(volume, error = %e, "could not delete an unrecorded volume");
-    }
-    Err(recorded)
+        message: format!("LibvirtMachine {name} kept changing while its volumes were recorded"),
+    }))
 }
 
 /// Conflicting writes tolerated while recording one volume.
