@@ -192,11 +192,26 @@ impl LibvirtHost {
         })
     }
 
-    /// Stops the workload and the operator, then the daemon and its guests.
-    async fn stop(self) -> TestResult {
+    /// Stops the workload and the operator, then the daemon and its guests. A daemon that
+    /// exited meanwhile is an error that says how, with the ends of its stderr and log (the
+    /// log kept whole in the temporary directory: the instance's own goes with it).
+    async fn stop(mut self) -> TestResult {
         self.shutdown.cancel();
         for worker in self.workers {
             let _ = worker.await;
+        }
+        if let Some(status) = self.libvirtd.exit_status() {
+            let kept = std::env::temp_dir().join(format!(
+                "banlieue-side-by-side-libvirtd-{}.log",
+                std::process::id()
+            ));
+            std::fs::copy(self.libvirtd.log_file(), &kept)?;
+            return Err(format!(
+                "libvirtd exited during the benchmark ({status}); its log is kept in {}\n{}",
+                kept.display(),
+                self.libvirtd.diagnostics()
+            )
+            .into());
         }
         banlieue_dev::release_host(&self.libvirtd).await?;
         drop(self.libvirtd);
@@ -691,10 +706,17 @@ async fn side_by_side(
     };
     let outcome = every_run(cp, agent_sandbox_pid, load, runs).await;
     // The daemon and its guests go whatever happened; the bridge too, unless that failed.
-    if let Some(host) = libvirt {
-        host.stop().await?;
+    let Some(host) = libvirt else {
+        return outcome;
+    };
+    match (outcome, host.stop().await) {
+        (outcome, Ok(())) => outcome,
+        (Ok(_), Err(stop)) => Err(stop),
+        // The run's own error first: the host's (a daemon gone, say) is what explains it.
+        (Err(run), Err(stop)) => {
+            Err(format!("{run}\nthen, stopping the libvirt host: {stop}").into())
+        }
     }
-    outcome
 }
 
 async fn every_run(

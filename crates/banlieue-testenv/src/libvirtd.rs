@@ -629,6 +629,15 @@ impl Libvirtd {
         self.daemon.is_some()
     }
 
+    /// How the daemon ended when it exited on its own (a crash, a signal); `None` while it
+    /// runs or after [`Libvirtd::stop`].
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        match self.ensure_daemon_running() {
+            Err(Error::Exited(status)) => Some(status),
+            _ => None,
+        }
+    }
+
     /// Starts the daemon again after [`Libvirtd::stop`], on the same ports with the same PKI
     /// and state, and waits until it accepts clients; it reconnects to the guests still
     /// running. Fails when the daemon is running.
