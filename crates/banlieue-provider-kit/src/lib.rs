@@ -7,9 +7,6 @@
 //! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded;
 //! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
 //!   around what a backend implements ([`machine::Backend`]);
-//! - [`wake`]: a backend's change feed into it, which wakes the machine an event names;
-//! - [`own_writes`]: the copies of machines it has just written over, not reconciled again
-//!   until the cache has seen the write;
 //! - [`operator`]: the Provider operator, which runs every backend's workload;
 //! - [`provider_status`]: a Provider's status loop (probe, Ready condition and failure
 //!   domains, published only when they change) around what a backend probes
@@ -29,11 +26,9 @@ pub mod import_settings;
 pub mod machine;
 pub mod narrow;
 pub mod operator;
-pub mod own_writes;
 pub mod provider_status;
 pub mod standby;
 pub mod user_data;
-pub mod wake;
 
 /// The first retry of an object after a failed reconcile, in every provider reconciler (the
 /// machine reconcile, the operator, a backend's probe); each further failure doubles it up to

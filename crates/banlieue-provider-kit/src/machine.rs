@@ -19,7 +19,7 @@
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, Condition, error_message, types};
@@ -30,14 +30,11 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-
-use crate::own_writes::{self, OwnWrites};
-use crate::wake::{Wake, Wakes};
+use tokio::sync::mpsc;
 
 /// How a teardown step ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,50 +157,30 @@ struct Context<B: Backend> {
     api: Api<B::Machine>,
     settings: Settings,
     backoff: ErrorBackoff,
-    own_writes: Mutex<OwnWrites>,
 }
 
-impl<B: Backend> Context<B> {
-    /// Remembers that this reconcile wrote over `machine` (see [`OwnWrites`]).
-    fn wrote(&self, machine: &B::Machine) {
-        self.own_writes
-            .lock()
-            .expect("own writes")
-            .wrote(machine, std::time::Instant::now());
-    }
-}
-
-/// Reconciles the machines `api` lists until `shutdown` completes. Beside the watch on the
-/// machines themselves, `wakes` is the backend's own change feed (domain events, property
-/// waits): each wake-up reconciles the machine it names, or every machine.
+/// Reconciles the machines `api` lists until `shutdown` completes. Every message on `wake`
+/// reconciles every machine again (the backend's own change feed: domain events, property
+/// waits), beside the watch on the machines themselves; a channel of one is enough, since one
+/// pending pass covers a burst of changes.
 pub async fn run<B: Backend>(
     backend: Arc<B>,
     api: Api<B::Machine>,
     settings: Settings,
-    wakes: Wakes<B::Machine>,
+    wake: mpsc::Receiver<()>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let wake = futures::stream::unfold(wake, |mut rx| async move {
+        rx.recv().await.map(|tick| (tick, rx))
+    });
     let ctx = Arc::new(Context {
         backend,
         api: api.clone(),
         backoff: ErrorBackoff::new(settings.backoff_min, settings.backoff_max),
         settings,
-        own_writes: Mutex::default(),
     });
-    let controller = Controller::new(api, watcher::Config::default());
-    let store = controller.store();
-    let woken = wakes.into_stream().flat_map(move |wake| {
-        futures::stream::iter(match wake {
-            Wake::Machine(machine) => vec![machine],
-            Wake::All => store
-                .state()
-                .iter()
-                .map(|machine| ObjectRef::from_obj(machine.as_ref()))
-                .collect(),
-        })
-    });
-    controller
-        .reconcile_on(woken)
+    Controller::new(api, watcher::Config::default())
+        .reconcile_all_on(wake)
         .graceful_shutdown_on(shutdown)
         .run(
             |machine, ctx: Arc<Context<B>>| async move {
@@ -255,16 +232,6 @@ async fn reconcile<B: Backend>(machine: &B::Machine, ctx: &Context<B>) -> Result
     if !backend.serves(machine) {
         return Ok(Step::Settled(Action::await_change()));
     }
-    // A copy this workload has written over since: the write's watch event brings the
-    // machine back; the requeue is for a write that changed nothing (and so has no event).
-    if ctx
-        .own_writes
-        .lock()
-        .expect("own writes")
-        .superseded(machine, std::time::Instant::now())
-    {
-        return Ok(Step::Settled(Action::requeue(own_writes::KEEP)));
-    }
     let finalizer = backend.finalizer();
     if machine.meta().deletion_timestamp.is_some() {
         return tear_down(machine, ctx).await;
@@ -273,7 +240,6 @@ async fn reconcile<B: Backend>(machine: &B::Machine, ctx: &Context<B>) -> Result
         reconcile::add_finalizer(&ctx.api, machine, finalizer)
             .await
             .map_err(|e| B::patch_failed(what("update the finalizers of", machine), e))?;
-        ctx.wrote(machine);
         // The patch wakes the controller again with the new object.
         return Ok(Step::Settled(Action::await_change()));
     }
@@ -322,7 +288,6 @@ async fn tear_down<B: Backend>(machine: &B::Machine, ctx: &Context<B>) -> Result
             reconcile::remove_finalizer(&ctx.api, machine, finalizer)
                 .await
                 .map_err(|e| B::patch_failed(what("update the finalizers of", machine), e))?;
-            ctx.wrote(machine);
             Ok(Step::Settled(Action::await_change()))
         }
         Ok(Teardown::Again(after)) => Ok(Step::Settled(Action::requeue(after))),
@@ -348,10 +313,7 @@ async fn write_status<B: Backend>(
     let name = machine.name_any();
     let version = machine.resource_version();
     match reconcile::patch_status(&ctx.api, &name, status, version.as_deref()).await {
-        Ok(_) => {
-            ctx.wrote(machine);
-            Ok(true)
-        }
+        Ok(_) => Ok(true),
         Err(e) if e.is_stale() => Ok(false),
         Err(e) => Err(B::patch_failed(
             format!("patch {} {name} status", B::Machine::kind(&())),

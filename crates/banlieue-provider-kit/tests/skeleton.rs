@@ -2,8 +2,8 @@
 //! what it was asked and answers as each test says: the finalizer comes first and another
 //! writer's survives, what must be recorded before acting is recorded before the first
 //! realise, the status follows the outcome, a call past the deadline is reported like an
-//! error, a machine of another Provider is never touched, the finalizer goes only when the
-//! backend says the teardown is done, and a backend event wakes the one machine it names.
+//! error, a machine of another Provider is never touched, and the finalizer goes only when
+//! the backend says the teardown is done.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,13 +15,11 @@ use banlieue_api::{
     LocalObjectReference,
 };
 use banlieue_provider_kit::machine::{self, Backend, PatchError, Settings, Teardown};
-use banlieue_provider_kit::wake::{self, Waker};
 use banlieue_testenv::control_plane::{ControlPlane, wait_established, wait_for};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -69,13 +67,6 @@ struct Recorder {
     /// Per machine: the domain UUID each realise saw recorded.
     realised: HashMap<String, Vec<Option<String>>>,
     torn_down: HashMap<String, u32>,
-    /// Per machine: the resourceVersion of each copy realised, and of each copy a status
-    /// write was made against.
-    realised_versions: HashMap<String, Vec<String>>,
-    written_over: HashMap<String, Vec<String>>,
-    /// When set, a machine's first realise and its teardowns wake it, as the events of a
-    /// domain's own start and undefine do.
-    echo: Option<Waker<LibvirtMachine>>,
 }
 
 struct Fake(Mutex<Recorder>);
@@ -136,12 +127,6 @@ impl Backend for Fake {
         let uuid = machine.status.as_ref().and_then(|s| s.domain_uuid.clone());
         let mode = self.with(|r| {
             r.realised.entry(name.clone()).or_default().push(uuid);
-            let versions = r.realised_versions.entry(name.clone()).or_default();
-            versions.push(machine.resource_version().unwrap_or_default());
-            // The first realise starts the domain: its event follows.
-            if let (1, Some(echo)) = (versions.len(), &r.echo) {
-                echo.machine(ObjectRef::from_obj(machine));
-            }
             r.realise.get(&name).copied().unwrap_or(Answer::Succeed)
         });
         answer(mode).await
@@ -173,9 +158,6 @@ impl Backend for Fake {
         let name = machine.name_any();
         let (mode, again) = self.with(|r| {
             *r.torn_down.entry(name.clone()).or_default() += 1;
-            if let Some(echo) = &r.echo {
-                echo.machine(ObjectRef::from_obj(machine));
-            }
             let again = r.again.get_mut(&name).filter(|n| **n > 0).map(|n| {
                 *n -= 1;
             });
@@ -211,20 +193,6 @@ impl Backend for Fake {
         new
     }
 
-    fn status_written(
-        &self,
-        machine: &LibvirtMachine,
-        _before: Option<&LibvirtMachineStatus>,
-        _after: &LibvirtMachineStatus,
-    ) {
-        self.with(|r| {
-            r.written_over
-                .entry(machine.name_any())
-                .or_default()
-                .push(machine.resource_version().unwrap_or_default())
-        });
-    }
-
     fn patch_failed(what: String, error: PatchError) -> TestError {
         TestError::Patch(what, error)
     }
@@ -236,10 +204,7 @@ impl Backend for Fake {
 
 struct Harness {
     api: Api<LibvirtMachine>,
-    namespace: String,
     fake: Arc<Fake>,
-    /// The backend's change feed, as a domain event or a resubscription would use it.
-    wake: Waker<LibvirtMachine>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -270,12 +235,11 @@ async fn start(deadline: Duration) -> TestResult<Harness> {
     )
     .await?;
     wait_established(&client, &name).await?;
-    let namespace = cp.fresh_namespace().await?;
-    let api = Api::namespaced(client, &namespace);
+    let api = Api::namespaced(client, &cp.fresh_namespace().await?);
     let fake = Arc::new(Fake(Mutex::default()));
     let (stop, stopped) = tokio::sync::oneshot::channel();
-    // Nothing wakes the machines but their own changes, the schedule and what a test sends.
-    let (waker, wakes) = wake::channel();
+    // Nothing wakes the machines but their own changes and the schedule.
+    let (_, wake) = tokio::sync::mpsc::channel(1);
     let settings = Settings {
         deadline,
         backoff_min: Duration::from_millis(200),
@@ -285,16 +249,14 @@ async fn start(deadline: Duration) -> TestResult<Harness> {
         fake.clone(),
         api.clone(),
         settings,
-        wakes,
+        wake,
         async move {
             let _ = stopped.await;
         },
     ));
     Ok(Harness {
         api,
-        namespace,
         fake,
-        wake: waker,
         stop: Some(stop),
     })
 }
@@ -484,110 +446,4 @@ async fn failures_and_a_call_past_the_deadline_are_reported_and_retried() -> Tes
         .with(|r| r.teardown.insert("hanging".into(), Answer::Succeed));
     api.delete("hanging", &Default::default()).await?;
     gone(&h, "hanging").await
-}
-
-fn realised(h: &Harness, name: &str) -> usize {
-    h.fake.with(|r| r.realised.get(name).map_or(0, Vec::len))
-}
-
-/// How often each machine was realised, once no realise has run for a second.
-async fn settled(h: &Harness, names: &[&str]) -> TestResult<Vec<usize>> {
-    let counts = || names.iter().map(|n| realised(h, n)).collect::<Vec<_>>();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut last = counts();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = counts();
-        if now == last {
-            return Ok(now);
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!("{names:?} still realised again and again: {now:?}").into());
-        }
-        last = now;
-    }
-}
-
-#[tokio::test]
-async fn a_backend_event_wakes_the_machine_it_names_and_a_resubscription_every_machine()
--> TestResult {
-    let h = start(Duration::from_secs(30)).await?;
-    let post = PostParams::default();
-    let names = ["left", "right"];
-    for name in names {
-        h.api
-            .create(&post, &libvirt_machine(name, PROVIDER, &[]))
-            .await?;
-    }
-    for name in names {
-        ready_reason(&h, name, "Running").await?;
-    }
-    // Running and Ready: nothing looks at them again before the 60 s resync.
-    let before = settled(&h, &names).await?;
-
-    // A domain event of `left`'s domain: `left` alone is realised again.
-    assert!(h.wake.machine(ObjectRef::new("left").within(&h.namespace)));
-    let after_one = settled(&h, &names).await?;
-    assert!(
-        after_one[0] > before[0],
-        "left woken: {before:?} → {after_one:?}"
-    );
-    assert_eq!(
-        after_one[1], before[1],
-        "right untouched: {before:?} → {after_one:?}"
-    );
-
-    // A machine name nothing has: nothing happens, and the feed still works.
-    assert!(
-        h.wake
-            .machine(ObjectRef::new("nobody").within(&h.namespace))
-    );
-    // A resubscription, which may have missed events: every machine.
-    assert!(h.wake.all());
-    let after_all = settled(&h, &names).await?;
-    assert!(
-        after_all[0] > after_one[0] && after_all[1] > after_one[1],
-        "both woken: {after_one:?} → {after_all:?}"
-    );
-    assert!(h.fake.with(|r| !r.realised.contains_key("nobody")));
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_machine_is_not_reconciled_from_a_copy_it_has_just_written_over() -> TestResult {
-    let h = start(Duration::from_secs(30)).await?;
-    // The backend's own actions wake their machine at once, before the watch can have
-    // delivered what the reconcile wrote: the next reconcile finds the copy written over.
-    h.fake.with(|r| r.echo = Some(h.wake.clone()));
-    h.api
-        .create(
-            &PostParams::default(),
-            &libvirt_machine("echo", PROVIDER, &[]),
-        )
-        .await?;
-    ready_reason(&h, "echo", "Running").await?;
-    settled(&h, &["echo"]).await?;
-    let (realised, written_over) = h.fake.with(|r| {
-        (
-            r.realised_versions.remove("echo").unwrap_or_default(),
-            r.written_over.remove("echo").unwrap_or_default(),
-        )
-    });
-    assert!(!written_over.is_empty(), "the status was written");
-    for version in &written_over {
-        assert_eq!(
-            realised.iter().filter(|v| *v == version).count(),
-            1,
-            "the copy at {version} was realised once, before the write, never again after it: \
-             realised {realised:?}, written over {written_over:?}"
-        );
-    }
-
-    // Torn down once: the teardown's own event does not tear down the copy whose finalizer
-    // it has just removed (whose removal let the machine go).
-    h.api.delete("echo", &Default::default()).await?;
-    gone(&h, "echo").await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(h.fake.with(|r| r.torn_down.get("echo").copied()), Some(1));
-    Ok(())
 }

@@ -24,13 +24,13 @@ use banlieue_api::{MachineAddress, MachineStatusContract};
 use banlieue_controller::machine_builder::{MachineBackend, PlacementSpec};
 use banlieue_provider_kit::guest::{self, Phase};
 use banlieue_provider_kit::machine::{self, Backend, PatchError, Settings, Teardown};
-use banlieue_provider_kit::wake::Waker;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::{Client, CustomResource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use super::fake_provider::{Controls, FAKE_EK_PEM};
 
@@ -356,7 +356,7 @@ pub fn start(
         controls: controls.clone(),
     });
     let api: Api<MemoryMachine> = Api::namespaced(client, namespace);
-    let (wake, woken) = banlieue_provider_kit::wake::channel();
+    let (wake, woken) = mpsc::channel(1);
     tokio::spawn(async move {
         // The hypervisor's change feed: a switch a test flips changes what every machine would
         // observe, as a domain event would.
@@ -373,7 +373,7 @@ pub fn start(
 }
 
 /// Sends a wake-up whenever one of `controls` changes.
-async fn watch_controls(controls: Arc<Controls>, wake: Waker<MemoryMachine>) {
+async fn watch_controls(controls: Arc<Controls>, wake: mpsc::Sender<()>) {
     let read = |c: &Controls| {
         (
             c.ready_gate.load(Ordering::SeqCst),
@@ -389,7 +389,7 @@ async fn watch_controls(controls: Arc<Controls>, wake: Waker<MemoryMachine>) {
         let now = read(&controls);
         if now != last {
             last = now;
-            wake.all();
+            let _ = wake.try_send(());
         }
     }
 }

@@ -1,17 +1,16 @@
 //! The provider's one libvirt connection, opened with the Provider's credentials on first use
-//! and replaced when it dies; domain lifecycle events from it wake the machines they name.
+//! and replaced when it dies; domain lifecycle events from it wake the reconciler.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use banlieue_api::Provider;
 use banlieue_api::conditions::reasons;
-use banlieue_api::{LibvirtMachine, Provider};
 use banlieue_libvirt::Client;
 use banlieue_libvirt::events::{AgentLifecycleEvents, DomainEvents};
-use banlieue_provider_kit::wake::{Waker, machine_of};
 use kube::Api;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc};
 
 use crate::connection;
 use crate::domain_xml::DomainType;
@@ -118,43 +117,33 @@ impl Host {
     }
 }
 
-/// Subscribes to domain lifecycle and guest-agent events on each new session and wakes the
-/// machine each event's domain belongs to (`<namespace>-<machine>`); reconnects after the
-/// connection dies. Ends when the reconciler stops listening. An agent connecting is what a
-/// booting guest's GuestReady waits on; an agent leaving is what the machine reports.
-pub async fn forward_events(host: Arc<Host>, namespace: String, wake: Waker<LibvirtMachine>) {
-    let wake_domain = |domain: &str| match machine_of(&namespace, domain) {
-        Some(machine) => wake.machine(machine),
-        // Another namespace's domain on a shared host: none of ours changed.
-        None => !wake.is_closed(),
-    };
+/// Subscribes to domain lifecycle and guest-agent events on each new session and sends one
+/// tick per event; reconnects after the connection dies. Ends when the receiver is dropped.
+/// An agent connecting is what a booting guest's GuestReady waits on; an agent leaving is
+/// what the machine reports.
+pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
     loop {
         match subscribe(&host).await {
             Ok((mut lifecycle, mut agent)) => {
                 // A (re)subscription may have missed events: look at everything once.
-                if !wake.all() {
+                if !tick(&ticks) {
                     return;
                 }
                 loop {
-                    let event = tokio::select! {
-                        e = lifecycle.next() => e.map(|e| e.map(|e| {
-                            tracing::debug!(domain = %e.domain, event = %e.event, "domain event");
-                            e.domain
-                        })),
-                        e = agent.next() => e.map(|e| e.map(|e| {
-                            tracing::debug!(domain = %e.domain, connected = e.connected(), "agent event");
-                            e.domain
-                        })),
+                    let more = tokio::select! {
+                        e = lifecycle.next() => e.map(|e| {
+                            if let Ok(e) = e {
+                                tracing::debug!(domain = %e.domain, event = %e.event, "domain event");
+                            }
+                        }),
+                        e = agent.next() => e.map(|e| {
+                            if let Ok(e) = e {
+                                tracing::debug!(domain = %e.domain, connected = e.connected(), "agent event");
+                            }
+                        }),
                     };
-                    let listening = match event {
-                        // The connection ended: subscribe again on the next one.
-                        None => break,
-                        Some(Ok(domain)) => wake_domain(&domain),
-                        // An event that could not be read may concern any machine.
-                        Some(Err(_)) => wake.all(),
-                    };
-                    if !listening {
-                        return;
+                    if more.is_none() || !tick(&ticks) {
+                        break;
                     }
                 }
             }
@@ -162,7 +151,7 @@ pub async fn forward_events(host: Arc<Host>, namespace: String, wake: Waker<Libv
                 tracing::debug!(error = %banlieue_api::conditions::error_message(&e), "domain events unavailable");
             }
         }
-        if wake.is_closed() {
+        if ticks.is_closed() {
             return;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -178,4 +167,13 @@ async fn subscribe(host: &Host) -> Result<(DomainEvents, AgentLifecycleEvents)> 
         .await
         .map_err(Error::libvirt("subscribe to guest agent events"))?;
     Ok((lifecycle, agent))
+}
+
+/// Queues one tick unless one is already waiting: a burst of events (a start emits several)
+/// collapses into one pass. Returns false once nobody listens.
+fn tick(ticks: &mpsc::Sender<()>) -> bool {
+    !matches!(
+        ticks.try_send(()),
+        Err(mpsc::error::TrySendError::Closed(()))
+    )
 }

@@ -19,10 +19,10 @@ use banlieue_api::LibvirtMachineStatus;
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
 use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
-use banlieue_provider_kit::wake;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use crate::domain_xml::DomainType;
 use crate::error::{Error, Result};
@@ -68,8 +68,7 @@ struct Context {
 }
 
 /// Reconciles this Provider's LibvirtMachines until `shutdown` completes, recording into
-/// `metrics`. A domain lifecycle or agent event wakes the machine of its domain, beside the
-/// watch.
+/// `metrics`. Domain lifecycle and agent events wake every machine, beside the watch.
 pub async fn run_provider(
     client: kube::Client,
     cfg: ProviderConfig,
@@ -84,12 +83,8 @@ pub async fn run_provider(
         cfg.call_timeout,
         metrics.host_connected.clone(),
     ));
-    let (waker, wakes) = wake::channel();
-    let events = tokio::spawn(host::forward_events(
-        host.clone(),
-        cfg.namespace.clone(),
-        waker,
-    ));
+    let (ticks, tick_rx) = mpsc::channel(1);
+    let events = tokio::spawn(host::forward_events(host.clone(), ticks));
     let machines: Api<LibvirtMachine> = Api::namespaced(client.clone(), &cfg.namespace);
     let backend = Arc::new(Context {
         kube: client,
@@ -97,7 +92,7 @@ pub async fn run_provider(
         host,
         metrics,
     });
-    skeleton::run(backend, machines, Settings::default(), wakes, shutdown).await;
+    skeleton::run(backend, machines, Settings::default(), tick_rx, shutdown).await;
     events.abort();
     Ok(())
 }

@@ -15,9 +15,9 @@ use banlieue_api::conditions::Condition;
 use banlieue_api::vsphere::FINALIZER_VM_PROTECTION;
 use banlieue_api::{VSphereMachine, VSphereMachineStatus};
 use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
-use banlieue_provider_kit::wake;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
+use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -54,16 +54,18 @@ struct Context {
 }
 
 /// Reconciles this Provider's VSphereMachines until `shutdown` completes. A property wait on
-/// the VMs (their power state, guest NICs and guest phase) wakes the machine whose VM
-/// changed.
+/// the VMs (their power state, guest NICs and guest phase) wakes the machines when one of
+/// theirs changed.
 pub async fn run_provider(
     client: kube::Client,
     cfg: ProviderConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
     let session = Arc::new(Session::new(client.clone(), &cfg.namespace, &cfg.provider));
-    let (waker, wakes) = wake::channel();
-    let pump = tokio::spawn(watch::run(session.clone(), cfg.namespace.clone(), waker));
+    // One pending wake-up is enough: it reconciles every machine, so a burst of VM changes
+    // collapses into one pass.
+    let (wake, woken) = mpsc::channel(1);
+    let pump = tokio::spawn(watch::run(session.clone(), cfg.namespace.clone(), wake));
     let machines: Api<VSphereMachine> = Api::namespaced(client.clone(), &cfg.namespace);
     // A reconcile holds at most a clone, a reconfigure and a power-on: three tasks' deadlines.
     let settings = Settings {
@@ -75,7 +77,7 @@ pub async fn run_provider(
         cfg,
         session,
     });
-    skeleton::run(backend, machines, settings, wakes, shutdown).await;
+    skeleton::run(backend, machines, settings, woken, shutdown).await;
     pump.abort();
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The property wait that wakes machines: one PropertyCollector of the workload's own, one
 //! filter over every VM (a container view) reading the name, `runtime.powerState`,
 //! `guest.net` and `config.extraConfig["guestinfo.banlieue.phase"]`. Each change to a VM named
-//! `<namespace>-<machine>` wakes that machine, whose reconcile reads its VM afresh: the status
-//! is never built from a partial update, and a missed one is caught by the resync.
+//! `<namespace>-<machine>` wakes the machines, whose reconciles read their VMs afresh: the
+//! status is never built from a partial update, and a missed one is caught by the resync.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,10 +11,11 @@ use std::time::Duration;
 use banlieue_api::VSphereMachine;
 use banlieue_api::conditions::error_message;
 use banlieue_api::vsphere::GUESTINFO_PHASE;
-use banlieue_provider_kit::wake::{Waker, machine_of};
 use banlieue_vsphere::{
     Client, ObjectUpdateKind, PropertyFilterSpec, PropertyValue, extra_config_path,
 };
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -25,9 +26,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The most VMs whose names are remembered: a bound on what a server can make this hold.
 const MAX_TRACKED_VMS: usize = 100_000;
 
-/// Wakes the machine whose VM changed, until the task is aborted. A failed wait (a lost
+/// Wakes the machines when one of their VMs changes, until the task is aborted. A failed wait (a lost
 /// session takes its collector with it) starts over with a new collector after a pause.
-pub async fn run(session: Arc<Session>, namespace: String, wake: Waker<VSphereMachine>) {
+pub async fn run(session: Arc<Session>, namespace: String, wake: mpsc::Sender<()>) {
     loop {
         match session.client().await {
             Ok(client) => {
@@ -45,10 +46,19 @@ pub async fn run(session: Arc<Session>, namespace: String, wake: Waker<VSphereMa
     }
 }
 
+/// The machine a VM of `vm_name` belongs to, if the name is `<namespace>-<machine>`.
+pub fn machine_of(namespace: &str, vm_name: &str) -> Option<ObjectRef<VSphereMachine>> {
+    vm_name
+        .strip_prefix(namespace)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .filter(|name| !name.is_empty())
+        .map(|name| ObjectRef::new(name).within(namespace))
+}
+
 async fn pump(
     client: &Client,
     namespace: &str,
-    wake: &Waker<VSphereMachine>,
+    wake: &mpsc::Sender<()>,
 ) -> Result<std::convert::Infallible> {
     let collector = client
         .create_property_collector()
@@ -64,7 +74,7 @@ async fn watch(
     client: &Client,
     collector: &banlieue_vsphere::ManagedObjectRef,
     namespace: &str,
-    wake: &Waker<VSphereMachine>,
+    wake: &mpsc::Sender<()>,
 ) -> Result<std::convert::Infallible> {
     let root = client.service_content().root_folder.clone();
     let view = client
@@ -81,9 +91,6 @@ async fn watch(
         .create_filter(collector, &spec, true)
         .await
         .map_err(Error::vsphere("create the VM filter"))?;
-    // A new collector may follow one that missed changes (a VM gone meanwhile is in no
-    // update): look at every machine once.
-    wake.all();
     let mut names: HashMap<String, String> = HashMap::new();
     let mut version: Option<String> = None;
     loop {
@@ -111,9 +118,29 @@ async fn watch(
             if matches!(object.kind, ObjectUpdateKind::Leave) {
                 names.remove(&object.obj.value);
             }
-            if let Some(machine) = name.as_deref().and_then(|n| machine_of(namespace, n)) {
-                wake.machine(machine);
+            if name
+                .as_deref()
+                .and_then(|n| machine_of(namespace, n))
+                .is_some()
+            {
+                // A full queue already holds a wake-up, which covers this change too.
+                let _ = wake.try_send(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_names_map_back_to_machines_of_the_namespace() {
+        let m = machine_of("team-a", "team-a-web-01").unwrap();
+        assert_eq!(m.name, "web-01");
+        assert_eq!(m.namespace.as_deref(), Some("team-a"));
+        assert!(machine_of("team-a", "team-ab-web").is_none());
+        assert!(machine_of("team-a", "team-a-").is_none());
+        assert!(machine_of("team-a", "DC0_C0_RP0_VM0").is_none());
     }
 }
