@@ -205,10 +205,14 @@ impl LibvirtHost {
                 "banlieue-side-by-side-libvirtd-{}.log",
                 std::process::id()
             ));
-            std::fs::copy(self.libvirtd.log_file(), &kept)?;
+            // Best effort: a copy that fails must not hide how the daemon ended.
+            let kept = match std::fs::copy(self.libvirtd.log_file(), &kept) {
+                Ok(_) => format!("its log is kept in {}", kept.display()),
+                Err(error) => format!("its log could not be kept in {} ({error})", kept.display()),
+            };
             return Err(format!(
-                "libvirtd exited during the benchmark ({status}); its log is kept in {}\n{}",
-                kept.display(),
+                "libvirtd exited during the benchmark ({status}); {kept}; the ends of its \
+                 stderr and log (files deleted with the instance):\n{}",
                 self.libvirtd.diagnostics()
             )
             .into());

@@ -630,7 +630,8 @@ impl Libvirtd {
     }
 
     /// How the daemon ended when it exited on its own (a crash, a signal); `None` while it
-    /// runs or after [`Libvirtd::stop`].
+    /// runs or after [`Libvirtd::stop`]. Reported once: the instance then counts as stopped,
+    /// and [`Libvirtd::start_again`] starts it.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         match self.ensure_daemon_running() {
             Err(Error::Exited(status)) => Some(status),

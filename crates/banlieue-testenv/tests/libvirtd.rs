@@ -218,6 +218,54 @@ async fn stop_then_start_again_on_the_same_port_and_state() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_daemon_that_dies_says_how_and_a_stopped_one_does_not() -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(mut daemon) = start(LibvirtdOptions::default()).await? else {
+        return Ok(());
+    };
+    ensure!(
+        daemon.exit_status().is_none(),
+        "a running daemon has no exit status"
+    );
+    // Our own daemon, by its PID: what a crash looks like from the harness.
+    let pid = daemon.pid();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()?;
+    ensure!(killed.success(), "kill -KILL {pid}: {killed}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = daemon.exit_status() {
+            break status;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no exit status 10 s after SIGKILL"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    ensure!(
+        status.signal() == Some(9),
+        "exit status {status}, not SIGKILL"
+    );
+    ensure!(daemon.exit_status().is_none(), "the exit is reported once");
+    ensure!(
+        daemon.virsh(["uri"]).await.is_err(),
+        "a killed daemon answered"
+    );
+
+    // Started again after the exit; a deliberate stop then has nothing to report.
+    daemon.start_again().await?;
+    daemon.virsh(["uri"]).await?;
+    daemon.stop();
+    ensure!(
+        daemon.exit_status().is_none(),
+        "a stopped daemon reports an exit"
+    );
+    Ok(())
+}
+
 const EFI_TPM_DOMAIN: &str = "<domain type='qemu'>
   <name>NAME</name>
   <memory unit='MiB'>192</memory>

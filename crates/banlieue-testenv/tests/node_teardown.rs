@@ -51,17 +51,45 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 /// Where nodes register the host state they share (see `node/host-state.sh`).
 const HOST_STATE: &str = "/run/banlieue-test-nodes";
 
+/// The nodes registered in [`HOST_STATE`]: each one's directory, whether it still exists and
+/// the processes that name it (what keeps a finished test's node registered).
+fn registered_nodes() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(HOST_STATE) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let name = path.file_name()?.to_str()?;
+            if !name.starts_with("node-") {
+                return None;
+            }
+            let dir = std::fs::read_to_string(&path).ok()?;
+            let dir = Path::new(dir.trim());
+            Some(format!(
+                "{} (exists: {}, processes: {:?})",
+                dir.display(),
+                dir.exists(),
+                processes_naming(dir)
+            ))
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn a_dropped_node_leaves_nothing_behind() {
-    // The node of a test binary that just ended may still be tearing down; the machine's own
-    // settings are what is left once it is done.
-    wait_for(
+    // The node of a test binary that just ended may still be tearing down: its janitor outlives
+    // the binary, which waits up to two minutes for it, and a node that ran guests or many pods
+    // takes that long. The machine's own settings are what is left once it is done.
+    if let Err(error) = wait_for(
         "other test nodes to be gone",
-        Duration::from_secs(60),
+        Duration::from_secs(300),
         || async { Ok((!Path::new(HOST_STATE).exists()).then_some(())) },
     )
     .await
-    .expect("no other test node");
+    {
+        panic!("{error}; still registered: {:?}", registered_nodes());
+    }
     let before = sysctls();
     let host_paths = [
         "/run/containerd",
