@@ -45,7 +45,7 @@ use banlieue_testenv::claim_load::{
 };
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
@@ -521,6 +521,124 @@ impl ClaimSystem for AgentSandboxPool {
 
     fn controller_pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The pool's status, whether its controller still runs, the node's conditions and
+    /// taints, the namespace's pods by phase and readiness, and the first ones not ready with
+    /// why: what a pool that stopped short of full was waiting for.
+    async fn shortfall(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        match self.api(Kind::SandboxWarmPool).get(POOL).await {
+            Ok(pool) => lines.push(format!("pool status: {}", pool.data["status"])),
+            Err(error) => lines.push(format!("pool: {error}")),
+        }
+        let alive = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        });
+        lines.push(format!(
+            "controller pid {}: {}",
+            self.pid,
+            if alive { "running" } else { "gone" }
+        ));
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        match nodes.list(&ListParams::default()).await {
+            Ok(nodes) => lines.extend(nodes.items.iter().map(|node| {
+                let status = node.status.clone().unwrap_or_default();
+                let conditions: Vec<String> = status
+                    .conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| format!("{}={}", c.type_, c.status))
+                    .collect();
+                let taints: Vec<String> = node
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.taints.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect();
+                format!(
+                    "node {}: {}; taints {taints:?}; allocatable pods {:?}",
+                    node.metadata.name.as_deref().unwrap_or_default(),
+                    conditions.join(" "),
+                    status
+                        .allocatable
+                        .and_then(|a| a.get("pods").map(|q| q.0.clone()))
+                )
+            })),
+            Err(error) => lines.push(format!("nodes: {error}")),
+        }
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.namespace);
+        match pods.list(&ListParams::default()).await {
+            Ok(pods) => {
+                let ready = |pod: &Pod| {
+                    pod.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                };
+                let mut by_phase = BTreeMap::<String, (usize, usize)>::new();
+                for pod in &pods.items {
+                    let phase = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default();
+                    let entry = by_phase.entry(phase).or_default();
+                    entry.0 += 1;
+                    entry.1 += usize::from(ready(pod));
+                }
+                lines.push(format!("pods by phase (count, ready): {by_phase:?}"));
+                lines.extend(
+                    pods.items
+                        .iter()
+                        .filter(|pod| !ready(pod))
+                        .take(10)
+                        .map(|pod| {
+                            let status = pod.status.clone().unwrap_or_default();
+                            let conditions: Vec<String> = status
+                                .conditions
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|c| {
+                                    format!(
+                                        "{}={} {}",
+                                        c.type_,
+                                        c.status,
+                                        c.message.as_deref().unwrap_or_default()
+                                    )
+                                })
+                                .collect();
+                            let waiting: Vec<String> = status
+                                .container_statuses
+                                .unwrap_or_default()
+                                .iter()
+                                .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+                                .map(|w| {
+                                    format!(
+                                        "{}: {}",
+                                        w.reason.as_deref().unwrap_or_default(),
+                                        w.message.as_deref().unwrap_or_default()
+                                    )
+                                })
+                                .collect();
+                            format!(
+                                "pod {} on {:?}: {}; waiting: {waiting:?}",
+                                pod.metadata.name.as_deref().unwrap_or_default(),
+                                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                                conditions.join("; ")
+                            )
+                        }),
+                );
+            }
+            Err(error) => lines.push(format!("pods: {error}")),
+        }
+        lines
     }
 }
 
