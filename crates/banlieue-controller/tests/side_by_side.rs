@@ -1001,6 +1001,25 @@ async fn the_benchmark_harness_runs_every_system_at_a_tiny_rate() -> TestResult 
         }
     }
     eprintln!("{}", table(&results, &load));
+
+    // What agent-sandbox's error says when its pool does not fill, read here from a full pool:
+    // the pool's status, its controller, the node, the pods.
+    let (cp, pid) = cluster().await?;
+    let pool = AgentSandboxPool::start(cp, pid, 2).await?;
+    claim_load::wait_warm(&pool, 2, FILL_DEADLINE).await?;
+    let diagnosis = pool.shortfall().await.join("\n");
+    for expected in [
+        "\"readyReplicas\":2".to_owned(),
+        format!("controller pid {pid}: running"),
+        "Ready=True".to_owned(),
+        "\"Running\": (2, 2)".to_owned(),
+    ] {
+        assert!(
+            diagnosis.contains(&expected),
+            "no {expected} in:\n{diagnosis}"
+        );
+    }
+    pool.stop().await?;
     Ok(())
 }
 
