@@ -544,102 +544,75 @@ impl ClaimSystem for AgentSandboxPool {
         ));
         let nodes: Api<Node> = Api::all(self.admin.clone());
         match nodes.list(&ListParams::default()).await {
-            Ok(nodes) => lines.extend(nodes.items.iter().map(|node| {
-                let status = node.status.clone().unwrap_or_default();
-                let conditions: Vec<String> = status
-                    .conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| format!("{}={}", c.type_, c.status))
-                    .collect();
-                let taints: Vec<String> = node
-                    .spec
-                    .as_ref()
-                    .and_then(|spec| spec.taints.clone())
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|t| format!("{}:{}", t.key, t.effect))
-                    .collect();
-                format!(
-                    "node {}: {}; taints {taints:?}; allocatable pods {:?}",
-                    node.metadata.name.as_deref().unwrap_or_default(),
-                    conditions.join(" "),
-                    status
-                        .allocatable
-                        .and_then(|a| a.get("pods").map(|q| q.0.clone()))
-                )
-            })),
+            Ok(nodes) => lines.extend(nodes.items.iter().map(node_summary)),
             Err(error) => lines.push(format!("nodes: {error}")),
         }
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.namespace);
         match pods.list(&ListParams::default()).await {
             Ok(pods) => {
-                let ready = |pod: &Pod| {
-                    pod.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
-                };
                 let mut by_phase = BTreeMap::<String, (usize, usize)>::new();
                 for pod in &pods.items {
-                    let phase = pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.phase.clone())
-                        .unwrap_or_default();
-                    let entry = by_phase.entry(phase).or_default();
+                    let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                    let entry = by_phase.entry(phase.unwrap_or_default()).or_default();
                     entry.0 += 1;
-                    entry.1 += usize::from(ready(pod));
+                    entry.1 += usize::from(pod_ready(pod));
                 }
                 lines.push(format!("pods by phase (count, ready): {by_phase:?}"));
-                lines.extend(
-                    pods.items
-                        .iter()
-                        .filter(|pod| !ready(pod))
-                        .take(10)
-                        .map(|pod| {
-                            let status = pod.status.clone().unwrap_or_default();
-                            let conditions: Vec<String> = status
-                                .conditions
-                                .unwrap_or_default()
-                                .iter()
-                                .map(|c| {
-                                    format!(
-                                        "{}={} {}",
-                                        c.type_,
-                                        c.status,
-                                        c.message.as_deref().unwrap_or_default()
-                                    )
-                                })
-                                .collect();
-                            let waiting: Vec<String> = status
-                                .container_statuses
-                                .unwrap_or_default()
-                                .iter()
-                                .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
-                                .map(|w| {
-                                    format!(
-                                        "{}: {}",
-                                        w.reason.as_deref().unwrap_or_default(),
-                                        w.message.as_deref().unwrap_or_default()
-                                    )
-                                })
-                                .collect();
-                            format!(
-                                "pod {} on {:?}: {}; waiting: {waiting:?}",
-                                pod.metadata.name.as_deref().unwrap_or_default(),
-                                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-                                conditions.join("; ")
-                            )
-                        }),
-                );
+                let not_ready = pods.items.iter().filter(|pod| !pod_ready(pod));
+                lines.extend(not_ready.take(10).map(pod_summary));
             }
             Err(error) => lines.push(format!("pods: {error}")),
         }
         lines
     }
+}
+
+/// A node's conditions, taints and pod capacity, on one line.
+fn node_summary(node: &Node) -> String {
+    let status = node.status.clone().unwrap_or_default();
+    let conditions: Vec<String> = (status.conditions.unwrap_or_default().iter())
+        .map(|c| format!("{}={}", c.type_, c.status))
+        .collect();
+    let taints: Vec<String> = (node.spec.as_ref().and_then(|spec| spec.taints.clone()))
+        .unwrap_or_default()
+        .iter()
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect();
+    let pods = (status.allocatable).and_then(|a| a.get("pods").map(|q| q.0.clone()));
+    format!(
+        "node {}: {}; taints {taints:?}; allocatable pods {pods:?}",
+        node.metadata.name.as_deref().unwrap_or_default(),
+        conditions.join(" "),
+    )
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    (pod.status.as_ref().and_then(|s| s.conditions.as_ref()))
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's node, conditions and why its containers wait, on one line.
+fn pod_summary(pod: &Pod) -> String {
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions: Vec<String> = (status.conditions.unwrap_or_default().iter())
+        .map(|c| {
+            let message = c.message.as_deref().unwrap_or_default();
+            format!("{}={} {message}", c.type_, c.status)
+        })
+        .collect();
+    let waiting: Vec<String> = (status.container_statuses.unwrap_or_default().iter())
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .map(|w| {
+            let reason = w.reason.as_deref().unwrap_or_default();
+            format!("{reason}: {}", w.message.as_deref().unwrap_or_default())
+        })
+        .collect();
+    format!(
+        "pod {} on {:?}: {}; waiting: {waiting:?}",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        conditions.join("; ")
+    )
 }
 
 /// Waits until `api` lists nothing (deleted objects may wait on finalizers, pods on the kubelet).
