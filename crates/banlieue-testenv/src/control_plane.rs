@@ -41,6 +41,11 @@ pub const USERS: [&str; 3] = ["alice", "bob", "broker"];
 /// The label of every namespace `fresh_namespace` creates.
 pub const TEST_NAMESPACE_LABEL: &str = "banlieue.io/test";
 
+/// How long the service account tokens tests are given stay valid: a day. Nothing renews them:
+/// `dev up` runs its roles with them for as long as it stays up, and a child process reads its
+/// kubeconfig once (agent-sandbox's controller, an hour into the side-by-side benchmark, was
+/// refused as `Unauthorized` with the hour it used to have).
+pub const SERVICE_ACCOUNT_TOKEN_SECONDS: i64 = 86_400;
 const STARTUP_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The API server's admission configuration: Pod Security's exemption of the test node's
@@ -523,10 +528,9 @@ impl ControlPlane {
     }
 
     /// A client authenticated as a service account, with a bound token from the TokenRequest
-    /// API (valid for a day).
+    /// API (valid for [`SERVICE_ACCOUNT_TOKEN_SECONDS`] seconds).
     pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
-        // A day: `dev up` runs its roles with these tokens for as long as it stays up.
-        let token = self.service_account_token(namespace, name, 86_400).await?;
+        let token = self.service_account_token(namespace, name).await?;
         self.client_with_token(&token)
     }
 
@@ -543,7 +547,8 @@ impl ControlPlane {
     }
 
     /// Writes to `path` a kubeconfig of the local control plane holding a token of the service
-    /// account `namespace/name` (valid for an hour), for a role run as a child process.
+    /// account `namespace/name` (valid for [`SERVICE_ACCOUNT_TOKEN_SECONDS`] seconds), for a
+    /// role run as a child process.
     pub async fn write_service_account_kubeconfig(
         &self,
         namespace: &str,
@@ -554,7 +559,7 @@ impl ControlPlane {
             .kubeconfig(ADMIN)
             .ok_or_else(|| Error::UnknownIdentity(ADMIN.to_owned()))?;
         let mut kubeconfig = Kubeconfig::read_from(admin_path)?;
-        let token = self.service_account_token(namespace, name, 3600).await?;
+        let token = self.service_account_token(namespace, name).await?;
         for named in &mut kubeconfig.auth_infos {
             named.auth_info = Some(AuthInfo {
                 token: Some(token.clone().into()),
@@ -570,18 +575,13 @@ impl ControlPlane {
     }
 
     /// A bound token of the service account `namespace/name` from the TokenRequest API.
-    async fn service_account_token(
-        &self,
-        namespace: &str,
-        name: &str,
-        expiration_seconds: i64,
-    ) -> Result<String> {
+    async fn service_account_token(&self, namespace: &str, name: &str) -> Result<String> {
         let accounts: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
         let request = TokenRequest {
             spec: Some(TokenRequestSpec {
                 // None: the apiserver's own audience, which it accepts back.
                 audiences: None,
-                expiration_seconds: Some(expiration_seconds),
+                expiration_seconds: Some(SERVICE_ACCOUNT_TOKEN_SECONDS),
                 ..Default::default()
             }),
             ..Default::default()

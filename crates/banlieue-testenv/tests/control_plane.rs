@@ -388,6 +388,75 @@ subjects:
     assert_eq!(api_status(accounts.get("reader").await).code, 403);
 }
 
+/// A child process reads its kubeconfig once and nothing renews the token in it, so the token
+/// must outlive the longest run (agent-sandbox's controller lost its hour's token an hour into
+/// the side-by-side benchmark).
+#[tokio::test]
+async fn a_service_account_kubeconfig_holds_a_token_for_a_day() {
+    use base64::Engine as _;
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let accounts: Api<ServiceAccount> = Api::namespaced(cp.client().expect("admin"), &ns);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("child".to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("service account");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("kubeconfig");
+    cp.write_service_account_kubeconfig(&ns, "child", &path)
+        .await
+        .expect("kubeconfig");
+
+    let kubeconfig: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+    let token = kubeconfig["users"][0]["user"]["token"]
+        .as_str()
+        .expect("a token in the kubeconfig");
+    let payload = token.split('.').nth(1).expect("a JWT");
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .expect("base64url"),
+    )
+    .expect("JSON claims");
+    let lifetime = claims["exp"].as_i64().expect("exp") - claims["iat"].as_i64().expect("iat");
+    assert_eq!(
+        lifetime,
+        control_plane::SERVICE_ACCOUNT_TOKEN_SECONDS,
+        "{claims}"
+    );
+    // Longer than any run: the side-by-side benchmark takes two hours, `dev up` a working day.
+    assert!(lifetime >= 12 * 3600, "a token for {lifetime} s");
+
+    // The token is the service account's: authenticated, and refused what it was not granted.
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&path).expect("kubeconfig"),
+        &options,
+    )
+    .await
+    .expect("config");
+    let child = Client::try_from(config).expect("client");
+    let status = api_status(
+        Api::<ConfigMap>::namespaced(child, &ns)
+            .list(&Default::default())
+            .await,
+    );
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(
+        (status.message).contains(&format!("system:serviceaccount:{ns}:child")),
+        "{}",
+        status.message
+    );
+}
+
 fn process_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
