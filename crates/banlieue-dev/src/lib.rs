@@ -26,7 +26,9 @@ use banlieue_libvirt::{
 };
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::is_running;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::node::pod_is_ready;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use prometheus_client::registry::Registry;
@@ -621,14 +623,8 @@ async fn ready_pod(kube: &Client, selector: &str, deadline: Duration) -> Result<
         let list = pods
             .list(&kube::api::ListParams::default().labels(selector))
             .await?;
-        let ready = list.items.into_iter().find(|pod| {
-            pod.metadata.deletion_timestamp.is_none()
-                && pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        });
+        let ready = (list.items.into_iter())
+            .find(|pod| pod.metadata.deletion_timestamp.is_none() && pod_is_ready(pod));
         if let Some(name) = ready.and_then(|pod| pod.metadata.name) {
             return Ok(name);
         }
@@ -944,18 +940,6 @@ where
 {
     fn api(kube: &Client, _: Option<&str>) -> Api<K> {
         Api::all(kube.clone())
-    }
-}
-
-/// Whether `pid` is a live process (a zombie awaiting its parent does not count).
-fn is_running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
-        Err(_) => false,
     }
 }
 

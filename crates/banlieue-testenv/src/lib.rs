@@ -24,6 +24,12 @@ pub mod registry;
 mod spawner;
 pub mod vcsim;
 
+/// Whether `pid` is a live process. A zombie awaiting its reaper does not count: it holds
+/// nothing, and for a daemonized process its reaper is not ours.
+pub fn is_running(pid: u32) -> bool {
+    libvirtd::process::is_running(pid, 0)
+}
+
 /// `relative` inside the repository (manifests, docs, scripts), for tests in any crate.
 pub fn repo_path(relative: impl AsRef<Path>) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -23,7 +23,7 @@
 mod layout;
 mod pki;
 mod probe;
-mod process;
+pub(crate) mod process;
 
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
@@ -348,6 +348,8 @@ pub struct Libvirtd {
     tls_port: u16,
     tcp_port: Option<u16>,
     daemon: Option<Child>,
+    /// How the daemon ended when it exited on its own, kept until it is started again.
+    exited: Option<ExitStatus>,
     /// Start time of the first daemon process, in clock ticks after boot: a PID read from a
     /// pid file is only signalled if its process started no earlier (guards against reuse).
     first_start_ticks: u64,
@@ -420,6 +422,7 @@ impl Libvirtd {
             tls_port: 0,
             tcp_port: None,
             daemon: None,
+            exited: None,
             first_start_ticks: 0,
             daemon_pids: Vec::new(),
             suspended: false,
@@ -629,14 +632,13 @@ impl Libvirtd {
         self.daemon.is_some()
     }
 
-    /// How the daemon ended when it exited on its own (a crash, a signal); `None` while it
-    /// runs or after [`Libvirtd::stop`]. Reported once: the instance then counts as stopped,
-    /// and [`Libvirtd::start_again`] starts it.
+    /// How the daemon ended when it exited on its own (a crash, a signal), until
+    /// [`Libvirtd::start_again`] starts it; `None` while it runs, and when [`Libvirtd::stop`]
+    /// is what stopped it.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
-        match self.ensure_daemon_running() {
-            Err(Error::Exited(status)) => Some(status),
-            _ => None,
-        }
+        // Notices an exit not seen yet; one seen before is kept in `exited`.
+        let _ = self.ensure_daemon_running();
+        self.exited
     }
 
     /// Starts the daemon again after [`Libvirtd::stop`], on the same ports with the same PKI
@@ -673,6 +675,7 @@ impl Libvirtd {
         }
         self.daemon_pids.push(child.id());
         self.daemon = Some(child);
+        self.exited = None;
         let started = Instant::now();
         match self.wait_ready().await {
             Ok(()) => {
@@ -767,6 +770,7 @@ impl Libvirtd {
             .map_err(|source| Error::io("check whether libvirtd exited", source))?;
         if let Some(status) = exited {
             self.daemon = None;
+            self.exited = Some(status);
             return Err(Error::Exited(status));
         }
         Ok(())

@@ -372,6 +372,19 @@ pub fn is_ready(node: &NodeObject) -> bool {
         })
 }
 
+/// Whether a Pod reports condition Ready=True: every container started and passing its
+/// readiness probe, as the kubelet judged it.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
 /// The project's one image writer, which `scripts/image` and the pause image use too.
 const IMAGE_WRITER: &str = "scripts/lib/oci-image";
 

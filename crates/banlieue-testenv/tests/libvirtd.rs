@@ -14,14 +14,9 @@ async fn start(options: LibvirtdOptions) -> Result<Option<Libvirtd>> {
     Ok(Some(Libvirtd::start(options).await?))
 }
 
+/// A zombie reparented to an init that does not reap still has a /proc entry: it counts as gone.
 fn pid_gone(pid: u32) -> bool {
-    // A zombie reparented to an init that does not reap still has a /proc entry.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => true,
-    }
+    !banlieue_testenv::is_running(pid)
 }
 
 fn port_bindable(port: u16) -> bool {
@@ -249,15 +244,23 @@ async fn a_daemon_that_dies_says_how_and_a_stopped_one_does_not() -> Result<()> 
         status.signal() == Some(9),
         "exit status {status}, not SIGKILL"
     );
-    ensure!(daemon.exit_status().is_none(), "the exit is reported once");
+    ensure!(
+        daemon.exit_status() == Some(status),
+        "the exit is no longer reported"
+    );
+    ensure!(!daemon.is_running(), "a killed daemon counts as running");
     ensure!(
         daemon.virsh(["uri"]).await.is_err(),
         "a killed daemon answered"
     );
 
-    // Started again after the exit; a deliberate stop then has nothing to report.
+    // Started again after the exit, it has nothing to report; nor after a deliberate stop.
     daemon.start_again().await?;
     daemon.virsh(["uri"]).await?;
+    ensure!(
+        daemon.exit_status().is_none(),
+        "a daemon started again still reports its old exit"
+    );
     daemon.stop();
     ensure!(
         daemon.exit_status().is_none(),

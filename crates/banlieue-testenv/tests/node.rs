@@ -60,22 +60,11 @@ async fn delete_namespace(client: &Client, ns: &str) {
         .expect("delete the namespace");
 }
 
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
-}
-
 async fn wait_pod_ready(pods: &Api<Pod>, name: &str) -> Pod {
     wait_for(&format!("pod {name} to be Ready"), DEADLINE, || {
         let pods = pods.clone();
         let name = name.to_owned();
-        async move { Ok(pods.get_opt(&name).await?.filter(pod_ready)) }
+        async move { Ok(pods.get_opt(&name).await?.filter(node::pod_is_ready)) }
     })
     .await
     .expect("pod Ready")
@@ -457,7 +446,13 @@ async fn ten_pods_created_at_once_all_become_ready() {
         let pods = pods.clone();
         async move {
             let listed = pods.list(&ListParams::default()).await?;
-            Ok((listed.items.iter().filter(|pod| pod_ready(pod)).count() == 10).then_some(()))
+            Ok((listed
+                .items
+                .iter()
+                .filter(|pod| node::pod_is_ready(pod))
+                .count()
+                == 10)
+                .then_some(()))
         }
     })
     .await

@@ -35,6 +35,7 @@ use banlieue_api::{Provider, VMImage, VirtualMachine, VirtualMachineClaim};
 use banlieue_imagebuilder::classify::{ARTIFACT_TYPE, MEDIA_TYPE_QCOW2};
 use banlieue_testenv::control_plane::{ControlPlane, ControlPlaneOptions, bin_dir};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::node;
 use banlieue_testenv::registry::{Layer, OciLayout, Registry, RegistryOptions};
 use banlieue_testenv::repo_path;
 use base64::Engine as _;
@@ -134,15 +135,8 @@ async fn running_pod(kube: &Client, selector: &str, secs: u64) -> Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(kube.clone(), NS);
     until(&format!("a Ready pod {selector}"), secs, || async {
         let list = pods.list(&ListParams::default().labels(selector)).await?;
-        Ok(list.items.into_iter().find(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .flatten()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
-                })
-        }))
+        Ok((list.items.into_iter())
+            .find(|p| p.metadata.deletion_timestamp.is_none() && node::pod_is_ready(p)))
     })
     .await
 }
