@@ -45,7 +45,8 @@ use banlieue_testenv::claim_load::{
 };
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use banlieue_testenv::node::pod_is_ready;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
@@ -524,24 +525,21 @@ impl ClaimSystem for AgentSandboxPool {
     }
 
     /// The pool's status, whether its controller still runs, the node's conditions and
-    /// taints, the namespace's pods by phase and readiness, and the first ones not ready with
-    /// why: what a pool that stopped short of full was waiting for.
+    /// taints, the namespace's pods by phase and readiness, the first ones not ready with why,
+    /// and the namespace's Warning events: what a pool that stopped short of full was waiting
+    /// for.
     async fn shortfall(&self) -> Vec<String> {
         let mut lines = Vec::new();
         match self.api(Kind::SandboxWarmPool).get(POOL).await {
             Ok(pool) => lines.push(format!("pool status: {}", pool.data["status"])),
             Err(error) => lines.push(format!("pool: {error}")),
         }
-        let alive = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|stat| {
-            !stat
-                .rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        });
-        lines.push(format!(
-            "controller pid {}: {}",
-            self.pid,
-            if alive { "running" } else { "gone" }
-        ));
+        let alive = if banlieue_testenv::is_running(self.pid) {
+            "running"
+        } else {
+            "gone"
+        };
+        lines.push(format!("controller pid {}: {alive}", self.pid));
         let nodes: Api<Node> = Api::all(self.admin.clone());
         match nodes.list(&ListParams::default()).await {
             Ok(nodes) => lines.extend(nodes.items.iter().map(node_summary)),
@@ -555,16 +553,46 @@ impl ClaimSystem for AgentSandboxPool {
                     let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
                     let entry = by_phase.entry(phase.unwrap_or_default()).or_default();
                     entry.0 += 1;
-                    entry.1 += usize::from(pod_ready(pod));
+                    entry.1 += usize::from(pod_is_ready(pod));
                 }
                 lines.push(format!("pods by phase (count, ready): {by_phase:?}"));
-                let not_ready = pods.items.iter().filter(|pod| !pod_ready(pod));
+                let not_ready = pods.items.iter().filter(|pod| !pod_is_ready(pod));
                 lines.extend(not_ready.take(10).map(pod_summary));
             }
             Err(error) => lines.push(format!("pods: {error}")),
         }
+        lines.extend(warnings(&self.admin, &self.namespace).await);
         lines
     }
+}
+
+/// The Warning events of `namespace` (a sandbox that failed to start, an image not found), the
+/// same reason and message counted once, the most frequent first, at most ten.
+async fn warnings(admin: &Client, namespace: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(admin.clone(), namespace);
+    let listed = match events
+        .list(&ListParams::default().fields("type=Warning"))
+        .await
+    {
+        Ok(listed) => listed.items,
+        Err(error) => return vec![format!("events: {error}")],
+    };
+    let mut counted = BTreeMap::<(String, String), i64>::new();
+    for event in listed {
+        let reason = event.reason.unwrap_or_default();
+        let message: String = event
+            .message
+            .unwrap_or_default()
+            .chars()
+            .take(300)
+            .collect();
+        *counted.entry((reason, message)).or_default() += i64::from(event.count.unwrap_or(1));
+    }
+    let mut counted: Vec<_> = counted.into_iter().collect();
+    counted.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    (counted.into_iter().take(10))
+        .map(|((reason, message), count)| format!("warning {reason} ×{count}: {message}"))
+        .collect()
 }
 
 /// A node's conditions, taints and pod capacity, on one line.
@@ -584,11 +612,6 @@ fn node_summary(node: &Node) -> String {
         node.metadata.name.as_deref().unwrap_or_default(),
         conditions.join(" "),
     )
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    (pod.status.as_ref().and_then(|s| s.conditions.as_ref()))
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// A pod's node, conditions and why its containers wait, on one line.
@@ -976,16 +999,43 @@ async fn the_benchmark_harness_runs_every_system_at_a_tiny_rate() -> TestResult 
     eprintln!("{}", table(&results, &load));
 
     // What agent-sandbox's error says when its pool does not fill, read here from a full pool:
-    // the pool's status, its controller, the node, the pods.
+    // the pool's status, its controller, the node, the pods, and the namespace's warnings (two
+    // alike, posted here, counted as one line; a Normal one left out).
     let (cp, pid) = cluster().await?;
     let pool = AgentSandboxPool::start(cp, pid, 2).await?;
     claim_load::wait_warm(&pool, 2, FILL_DEADLINE).await?;
+    let events: Api<Event> = Api::namespaced(pool.admin.clone(), &pool.namespace);
+    for (name, kind) in [("a", "Warning"), ("b", "Warning"), ("c", "Normal")] {
+        let event = Event {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("smoke-{name}")),
+                ..Default::default()
+            },
+            type_: Some(kind.to_owned()),
+            reason: Some(format!("Smoke{kind}")),
+            message: Some("posted by the smoke test".to_owned()),
+            // The API server wants the involved object in the event's own namespace.
+            involved_object: k8s_openapi::api::core::v1::ObjectReference {
+                kind: Some("SandboxWarmPool".to_owned()),
+                name: Some(POOL.to_owned()),
+                namespace: Some(pool.namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        events.create(&PostParams::default(), &event).await?;
+    }
     let diagnosis = pool.shortfall().await.join("\n");
+    assert!(
+        !diagnosis.contains("SmokeNormal"),
+        "a Normal event in:\n{diagnosis}"
+    );
     for expected in [
         "\"readyReplicas\":2".to_owned(),
         format!("controller pid {pid}: running"),
         "Ready=True".to_owned(),
         "\"Running\": (2, 2)".to_owned(),
+        "warning SmokeWarning ×2: posted by the smoke test".to_owned(),
     ] {
         assert!(
             diagnosis.contains(&expected),
