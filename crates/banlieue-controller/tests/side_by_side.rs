@@ -132,13 +132,13 @@ struct Phase {
 }
 
 /// The control plane with a node, agent-sandbox's controller on it.
-async fn cluster() -> TestResult<(&'static ControlPlane, u32)> {
+async fn cluster() -> TestResult<(&'static ControlPlane, &'static AgentSandbox)> {
     static AGENT_SANDBOX: OnceCell<AgentSandbox> = OnceCell::const_new();
     let cp = ControlPlane::shared_with_node().await?;
     let agent_sandbox = AGENT_SANDBOX
         .get_or_try_init(|| AgentSandbox::start(cp))
         .await?;
-    Ok((cp, agent_sandbox.pid()))
+    Ok((cp, agent_sandbox))
 }
 
 /// A local libvirtd registered as `banlieue-dev up` registers it (the Provider `local` in the
@@ -452,17 +452,21 @@ impl ClaimSystem for Banlieue {
 struct AgentSandboxPool {
     admin: Client,
     namespace: String,
-    pid: u32,
+    controller: &'static AgentSandbox,
 }
 
 impl AgentSandboxPool {
-    async fn start(cp: &ControlPlane, pid: u32, pool: usize) -> TestResult<Self> {
+    async fn start(
+        cp: &ControlPlane,
+        controller: &'static AgentSandbox,
+        pool: usize,
+    ) -> TestResult<Self> {
         let namespace = cp.fresh_namespace_for_pods().await?;
         let admin = cp.client()?;
         let this = Self {
             admin,
             namespace,
-            pid,
+            controller,
         };
         this.api(Kind::SandboxTemplate)
             .create(&PostParams::default(), &agent_sandbox::pause_template(POOL))
@@ -521,7 +525,7 @@ impl ClaimSystem for AgentSandboxPool {
     }
 
     fn controller_pid(&self) -> u32 {
-        self.pid
+        self.controller.pid()
     }
 
     /// The pool's status, whether its controller still runs, the node's conditions and
@@ -534,12 +538,14 @@ impl ClaimSystem for AgentSandboxPool {
             Ok(pool) => lines.push(format!("pool status: {}", pool.data["status"])),
             Err(error) => lines.push(format!("pool: {error}")),
         }
-        let alive = if banlieue_testenv::is_running(self.pid) {
+        let pid = self.controller.pid();
+        let alive = if banlieue_testenv::is_running(pid) {
             "running"
         } else {
             "gone"
         };
-        lines.push(format!("controller pid {}: {alive}", self.pid));
+        lines.push(format!("controller pid {pid}: {alive}"));
+        lines.push(log_errors(self.controller.log_path()));
         let nodes: Api<Node> = Api::all(self.admin.clone());
         match nodes.list(&ListParams::default()).await {
             Ok(nodes) => lines.extend(nodes.items.iter().map(node_summary)),
@@ -593,6 +599,61 @@ async fn warnings(admin: &Client, namespace: &str) -> Vec<String> {
     (counted.into_iter().take(10))
         .map(|((reason, message), count)| format!("warning {reason} ×{count}: {message}"))
         .collect()
+}
+
+/// How many error lines controller-runtime's JSON log holds, and the last three, each its
+/// message and error: a controller that runs but cannot reach the API server (refused as
+/// `Unauthorized`, say) says so only there.
+fn log_errors(log: &std::path::Path) -> String {
+    let text = match std::fs::read_to_string(log) {
+        Ok(text) => text,
+        Err(error) => return format!("controller log {}: {error}", log.display()),
+    };
+    let errors: Vec<String> = (text.lines())
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|entry| entry["level"] == "error")
+        .map(|entry| {
+            let field = |name: &str| entry[name].as_str().unwrap_or_default().to_owned();
+            format!("{}: {}", field("msg"), field("error"))
+        })
+        .collect();
+    let last = &errors[errors.len().saturating_sub(3)..];
+    format!(
+        "controller log {}: {} error lines; the last: {}",
+        log.display(),
+        errors.len(),
+        last.join(" | ")
+    )
+}
+
+#[test]
+fn a_controller_log_s_errors_are_counted_and_the_last_three_quoted() -> TestResult {
+    let log = std::env::temp_dir().join(format!(
+        "banlieue-side-by-side-log-errors-{}.log",
+        std::process::id()
+    ));
+    let mut text = String::from("not JSON\n");
+    for n in 1..=4 {
+        text += &format!(
+            "{{\"level\":\"error\",\"msg\":\"Failed to watch {n}\",\"error\":\"Unauthorized\"}}\n"
+        );
+        text += "{\"level\":\"info\",\"msg\":\"Starting workers\"}\n";
+    }
+    std::fs::write(&log, text)?;
+    let summary = log_errors(&log);
+    std::fs::remove_file(&log)?;
+    assert!(summary.contains(": 4 error lines"), "{summary}");
+    assert!(!summary.contains("watch 1"), "{summary}");
+    for n in 2..=4 {
+        assert!(
+            summary.contains(&format!("Failed to watch {n}: Unauthorized")),
+            "{summary}"
+        );
+    }
+    assert!(!summary.contains("Starting workers"), "{summary}");
+    let missing = log_errors(&log);
+    assert!(missing.contains(".log: No such file"), "{missing}");
+    Ok(())
 }
 
 /// A node's conditions, taints and pod capacity, on one line.
@@ -816,13 +877,13 @@ async fn side_by_side(
     load: &Load,
     runs: u32,
 ) -> TestResult<BTreeMap<&'static str, Vec<BTreeMap<String, Phase>>>> {
-    let (cp, agent_sandbox_pid) = cluster().await?;
+    let (cp, agent_sandbox) = cluster().await?;
     let libvirt = if load.systems.contains(&BANLIEUE_LIBVIRT) {
         Some(LibvirtHost::start(cp).await?)
     } else {
         None
     };
-    let outcome = every_run(cp, agent_sandbox_pid, load, runs).await;
+    let outcome = every_run(cp, agent_sandbox, load, runs).await;
     // The daemon and its guests go whatever happened; the bridge too, unless that failed.
     let Some(host) = libvirt else {
         return outcome;
@@ -839,7 +900,7 @@ async fn side_by_side(
 
 async fn every_run(
     cp: &'static ControlPlane,
-    agent_sandbox_pid: u32,
+    agent_sandbox: &'static AgentSandbox,
     load: &Load,
     runs: u32,
 ) -> TestResult<BTreeMap<&'static str, Vec<BTreeMap<String, Phase>>>> {
@@ -854,7 +915,7 @@ async fn every_run(
         for system in order {
             let measured = match system {
                 AGENT_SANDBOX => {
-                    let system = AgentSandboxPool::start(cp, agent_sandbox_pid, load.pool).await?;
+                    let system = AgentSandboxPool::start(cp, agent_sandbox, load.pool).await?;
                     let measured = phases(&system, &admin, load, run).await?;
                     system.stop().await?;
                     measured
@@ -1001,8 +1062,9 @@ async fn the_benchmark_harness_runs_every_system_at_a_tiny_rate() -> TestResult 
     // What agent-sandbox's error says when its pool does not fill, read here from a full pool:
     // the pool's status, its controller, the node, the pods, and the namespace's warnings (two
     // alike, posted here, counted as one line; a Normal one left out).
-    let (cp, pid) = cluster().await?;
-    let pool = AgentSandboxPool::start(cp, pid, 2).await?;
+    let (cp, controller) = cluster().await?;
+    let pid = controller.pid();
+    let pool = AgentSandboxPool::start(cp, controller, 2).await?;
     claim_load::wait_warm(&pool, 2, FILL_DEADLINE).await?;
     let events: Api<Event> = Api::namespaced(pool.admin.clone(), &pool.namespace);
     for (name, kind) in [("a", "Warning"), ("b", "Warning"), ("c", "Normal")] {
@@ -1033,6 +1095,7 @@ async fn the_benchmark_harness_runs_every_system_at_a_tiny_rate() -> TestResult 
     for expected in [
         "\"readyReplicas\":2".to_owned(),
         format!("controller pid {pid}: running"),
+        format!("controller log {}: ", controller.log_path().display()),
         "Ready=True".to_owned(),
         "\"Running\": (2, 2)".to_owned(),
         "warning SmokeWarning ×2: posted by the smoke test".to_owned(),
