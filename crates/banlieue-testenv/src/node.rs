@@ -362,27 +362,30 @@ impl Node {
 
 /// Whether a Node object reports condition Ready=True.
 pub fn is_ready(node: &NodeObject) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    ready_true(
+        conditions
+            .into_iter()
+            .flatten()
+            .map(|c| (&c.type_, &c.status)),
+    )
 }
 
 /// Whether a Pod reports condition Ready=True: every container started and passing its
 /// readiness probe, as the kubelet judged it.
 pub fn pod_is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    ready_true(
+        conditions
+            .into_iter()
+            .flatten()
+            .map(|c| (&c.type_, &c.status)),
+    )
+}
+
+/// Whether one of the (type, status) pairs of an object's conditions is Ready=True.
+fn ready_true<'a>(mut conditions: impl Iterator<Item = (&'a String, &'a String)>) -> bool {
+    conditions.any(|(type_, status)| type_ == "Ready" && status == "True")
 }
 
 /// The project's one image writer, which `scripts/image` and the pause image use too.
