@@ -105,8 +105,14 @@ async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestR
         "no address before the member runs: {:?}",
         bound_status.addresses
     );
-    let machine = h.machine_api().get(&member).await?;
-    assert_eq!(machine.data["spec"]["standby"], "Running");
+    // The bind is one write on the VirtualMachine; the member's reconcile then asks its
+    // machine to run, so the machine's spec follows the claim's Bound, not with it.
+    let machines = h.machine_api();
+    wait_for("the machine asked to run", DEADLINE, || async {
+        let machine = machines.get(&member).await?;
+        Ok((machine.data["spec"]["standby"] == "Running").then_some(()))
+    })
+    .await?;
 
     // Restored: Resumed, with the member's addresses.
     provider.controls.hold_resume.store(false, Ordering::SeqCst);
