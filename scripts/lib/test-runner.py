@@ -11,9 +11,10 @@ and most of them spend their time waiting on a real peer (a control plane starti
 booting under TCG), not on the cores. Why not cargo-nextest: it would be one more tool to
 compile on every fresh machine, and the heavy jobs here are not only test binaries.
 
-Scheduling: every job has a weight (the cores it keeps busy) and at most `--jobs` weight runs
-at once; a job in an exclusive group never runs beside another of its group (two kubelet nodes
-share paths outside their state directories); a job waits for the jobs it comes `after`. Jobs
+Scheduling: every job has a weight (the slots it takes; scripts/lib/test-plan.py, WEIGHTS, says
+what a slot is) and at most `--jobs` weight runs at once; a job in an exclusive group never
+runs beside another of its group (two kubelet nodes share paths outside their state
+directories); a job waits for the jobs it comes `after`. Jobs
 start longest first, by the durations of the last run on this machine when there is one.
 
 Reads the plan (JSON: {"jobs": [...]}) from --plan; writes one log per job and a timings table
@@ -32,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from test_budget import Span, critical_path, over_ceiling
+
 RESULT = re.compile(
     r"^test result: (?:ok|FAILED)\. (\d+) passed; (\d+) failed; (\d+) ignored", re.M
 )
@@ -48,6 +51,8 @@ class Job:
         self.group = spec.get("group")
         self.after = set(spec.get("after", []))
         self.estimate = float(spec.get("estimate", 0))
+        # The longest this job may take (scripts/lib/test-plan.py, CEILINGS); 0: no ceiling.
+        self.ceiling = float(spec.get("ceiling", 0))
         self.priority = 0.0
         self.process = None
         self.started = None
@@ -106,7 +111,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plan", required=True)
     parser.add_argument("--out", required=True, help="directory for the logs and timings.tsv")
-    parser.add_argument("--jobs", type=int, default=3, help="weight that may run at once")
+    parser.add_argument("--jobs", type=int, default=4, help="weight that may run at once")
     parser.add_argument("--estimates", help="an earlier timings.tsv, for longest-first order")
     parser.add_argument("--only", help="run only the jobs whose name contains this")
     args = parser.parse_args()
@@ -244,6 +249,13 @@ def main():
     failed = [job for job in jobs if job.status != "ok"]
     print(f"test: {len(jobs)} jobs in {human(wall)} ({human(busy)} one after another), "
           f"{passed} tests passed; timings: {table}", flush=True)
+    spans = [span_of(job, begun) for job in jobs if job.started is not None]
+    write_critical_path(critical_path(spans), out / "critical-path.tsv")
+    over = over_ceiling(spans, {job.name: job.ceiling for job in jobs})
+    for span, ceiling in over:
+        print(f"test: OVER: {span.name} took {human(span.seconds)}, over its ceiling of "
+              f"{human(ceiling)} (scripts/lib/test-plan.py, CEILINGS): make it faster or split it",
+              flush=True)
     for job in failed:
         print(f"test: {job.status}: {job.name} (log: {job.log})", flush=True)
     # Printed again by scripts/test after its timing table, as the last lines of the run: a CI
@@ -253,7 +265,24 @@ def main():
             if job.log is not None:
                 failures.write(f"test: {job.status}: {job.name}, end of {job.log}:\n")
                 failures.write(tail(job.log) + "\n")
-    return 1 if failed else 0
+        for span, ceiling in over:
+            failures.write(f"test: OVER: {span.name} took {span.seconds:.0f} s, over its ceiling "
+                           f"of {ceiling:.0f} s (scripts/lib/test-plan.py, CEILINGS)\n")
+    return 1 if failed or over else 0
+
+
+def span_of(job, begun):
+    start = job.started - begun
+    return Span(job.name, start, start + (job.seconds or 0), job.after)
+
+
+def write_critical_path(chain, path):
+    """The chain as a table (job, start, seconds), which scripts/test prints after its own
+    steps."""
+    with open(path, "w") as table:
+        table.write("job\tstart\tseconds\n")
+        for span in chain:
+            table.write(f"{span.name}\t{span.start:.1f}\t{span.seconds:.1f}\n")
 
 
 if __name__ == "__main__":

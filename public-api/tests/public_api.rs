@@ -6,7 +6,8 @@
 //! rustdoc's JSON output is still unstable; it is asked of the stable toolchain with
 //! `RUSTC_BOOTSTRAP=1`, as `cargo public-api` asks it of a nightly one, so no second toolchain
 //! is needed. The JSON is built into a target directory of its own, so this nested cargo never
-//! waits on the outer one's lock.
+//! waits on the outer one's lock. This test is a workspace of its own (`Cargo.toml` says why):
+//! `cargo test --manifest-path public-api/Cargo.toml`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -25,7 +26,10 @@ fn the_public_api_is_the_reviewed_one() {
             "banlieue-libvirt",
         ])
         .arg("--manifest-path")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../crates/banlieue-libvirt/Cargo.toml"
+        ))
         .env("CARGO_TARGET_DIR", &target)
         .env("RUSTC_BOOTSTRAP", "1")
         .env("RUSTDOCFLAGS", "-Z unstable-options --output-format json")
