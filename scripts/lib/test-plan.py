@@ -32,10 +32,9 @@ BOOTS_GUESTS = {
 }
 # Weights: the runner's slots a job takes. scripts/test gives the runner 4 slots on two cores
 # (BANLIEUE_TEST_JOBS). A job that keeps both cores busy takes 3, so beside it runs one job that
-# mostly waits; a compile, or a job that boots one guest at a time, takes 2; a job that mostly
+# mostly waits; a job that boots one guest at a time takes 2; a job that mostly
 # waits on a peer (a control plane, libvirtd, a pod) takes 1, the default. So a job of weight 3
-# never shares the machine with another heavy job, and two jobs of weight 2 (a compile and a
-# guest's boot) at most with each other. Measured on a fresh
+# never shares the machine with another heavy job. Measured on a fresh
 # machine (one vmstat sample every 10 s beside the run of d1f0ea7, docs/testing.md "The
 # budget"): the cores stood idle 20% of banlieue::guests' run, 1-6% of the Go builds', 61% of
 # banlieue-dev::dev's, 66% of the machine tests', 25% of banlieue-testenv::guest's and 38-51% of
@@ -43,9 +42,16 @@ BOOTS_GUESTS = {
 WEIGHTS = {
     # Four guests booted under TCG, two at a time.
     "banlieue::guests": 3,
+    # Go builds.
     "setup oldest-kubernetes": 3,
     "setup helm": 3,
     "setup agent-sandbox": 3,
+    # Compiles (one at a time: the group "cargo"). clippy took 99 s beside one job that mostly
+    # waits, 325 s beside two.
+    "clippy": 3,
+    "doc tests": 3,
+    "test.d/10-package": 3,
+    "public-api (banlieue-libvirt's public API)": 3,
 }
 # One guest at a time: weight 2, and one of them at a time (the group "guest").
 BOOTS_ONE_GUEST = {
@@ -139,8 +145,12 @@ CEILINGS = {
     # Four guests booted under TCG, two at a time, and a saved guest left asleep for 30 s
     # before its claim (411 s fresh).
     "banlieue::guests": 600,
-    # A Go build of five Kubernetes binaries from an empty build cache (388 s fresh).
+    # A Go build of five Kubernetes binaries from an empty build cache (388 s fresh alone, 500 s
+    # beside a deployed job).
     "setup oldest-kubernetes": 600,
+    # A node, a guest booted under TCG and three more pods' images imported: 145 s alone, 218-260
+    # s beside a Go build or banlieue::guests, as a first run (CI's) places them.
+    "test.d/60-deployed": 400,
 }
 
 
@@ -229,9 +239,9 @@ def main():
     # hold the cores' slots while they block.
     add("clippy",
         ["cargo", "clippy", "--workspace", "--all-targets", "--locked", "--", "-D", "warnings"],
-        cwd=str(repo), weight=2, group="cargo")
+        cwd=str(repo), group="cargo")
     add("doc tests", ["cargo", "test", "--workspace", "--locked", "--doc"],
-        cwd=str(repo), weight=2, group="cargo", env={"INSTA_UPDATE": "no"})
+        cwd=str(repo), group="cargo", env={"INSTA_UPDATE": "no"})
 
     # The runner's own arithmetic: the critical path and the ceilings below.
     add("scripts/lib (unit tests)",
@@ -243,7 +253,7 @@ def main():
     add("public-api (banlieue-libvirt's public API)",
         ["bash", "-c", 'cargo clippy "$@" --all-targets -- -D warnings && cargo test "$@"',
          "public-api", *public_api],
-        cwd=str(repo), weight=2, group="cargo", env={"INSTA_UPDATE": "no"})
+        cwd=str(repo), group="cargo", env={"INSTA_UPDATE": "no"})
 
     binaries = dict(test_binaries(sys.stdin))
     for name, spec in sorted(binaries.items()):
@@ -277,7 +287,7 @@ def main():
               extra_args=["--nocapture"])
         parts = {
             # Packages banlieue-libvirt and builds a consumer in a target directory of its own.
-            "10-package": dict(weight=2, group="cargo"),
+            "10-package": dict(group="cargo"),
             "30-bootstrap-libvirt-tls": dict(),
             "40-docs": dict(group="cargo"),
             # `scripts/control-plane start` builds the local-cluster binary (a check after the
