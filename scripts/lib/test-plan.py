@@ -32,9 +32,10 @@ BOOTS_GUESTS = {
 }
 # Weights: the runner's slots a job takes. scripts/test gives the runner 4 slots on two cores
 # (BANLIEUE_TEST_JOBS). A job that keeps both cores busy takes 3, so beside it runs one job that
-# mostly waits; a job that boots one guest at a time takes 2; a job that mostly
-# waits on a peer (a control plane, libvirtd, a pod) takes 1, the default. So a job of weight 3
-# never shares the machine with another heavy job. Measured on a fresh
+# mostly waits; a job that boots one guest at a time takes 2 (so it never runs beside a job of
+# weight 3: a deployed job beside banlieue::guests took 331 s, against 145 s beside jobs that
+# wait); a job that mostly waits on a peer (a control plane, libvirtd, a pod) takes 1, the
+# default. Measured on a fresh
 # machine (one vmstat sample every 10 s beside the run of d1f0ea7, docs/testing.md "The
 # budget"): the cores stood idle 20% of banlieue::guests' run, 1-6% of the Go builds', 61% of
 # banlieue-dev::dev's, 66% of the machine tests', 25% of banlieue-testenv::guest's and 38-51% of
@@ -148,8 +149,8 @@ CEILINGS = {
     # A Go build of five Kubernetes binaries from an empty build cache (388 s fresh alone, 500 s
     # beside a deployed job).
     "setup oldest-kubernetes": 600,
-    # A node, a guest booted under TCG and three more pods' images imported: 145 s alone, 218-260
-    # s beside a Go build or banlieue::guests, as a first run (CI's) places them.
+    # A node, a guest booted under TCG and pods that build and import an image: 145 s beside
+    # jobs that wait, 218-260 s beside a Go build (when they had weight 1).
     "test.d/60-deployed": 400,
 }
 
@@ -331,9 +332,9 @@ def deployed(script, binaries, add):
     env = {"BANLIEUE_DEPLOYED_IMAGE_DIR": str(work)}
     if "banlieue::deployed" in binaries:
         env["BANLIEUE_DEPLOYED_TEST"] = binaries["banlieue::deployed"]["argv"][0]
-    # Each boots a guest under TCG on a node of its own, and mostly waits on it and on pods
-    # (WEIGHTS says why weight 1); one node at a time.
-    node = dict(group="node", cwd=str(script.parents[2]))
+    # Each boots a guest under TCG on a node of its own, and mostly waits on it and on pods:
+    # weight 2 (WEIGHTS), so never beside a job of weight 3; one node at a time.
+    node = dict(weight=2, group="node", cwd=str(script.parents[2]))
     for installer in ["bootstrap", "kustomize", "helm"]:
         add(f"test.d/60-deployed: {installer}", ["bash", str(script), "install", installer],
             env=env, after=[image], **node)
