@@ -35,11 +35,11 @@ BOOTS_GUESTS = {
 # mostly waits; a job that boots one guest at a time takes 2 (so it never runs beside a job of
 # weight 3: a deployed job beside banlieue::guests took 331 s, against 145 s beside jobs that
 # wait); a job that mostly waits on a peer (a control plane, libvirtd, a pod) takes 1, the
-# default. Measured on a fresh
-# machine (one vmstat sample every 10 s beside the run of d1f0ea7, docs/testing.md "The
-# budget"): the cores stood idle 20% of banlieue::guests' run, 1-6% of the Go builds', 61% of
-# banlieue-dev::dev's, 66% of the machine tests', 25% of banlieue-testenv::guest's and 38-51% of
-# the deployed test's, the last four then holding the weight of the first two.
+# default. Measured on a fresh machine (one vmstat sample every 10 s beside the run of d1f0ea7,
+# docs/testing.md "Side by side"): the cores stood idle 20% of banlieue::guests' run and 1-6% of
+# the Go builds', but 61% of banlieue-dev::dev's, 66% of the machine tests', 25% of
+# banlieue-testenv::guest's and 38-51% of the deployed test's, which then took as many slots as
+# banlieue::guests.
 WEIGHTS = {
     # Four guests booted under TCG, two at a time.
     "banlieue::guests": 3,
