@@ -71,6 +71,36 @@ async fn grant_claims(client: &Client, namespace: &str) {
         .expect("create the RoleBinding");
 }
 
+/// The claims API of ServiceAccount `name` in `namespace`, which RBAC lets create claims.
+async fn service_account_claimant(
+    cp: &banlieue_testenv::control_plane::ControlPlane,
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+) -> Api<DynamicObject> {
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": name } })).expect("sa");
+    Api::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("the ServiceAccount");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": format!("claimers-{name}") },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claimers" },
+        "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": namespace }]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the ServiceAccount's RoleBinding");
+    let client = cp
+        .client_as_service_account(namespace, name)
+        .await
+        .expect("the ServiceAccount's client");
+    claims(&client, namespace)
+}
+
 /// Waits until `(issuer, id)` created through `api` is allowed (`true`) or refused (`false`).
 async fn wait_until(api: &Api<DynamicObject>, issuer: &str, id: &str, allowed: bool, what: &str) {
     wait_for(what, TAKES_EFFECT, || async {
@@ -192,15 +222,65 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
         "{message}"
     );
 
-    // The identity check is for creation: a later change to metadata by someone else (as
-    // the controller does with finalizers) is not a new attribution.
-    bob.patch(
-        "mine",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "labels": { "reviewed-by": "bob" } } })),
-    )
-    .await
-    .expect("a metadata change to someone else's claim is not refused by the policy");
+    // A claim is its subject's alone: bob may neither relabel alice's claim nor release it.
+    let message = forbidden(
+        bob.patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "reviewed-by": "bob" } } })),
+        )
+        .await,
+    );
+    assert!(
+        message.contains(&format!(
+            "VirtualMachineClaim mine is the sandbox of alice at {ISSUER}: only its subject, a \
+             listed broker or an administrator may change it, and you are bob"
+        )),
+        "{message}"
+    );
+    let (code, message) = refusal(bob.delete("mine", &DeleteParams::default()).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("may delete it, and you are bob"),
+        "{message}"
+    );
+    // Its subject may label it, but not touch banlieue's finalizer.
+    alice
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "purpose": "ci" } } })),
+        )
+        .await
+        .expect("the subject labels their own claim");
+    let message = forbidden(
+        alice
+            .patch(
+                "mine",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "metadata": { "finalizers": ["banlieue.io/claim-protection"] } }),
+                ),
+            )
+            .await,
+    );
+    assert!(
+        message.contains(
+            "finalizer banlieue.io/claim-protection is written only by banlieue's controller: alice"
+        ),
+        "{message}"
+    );
+    // A ServiceAccount is the cluster's identity, not a user of an issuer listed without a
+    // prefix: it may not claim under that issuer as its own username.
+    let robot = service_account_claimant(cp, &admin, &ns, "robot").await;
+    let robot_name = format!("system:serviceaccount:{ns}:robot");
+    let message = forbidden(try_claim(&robot, ISSUER, &robot_name).await);
+    assert!(
+        message.contains(&format!(
+            "but you ({robot_name}) were authenticated by no issuer this site lists"
+        )),
+        "{message}"
+    );
     // ...and the spec stays as it was created.
     let (code, message) = refusal(
         bob.patch(
@@ -248,6 +328,62 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
     forbidden(try_claim(&alice, "# our two issuers", "alice").await);
     // Listing a broker changes nothing for others.
     forbidden(try_claim(&alice, ISSUER, "bob").await);
+
+    // The listed broker may release a sandbox it did not make; the subject releases its own,
+    // and an administrator any.
+    create(&alice, claim("brokered", ISSUER, "alice"))
+        .await
+        .expect("alice's second claim");
+    create(&alice, claim("own", ISSUER, "alice"))
+        .await
+        .expect("alice's third claim");
+    broker
+        .delete("brokered", &DeleteParams::default())
+        .await
+        .expect("a broker releases any claim");
+    alice
+        .delete("own", &DeleteParams::default())
+        .await
+        .expect("the subject releases their own claim");
+    claims(&admin, &ns)
+        .delete("mine", &DeleteParams::default())
+        .await
+        .expect("an administrator releases any claim");
+
+    // A prefix ends at its separator: `ali` is `ali:`, which alice's username does not carry,
+    // so alice is still the unprefixed issuer's user and may not pass for `ce` at `ali`.
+    put_policy_configmap(
+        &admin,
+        json!({
+            "issuers": format!("{ISSUER}\nhttps://prefixed.example=ali"),
+            "brokers": "",
+            "administrators": "bob"
+        }),
+    )
+    .await;
+    // A username listed in `administrators` may release anyone's claim (which is also how
+    // this waits for the new ConfigMap to be read).
+    create(&alice, claim("for-the-admin", ISSUER, "alice"))
+        .await
+        .expect("alice's claim");
+    wait_for(
+        "bob to be read as an administrator",
+        TAKES_EFFECT,
+        || async {
+            Ok(bob
+                .delete("for-the-admin", &DeleteParams::default())
+                .await
+                .ok()
+                .map(|_| ()))
+        },
+    )
+    .await
+    .expect("bob, listed in administrators, releases alice's claim");
+    let message = forbidden(try_claim(&alice, "https://prefixed.example", "ce").await);
+    assert!(
+        message.contains(&format!("but you (alice) were authenticated by {ISSUER}")),
+        "{message}"
+    );
 
     // 5. The ConfigMap deleted: back to denying everything.
     Api::<ConfigMap>::namespaced(admin.clone(), SYSTEM)
@@ -447,6 +583,34 @@ async fn only_a_writer_who_may_read_a_secret_names_it_as_user_data() {
     for kind in KINDS {
         let alice = api_of(&alice_client, kind, &ns).await;
         let bob = api_of(&bob_client, kind, &ns).await;
+        // Only the controller creates machines (reserved-metadata.yaml, which another test of
+        // this binary may apply at any moment): on machine kinds the writer changes the
+        // reference of a machine the administrator made, which no VirtualMachine owns.
+        let try_machine = async |api: &Api<DynamicObject>, kind: &str, secret: Option<&str>| {
+            if kind.ends_with("Machine") && kind != "VirtualMachine" {
+                let reference = secret.map(|name| json!({ "name": name, "key": "user-data" }));
+                let params = PatchParams {
+                    dry_run: true,
+                    ..PatchParams::default()
+                };
+                api.patch(
+                    "direct",
+                    &params,
+                    &Patch::Merge(json!({ "spec": { "userDataSecretRef": reference } })),
+                )
+                .await
+            } else {
+                try_machine(api, kind, secret).await
+            }
+        };
+        if kind != "VirtualMachine" && kind.ends_with("Machine") {
+            create(
+                &api_of(&admin, kind, &ns).await,
+                machine_object(kind, "direct", Some("other")),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: the administrator's machine: {e}"));
+        }
         // A Secret the writer may read, and no Secret at all, pass.
         try_machine(&alice, kind, Some("cloud-init"))
             .await
@@ -612,7 +776,7 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
     create(&admin_vms, member("warm", &pool, false))
         .await
         .expect("a member");
-    create(&admin_vms, member("bound", &pool, true))
+    let bound = create(&admin_vms, member("bound", &pool, true))
         .await
         .expect("a bound member");
     let admin_machines = api_of(&admin, "LibvirtMachine", &ns).await;
@@ -622,6 +786,19 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
     )
     .await
     .expect("a claimed VM's machine");
+    let mut owned = machine_object("LibvirtMachine", "bound-machine", None);
+    owned["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "banlieue.io/v1alpha1",
+        "kind": "VirtualMachine",
+        "name": "bound",
+        "uid": bound.metadata.uid.clone().expect("uid"),
+        "controller": true,
+        "blockOwnerDeletion": true
+    }]);
+    owned["metadata"]["finalizers"] = json!(["banlieue.io/domain-protection"]);
+    create(&admin_machines, owned)
+        .await
+        .expect("the bound member's machine");
 
     // Without the policy RBAC alone decides: a writer of VirtualMachines plants a member.
     let planted = || member("planted", &pool, false);
@@ -752,6 +929,87 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
     .await
     .expect("a label of the user's own on a machine");
 
+    // A member's spec is what its guest is built from at placement: rewriting a warm member's
+    // image or user-data, or a bound one's, would choose the OS a victim's claim binds.
+    for (name, says) in [
+        ("warm", "is a member of a pool"),
+        ("bound", "is bound to claim victims-claim"),
+    ] {
+        let message = forbidden(
+            try_patch(
+                &mallory_vms,
+                name,
+                json!({ "spec": { "userData": "#cloud-config\nruncmd: [evil]\n" } }),
+            )
+            .await,
+        );
+        assert!(
+            message.contains(&format!(
+                "spec of VirtualMachine {name} is written only by banlieue's controller: it {says}, so bob may not change it"
+            )),
+            "{message}"
+        );
+    }
+    // The machine a VirtualMachine owns: its network, its finalizer.
+    let message = forbidden(
+        try_patch(
+            &mallory_machines,
+            "bound-machine",
+            json!({ "spec": { "network": "management-lan" } }),
+        )
+        .await,
+    );
+    assert!(
+        message.contains("spec of LibvirtMachine bound-machine is written only by banlieue's controller: it belongs to a VirtualMachine"),
+        "{message}"
+    );
+    let message = forbidden(
+        try_patch(
+            &mallory_machines,
+            "bound-machine",
+            json!({ "metadata": { "finalizers": null } }),
+        )
+        .await,
+    );
+    assert!(
+        message
+            .contains("finalizer banlieue.io/domain-protection is written only by banlieue: bob"),
+        "{message}"
+    );
+    let message = forbidden(
+        try_patch(
+            &mallory_vms,
+            "warm",
+            json!({ "metadata": { "finalizers": ["banlieue.io/machine-protection"] } }),
+        )
+        .await,
+    );
+    assert!(
+        message.contains("finalizer banlieue.io/machine-protection"),
+        "{message}"
+    );
+    // A machine written directly, with nothing forged, is still not the controller's.
+    let object: DynamicObject =
+        serde_json::from_value(machine_object("LibvirtMachine", "direct", None)).expect("object");
+    let message = forbidden(mallory_machines.create(&dry_run, &object).await);
+    assert!(
+        message.contains("a LibvirtMachine is made only by banlieue's controller"),
+        "{message}"
+    );
+    // A VirtualMachine of one's own keeps a spec of one's own.
+    let mut own = machine_object("VirtualMachine", "own", None);
+    own["metadata"]["labels"] = json!({ "team": "b" });
+    create(&mallory_vms, own)
+        .await
+        .expect("bob's own VirtualMachine");
+    try_patch(
+        &mallory_vms,
+        "own",
+        json!({ "spec": { "userData": "#cloud-config\n" } }),
+    )
+    .await
+    .expect("bob changes his own VirtualMachine's spec");
+
     // The controller's own ServiceAccount writes all of it.
     let controller_client = controller_client(cp, &ns).await;
     try_patch(
@@ -769,6 +1027,13 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
     )
     .await
     .expect("the controller binds a member");
+    try_patch(
+        &controller,
+        "bound",
+        json!({ "spec": { "userData": "#cloud-config\n" } }),
+    )
+    .await
+    .expect("the controller writes a member's spec");
     let object: DynamicObject = serde_json::from_value(planted()).expect("object");
     controller
         .create(&dry_run, &object)
@@ -916,6 +1181,52 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
         .await,
     );
     assert!(message.contains("Secret registry-alice"), "{message}");
+    // Re-pointing a source that keeps its credentials is a new use of them: the team's
+    // registry-ops pulls from a repository bob chose.
+    let mut repointed = image_object("ubuntu", Some("registry-ops"));
+    repointed["spec"]["sources"][0]["url"] = json!("oci://registry.example/bobs/anything:1");
+    let message = forbidden(
+        bob.patch(
+            "ubuntu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": repointed["spec"] })),
+        )
+        .await,
+    );
+    assert!(
+        message.contains("pullSecretName names Secret registry-ops in namespace")
+            && message.contains("which bob may not get"),
+        "{message}"
+    );
+    // So is a second source borrowing them.
+    let mut added = image_object("ubuntu", Some("registry-ops"));
+    let mut second = added["spec"]["sources"][0].clone();
+    second["providerClass"] = json!("vsphere");
+    second["url"] = json!("oci://registry.example/bobs/other:1");
+    added["spec"]["sources"]
+        .as_array_mut()
+        .expect("sources")
+        .push(second);
+    let message = forbidden(
+        bob.patch(
+            "ubuntu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": added["spec"] })),
+        )
+        .await,
+    );
+    assert!(message.contains("Secret registry-ops"), "{message}");
+    // alice may read registry-alice: re-pointing a source that names it is hers to do.
+    let mut alices = image_object("ubuntu", Some("registry-alice"));
+    alices["spec"]["sources"][0]["url"] = json!("oci://registry.example/alice/other:1");
+    alice
+        .patch(
+            "ubuntu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": alices["spec"] })),
+        )
+        .await
+        .expect("credentials their writer may read");
     Api::<DynamicObject>::delete(&admin_images, "ubuntu", &DeleteParams::default())
         .await
         .expect("delete");
@@ -1117,4 +1428,119 @@ async fn only_the_machines_provider_writes_it() {
     )
     .await
     .expect("edge-a lets go");
+}
+
+/// A namespace's user whose role grants `*/status` (common in namespace-admin roles) may not
+/// write what the controller acts on: a member's status (copied onto its claim for the
+/// subject) or a pool's. The controller and administrators still may.
+#[tokio::test]
+async fn only_the_controller_writes_member_and_pool_status() {
+    let cp = control_plane().await;
+    let admin = cp.client().expect("admin");
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": "status-writers" },
+        "rules": [{ "apiGroups": ["banlieue.io"],
+                    "resources": ["virtualmachines/status", "virtualmachinepools/status",
+                                  "virtualmachineclaims/status"],
+                    "verbs": ["get", "patch", "update"] }]
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "status-writers" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "status-writers" },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob" }]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the RoleBinding");
+    let bob = cp.client_as("bob").await.expect("bob");
+    let vm = machine_object("VirtualMachine", "member", None);
+    create(&api_of(&admin, "VirtualMachine", &ns).await, vm)
+        .await
+        .expect("a VirtualMachine");
+    let pool = machine_object("VirtualMachinePool", "pool", None);
+    create(&api_of(&admin, "VirtualMachinePool", &ns).await, pool)
+        .await
+        .expect("a pool");
+    let forged =
+        json!({ "status": { "addresses": [{ "type": "InternalIP", "address": "10.9.9.9" }] } });
+    let pool_status = json!({ "status": { "readyReplicas": 3 } });
+    let write = |client: Client, kind: &'static str, name: &'static str, patch: Value| {
+        let ns = ns.clone();
+        async move {
+            api_of(&client, kind, &ns)
+                .await
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        }
+    };
+    // Before the policy, RBAC alone decides.
+    write(bob.clone(), "VirtualMachine", "member", forged.clone())
+        .await
+        .expect("unchecked before deploy/admission is applied");
+
+    apply_file(&admin, "deploy/admission/status-writers.yaml", None).await;
+    wait_for("the status policy in force", TAKES_EFFECT, || async {
+        Ok(
+            write(bob.clone(), "VirtualMachine", "member", forged.clone())
+                .await
+                .is_err()
+                .then_some(()),
+        )
+    })
+    .await
+    .expect("the policy takes effect");
+    for (kind, name, patch) in [
+        ("VirtualMachine", "member", forged.clone()),
+        ("VirtualMachinePool", "pool", pool_status.clone()),
+    ] {
+        let message = forbidden(write(bob.clone(), kind, name, patch).await);
+        assert!(
+            message.contains(&format!(
+                "status of {kind} {name} is written only by banlieue's controller: bob may not write it"
+            )),
+            "{message}"
+        );
+    }
+    write(admin.clone(), "VirtualMachinePool", "pool", pool_status)
+        .await
+        .expect("an administrator writes any status");
+    let controller = controller_client(cp, &ns).await;
+    let status_role: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "controller-status" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "status-writers" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "banlieue-controller",
+                       "namespace": SYSTEM }]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &status_role)
+        .await
+        .expect("the controller's status RoleBinding");
+    wait_for(
+        "the controller writes a member's status",
+        TAKES_EFFECT,
+        || async {
+            Ok(write(
+                controller.clone(),
+                "VirtualMachine",
+                "member",
+                forged.clone(),
+            )
+            .await
+            .ok()
+            .map(|_| ()))
+        },
+    )
+    .await
+    .expect("the controller writes a member's status");
 }

@@ -31,7 +31,9 @@ use banlieue_testenv::poll;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ObjectMeta, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams,
+};
 use kube::{Client, ResourceExt};
 use prometheus_client::registry::Registry;
 use rcgen::{
@@ -85,6 +87,9 @@ enum Input {
     /// A request made with the token of one of banlieue's own ServiceAccounts in the system
     /// namespace: what that component could do were it compromised.
     AsAccount { account: String, request: Request },
+    /// A write by `user` to an object of the good pool or of alice (dry runs: a write that
+    /// got through leaves nothing behind for the rows after it).
+    Write { user: &'static str, write: Write },
     /// A Provider `name` in namespace `namespace` (made and enabled for the controller, as an
     /// administrator enables one), whose `<namespace>-<name>` reads like the good Provider's
     /// `banlieue-system-local`; created, then deleted.
@@ -107,6 +112,22 @@ enum Request {
     Delete(Value),
     /// Writes addresses into the status of one of the good pool's LibvirtMachines.
     PatchAGoodMachinesStatus,
+}
+
+/// What a user of the namespace writes to objects that are not theirs.
+enum Write {
+    /// Merge-patches an unclaimed member of the good pool.
+    PatchAWarmMember(Value),
+    /// Merge-patches the LibvirtMachine of an unclaimed member of the good pool.
+    PatchAWarmMembersMachine(Value),
+    /// Creates a LibvirtMachine shaped like a good member's, with no VirtualMachine owning it.
+    CreateAMachine,
+    /// Deletes a claim of alice's.
+    DeleteAlicesClaim,
+    /// Merge-patches a claim of alice's.
+    PatchAlicesClaim(Value),
+    /// Merge-patches the status of a claim of alice's.
+    PatchAlicesClaimStatus(Value),
 }
 
 /// What the system does with it.
@@ -320,6 +341,105 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             outcome: Outcome::Refused {
                 code: 403,
                 says: "ownerReferences to banlieue objects are written only by banlieue's controller",
+            },
+        },
+        // Between subjects (deploy/admission/reserved-metadata.yaml,
+        // virtualmachineclaim-subject-authorization.yaml, status-writers.yaml): a user of the
+        // namespace with write grants on members, machines or claims reshapes, releases or
+        // retargets what another subject gets.
+        Row {
+            attack: "a_warm_members_image_rewritten_before_placement",
+            input: Input::Write {
+                user: POOL_AUTHOR,
+                write: Write::PatchAWarmMember(json!({"spec": {
+                    "imageRef": {"name": "attackers-os"},
+                    "userData": "#cloud-config\nruncmd: [exfiltrate]\n",
+                }})),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "is written only by banlieue's controller: it is a member of a pool, so bob may not change it",
+            },
+        },
+        Row {
+            attack: "a_warm_members_machine_moved_to_another_network",
+            input: Input::Write {
+                user: POOL_AUTHOR,
+                write: Write::PatchAWarmMembersMachine(json!({"spec": {"network": "default"}})),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "is written only by banlieue's controller: it belongs to a VirtualMachine",
+            },
+        },
+        Row {
+            attack: "a_warm_members_domain_protection_removed",
+            input: Input::Write {
+                user: POOL_AUTHOR,
+                write: Write::PatchAWarmMembersMachine(json!({"metadata": {"finalizers": null}})),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "finalizer banlieue.io/domain-protection is written only by banlieue: bob",
+            },
+        },
+        Row {
+            attack: "a_machine_written_directly",
+            input: Input::Write {
+                user: POOL_AUTHOR,
+                write: Write::CreateAMachine,
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "a LibvirtMachine is made only by banlieue's controller",
+            },
+        },
+        Row {
+            attack: "another_claimant_releasing_alices_claim",
+            input: Input::Write {
+                user: NEIGHBOUR,
+                write: Write::DeleteAlicesClaim,
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "only its subject, a listed broker or an administrator may delete it, and you are broker",
+            },
+        },
+        Row {
+            attack: "another_claimant_relabelling_alices_claim",
+            input: Input::Write {
+                user: NEIGHBOUR,
+                write: Write::PatchAlicesClaim(
+                    json!({"metadata": {"labels": {"selected-by": "broker"}}}),
+                ),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "may change it, and you are broker",
+            },
+        },
+        Row {
+            attack: "another_claimant_stretching_alices_ttl",
+            input: Input::Write {
+                user: NEIGHBOUR,
+                write: Write::PatchAlicesClaimStatus(
+                    json!({"status": {"expiresAt": "2099-01-01T00:00:00Z"}}),
+                ),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "status of VirtualMachineClaim",
+            },
+        },
+        Row {
+            attack: "the_subject_removing_the_claim_protection",
+            input: Input::Write {
+                user: objects::CLAIMANT,
+                write: Write::PatchAlicesClaim(json!({"metadata": {"finalizers": null}})),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "finalizer banlieue.io/claim-protection is written only by banlieue's controller: alice",
             },
         },
         // Images that name backend volumes (row 2 of the isolation review): a VMImage author
@@ -778,6 +898,12 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
     ]
 }
 
+/// A claimant of the namespace, as alice is: may create, change and delete claims and write
+/// their status (a grant namespace-admin roles often carry), but is not their subject.
+const NEIGHBOUR: &str = "broker";
+/// The pool alice's victim claims name: none exists, so they stay Pending and bind no member.
+const NO_POOL: &str = "no-such-pool";
+
 /// A Secret that may be read as user-data only if it opted in, which it did not.
 const NOT_OPTED_IN_SECRET: &str = "database-password";
 /// The registry credentials, in the build namespace where only the image builder reads them.
@@ -940,6 +1066,16 @@ async fn run(
             row_started.elapsed().as_secs_f64()
         );
     }
+    // alice releases the pending claim the rows between subjects attacked: it was hers.
+    let alices: Api<VirtualMachineClaim> = Api::namespaced(
+        control_plane.client_as(objects::CLAIMANT).await?,
+        SYSTEM_NAMESPACE,
+    );
+    if alices.get_opt("alices-pending-claim").await?.is_some() {
+        alices
+            .delete("alices-pending-claim", &DeleteParams::default())
+            .await?;
+    }
     // Release is deletion, and every claim the checks made is released completely.
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     wait_until("every checked claim to be released", || async {
@@ -1004,15 +1140,37 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
     .await?;
     // Pools and VirtualMachines: what makes a VM a member is refused by admission, not by
     // RBAC, so the planted-member rows test the policy. VMImages: the BackingFile rows.
-    let grants: [(&str, &str, &[&str]); 2] = [
+    // Members and machines: what makes a VM a member, and what its guest is built from, is
+    // refused by admission, not by RBAC. Claims: the neighbour may write any claim of the
+    // namespace, and admission keeps alice's hers.
+    let grants: [(&str, &str, &[&str], &[&str]); 5] = [
         (
             "pool-author",
             POOL_AUTHOR,
             &["virtualmachinepools", "virtualmachines"],
+            &["create"],
         ),
-        ("image-author", IMAGE_AUTHOR, &["vmimages"]),
+        ("image-author", IMAGE_AUTHOR, &["vmimages"], &["create"]),
+        (
+            "member-writer",
+            POOL_AUTHOR,
+            &["virtualmachines", "libvirtmachines"],
+            &["get", "list", "patch", "update", "create"],
+        ),
+        (
+            "claim-neighbour",
+            NEIGHBOUR,
+            &["virtualmachineclaims", "virtualmachineclaims/status"],
+            &["get", "list", "patch", "update", "delete"],
+        ),
+        (
+            "claim-finalizers",
+            objects::CLAIMANT,
+            &["virtualmachineclaims"],
+            &["patch", "update"],
+        ),
     ];
-    for (role, user, resources) in grants {
+    for (role, user, resources, verbs) in grants {
         dev::apply(
             admin,
             &Role {
@@ -1020,7 +1178,7 @@ async fn set_up_attackers(admin: &Client, ca_pem: &str) -> Result<(), BoxError> 
                 rules: Some(vec![PolicyRule {
                     api_groups: Some(vec!["banlieue.io".into()]),
                     resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-                    verbs: vec!["create".into()],
+                    verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
                     ..PolicyRule::default()
                 }]),
             },
@@ -1276,6 +1434,12 @@ async fn play(
                 .await?;
             expect_refused(request_as(client, admin, request).await, *code, says)
         }
+        (Input::Write { user, write }, Outcome::Refused { code, says }) => {
+            let client = control_plane.client_as(user).await?;
+            let alice = control_plane.client_as(objects::CLAIMANT).await?;
+            let written = write_as(client, alice, admin, write).await?;
+            expect_refused(written, *code, says)
+        }
         (Input::LookAlikeProvider { namespace, name }, Outcome::KeepsItsGrants) => {
             look_alike_provider(admin, namespace, name).await
         }
@@ -1463,6 +1627,121 @@ async fn request_as(client: Client, admin: &Client, request: &Request) -> Result
                 .map(|_| ())
         }
     }
+}
+
+/// Makes `write` with `client`: its target is found (or, for alice's claim, made) with
+/// `alice` and `admin` first. The outer error is the test's own; the inner one the write's.
+async fn write_as(
+    client: Client,
+    alice: Client,
+    admin: &Client,
+    write: &Write,
+) -> Result<Result<(), kube::Error>, BoxError> {
+    use kube::api::{Patch, PatchParams};
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let warm_member = || async {
+        let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+        let selector = format!("{}={}", names::LABEL_POOL, objects::POOL);
+        wait_until(
+            "a warm member of the good pool with its machine",
+            || async {
+                let listed = vms.list(&ListParams::default().labels(&selector)).await?;
+                let machines: Api<LibvirtMachine> =
+                    Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+                for vm in listed.items {
+                    let name = vm.name_any();
+                    if machines.get_opt(&name).await?.is_some() {
+                        return Ok(Some(name));
+                    }
+                }
+                Ok(None)
+            },
+        )
+        .await
+    };
+    // alice's claim on a pool that does not exist: Pending, holding its finalizer, binding
+    // nothing, so the rows cost no member.
+    let alices_claim = || async {
+        let claims: Api<VirtualMachineClaim> = Api::namespaced(alice.clone(), SYSTEM_NAMESPACE);
+        let mut claim = objects::claim();
+        claim.metadata.name = Some("alices-pending-claim".to_owned());
+        claim.spec.pool_ref.name = NO_POOL.to_owned();
+        if claims.get_opt("alices-pending-claim").await?.is_none() {
+            claims.create(&PostParams::default(), &claim).await?;
+        }
+        wait_until("alice's pending claim to hold its finalizer", || async {
+            let claim = claims.get("alices-pending-claim").await?;
+            Ok(claim
+                .metadata
+                .finalizers
+                .unwrap_or_default()
+                .iter()
+                .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
+                .then_some(()))
+        })
+        .await?;
+        Ok::<_, BoxError>("alices-pending-claim")
+    };
+    let merge = |patch: &Value| Patch::Merge(patch.clone());
+    Ok(match write {
+        Write::PatchAWarmMember(patch) => {
+            let name = warm_member().await?;
+            Api::<VirtualMachine>::namespaced(client, SYSTEM_NAMESPACE)
+                .patch(&name, &dry_run, &merge(patch))
+                .await
+                .map(|_| ())
+        }
+        Write::PatchAWarmMembersMachine(patch) => {
+            let name = warm_member().await?;
+            Api::<LibvirtMachine>::namespaced(client, SYSTEM_NAMESPACE)
+                .patch(&name, &dry_run, &merge(patch))
+                .await
+                .map(|_| ())
+        }
+        Write::CreateAMachine => {
+            let name = warm_member().await?;
+            let good = Api::<LibvirtMachine>::namespaced(admin.clone(), SYSTEM_NAMESPACE)
+                .get(&name)
+                .await?;
+            let direct = LibvirtMachine::new("written-directly", good.spec);
+            let params = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            Api::<LibvirtMachine>::namespaced(client, SYSTEM_NAMESPACE)
+                .create(&params, &direct)
+                .await
+                .map(|_| ())
+        }
+        Write::DeleteAlicesClaim => {
+            let name = alices_claim().await?;
+            let params = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            Api::<VirtualMachineClaim>::namespaced(client, SYSTEM_NAMESPACE)
+                .delete(name, &params)
+                .await
+                .map(|_| ())
+        }
+        Write::PatchAlicesClaim(patch) => {
+            let name = alices_claim().await?;
+            Api::<VirtualMachineClaim>::namespaced(client, SYSTEM_NAMESPACE)
+                .patch(name, &dry_run, &merge(patch))
+                .await
+                .map(|_| ())
+        }
+        Write::PatchAlicesClaimStatus(patch) => {
+            let name = alices_claim().await?;
+            Api::<VirtualMachineClaim>::namespaced(client, SYSTEM_NAMESPACE)
+                .patch_status(name, &dry_run, &merge(patch))
+                .await
+                .map(|_| ())
+        }
+    })
 }
 
 /// An API for any kind by its `apiVersion` and `kind`, in the object's namespace, or
