@@ -1,7 +1,7 @@
 //! Server-side apply of manifests of any kind, reporting what each apply changed.
 
 use kube::Client;
-use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{self, Scope};
 
 /// The field manager of everything `banlieue bootstrap` and `banlieue-dev` apply.
@@ -99,19 +99,17 @@ pub fn parse_documents(source_name: &str, text: &str) -> Result<Vec<DynamicObjec
     Ok(objects)
 }
 
-/// Server-side applies `object`, comparing resourceVersions to tell created, configured and
-/// unchanged apart (an apply that changes nothing keeps the resourceVersion).
-pub async fn apply(client: &Client, object: &DynamicObject) -> Result<Applied, ApplyError> {
+/// The API of `object`'s kind and namespace, and the object's label for messages.
+async fn api_of(
+    client: &Client,
+    object: &DynamicObject,
+) -> Result<(Api<DynamicObject>, String), ApplyError> {
     let types = object.types.as_ref();
     let kind = types.map(|t| t.kind.as_str()).unwrap_or("?");
     let name = object.metadata.name.clone().unwrap_or_default();
     let label = match &object.metadata.namespace {
         Some(ns) => format!("{kind}/{ns}/{name}"),
         None => format!("{kind}/{name}"),
-    };
-    let api_error = |source| ApplyError::Api {
-        object: label.clone(),
-        source,
     };
     let gvk = types
         .and_then(|t| GroupVersionKind::try_from(t).ok())
@@ -120,15 +118,31 @@ pub async fn apply(client: &Client, object: &DynamicObject) -> Result<Applied, A
             index: 0,
             reason: "apiVersion/kind unparseable".into(),
         })?;
-    let (resource, capabilities) = discovery::pinned_kind(client, &gvk)
-        .await
-        .map_err(api_error)?;
-    let api: Api<DynamicObject> = match capabilities.scope {
+    let (resource, capabilities) =
+        discovery::pinned_kind(client, &gvk)
+            .await
+            .map_err(|source| ApplyError::Api {
+                object: label.clone(),
+                source,
+            })?;
+    let api = match capabilities.scope {
         Scope::Namespaced => {
             let ns = object.metadata.namespace.as_deref().unwrap_or("default");
             Api::namespaced_with(client.clone(), ns, &resource)
         }
         Scope::Cluster => Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, label))
+}
+
+/// Server-side applies `object`, comparing resourceVersions to tell created, configured and
+/// unchanged apart (an apply that changes nothing keeps the resourceVersion).
+pub async fn apply(client: &Client, object: &DynamicObject) -> Result<Applied, ApplyError> {
+    let (api, label) = api_of(client, object).await?;
+    let name = object.metadata.name.clone().unwrap_or_default();
+    let api_error = |source| ApplyError::Api {
+        object: label.clone(),
+        source,
     };
     let before = api
         .get_opt(&name)
@@ -146,6 +160,30 @@ pub async fn apply(client: &Client, object: &DynamicObject) -> Result<Applied, A
         None => Change::Created,
         Some(before) if Some(&before) == after.as_ref() => Change::Unchanged,
         Some(_) => Change::Configured,
+    };
+    Ok(Applied {
+        object: label,
+        change,
+    })
+}
+
+/// Creates `object` unless an object of its name exists, which is then left as it is: for
+/// what the site edits after the install (a policy's ConfigMap), which a second install must
+/// not set back.
+pub async fn create_if_absent(
+    client: &Client,
+    object: &DynamicObject,
+) -> Result<Applied, ApplyError> {
+    let (api, label) = api_of(client, object).await?;
+    let change = match api.create(&PostParams::default(), object).await {
+        Ok(_) => Change::Created,
+        Err(kube::Error::Api(status)) if status.code == 409 => Change::Unchanged,
+        Err(source) => {
+            return Err(ApplyError::Api {
+                object: label,
+                source,
+            });
+        }
     };
     Ok(Applied {
         object: label,

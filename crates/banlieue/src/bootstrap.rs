@@ -1,6 +1,7 @@
-//! `banlieue bootstrap`: the namespaces, CRDs, RBAC and the controller and image builder
-//! Deployments, by server-side apply. `deploy/admission/` is deliberately not applied: it is a
-//! separate, mandatory step.
+//! `banlieue bootstrap`: the namespaces, CRDs, RBAC, the controller and image builder
+//! Deployments and, unless turned off, the isolation policies of `deploy/admission/`, by
+//! server-side apply. The policies' ConfigMaps are the site's to edit: they are created when
+//! missing and never set back.
 
 use std::time::Duration;
 
@@ -75,6 +76,47 @@ pub fn bootstrap_objects() -> Result<Vec<DynamicObject>, BootstrapError> {
     }
     objects.sort_by_key(|o| apply_rank(o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("")));
     Ok(objects)
+}
+
+/// The ConfigMaps of `deploy/admission/` that the site edits after the install (its issuers
+/// and brokers, the images it runs): a second install leaves them as they are.
+const SITE_CONFIGMAPS: [&str; 2] = ["banlieue-claim-subject-policy", "banlieue-workload-images"];
+
+/// The workload policy's ConfigMap and the key listing the images banlieue's identities may
+/// start.
+const WORKLOAD_IMAGES_CONFIGMAP: &str = "banlieue-workload-images";
+
+/// The isolation policies of `deploy/admission/` with their ConfigMaps, the workload policy
+/// listing `image`: what an install applies unless the site brings its own (docs/security.md,
+/// "Turning the policies off").
+pub fn admission_objects(image: &str) -> Result<Vec<DynamicObject>, BootstrapError> {
+    let mut objects = objects_of(ADMISSION)?;
+    set_workload_image(&mut objects, image);
+    objects.sort_by_key(|o| apply_rank(o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("")));
+    Ok(objects)
+}
+
+/// Lists `image` alone in the workload policy's ConfigMap among `objects`, as the chart lists
+/// its `image` first.
+pub fn set_workload_image(objects: &mut [DynamicObject], image: &str) {
+    for object in objects.iter_mut().filter(|o| {
+        o.types.as_ref().is_some_and(|t| t.kind == "ConfigMap")
+            && o.metadata.name.as_deref() == Some(WORKLOAD_IMAGES_CONFIGMAP)
+    }) {
+        if let Some(data) = object.data.get_mut("data").and_then(|d| d.as_object_mut()) {
+            data.insert("images".into(), image.into());
+        }
+    }
+}
+
+/// Whether `object` is one of the [`SITE_CONFIGMAPS`].
+fn site_owned(object: &DynamicObject) -> bool {
+    object.types.as_ref().is_some_and(|t| t.kind == "ConfigMap")
+        && object
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| SITE_CONFIGMAPS.contains(&n))
 }
 
 /// Sets the image of the controller Deployment's container among `objects`.
@@ -202,20 +244,25 @@ async fn wait_established(client: &Client, name: &str) -> Result<(), BootstrapEr
     }
 }
 
-/// Printed after every bootstrap: the claim-subject policy is not optional.
-pub const ADMISSION_REMINDER: &str = "\
-deploy/admission/ was not applied. Applying it is a separate, mandatory step:
-  kubectl apply -f deploy/admission/
-then edit the issuers list in ConfigMap banlieue-claim-subject-policy, and list the image you
-installed in ConfigMap banlieue-workload-images if it is not the default. Until then claims are
-not checked against their creator and banlieue's identities may start any workload they may
-create; once applied with no ConfigMap every claim, and every Job or Deployment they start, is
-denied.";
+/// Printed after a bootstrap that applied the isolation policies.
+pub const ADMISSION_APPLIED: &str = "\
+The isolation policies of deploy/admission/ are in force. Claims are denied until ConfigMap
+banlieue-system/banlieue-claim-subject-policy lists your issuers (its shipped entry is a
+placeholder), and banlieue's identities start only the images ConfigMap
+banlieue-system/banlieue-workload-images lists (the one installed here). A later bootstrap
+leaves both ConfigMaps as you edited them.";
+
+/// Printed after `bootstrap --without-admission`.
+pub const ADMISSION_SKIPPED: &str = "\
+deploy/admission/ was not applied (--without-admission). Until your cluster enforces the same
+rules, claims are not checked against their creator, any writer of VirtualMachines may reshape
+another subject's VM, and banlieue's identities may start any workload they may create
+(docs/security.md, \"Turning the policies off\").";
 
 /// `banlieue bootstrap`, the controller running `image`: refuses a cluster older than the
 /// supported window before writing anything, then applies every object it can and names those
 /// it could not.
-pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
+pub async fn run(client: Client, image: &str, admission: bool) -> Result<(), BootstrapError> {
     let info = client
         .apiserver_version()
         .await
@@ -225,6 +272,9 @@ pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
     let mut objects = bootstrap_objects()?;
     set_controller_image(&mut objects, image)?;
     set_imagebuilder_image(&mut objects, image);
+    if admission {
+        objects.extend(admission_objects(image)?);
+    }
     let report = apply_each(&client, &objects, |line| println!("{line}")).await;
     let changed = report
         .applied
@@ -248,7 +298,14 @@ pub async fn run(client: Client, image: &str) -> Result<(), BootstrapError> {
         Ok(None) => {}
         Err(e) => eprintln!("warning: could not check the artifacts volume: {e}"),
     }
-    eprintln!("{ADMISSION_REMINDER}");
+    eprintln!(
+        "{}",
+        if admission {
+            ADMISSION_APPLIED
+        } else {
+            ADMISSION_SKIPPED
+        }
+    );
     match report.failed.len() {
         0 => Ok(()),
         failed => Err(BootstrapError::Incomplete {
@@ -278,7 +335,12 @@ pub async fn apply_each(
 ) -> ApplyReport {
     let mut report = ApplyReport::default();
     for object in objects {
-        let outcome = match apply::apply(client, object).await {
+        let written = if site_owned(object) {
+            apply::create_if_absent(client, object).await
+        } else {
+            apply::apply(client, object).await
+        };
+        let outcome = match written {
             Ok(applied) => match object.types.as_ref().map(|t| t.kind.as_str()) {
                 Some("CustomResourceDefinition") => {
                     wait_established(client, object.metadata.name.as_deref().unwrap_or_default())
@@ -387,17 +449,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn admission_is_not_part_of_bootstrap() {
+    fn the_admission_objects_are_every_policy_and_list_the_installed_image() {
         let objects = bootstrap_objects().unwrap();
         assert!(objects.iter().all(|o| {
             let kind = o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("");
             !kind.starts_with("ValidatingAdmissionPolicy")
         }));
-        assert!(
-            BOOTSTRAP
+        let admission = admission_objects("registry.test/banlieue:9").unwrap();
+        let policies = admission
+            .iter()
+            .filter(|o| {
+                o.types
+                    .as_ref()
+                    .is_some_and(|t| t.kind == "ValidatingAdmissionPolicy")
+            })
+            .count();
+        assert_eq!(
+            policies,
+            ADMISSION
                 .iter()
-                .all(|(name, _)| !name.contains("admission"))
+                .filter(|(_, text)| text.contains("kind: ValidatingAdmissionPolicy\n"))
+                .count()
         );
+        let images = admission
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(WORKLOAD_IMAGES_CONFIGMAP))
+            .and_then(|o| o.data.pointer("/data/images"))
+            .and_then(|v| v.as_str());
+        assert_eq!(images, Some("registry.test/banlieue:9"));
+        assert!(admission.iter().filter(|o| site_owned(o)).count() == SITE_CONFIGMAPS.len());
     }
 
     fn controller_image(objects: &[DynamicObject]) -> Option<&str> {
@@ -480,9 +560,14 @@ mod tests {
             Some(DEFAULT_IMAGE)
         );
         // The admission policy's list of images banlieue's identities may start.
-        let images = include_str!("../../../deploy/admission/workload-images.yaml");
+        let images = objects_of(ADMISSION)
+            .unwrap()
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(WORKLOAD_IMAGES_CONFIGMAP))
+            .and_then(|o| o.data.pointer("/data/images")?.as_str().map(str::to_owned))
+            .unwrap_or_default();
         assert!(
-            images.lines().any(|l| l.trim() == DEFAULT_IMAGE),
+            images.split([',', '\n']).any(|l| l.trim() == DEFAULT_IMAGE),
             "deploy/admission/workload-images.yaml does not list {DEFAULT_IMAGE}"
         );
     }

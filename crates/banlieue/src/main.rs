@@ -44,13 +44,18 @@ enum Command {
     /// Apply the namespaces, CRDs, RBAC and the controller and image builder Deployments to the
     /// current kubeconfig.
     ///
-    /// Server-side apply, idempotent; prints what changed. Does not apply deploy/admission/:
-    /// that is a separate, mandatory step.
+    /// Server-side apply, idempotent; prints what changed. Applies the isolation policies of
+    /// deploy/admission/ too, creating their ConfigMaps when missing and leaving them as the
+    /// site edited them otherwise.
     Bootstrap {
         /// The controller's container image (see docs/guides/image.md).
         #[arg(long, value_name = "IMAGE", default_value = bootstrap::DEFAULT_IMAGE,
               value_parser = clap::builder::NonEmptyStringValueParser::new())]
         image: String,
+        /// Leave deploy/admission/ out, for a cluster that enforces the same rules its own way
+        /// (docs/security.md, "Turning the policies off").
+        #[arg(long)]
+        without_admission: bool,
     },
     /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
     #[command(subcommand)]
@@ -383,9 +388,12 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller(args),
         Command::Provider(command) => provider(command),
         Command::Crds { out } => crds(out),
-        Command::Bootstrap { image } => block_on(async {
+        Command::Bootstrap {
+            image,
+            without_admission,
+        } => block_on(async {
             let client = kube::Client::try_default().await?;
-            bootstrap::run(client, &image).await?;
+            bootstrap::run(client, &image, !without_admission).await?;
             Ok(())
         }),
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),

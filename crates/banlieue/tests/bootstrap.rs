@@ -1,5 +1,6 @@
-//! `banlieue bootstrap` against a real API server: everything applies, a second run changes
-//! nothing, the admission policy is left for the operator to apply, and `--image` names the
+//! `banlieue bootstrap` against a real API server: everything applies, the isolation policies
+//! included, a second run changes nothing and keeps the site's edits of the policies'
+//! ConfigMaps, and `--image` names the
 //! controller's image; it replaces an earlier release's per-Provider ClusterRoleBindings and
 //! keeps the Provider accounts the operator added to the shared one.
 
@@ -18,11 +19,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_banlieue");
 static CLUSTER_WIDE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
-async fn bootstrap_is_idempotent_and_leaves_admission_alone() {
+async fn bootstrap_is_idempotent_applies_the_policies_and_keeps_the_sites_configmaps() {
     let _turn = CLUSTER_WIDE.lock().await;
     let control_plane = ControlPlane::shared().await.expect("control plane");
     let client = control_plane.client().unwrap();
-    let objects = bootstrap::bootstrap_objects().unwrap();
+    let mut objects = bootstrap::bootstrap_objects().unwrap();
+    objects.extend(bootstrap::admission_objects(bootstrap::DEFAULT_IMAGE).unwrap());
 
     // Everything applies; only the claim-protection policy is skipped, and only where its API
     // is not served (before Kubernetes v1.36).
@@ -59,21 +61,58 @@ async fn bootstrap_is_idempotent_and_leaves_admission_alone() {
             .unwrap_or_else(|e| panic!("{} not served: {e}", names.plural));
     }
 
-    // The claim-subject policy is not part of bootstrap.
+    // Every isolation policy is in force, each bound.
     let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
         Api::all(client.clone());
-    let names: Vec<String> = policies
-        .list(&Default::default())
+    let bindings: Api<
+        k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+    > = Api::all(client.clone());
+    for policy in objects.iter().filter(|o| {
+        o.types
+            .as_ref()
+            .is_some_and(|t| t.kind == "ValidatingAdmissionPolicy")
+    }) {
+        let name = policy.metadata.name.as_deref().unwrap_or_default();
+        assert!(policies.get_opt(name).await.unwrap().is_some(), "{name}");
+        assert!(bindings.get_opt(name).await.unwrap().is_some(), "{name}");
+    }
+
+    // The site lists its issuers; the next bootstrap leaves them.
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "banlieue-system");
+    let edited = serde_json::json!({"data": {"issuers": "https://login.site.test=oidc:\n"}});
+    config_maps
+        .patch(
+            "banlieue-claim-subject-policy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&edited),
+        )
         .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    assert!(
-        names.iter().all(|n| !n.contains("banlieue")),
-        "bootstrap applied an admission policy: {names:?}"
+        .unwrap();
+    let third = bootstrap::apply_each(&client, &objects, |_| {}).await;
+    assert!(third.failed.is_empty(), "{:?}", third.failed);
+    let kept = config_maps
+        .get("banlieue-claim-subject-policy")
+        .await
+        .unwrap();
+    assert_eq!(
+        kept.data
+            .unwrap_or_default()
+            .get("issuers")
+            .map(String::as_str),
+        Some("https://login.site.test=oidc:\n"),
+        "a second bootstrap set the site's issuers back"
     );
+    // Back to the shipped placeholder for the other tests.
+    let shipped = serde_json::json!({"data": {"issuers": "https://issuer.example.com\n"}});
+    config_maps
+        .patch(
+            "banlieue-claim-subject-policy",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&shipped),
+        )
+        .await
+        .unwrap();
 }
 
 /// Whether the cluster serves MutatingAdmissionPolicy v1 (Kubernetes v1.36 and later).
@@ -98,7 +137,7 @@ async fn run_bootstrap(control_plane: &ControlPlane, image: Option<&str>) {
     let Some(kubeconfig) = control_plane.kubeconfig("admin") else {
         let client = control_plane.client().unwrap();
         let image = image.unwrap_or(bootstrap::DEFAULT_IMAGE);
-        return bootstrap::run(client, image).await.unwrap();
+        return bootstrap::run(client, image, true).await.unwrap();
     };
     let mut command = tokio::process::Command::new(BIN);
     command.arg("bootstrap").env("KUBECONFIG", kubeconfig);
@@ -227,19 +266,24 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8(out.stdout).expect("UTF-8");
-        by_identity(&bootstrap::objects_of(&[("kustomize", text.as_str())]).expect("objects"))
+        cel_spaced(by_identity(
+            &bootstrap::objects_of(&[("kustomize", text.as_str())]).expect("objects"),
+        ))
     };
-    let expected = bootstrap::bootstrap_objects().expect("bootstrap's objects");
-    assert_same("kustomize", &render(&deploy), &by_identity(&expected));
+    let by_identity = |objects: &[DynamicObject]| cel_spaced(by_identity(objects));
+    let mut expected = bootstrap::bootstrap_objects().expect("bootstrap's objects");
+    let mut installed = expected.clone();
+    installed.extend(bootstrap::admission_objects(bootstrap::DEFAULT_IMAGE).expect("policies"));
+    assert_same("kustomize", &render(&deploy), &by_identity(&installed));
 
     let pushed = ("registry.test:5000/team/banlieue", "1.2.3");
     let overlay = tempfile::tempdir().expect("a temporary directory");
     banlieue_testenv::manifests::write_image_overlay(overlay.path(), pushed.0, pushed.1)
         .expect("write the overlay");
     let image = format!("{}:{}", pushed.0, pushed.1);
-    let mut expected = expected;
     bootstrap::set_controller_image(&mut expected, &image).expect("the controller's image");
     bootstrap::set_imagebuilder_image(&mut expected, &image);
+    expected.extend(bootstrap::admission_objects(&image).expect("policies"));
     assert_same(
         "kustomize",
         &render(overlay.path()),
@@ -288,6 +332,31 @@ async fn the_kustomize_base_is_what_bootstrap_applies() {
     assert_eq!(controller_image(&client).await, image);
     // Back to what the other tests expect; bootstrap takes the fields over.
     run_bootstrap(control_plane, None).await;
+}
+
+/// The objects with every string of an admission policy's spec reduced to single spaces.
+/// kustomize re-folds the policies' `>-` scalars, turning a line break before a more-indented
+/// line into two; CEL reads any run of whitespace between tokens alike, and no expression of
+/// ours has a line break inside a string literal, so the policies are the same.
+fn cel_spaced(
+    mut objects: std::collections::BTreeMap<String, serde_json::Value>,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    fn spaced(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::String(s) => {
+                *s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(spaced),
+            serde_json::Value::Object(fields) => fields.values_mut().for_each(spaced),
+            _ => {}
+        }
+    }
+    for object in objects.values_mut() {
+        if object["kind"] == "ValidatingAdmissionPolicy" {
+            spaced(&mut object["spec"]);
+        }
+    }
+    objects
 }
 
 /// Bootstrap applies every object it can: an object the cluster cannot take does not stop the

@@ -69,6 +69,100 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + 
 /// The Lease the controller replicas take (deploy/controller.yaml, ADR-0067).
 const CONTROLLER_LEASE: &str = "banlieue-controller";
 
+/// Three rows of docs/security.md's "Between subjects", as bob with the grants they name:
+/// planting a member, rewriting the bound member's spec, releasing alice's claim.
+fn between_subjects(cp: &ControlPlane, bound: &str) -> Result {
+    for (verb, resource) in [
+        ("create,patch", "virtualmachines.banlieue.io"),
+        ("delete,patch", "virtualmachineclaims.banlieue.io"),
+    ] {
+        let name = format!("bob-{}", resource.split('.').next().unwrap_or_default());
+        kubectl(
+            cp,
+            "admin",
+            &[
+                "-n",
+                NS,
+                "create",
+                "role",
+                &name,
+                &format!("--verb={verb}"),
+                &format!("--resource={resource}"),
+            ],
+        )?;
+        kubectl(
+            cp,
+            "admin",
+            &[
+                "-n",
+                NS,
+                "create",
+                "rolebinding",
+                &name,
+                &format!("--role={name}"),
+                "--user=bob",
+            ],
+        )?;
+    }
+    let refused = |what: &str, result: Result<String>, says: &str| -> Result {
+        match result {
+            Ok(out) => Err(format!("{what}: the API server accepted it: {out}").into()),
+            Err(e) if e.to_string().contains(says) => Ok(()),
+            Err(e) => Err(format!("{what}: refused, but not saying {says:?}: {e}").into()),
+        }
+    };
+    let planted = format!(
+        "apiVersion: banlieue.io/v1alpha1\nkind: VirtualMachine\nmetadata:\n  name: planted\n  \
+         namespace: {NS}\n  labels:\n    banlieue.io/pool: sandbox-pool\nspec:\n  classRef:\n    \
+         name: small\n  imageRef:\n    name: {URL_IMAGE}\n"
+    );
+    let dry_run = |args: &[&str]| {
+        let mut args = args.to_vec();
+        args.push("--dry-run=server");
+        kubectl(cp, "bob", &args)
+    };
+    // The RBAC grants take a moment to be seen: the first row waits for a refusal by admission.
+    let mut planting: Result<String> = Err("not tried".into());
+    for _ in 0..30 {
+        planting = kubectl_stdin(
+            cp,
+            "bob",
+            &["create", "--dry-run=server", "-f", "-"],
+            &planted,
+        );
+        if matches!(&planting, Err(e) if !e.to_string().contains("cannot create resource")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    refused(
+        "bob plants a member",
+        planting,
+        "label banlieue.io/pool is written only by banlieue's controller: bob",
+    )?;
+    refused(
+        "bob rewrites the bound member's user-data",
+        dry_run(&[
+            "-n",
+            NS,
+            "patch",
+            "virtualmachine",
+            bound,
+            "--type=merge",
+            "-p",
+            r##"{"spec":{"userData":"#cloud-config\nruncmd: [evil]\n"}}"##,
+        ]),
+        "is written only by banlieue's controller: it is bound to claim sandbox-for-alice",
+    )?;
+    refused(
+        "bob releases alice's claim",
+        dry_run(&["-n", NS, "delete", "vmclaim", "sandbox-for-alice"]),
+        "only its subject, a listed broker or an administrator may delete it, and you are bob",
+    )?;
+    eprintln!("between subjects: bob's three writes refused by the deployed policies");
+    Ok(())
+}
+
 /// Runs kubectl as `identity` (a kubeconfig of the test control plane); returns stdout.
 fn kubectl(cp: &ControlPlane, identity: &str, args: &[&str]) -> Result<String> {
     let kubeconfig = cp.kubeconfig(identity).ok_or("no kubeconfig")?;
@@ -89,11 +183,16 @@ fn kubectl(cp: &ControlPlane, identity: &str, args: &[&str]) -> Result<String> {
 
 /// `kubectl apply -f -` of `text`, as `identity`.
 fn kubectl_apply(cp: &ControlPlane, identity: &str, text: &str) -> Result<String> {
+    kubectl_stdin(cp, identity, &["apply", "-f", "-"], text)
+}
+
+/// kubectl `args` as `identity`, with `text` on its standard input; returns stdout.
+fn kubectl_stdin(cp: &ControlPlane, identity: &str, args: &[&str], text: &str) -> Result<String> {
     use std::io::Write as _;
     let kubeconfig = cp.kubeconfig(identity).ok_or("no kubeconfig")?;
     let mut child = Command::new(bin_dir().join("kubectl"))
         .env("KUBECONFIG", kubeconfig)
-        .args(["apply", "-f", "-"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -105,7 +204,12 @@ fn kubectl_apply(cp: &ControlPlane, identity: &str, text: &str) -> Result<String
         .write_all(text.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        return Err(format!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -565,6 +669,12 @@ async fn the_guides_run_as_written_against_the_deployed_operator() -> Result {
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == types::GUEST_READY))
         .map(|c| c.status.clone());
     assert_eq!(guest_ready.as_deref(), Some("True"), "{:?}", vm.status);
+
+    // 4a. The isolation policies every installer put in force, played against the deployed
+    //     operator as bob, a user of the namespace who may write VirtualMachines and claims
+    //     (server-side dry runs: a write that got through would change nothing). alice's
+    //     claim stays Bound through them and through the upgrade below.
+    between_subjects(&cp, &bound)?;
 
     // 4b. The upgrade to this commit's manifests, with the claim Bound and a warm member in
     //     the pool: both are kept, the same objects, their domains untouched.

@@ -112,9 +112,19 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
     let Some(helm) = Helm::find() else { return };
     helm.run(&["lint", "--strict", chart().to_str().expect("UTF-8 path")]);
 
-    // The defaults: bootstrap's objects, the claim-protection policy included (helm's own
-    // API versions serve it).
-    let expected = by_identity(&bootstrap::bootstrap_objects().expect("bootstrap's objects"));
+    // The defaults: bootstrap's objects and its isolation policies, the claim-protection
+    // policy included (helm's own API versions serve it).
+    let with_admission = |mut objects: Vec<DynamicObject>, image: &str| {
+        objects.extend(bootstrap::admission_objects(image).expect("the admission objects"));
+        objects
+    };
+    let installed = || {
+        with_admission(
+            bootstrap::bootstrap_objects().expect("bootstrap's objects"),
+            bootstrap::DEFAULT_IMAGE,
+        )
+    };
+    let expected = by_identity(&installed());
     assert_same(
         "helm template",
         &without_keep(helm.template(&[])),
@@ -126,7 +136,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
     let mut objects = bootstrap::bootstrap_objects().expect("bootstrap's objects");
     bootstrap::set_controller_image(&mut objects, image).expect("the controller's image");
     bootstrap::set_imagebuilder_image(&mut objects, image);
-    let mut expected = by_identity(&objects);
+    let mut expected = by_identity(&with_admission(objects.clone(), image));
     let controller = expected
         .get_mut("apps/v1 Deployment banlieue-system/banlieue-controller")
         .expect("the controller");
@@ -148,7 +158,7 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
             .is_some_and(|k| k.starts_with("MutatingAdmissionPolicy"))
     };
     let rendered = helm.template(&["namespaces.create=false", "claimProtection=false"]);
-    let expected: BTreeMap<String, Value> = by_identity(&bootstrap::bootstrap_objects().unwrap())
+    let expected: BTreeMap<String, Value> = by_identity(&installed())
         .into_iter()
         .filter(|(_, o)| o["kind"] != "Namespace" && !mutating(o))
         .collect();
@@ -156,32 +166,35 @@ fn the_chart_lints_and_renders_what_bootstrap_applies() {
     // A cluster that does not serve the policy's API (before v1.36) gets everything but it,
     // as bootstrap skips it there.
     let rendered = helm.template_with(&[], &[]);
-    let expected: BTreeMap<String, Value> = by_identity(&bootstrap::bootstrap_objects().unwrap())
+    let expected: BTreeMap<String, Value> = by_identity(&installed())
         .into_iter()
         .filter(|(_, o)| !mutating(o))
         .collect();
     assert_same("helm template", &without_keep(rendered), &expected);
 
+    // The opt-out: bootstrap's objects alone, as `bootstrap --without-admission` applies.
+    let rendered = without_keep(helm.template(&["admission.enabled=false"]));
+    let expected = by_identity(&bootstrap::bootstrap_objects().expect("bootstrap's objects"));
+    assert_same("helm template", &rendered, &expected);
+
     // The admission policies, with the site's ConfigMaps.
     let rendered = without_keep(helm.template(&[
-        "admission.enabled=true",
         &format!("image={image}"),
         "admission.issuers={https://issuer.a.test=oidc-a:,https://issuer.b.test=oidc-b:}",
         "admission.brokers={oidc-b:broker}",
+        "admission.administrators={oidc-a:ops}",
         "admission.workloadImages={registry.test:5000/team/provider:7}",
     ]));
-    let mut expected = by_identity(&objects);
-    let admission = bootstrap::objects_of(bootstrap::ADMISSION).expect("the admission policies");
-    expected.extend(by_identity(&admission));
+    let mut expected = by_identity(&with_admission(objects, image));
     for (key, data) in [
         (
             "v1 ConfigMap banlieue-system/banlieue-claim-subject-policy",
             json!({"issuers": "https://issuer.a.test=oidc-a:\nhttps://issuer.b.test=oidc-b:\n",
-                   "brokers": "oidc-b:broker"}),
+                   "brokers": "oidc-b:broker", "administrators": "oidc-a:ops"}),
         ),
         (
             "v1 ConfigMap banlieue-system/banlieue-workload-images",
-            json!({"images": format!("{image}\nregistry.test:5000/team/provider:7\n"),
+            json!({"images": format!("{image}\nregistry.test:5000/team/provider:7"),
                    "importAccounts": ""}),
         ),
     ] {
