@@ -125,6 +125,8 @@ pub mod reasons {
     pub const BOUND: &str = "Bound";
     pub const NO_MEMBER_AVAILABLE: &str = "NoMemberAvailable";
     pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+    /// Bound=False: the subject holds the pool's `maxClaimsPerSubject` claims already.
+    pub const SUBJECT_LIMIT_REACHED: &str = "SubjectLimitReached";
     pub const MEMBER_DELETED: &str = "MemberDeleted";
     pub const EXPIRED: &str = "Expired";
     pub const RELEASING: &str = "Releasing";

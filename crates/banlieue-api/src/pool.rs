@@ -66,6 +66,33 @@ pub struct VirtualMachinePoolSpec {
     /// into each member's `spec.standby`; changing it is a new revision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
+    /// Who may claim from this pool: a claim must name one of `subjects`, or be created by a
+    /// member of one of `groups` (Kubernetes groups of the claim's creator; a broker's groups
+    /// are its own, not its subject's, so a broker's claim must name a listed subject).
+    /// Checked by `deploy/admission/pool-claimants.yaml` when the claim is created. Unset:
+    /// whoever RBAC lets create claims in the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimants: Option<PoolClaimants>,
+    /// The most claims one subject (issuer and id) holds of this pool at once: a further claim
+    /// stays Pending (`Bound=False`, `SubjectLimitReached`) until one of the subject's earlier
+    /// claims is released, first created first served. Unset: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_claims_per_subject: Option<i32>,
+}
+
+/// Who may claim from a pool (`spec.claimants`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolClaimants {
+    /// Subjects who may claim, by issuer and id, as a claim names them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub subjects: Vec<ClaimSubject>,
+    /// Kubernetes groups whose members may claim for themselves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub groups: Vec<String>,
 }
 
 /// Template of pool members.

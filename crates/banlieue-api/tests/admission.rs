@@ -71,6 +71,112 @@ async fn grant_claims(client: &Client, namespace: &str) {
         .expect("create the RoleBinding");
 }
 
+/// A dry-run create of a claim of `(issuer, id)` on `pool`.
+async fn try_claim_on(
+    api: &Api<DynamicObject>,
+    pool: &str,
+    issuer: &str,
+    id: &str,
+) -> Result<DynamicObject, Error> {
+    let mut object = claim("probe", issuer, id);
+    object["spec"]["poolRef"]["name"] = json!(pool);
+    common::dry_run_create(api, object).await
+}
+
+/// deploy/admission/pool-claimants.yaml, with the subject policy's ConfigMap of step 4 (its
+/// broker listed): a pool listing subjects, a pool listing a group, a pool listing neither.
+async fn claimants(
+    cp: &banlieue_testenv::control_plane::ControlPlane,
+    admin: &Client,
+    ns: &str,
+    alice: &Api<DynamicObject>,
+    bob: &Api<DynamicObject>,
+    broker: &Api<DynamicObject>,
+) {
+    const SA_ISSUER: &str = "https://robots.example";
+    let pools = common::api_for(
+        admin,
+        &json!({"apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachinePool"}),
+        Some(ns),
+    )
+    .await;
+    let pool = |name: &str, claimants: Value| {
+        let mut object = machine_object("VirtualMachinePool", name, None);
+        if !claimants.is_null() {
+            object["spec"]["claimants"] = claimants;
+        }
+        object
+    };
+    for object in [
+        pool(
+            "alice-only",
+            json!({"subjects": [{"issuer": ISSUER, "id": "alice"}]}),
+        ),
+        pool(
+            "robots",
+            json!({"groups": [format!("system:serviceaccounts:{ns}")]}),
+        ),
+        pool("open", Value::Null),
+    ] {
+        create(&pools, object).await.expect("a pool");
+    }
+    // ServiceAccounts of the namespace log in at an issuer of their own here, so one may claim
+    // for itself, and the group of the namespace's ServiceAccounts is what `robots` lists.
+    put_policy_configmap(
+        admin,
+        json!({
+            "issuers": format!("{ISSUER}\n{SA_ISSUER}=system:serviceaccount:{ns}"),
+            "brokers": "broker"
+        }),
+    )
+    .await;
+    apply_file(admin, "deploy/admission/pool-claimants.yaml", None).await;
+    wait_for("the claimants policy in force", TAKES_EFFECT, || async {
+        Ok(try_claim_on(bob, "alice-only", ISSUER, "bob")
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await
+    .expect("the claimants policy takes effect");
+
+    let message = forbidden(try_claim_on(bob, "alice-only", ISSUER, "bob").await);
+    assert!(
+        message.contains(&format!(
+            "pool alice-only lists who may claim from it (spec.claimants), and neither subject \
+             bob at {ISSUER} nor a group of bob is among them"
+        )),
+        "{message}"
+    );
+    try_claim_on(alice, "alice-only", ISSUER, "alice")
+        .await
+        .expect("a listed subject claims");
+    try_claim_on(broker, "alice-only", ISSUER, "alice")
+        .await
+        .expect("a broker claims for a listed subject");
+    forbidden(try_claim_on(broker, "alice-only", ISSUER, "bob").await);
+    try_claim_on(bob, "open", ISSUER, "bob")
+        .await
+        .expect("a pool that lists no claimants is the namespace's");
+    try_claim_on(bob, "no-such-pool", ISSUER, "bob")
+        .await
+        .expect("a claim on a missing pool waits with PoolNotFound");
+
+    let builder = service_account_claimant(cp, admin, ns, "builder").await;
+    wait_for("the robots' issuer to be read", TAKES_EFFECT, || async {
+        Ok(try_claim_on(&builder, "robots", SA_ISSUER, "builder")
+            .await
+            .ok()
+            .map(|_| ()))
+    })
+    .await
+    .expect("a member of a listed group claims for itself");
+    forbidden(try_claim_on(alice, "robots", ISSUER, "alice").await);
+    // A broker's groups are its own: listing the broker's group lets no one else in through it.
+    let message = forbidden(try_claim_on(broker, "robots", ISSUER, "alice").await);
+    assert!(message.contains("nor a group of broker"), "{message}");
+}
+
 /// The claims API of ServiceAccount `name` in `namespace`, which RBAC lets create claims.
 async fn service_account_claimant(
     cp: &banlieue_testenv::control_plane::ControlPlane,
@@ -328,6 +434,8 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
     forbidden(try_claim(&alice, "# our two issuers", "alice").await);
     // Listing a broker changes nothing for others.
     forbidden(try_claim(&alice, ISSUER, "bob").await);
+
+    claimants(cp, &admin, &ns, &alice, &bob, &broker).await;
 
     // The listed broker may release a sandbox it did not make; the subject releases its own,
     // and an administrator any.

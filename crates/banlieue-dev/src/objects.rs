@@ -406,6 +406,8 @@ pub fn pool() -> VirtualMachinePool {
             startup_deadline_seconds: None,
             max_provisioning: None,
             standby: None,
+            claimants: None,
+            max_claims_per_subject: None,
         },
     );
     pool.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

@@ -5,7 +5,9 @@ use std::cmp::Ordering;
 use std::time::Duration;
 
 use banlieue_api::conditions::{self, reasons, types};
-use banlieue_api::{ClaimPhase, Standby, VirtualMachine, VirtualMachineClaimStatus};
+use banlieue_api::{
+    ClaimPhase, Standby, VirtualMachine, VirtualMachineClaim, VirtualMachineClaimStatus,
+};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
@@ -177,10 +179,117 @@ pub fn resumed(member: &VirtualMachine, generation: Option<i64>) -> Option<condi
     ))
 }
 
+/// The claims of `claim`'s subject on its pool that come before it under the pool's
+/// `maxClaimsPerSubject`: those Bound, and those still waiting that were created earlier
+/// (creation time, then name), so the subject's claims bind first created first served and
+/// two reconciles of one subject's claims agree on which may bind. A claim being deleted,
+/// Releasing or Failed holds nothing.
+pub fn subject_claims_ahead<'a>(
+    claim: &VirtualMachineClaim,
+    others: impl IntoIterator<Item = &'a VirtualMachineClaim>,
+) -> usize {
+    let key = |c: &VirtualMachineClaim| {
+        (
+            c.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            c.name_any(),
+        )
+    };
+    let mine = key(claim);
+    others
+        .into_iter()
+        .filter(|other| {
+            other.metadata.uid != claim.metadata.uid
+                && other.metadata.namespace == claim.metadata.namespace
+                && other.metadata.deletion_timestamp.is_none()
+                && other.spec.pool_ref.name == claim.spec.pool_ref.name
+                && other.spec.subject == claim.spec.subject
+        })
+        .filter(|other| match other.status.as_ref().and_then(|s| s.phase) {
+            Some(ClaimPhase::Bound) => true,
+            Some(ClaimPhase::Pending) | None => key(other) < mine,
+            Some(ClaimPhase::Releasing) | Some(ClaimPhase::Failed) => false,
+        })
+        .count()
+}
+
+/// The message of `Bound=False, SubjectLimitReached`.
+pub fn subject_limit_message(claim: &VirtualMachineClaim, ahead: usize, max: i32) -> String {
+    format!(
+        "subject {} at {} holds or waits for {ahead} claim(s) of pool {} before this one, and \
+         the pool's maxClaimsPerSubject is {max}: this claim waits until one is released",
+        claim.spec.subject.id, claim.spec.subject.issuer, claim.spec.pool_ref.name
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+
+    fn subjects_claim(
+        name: &str,
+        subject: &str,
+        pool: &str,
+        created: i64,
+        phase: Option<ClaimPhase>,
+    ) -> VirtualMachineClaim {
+        let mut claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1",
+            "kind": "VirtualMachineClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "creationTimestamp": Timestamp::from_second(1_800_000_000 + created)
+                             .expect("valid time").to_string()},
+            "spec": {"poolRef": {"name": pool},
+                     "subject": {"issuer": "https://issuer.test", "id": subject},
+                     "ttlSeconds": 600},
+        }))
+        .expect("a claim");
+        claim.status = phase.map(|phase| VirtualMachineClaimStatus {
+            phase: Some(phase),
+            ..VirtualMachineClaimStatus::default()
+        });
+        claim
+    }
+
+    #[test]
+    fn a_subjects_claims_bind_first_created_first_served() {
+        let bound = subjects_claim("a", "alice", "p", 0, Some(ClaimPhase::Bound));
+        let first = subjects_claim("b", "alice", "p", 5, Some(ClaimPhase::Pending));
+        let second = subjects_claim("c", "alice", "p", 5, None);
+        let all = [bound.clone(), first.clone(), second.clone()];
+        // The bound claim is ahead of both; the earlier of two waiting ones (by name at the
+        // same second) is ahead of the later, never the other way round.
+        assert_eq!(subject_claims_ahead(&first, &all), 1);
+        assert_eq!(subject_claims_ahead(&second, &all), 2);
+        assert_eq!(subject_claims_ahead(&bound, &all), 0);
+    }
+
+    #[test]
+    fn only_the_same_subject_on_the_same_pool_holding_a_member_counts() {
+        let mine = subjects_claim("m", "alice", "p", 10, None);
+        let mut deleting = subjects_claim("d", "alice", "p", 0, Some(ClaimPhase::Bound));
+        deleting.metadata.deletion_timestamp = mine.metadata.creation_timestamp.clone();
+        let others = [
+            subjects_claim("x", "bob", "p", 0, Some(ClaimPhase::Bound)),
+            subjects_claim("y", "alice", "q", 0, Some(ClaimPhase::Bound)),
+            subjects_claim("z", "alice", "p", 0, Some(ClaimPhase::Releasing)),
+            subjects_claim("f", "alice", "p", 0, Some(ClaimPhase::Failed)),
+            deleting,
+            mine.clone(),
+        ];
+        assert_eq!(subject_claims_ahead(&mine, &others), 0);
+        let issuer = {
+            let mut other = subjects_claim("i", "alice", "p", 0, Some(ClaimPhase::Bound));
+            other.spec.subject.issuer = "https://elsewhere.test".into();
+            other
+        };
+        assert_eq!(subject_claims_ahead(&mine, [&issuer]), 0);
+        let same = subjects_claim("s", "alice", "p", 0, Some(ClaimPhase::Bound));
+        assert_eq!(subject_claims_ahead(&mine, [&same]), 1);
+        assert!(subject_limit_message(&mine, 1, 1).contains(
+            "subject alice at https://issuer.test holds or waits for 1 claim(s) of pool p"
+        ));
+    }
 
     fn member(name: &str, revision: &str, since: Option<i64>) -> MemberView {
         MemberView {

@@ -130,6 +130,21 @@ async fn pending(
     };
     let pool_name = pool.name_any();
     let pool_uid = uid_of(pool.as_ref(), "VirtualMachinePool")?;
+    if let Some(max) = pool.spec.max_claims_per_subject {
+        let claims = ctx.stores.claims.state();
+        let ahead = decide::subject_claims_ahead(this.claim, claims.iter().map(AsRef::as_ref));
+        if ahead >= usize::try_from(max).unwrap_or(0) {
+            let delay = write_pending(
+                this,
+                ctx,
+                status,
+                reasons::SUBJECT_LIMIT_REACHED,
+                decide::subject_limit_message(this.claim, ahead, max),
+            )
+            .await?;
+            return Ok(requeue_waiting(ctx, delay));
+        }
+    }
     let image = cached(
         &ctx.stores.images,
         &this.namespace,

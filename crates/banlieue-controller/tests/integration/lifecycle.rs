@@ -450,3 +450,68 @@ async fn the_controller_cannot_create_or_update_a_claim() -> TestResult {
     );
     Ok(())
 }
+
+/// `maxClaimsPerSubject: 1`: a subject's second claim waits, saying why, while another
+/// subject's binds; it binds once the first is released.
+#[tokio::test]
+async fn a_subject_holds_at_most_max_claims_per_subject() -> TestResult {
+    let h = Harness::new().await?;
+    let _provider = FakeProvider::start(h.admin.clone(), &h.namespace);
+    let controller = h.start_controller().await?;
+    h.create_pool(
+        "p",
+        2,
+        "InfrastructureReady",
+        json!({"maxClaimsPerSubject": 1}),
+    )
+    .await?;
+    h.wait_available("p", 2).await?;
+    let claims = h.api::<VirtualMachineClaim>();
+    let claim = |name: &str, subject: &str| -> serde_json::Result<VirtualMachineClaim> {
+        serde_json::from_value(json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",
+            "metadata": {"name": name},
+            "spec": {"poolRef": {"name": "p"},
+                     "subject": {"issuer": "https://issuer.example.com", "id": subject},
+                     "ttlSeconds": 3600}
+        }))
+    };
+    claims
+        .create(&PostParams::default(), &claim("first", "alice")?)
+        .await?;
+    h.wait_claim("first", "alice's first claim Bound", is_bound)
+        .await?;
+    claims
+        .create(&PostParams::default(), &claim("second", "alice")?)
+        .await?;
+    let waiting = h
+        .wait_claim("second", "alice's second claim held back", |c| {
+            bound_condition(c).is_some_and(|b| b.reason == reasons::SUBJECT_LIMIT_REACHED)
+        })
+        .await?;
+    assert_eq!(phase(&waiting), Some(ClaimPhase::Pending));
+    let message = bound_condition(&waiting).ok_or("no condition")?.message;
+    assert!(
+        message.contains(
+            "subject alice at https://issuer.example.com holds or waits for 1 claim(s) of pool p"
+        ) && message.contains("maxClaimsPerSubject is 1"),
+        "{message}"
+    );
+    // The cap is per subject: bob's claim takes the other warm member.
+    claims
+        .create(&PostParams::default(), &claim("bobs", "bob")?)
+        .await?;
+    h.wait_claim("bobs", "bob's claim Bound", is_bound).await?;
+    let still = claims.get("second").await?;
+    assert_eq!(phase(&still), Some(ClaimPhase::Pending));
+
+    claims.delete("first", &DeleteParams::default()).await?;
+    h.wait_claim(
+        "second",
+        "alice's second claim Bound once her first is released",
+        is_bound,
+    )
+    .await?;
+    controller.stop().await?;
+    Ok(())
+}
