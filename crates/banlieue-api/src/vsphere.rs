@@ -37,6 +37,9 @@ pub mod reasons {
     pub const VSPHERE_ERROR: &str = "VSphereError";
     /// `spec.template` is outside the Provider's declared template folders, or not a template.
     pub const TEMPLATE_REFUSED: &str = "TemplateRefused";
+    /// `spec.datacenter` and `spec.cluster` are not a cluster the Provider declared
+    /// (`spec.capabilities.vsphere.datacenters`).
+    pub const PLACEMENT_NOT_DECLARED: &str = "PlacementNotDeclared";
 }
 
 /// The desired state of a VSphereMachine.
@@ -179,6 +182,37 @@ pub fn template_folder_refusal(template: &str, folders: &[String]) -> Option<Str
     })
 }
 
+/// Why a machine may not be placed in `cluster` of `datacenter` by a Provider declaring
+/// `capabilities`, or `None`: the pair must be one the Provider declared, whatever else its
+/// account sees in vCenter (another tenant's cluster). The fields are named in the answer.
+pub fn placement_refusal(
+    datacenter: &str,
+    cluster: &str,
+    capabilities: Option<&VSphereCapabilities>,
+) -> Option<String> {
+    let declared = capabilities
+        .map(|c| c.datacenters.as_slice())
+        .unwrap_or_default();
+    let listed = declared
+        .iter()
+        .any(|d| d.name == datacenter && d.clusters.iter().any(|c| c == cluster));
+    (!listed).then(|| {
+        let names: Vec<String> = declared
+            .iter()
+            .flat_map(|d| d.clusters.iter().map(|c| failure_domain_name(&d.name, c)))
+            .collect();
+        format!(
+            "spec.datacenter {datacenter} and spec.cluster {cluster} are not a cluster the \
+             Provider declares (spec.capabilities.vsphere.datacenters: {})",
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        )
+    })
+}
+
 /// One declared datacenter.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -243,6 +277,29 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn only_declared_clusters_take_machines() {
+        let caps = VSphereCapabilities {
+            datacenters: vec![VSphereDatacenter {
+                name: "DC0".into(),
+                clusters: vec!["C0".into()],
+            }],
+            template_folders: Vec::new(),
+        };
+        assert_eq!(placement_refusal("DC0", "C0", Some(&caps)), None);
+        assert_eq!(
+            placement_refusal("DC0", "mgmt", Some(&caps)).as_deref(),
+            Some(
+                "spec.datacenter DC0 and spec.cluster mgmt are not a cluster the Provider \
+                 declares (spec.capabilities.vsphere.datacenters: DC0/C0)"
+            )
+        );
+        assert!(placement_refusal("DC1", "C0", Some(&caps)).is_some());
+        assert!(
+            placement_refusal("DC0", "C0", None).is_some_and(|m| m.ends_with("datacenters: none)"))
+        );
+    }
 
     #[test]
     fn failure_domain_names_round_trip() {

@@ -13,6 +13,10 @@ pub mod provider_reasons {
     /// The machine's image volume is neither one the Provider declared for BackingFile
     /// sources nor one its import made, or it is a machine's own disk or seed.
     pub const IMAGE_VOLUME_REFUSED: &str = "ImageVolumeRefused";
+    /// The machine names a storage pool or network its Provider did not declare
+    /// (`spec.capabilities.storageClasses` / `networkClasses`): refused before anything is
+    /// made, whatever the host has.
+    pub const TARGET_NOT_DECLARED: &str = "TargetNotDeclared";
 }
 
 /// Everything the provider can fail with.

@@ -546,6 +546,58 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
         "storage pool nvme-pool does not exist"
     );
 
+    // A pool and a network the host has but the Provider did not declare (another tenant's
+    // isolated network, a bridge onto the management LAN): refused naming the field, before
+    // any volume or domain is made. Defined only: a lookup finds them, nothing runs.
+    let undeclared_dir = host.libvirtd.create_pool_dir("undeclared-pool")?;
+    host.libvirtd
+        .virsh([
+            "pool-define-as",
+            "undeclared-pool",
+            "dir",
+            "--target",
+            &undeclared_dir.display().to_string(),
+        ])
+        .await?;
+    let net_xml = host.libvirtd.dir().join("undeclared-net.xml");
+    std::fs::write(
+        &net_xml,
+        "<network><name>undeclared-net</name><bridge name='bnlundecl0' stp='off'/></network>",
+    )?;
+    host.libvirtd
+        .virsh(["net-define", &net_xml.display().to_string()])
+        .await?;
+    host.create_raw_volume("declared-check.raw", 1 << 20)
+        .await?;
+    let mut other_pool = machine("otherpool", &host, backing("declared-check.raw"));
+    other_pool.spec.pool = "undeclared-pool".into();
+    let mut other_net = machine("othernet", &host, backing("declared-check.raw"));
+    other_net.spec.network = "undeclared-net".into();
+    for (candidate, field) in [
+        (
+            other_pool,
+            "spec.pool undeclared-pool is not a storage pool",
+        ),
+        (other_net, "spec.network undeclared-net is not a network"),
+    ] {
+        let name = candidate.metadata.name.clone().unwrap_or_default();
+        api.create(&PostParams::default(), &candidate).await?;
+        let m = wait_machine(&api, &name, "TargetNotDeclared", 60, |c| {
+            c.reason == "TargetNotDeclared"
+        })
+        .await?;
+        let message = ready(&m).unwrap().message;
+        assert!(message.contains(field), "{name}: {message}");
+        assert!(
+            !volume_names(&host)
+                .await?
+                .iter()
+                .any(|v| v.starts_with(&format!("{ns}-{name}"))),
+            "{name}: a volume was made for a refused target"
+        );
+        api.delete(&name, &DeleteParams::default()).await?;
+    }
+
     // A foreign domain holds the machine's name: it is never redefined nor deleted.
     let foreign = format!("{ns}-taken");
     let foreign_uuid = "0b6f1e0c-0000-4000-8000-000000000042";
@@ -591,7 +643,12 @@ async fn failure_paths_report_the_guides_messages() -> Result<()> {
     );
 
     // Each failure is counted under the reason it was reported with; nothing was defined.
-    for reason in ["VolumeNotInPool", "StoragePoolNotFound", "DomainNameTaken"] {
+    for reason in [
+        "VolumeNotInPool",
+        "StoragePoolNotFound",
+        "TargetNotDeclared",
+        "DomainNameTaken",
+    ] {
         let failures = sample(
             &metrics,
             &format!(

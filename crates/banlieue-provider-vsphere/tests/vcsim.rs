@@ -572,7 +572,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     stolen.status = None;
     stolen.spec.template = NOT_A_TEMPLATE.into();
     stolen.spec.user_data = None;
-    Api::<VSphereMachine>::namespaced(bob, &env.ns)
+    Api::<VSphereMachine>::namespaced(bob.clone(), &env.ns)
         .create(&PostParams::default(), &stolen)
         .await
         .expect("bob's machine");
@@ -602,6 +602,50 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
     );
     env.machines()
         .delete("stolen", &Default::default())
+        .await
+        .expect("delete");
+    // bob names a cluster vCenter has but the Provider did not declare (DC0_C0, beside the
+    // declared DC0_C1): refused naming the fields, and nothing cloned.
+    let mut elsewhere = env.machines().get("web-01").await.expect("get");
+    elsewhere.metadata = kube::api::ObjectMeta {
+        name: Some("elsewhere".into()),
+        ..Default::default()
+    };
+    elsewhere.status = None;
+    elsewhere.spec.cluster = "DC0_C0".into();
+    elsewhere.spec.user_data = None;
+    Api::<VSphereMachine>::namespaced(bob.clone(), &env.ns)
+        .create(&PostParams::default(), &elsewhere)
+        .await
+        .expect("bob's machine");
+    let refused = env
+        .machine_until("elsewhere", "the machine refused", |m| {
+            m.status.as_ref().is_some_and(|s| {
+                conditions::find(&s.contract.conditions, types::READY).is_some_and(|c| {
+                    c.reason == banlieue_api::vsphere::reasons::PLACEMENT_NOT_DECLARED
+                })
+            })
+        })
+        .await;
+    let message = conditions::find(
+        &refused.status.expect("status").contract.conditions,
+        types::READY,
+    )
+    .map(|c| c.message.clone())
+    .unwrap_or_default();
+    assert!(
+        message.contains("spec.cluster DC0_C0 are not a cluster the Provider declares")
+            && message.contains("DC0/DC0_C1"),
+        "{message}"
+    );
+    assert_eq!(
+        vc.find_by_inventory_path(&format!("DC0/vm/{}", env.vm_name("elsewhere")))
+            .await
+            .expect("find"),
+        None
+    );
+    env.machines()
+        .delete("elsewhere", &Default::default())
         .await
         .expect("delete");
     let b64 = base64::engine::general_purpose::STANDARD;

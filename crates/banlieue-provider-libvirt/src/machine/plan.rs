@@ -131,6 +131,59 @@ pub fn network_missing(network: &str) -> Error {
     }
 }
 
+/// Refuses a machine whose `spec.pool` or `spec.network` is not a target its Provider
+/// declared. Whoever may write a machine names them, and the host has more than the Provider
+/// offers (another tenant's isolated network, the host's NAT, a bridge onto the management
+/// LAN; ADR-0039): existing on the host is not enough. The field is named in the message.
+pub fn undeclared_target(
+    spec: &banlieue_api::LibvirtMachineSpec,
+    provider: &str,
+    capabilities: &banlieue_api::ProviderCapabilities,
+) -> Option<Error> {
+    let refused =
+        |field: &str, value: &str, what: &str, list: &str, declared: Vec<&str>| Error::Invalid {
+            reason: crate::error::provider_reasons::TARGET_NOT_DECLARED,
+            message: format!(
+                "{field} {value} is not a {what} Provider {provider} declared \
+                 (spec.capabilities.{list}: {})",
+                if declared.is_empty() {
+                    "none".to_owned()
+                } else {
+                    declared.join(", ")
+                }
+            ),
+        };
+    let pools: Vec<&str> = capabilities
+        .storage_classes
+        .iter()
+        .map(|c| c.target.pool.as_str())
+        .collect();
+    if !pools.contains(&spec.pool.as_str()) {
+        return Some(refused(
+            "spec.pool",
+            &spec.pool,
+            "storage pool",
+            "storageClasses",
+            pools,
+        ));
+    }
+    let networks: Vec<&str> = capabilities
+        .network_classes
+        .iter()
+        .map(|c| c.target.network.as_str())
+        .collect();
+    if !networks.contains(&spec.network.as_str()) {
+        return Some(refused(
+            "spec.network",
+            &spec.network,
+            "network",
+            "networkClasses",
+            networks,
+        ));
+    }
+    None
+}
+
 /// Size of the OS disk in bytes.
 pub fn disk_bytes(machine: &LibvirtMachine) -> Result<u64> {
     let q = &machine.spec.disk.size.0;
@@ -580,6 +633,59 @@ pub fn condition_for(e: &Error, generation: Option<i64>) -> Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_pools_and_networks_the_provider_declared_are_taken() {
+        let capabilities: banlieue_api::ProviderCapabilities =
+            serde_json::from_value(serde_json::json!({
+                "storageClasses": [{"name": "standard", "target": {"pool": "vm-pool"}}],
+                "networkClasses": [{"name": "prod", "target": {"network": "isolated"}}],
+            }))
+            .expect("capabilities");
+        let spec = |pool: &str, network: &str| -> banlieue_api::LibvirtMachineSpec {
+            serde_json::from_value(serde_json::json!({
+                "providerRef": {"name": "edge"}, "pool": pool, "network": network,
+                "disk": {"backingVolume": "base.raw", "size": "1Gi"},
+                "cpu": 1, "memory": "256Mi",
+            }))
+            .expect("spec")
+        };
+        assert!(undeclared_target(&spec("vm-pool", "isolated"), "edge", &capabilities).is_none());
+        let message = |e: Option<Error>| match e {
+            Some(Error::Invalid { reason, message }) => {
+                assert_eq!(reason, "TargetNotDeclared");
+                message
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            message(undeclared_target(
+                &spec("vm-pool", "mgmt-lan"),
+                "edge",
+                &capabilities
+            )),
+            "spec.network mgmt-lan is not a network Provider edge declared \
+             (spec.capabilities.networkClasses: isolated)"
+        );
+        assert_eq!(
+            message(undeclared_target(
+                &spec("other", "isolated"),
+                "edge",
+                &capabilities
+            )),
+            "spec.pool other is not a storage pool Provider edge declared \
+             (spec.capabilities.storageClasses: vm-pool)"
+        );
+        let none = banlieue_api::ProviderCapabilities::default();
+        assert!(
+            message(undeclared_target(
+                &spec("vm-pool", "isolated"),
+                "edge",
+                &none
+            ))
+            .ends_with("(spec.capabilities.storageClasses: none)")
+        );
+    }
     use banlieue_api::{LibvirtDisk, LibvirtMachineSpec, LocalObjectReference};
     use banlieue_libvirt::{IpAddress, IpAddressType};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

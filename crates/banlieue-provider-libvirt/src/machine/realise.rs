@@ -272,11 +272,7 @@ async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> 
         reason: crate::error::provider_reasons::IMAGE_VOLUME_REFUSED,
         message,
     };
-    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
-    let provider = providers
-        .get(&ctx.cfg.provider)
-        .await
-        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    let provider = read_provider(ctx).await?;
     let declared = &provider.spec.capabilities.backing_file_volumes;
     match decide::backing_file_refusal(volume, &ctx.cfg.provider, declared) {
         None => return Ok(()),
@@ -295,6 +291,15 @@ async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> 
          (spec.capabilities.backingFileVolumes) nor imported by it",
         ctx.cfg.provider
     )))
+}
+
+/// This provider's Provider, as it is now (what it declares may have changed since start).
+async fn read_provider(ctx: &Context) -> Result<Provider> {
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    providers
+        .get(&ctx.cfg.provider)
+        .await
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))
 }
 
 /// The crash point (`BANLIEUE_CRASH_AT`, [`banlieue_runtime::crash`]) right after a domain is
@@ -321,6 +326,14 @@ async fn provision(
     // Read (and judged) before anything is made: a refused Secret leaves nothing behind.
     let user_data = user_data(machine, ctx).await?;
     let pool = pool_with_network(client, spec).await?;
+    // Existing on the host is not enough: a pool or network the Provider did not declare is
+    // refused, still before anything is made.
+    let provider = read_provider(ctx).await?;
+    if let Some(refused) =
+        plan::undeclared_target(spec, &ctx.cfg.provider, &provider.spec.capabilities)
+    {
+        return Err(refused);
+    }
     let image = image_volume(spec, &pool, ctx).await?;
     let mut owned = OwnedVolumes::read(machine, ctx).await?;
     create_os_volume(spec, names, &pool, &image, capacity, &mut owned).await?;

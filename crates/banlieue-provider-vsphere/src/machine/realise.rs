@@ -258,6 +258,23 @@ async fn clone(
         reason: vsphere::reasons::INVENTORY_NOT_FOUND,
         message: format!("{what} does not exist in vCenter"),
     };
+    // Whoever writes the machine names its cluster: it must be one the Provider declared,
+    // before vCenter is asked anything.
+    let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
+    let provider = providers
+        .get(&ctx.cfg.provider)
+        .await
+        .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
+    if let Some(why) = vsphere::placement_refusal(
+        &spec.datacenter,
+        &spec.cluster,
+        provider.spec.capabilities.vsphere.as_ref(),
+    ) {
+        return Err(Error::Invalid {
+            reason: vsphere::reasons::PLACEMENT_NOT_DECLARED,
+            message: why,
+        });
+    }
     let dc = client
         .datacenters()
         .await
