@@ -79,7 +79,8 @@ pub fn bootstrap_objects() -> Result<Vec<DynamicObject>, BootstrapError> {
 }
 
 /// The ConfigMaps of `deploy/admission/` that the site edits after the install (its issuers
-/// and brokers, the images it runs): a second install leaves them as they are.
+/// and brokers, the images it runs): a second install leaves them as they are, but for adding
+/// the image it installs to the workload policy's list.
 const SITE_CONFIGMAPS: [&str; 2] = ["banlieue-claim-subject-policy", "banlieue-workload-images"];
 
 /// The workload policy's ConfigMap and the key listing the images banlieue's identities may
@@ -105,6 +106,101 @@ pub fn set_workload_image(objects: &mut [DynamicObject], image: &str) {
     }) {
         if let Some(data) = object.data.get_mut("data").and_then(|d| d.as_object_mut()) {
             data.insert("images".into(), image.into());
+        }
+    }
+}
+
+/// Creates a policy's ConfigMap the site edits when it is missing, and otherwise leaves it as
+/// the site made it, but for one thing: the workload policy must list the image this install
+/// runs, or the controller's own Deployment and the Providers' are refused. A missing image is
+/// added to the site's list, which is otherwise kept.
+async fn keep_site_configmap(
+    client: &Client,
+    object: &DynamicObject,
+) -> Result<apply::Applied, ApplyError> {
+    let applied = apply::create_if_absent(client, object).await?;
+    let wanted = object.data.pointer("/data/images").and_then(|v| v.as_str());
+    let (Some(wanted), apply::Change::Unchanged) = (wanted, &applied.change) else {
+        return Ok(applied);
+    };
+    let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), namespace);
+    let failed = |source| ApplyError::Api {
+        object: applied.object.clone(),
+        source,
+    };
+    let existing = api.get(name).await.map_err(failed)?;
+    let listed = existing
+        .data
+        .as_ref()
+        .and_then(|d| d.get("images"))
+        .map(String::as_str)
+        .unwrap_or_default();
+    let Some(images) = images_with(listed, wanted) else {
+        return Ok(applied);
+    };
+    let patch = serde_json::json!({"data": {"images": images}});
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map_err(failed)?;
+    Ok(apply::Applied {
+        object: applied.object,
+        change: apply::Change::Configured,
+    })
+}
+
+/// The site's image list `listed` with every entry of `wanted` it lacks appended, one per
+/// line, or `None` when it lists them all. Entries are separated by commas or newlines, and a
+/// line starting with `#` is a comment, as the workload policy reads them.
+fn images_with(listed: &str, wanted: &str) -> Option<String> {
+    let entries = |text: &str| -> Vec<String> {
+        text.replace(',', "\n")
+            .lines()
+            .map(str::trim)
+            .filter(|e| !e.is_empty() && !e.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let have = entries(listed);
+    let missing: Vec<String> = entries(wanted)
+        .into_iter()
+        .filter(|w| !have.contains(w))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let kept = listed.trim_end();
+    Some(if kept.is_empty() {
+        missing.join("\n")
+    } else {
+        format!("{kept}\n{}", missing.join("\n"))
+    })
+}
+
+/// How long a Deployment refused by the workload policy is applied again: the policy reads its
+/// image list through an informer, so an image this run just added to the list may not be seen
+/// yet when the Deployment follows it.
+const WORKLOAD_POLICY_CATCH_UP: Duration = Duration::from_secs(10);
+
+/// [`apply::apply`], again for up to [`WORKLOAD_POLICY_CATCH_UP`] while the workload policy
+/// refuses a Deployment.
+async fn apply_judged(client: &Client, object: &DynamicObject) -> Result<Applied, ApplyError> {
+    let deadline = tokio::time::Instant::now() + WORKLOAD_POLICY_CATCH_UP;
+    loop {
+        match apply::apply(client, object).await {
+            Err(error)
+                if error.to_string().contains("banlieue-workload-pins")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            outcome => return outcome,
         }
     }
 }
@@ -274,6 +370,9 @@ pub async fn run(client: Client, image: &str, admission: bool) -> Result<(), Boo
     set_imagebuilder_image(&mut objects, image);
     if admission {
         objects.extend(admission_objects(image)?);
+        // The workload policy's image list before the Deployments it judges.
+        objects
+            .sort_by_key(|o| apply_rank(o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("")));
     }
     let report = apply_each(&client, &objects, |line| println!("{line}")).await;
     let changed = report
@@ -336,9 +435,9 @@ pub async fn apply_each(
     let mut report = ApplyReport::default();
     for object in objects {
         let written = if site_owned(object) {
-            apply::create_if_absent(client, object).await
+            keep_site_configmap(client, object).await
         } else {
-            apply::apply(client, object).await
+            apply_judged(client, object).await
         };
         let outcome = match written {
             Ok(applied) => match object.types.as_ref().map(|t| t.kind.as_str()) {
@@ -447,6 +546,17 @@ pub async fn remove_legacy_provider_bindings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_install_adds_its_image_to_the_sites_list_and_keeps_the_rest() {
+        assert_eq!(images_with("a:1\n# ours\nb:2", "b:2"), None);
+        assert_eq!(images_with("a:1, b:2", "b:2"), None);
+        assert_eq!(
+            images_with("a:1\n# ours\n", "c:3").as_deref(),
+            Some("a:1\n# ours\nc:3")
+        );
+        assert_eq!(images_with("", "c:3").as_deref(), Some("c:3"));
+    }
 
     #[test]
     fn the_admission_objects_are_every_policy_and_list_the_installed_image() {

@@ -166,6 +166,24 @@ async fn bootstrap_image_names_the_controller_image() {
     // Without the flag, the image this binary is built as: the crate's version.
     run_bootstrap(control_plane, None).await;
     assert_eq!(controller_image(&client).await, bootstrap::DEFAULT_IMAGE);
+    // The workload policy lets both run (each install adds its image, keeping the list).
+    let listed = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        client.clone(),
+        "banlieue-system",
+    )
+    .get("banlieue-workload-images")
+    .await
+    .unwrap()
+    .data
+    .unwrap_or_default()
+    .remove("images")
+    .unwrap_or_default();
+    for image in [pushed, bootstrap::DEFAULT_IMAGE] {
+        assert!(
+            listed.lines().any(|l| l.trim() == image),
+            "{image} is not in {listed:?}"
+        );
+    }
     assert_eq!(
         bootstrap::DEFAULT_IMAGE,
         format!("localhost/banlieue:{}", env!("CARGO_PKG_VERSION"))

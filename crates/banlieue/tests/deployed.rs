@@ -114,7 +114,8 @@ fn between_subjects(cp: &ControlPlane, bound: &str) -> Result {
     let planted = format!(
         "apiVersion: banlieue.io/v1alpha1\nkind: VirtualMachine\nmetadata:\n  name: planted\n  \
          namespace: {NS}\n  labels:\n    banlieue.io/pool: sandbox-pool\nspec:\n  classRef:\n    \
-         name: small\n  imageRef:\n    name: {URL_IMAGE}\n"
+         name: small\n  imageRef:\n    name: {URL_IMAGE}\n  storageClassName: standard\n  \
+         networkClassName: prod\n"
     );
     let dry_run = |args: &[&str]| {
         let mut args = args.to_vec();

@@ -543,6 +543,46 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
                 says: "cannot create resource \"clusterrolebindings\"",
             },
         },
+        // Delegation (deploy/admission/controller-rbac-writes.yaml, workload-pins.yaml): the
+        // controller hands its rights to a subject no policy names, who then starts any image
+        // as a credential-holding account.
+        Row {
+            attack: "the_controller_granting_its_rights_to_a_role",
+            input: Input::AsAccount {
+                account: CONTROLLER_ACCOUNT.to_owned(),
+                request: Request::Create(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "banlieue-provider-delegate",
+                                 "namespace": SYSTEM_NAMESPACE},
+                    "rules": [{"apiGroups": ["apps"], "resources": ["deployments"],
+                               "verbs": ["create"]}],
+                })),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "grants more than a Provider's own Lease and Provider",
+            },
+        },
+        Row {
+            attack: "the_controller_binding_a_class_role_to_a_user",
+            input: Input::AsAccount {
+                account: CONTROLLER_ACCOUNT.to_owned(),
+                request: Request::Create(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "delegate", "namespace": names::DEFAULT_BUILD_NAMESPACE},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "banlieue-provider-class-libvirt"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                  "name": POOL_AUTHOR}],
+                })),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "binds User bob: banlieue's controller binds only Providers' and imports' own ServiceAccounts",
+            },
+        },
         Row {
             attack: "a_provider_reading_the_registry_credentials",
             input: Input::AsAccount {

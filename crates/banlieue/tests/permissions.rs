@@ -651,4 +651,74 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
             );
         }
     }
+
+    // Pinned by what is created, not only by who creates it: bob, whom a Role lets create
+    // Deployments in the system namespace (as a delegate of a compromised controller would
+    // be), may not start another image, or a hostPath pod, as a provider's account; a
+    // Deployment of his own account is not banlieue's to judge.
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "delegate-deployments"},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]}]
+    }))
+    .expect("a Role");
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "delegate-deployments"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "delegate-deployments"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}]
+    }))
+    .expect("a RoleBinding");
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), SYSTEM)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the delegate's Role");
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), SYSTEM)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the delegate's RoleBinding");
+    let bob = Api::<Deployment>::namespaced(cp.client_as("bob").await.expect("bob"), SYSTEM);
+    let as_bob = |change: fn(&mut Value)| {
+        let mut variant = deployment.clone();
+        change(&mut variant["spec"]["template"]["spec"]);
+        let d: Deployment = serde_json::from_value(variant).expect("a Deployment");
+        let bob = bob.clone();
+        let dry_run = dry_run.clone();
+        async move { bob.create(&dry_run, &d).await.map(|_| ()) }
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let foreign = |p: &mut Value| p["containers"][0]["image"] = json!("attacker.example/root:1");
+    let refused = loop {
+        match as_bob(foreign).await {
+            Err(e) if !e.to_string().contains("cannot create resource") => break e,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "bob's grant never took effect, or his Deployment was let through: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(
+        refused.to_string().contains(&format!(
+            "a workload running as {provider_account}, started by bob, may run only the images \
+             listed"
+        )),
+        "{refused}"
+    );
+    let refused = as_bob(|p| p["volumes"] = json!([{"name": "root", "hostPath": {"path": "/"}}]))
+        .await
+        .expect_err("bob started a hostPath pod as a provider's account");
+    assert!(
+        refused
+            .to_string()
+            .contains("may not mount a hostPath volume (root)"),
+        "{refused}"
+    );
+    as_bob(|p| {
+        p["serviceAccountName"] = json!("default");
+        p["containers"][0]["image"] = json!("registry.example/bobs-own:1");
+    })
+    .await
+    .expect("a Deployment of bob's own account is left to RBAC");
 }
