@@ -58,6 +58,23 @@ impl Default for BuildSettings {
     }
 }
 
+/// Refuses `registry` (a reference's host, with its port when it names one) unless it is on
+/// `allowed`, compared without case; an empty list allows every registry. A site that lets
+/// VMImage authors name any URL otherwise has its image builder contact any HTTPS host they
+/// choose, from inside the cluster.
+pub fn registry_refusal(registry: &str, allowed: &[String]) -> Option<crate::reason::BuildError> {
+    if allowed.is_empty() || allowed.iter().any(|a| a.eq_ignore_ascii_case(registry)) {
+        return None;
+    }
+    Some(crate::reason::BuildError::new(
+        crate::reason::Reason::RegistryNotAllowed,
+        format!(
+            "registry {registry} is not one the image builder may pull from (--allowed-registries: {})",
+            allowed.join(", ")
+        ),
+    ))
+}
+
 /// The source a build serves: the image's first `Url` source. (A VMImage has one build
 /// artifact; a second Url source, for another provider class, would need its own.)
 pub fn url_source(image: &VMImage) -> Option<&ImageSource> {
@@ -352,6 +369,21 @@ pub fn build_job(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_listed_registries_are_contacted_when_a_list_is_given() {
+        let allowed = vec!["registry.corp.test".to_owned(), "127.0.0.1:5000".to_owned()];
+        assert!(registry_refusal("anything.example", &[]).is_none());
+        assert!(registry_refusal("Registry.Corp.Test", &allowed).is_none());
+        assert!(registry_refusal("127.0.0.1:5000", &allowed).is_none());
+        let refused = registry_refusal("127.0.0.1:5001", &allowed).expect("another port");
+        assert_eq!(refused.reason, crate::reason::Reason::RegistryNotAllowed);
+        assert_eq!(
+            refused.message,
+            "registry 127.0.0.1:5001 is not one the image builder may pull from \
+             (--allowed-registries: registry.corp.test, 127.0.0.1:5000)"
+        );
+    }
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
 
     const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";

@@ -16,6 +16,9 @@ pub enum Reason {
     RegistryUnreachable,
     /// `plainHttp` on a registry that is not on loopback.
     PlainHttpRefused,
+    /// The source's registry is not on the image builder's allow-list
+    /// (`--allowed-registries`); it was not contacted.
+    RegistryNotAllowed,
     /// The registry sent the builder to a token service it may not give credentials to (not
     /// HTTPS, or not on the registry's host or a host the source lists in `tokenRealmHosts`).
     TokenRealmRefused,
@@ -46,6 +49,7 @@ impl Reason {
             Reason::CredentialsUnavailable => "CredentialsUnavailable",
             Reason::RegistryUnreachable => "RegistryUnreachable",
             Reason::PlainHttpRefused => "PlainHttpRefused",
+            Reason::RegistryNotAllowed => "RegistryNotAllowed",
             Reason::TokenRealmRefused => "TokenRealmRefused",
             Reason::UnsupportedImage => "UnsupportedImage",
             Reason::DigestMismatch => "DigestMismatch",

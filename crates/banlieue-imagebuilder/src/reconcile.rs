@@ -38,6 +38,9 @@ pub struct ReconcilerConfig {
     pub retry: Duration,
     /// The longest wait between two tries of a failing VMImage.
     pub retry_max: Duration,
+    /// The registries (host, with its port when the reference names one) Url sources may
+    /// name; every registry when empty. Any other is `RegistryNotAllowed`, never contacted.
+    pub allowed_registries: Vec<String>,
 }
 
 impl Default for ReconcilerConfig {
@@ -48,6 +51,7 @@ impl Default for ReconcilerConfig {
             refresh: Duration::from_secs(600),
             retry: Duration::from_secs(30),
             retry_max: Duration::from_secs(600),
+            allowed_registries: Vec::new(),
         }
     }
 }
@@ -135,7 +139,14 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
     let url = source.url.clone().unwrap_or_default();
     // The registry's credentials and CA live in the build namespace: the providers that share
     // the VMImage's namespace may read its Secrets, and must not read these.
-    let resolved = resolve(&ctx.client, &ctx.config.build.namespace, source, &url).await;
+    let resolved = resolve(
+        &ctx.client,
+        &ctx.config.build.namespace,
+        &ctx.config.allowed_registries,
+        source,
+        &url,
+    )
+    .await;
     let job_name = resolved
         .as_ref()
         .ok()
@@ -189,14 +200,19 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action, Rec
 }
 
 /// The source's reference and the digest it resolves to now, with the credentials and CA the
-/// source names in `credentials_namespace`.
+/// source names in `credentials_namespace`; a registry off `allowed_registries` is refused
+/// before it is contacted.
 async fn resolve(
     client: &Client,
     credentials_namespace: &str,
+    allowed_registries: &[String],
     source: &banlieue_api::ImageSource,
     url: &str,
 ) -> Result<(oci_client::Reference, String), BuildError> {
     let reference = pull::parse_reference(url)?;
+    if let Some(refused) = decide::registry_refusal(reference.registry(), allowed_registries) {
+        return Err(refused);
+    }
     let access = credentials::load_access(
         client,
         credentials_namespace,

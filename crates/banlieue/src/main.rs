@@ -132,6 +132,15 @@ struct ImagebuildControllerArgs {
     /// How often a built tag is resolved again, to notice that it moved.
     #[arg(long, default_value_t = 600)]
     refresh_seconds: u64,
+    /// The only registries VMImage Url sources may name (host, or host:port as the reference
+    /// writes it; repeat the flag or separate with commas). Any other is RegistryNotAllowed and
+    /// never contacted. Every registry when none is given.
+    #[arg(
+        long = "allowed-registries",
+        env = "BANLIEUE_ALLOWED_REGISTRIES",
+        value_delimiter = ','
+    )]
+    allowed_registries: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -533,6 +542,7 @@ fn imagebuild_controller(args: ImagebuildControllerArgs) -> Result<(), BoxError>
     let mut config = banlieue_imagebuilder::reconcile::ReconcilerConfig {
         namespaces: args.namespaces,
         refresh: Duration::from_secs(args.refresh_seconds.max(1)),
+        allowed_registries: args.allowed_registries,
         ..Default::default()
     };
     config.build.namespace = args.build_namespace;

@@ -109,11 +109,13 @@ async fn env(refresh: Duration) -> Result<Option<Env>> {
     let as_builder = cp
         .client_as_service_account(NS, "banlieue-imagebuilder")
         .await?;
+    // The site's allow-list (`--allowed-registries`): the test registry alone.
     let config = ReconcilerConfig {
         namespaces: vec![NS.to_owned()],
         refresh,
         retry: Duration::from_secs(1),
         retry_max: Duration::from_secs(4),
+        allowed_registries: vec![registry.host()],
         ..ReconcilerConfig::default()
     };
     let reconciler = tokio::spawn(async move {
@@ -618,6 +620,34 @@ async fn failures_say_why_and_leave_no_artifact() -> Result {
         outside.status.and_then(|s| s.build_artifact).is_none(),
         "an image outside the reconciler's namespaces was resolved"
     );
+
+    // A registry off the site's allow-list: refused before it is contacted, and no Job.
+    env.image(
+        "fail-not-allowed",
+        "oci://registry.not-listed.invalid/disks/fail:v1",
+        true,
+    )
+    .await?;
+    let refused = env
+        .artifact_until("fail-not-allowed", "RegistryNotAllowed", |a| {
+            a.reason.as_deref() == Some("RegistryNotAllowed")
+        })
+        .await?;
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(&format!(
+                "registry registry.not-listed.invalid is not one the image builder may pull from \
+             (--allowed-registries: {})",
+                env.registry.host()
+            ))),
+        "{refused:?}"
+    );
+    let made = jobs
+        .list(&ListParams::default().labels("banlieue.io/vmimage=fail-not-allowed"))
+        .await?;
+    assert!(made.items.is_empty(), "a Job for a registry off the list");
 
     // A tag that does not exist.
     env.image(
