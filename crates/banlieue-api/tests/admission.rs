@@ -330,10 +330,10 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
 
     // A claim is its subject's alone: bob may neither relabel alice's claim nor release it.
     let message = forbidden(
-        bob.patch(
+        try_patch(
+            &bob,
             "mine",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": { "reviewed-by": "bob" } } })),
+            json!({ "metadata": { "labels": { "reviewed-by": "bob" } } }),
         )
         .await,
     );
@@ -351,24 +351,20 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
         "{message}"
     );
     // Its subject may label it, but not touch banlieue's finalizer.
-    alice
-        .patch(
-            "mine",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": { "purpose": "ci" } } })),
-        )
-        .await
-        .expect("the subject labels their own claim");
+    try_patch(
+        &alice,
+        "mine",
+        json!({ "metadata": { "labels": { "purpose": "ci" } } }),
+    )
+    .await
+    .expect("the subject labels their own claim");
     let message = forbidden(
-        alice
-            .patch(
-                "mine",
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({ "metadata": { "finalizers": ["banlieue.io/claim-protection"] } }),
-                ),
-            )
-            .await,
+        try_patch(
+            &alice,
+            "mine",
+            json!({ "metadata": { "finalizers": ["banlieue.io/claim-protection"] } }),
+        )
+        .await,
     );
     assert!(
         message.contains(

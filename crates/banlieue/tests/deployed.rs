@@ -77,32 +77,26 @@ fn between_subjects(cp: &ControlPlane, bound: &str) -> Result {
         ("delete,patch", "virtualmachineclaims.banlieue.io"),
     ] {
         let name = format!("bob-{}", resource.split('.').next().unwrap_or_default());
-        kubectl(
-            cp,
-            "admin",
-            &[
-                "-n",
-                NS,
-                "create",
+        for grant in [
+            [
                 "role",
                 &name,
                 &format!("--verb={verb}"),
                 &format!("--resource={resource}"),
             ],
-        )?;
-        kubectl(
-            cp,
-            "admin",
-            &[
-                "-n",
-                NS,
-                "create",
+            [
                 "rolebinding",
                 &name,
                 &format!("--role={name}"),
                 "--user=bob",
             ],
-        )?;
+        ] {
+            kubectl(
+                cp,
+                "admin",
+                &[&["-n", NS, "create"][..], &grant[..]].concat(),
+            )?;
+        }
     }
     let refused = |what: &str, result: Result<String>, says: &str| -> Result {
         match result {
