@@ -73,8 +73,8 @@ const CONTROLLER_LEASE: &str = "banlieue-controller";
 /// planting a member, rewriting the bound member's spec, releasing alice's claim.
 fn between_subjects(cp: &ControlPlane, bound: &str) -> Result {
     for (verb, resource) in [
-        ("create,patch", "virtualmachines.banlieue.io"),
-        ("delete,patch", "virtualmachineclaims.banlieue.io"),
+        ("get,create,patch", "virtualmachines.banlieue.io"),
+        ("get,delete,patch", "virtualmachineclaims.banlieue.io"),
     ] {
         let name = format!("bob-{}", resource.split('.').next().unwrap_or_default());
         for grant in [
