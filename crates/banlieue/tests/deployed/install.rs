@@ -196,11 +196,20 @@ impl Installer {
                     image,
                     claim_protection,
                 )?;
+                // The guides' `kubectl apply -f deploy/admission/` (client-side) wrote the
+                // policies since the install: an upgrade takes their fields over, as the README
+                // says.
                 run(
                     cp,
                     scratch.path(),
                     &bin_dir().join("kubectl"),
-                    &["apply", "--server-side", "-k", &overlay],
+                    &[
+                        "apply",
+                        "--server-side",
+                        "--force-conflicts",
+                        "-k",
+                        &overlay,
+                    ],
                 )
             }
             Installer::Helm => helm(
