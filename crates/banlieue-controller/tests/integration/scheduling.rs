@@ -24,24 +24,32 @@ async fn unschedulable_reasons_name_the_cause_then_schedule_and_delete_blocks_on
     let provider = FakeProvider::start(h.admin.clone(), &h.namespace);
     let controller = h.start_controller().await?;
 
-    // The image is not Ready on the only provider's pool.
-    h.apply_image(IMAGE, "r1", false).await?;
-    h.create_vm("web-01", CLASS).await?;
+    // An image not Ready on the only provider's pool. One of its own, never Ready before: the
+    // fixtures' image turned not Ready here could still be Ready in the controller's cache when
+    // the VM arrives, and a VM once placed stays placed.
+    const PENDING_IMAGE: &str = "pending-image";
+    h.apply_image(PENDING_IMAGE, "r1", false).await?;
+    h.create_vm_of("web-01", CLASS, PENDING_IMAGE).await?;
     let vm = h
-        .wait_vm("web-01", "Scheduled=False ImageNotReady", |vm| {
-            scheduled_reason(vm)
-                .is_some_and(|(s, r, _)| s == "False" && r == reasons::IMAGE_NOT_READY)
-        })
+        .wait_vm(
+            "web-01",
+            "Scheduled=False ImageNotReady naming the provider",
+            |vm| {
+                scheduled_reason(vm).is_some_and(|(s, r, m)| {
+                    s == "False" && r == reasons::IMAGE_NOT_READY && m.contains(PROVIDER)
+                })
+            },
+        )
         .await?;
     let (_, _, message) = scheduled_reason(&vm).ok_or("no condition")?;
     assert!(
-        message.contains(IMAGE) && message.contains(PROVIDER),
+        message.contains(PENDING_IMAGE) && message.contains(PROVIDER),
         "{message}"
     );
 
     // A tpmEnabled class needs vtpm, which the provider does not advertise.
     h.apply_class("tpm", true).await?;
-    h.apply_image(IMAGE, "r1", true).await?;
+    h.apply_image(PENDING_IMAGE, "r1", true).await?;
     h.create_vm("tpm-01", "tpm").await?;
     let vm = h
         .wait_vm("tpm-01", "Scheduled=False NoProviderWithFeature", |vm| {

@@ -429,10 +429,20 @@ impl Harness {
 
     /// Creates a standalone VirtualMachine.
     pub async fn create_vm(&self, name: &str, class: &str) -> TestResult<VirtualMachine> {
+        self.create_vm_of(name, class, IMAGE).await
+    }
+
+    /// [`create_vm`](Self::create_vm) of the image `image`.
+    pub async fn create_vm_of(
+        &self,
+        name: &str,
+        class: &str,
+        image: &str,
+    ) -> TestResult<VirtualMachine> {
         let vm: VirtualMachine = serde_json::from_value(json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
             "metadata": {"name": name},
-            "spec": {"classRef": {"name": class}, "imageRef": {"name": IMAGE},
+            "spec": {"classRef": {"name": class}, "imageRef": {"name": image},
                      "storageClassName": STORAGE_CLASS, "networkClassName": NETWORK_CLASS,
                      "userData": "#cloud-config\n"}
         }))?;
