@@ -677,6 +677,16 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
                   "disk": { "backingVolume": "base.qcow2", "size": "10Gi" }, "cpu": 1, "memory": "1Gi" }
     }))?;
     machines.create(&PostParams::default(), &machine).await?;
+    // The workload exists before the Provider is deleted (a Provider deleted first never gets
+    // one, and then there is nothing to keep).
+    let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
+    eventually("the Provider's workload Deployment", 30, || async {
+        Ok(deployments
+            .get_opt(&workloads::workload_name("edge-10"))
+            .await?
+            .map(|_| ()))
+    })
+    .await?;
 
     api.delete("edge-10", &DeleteParams::default()).await?;
     let p = wait_ready(&api, "edge-10", "MachinesRemain", |c| {
@@ -686,7 +696,6 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
     assert!(ready_of(&p).message.contains("1 LibvirtMachine(s)"));
     assert!(ready_of(&p).message.contains("m-1"));
     // Its workload is still there to tear the machines down.
-    let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
     assert!(
         deployments
             .get_opt(&workloads::workload_name("edge-10"))
