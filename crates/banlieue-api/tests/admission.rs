@@ -800,6 +800,12 @@ async fn try_patch(
         .await
 }
 
+/// A merge patch of `name` that the API server refuses with a 403 saying `says`.
+async fn patch_refused(api: &Api<DynamicObject>, name: &str, patch: Value, says: &str) {
+    let message = forbidden(try_patch(api, name, patch.clone()).await);
+    assert!(message.contains(says), "{name} {patch}: {message}");
+}
+
 /// The controller's ServiceAccount, allowed to write machines in `namespace`: the one identity
 /// the reserved-metadata policy lets through.
 async fn controller_client(
@@ -1055,43 +1061,28 @@ async fn only_the_controller_writes_what_makes_a_member_or_a_claims_vm() {
         );
     }
     // The machine a VirtualMachine owns: its network, its finalizer.
-    let message = forbidden(
-        try_patch(
-            &mallory_machines,
-            "bound-machine",
-            json!({ "spec": { "network": "management-lan" } }),
-        )
-        .await,
-    );
-    assert!(
-        message.contains("spec of LibvirtMachine bound-machine is written only by banlieue's controller: it belongs to a VirtualMachine"),
-        "{message}"
-    );
-    let message = forbidden(
-        try_patch(
-            &mallory_machines,
-            "bound-machine",
-            json!({ "metadata": { "finalizers": null } }),
-        )
-        .await,
-    );
-    assert!(
-        message
-            .contains("finalizer banlieue.io/domain-protection is written only by banlieue: bob"),
-        "{message}"
-    );
-    let message = forbidden(
-        try_patch(
-            &mallory_vms,
-            "warm",
-            json!({ "metadata": { "finalizers": ["banlieue.io/machine-protection"] } }),
-        )
-        .await,
-    );
-    assert!(
-        message.contains("finalizer banlieue.io/machine-protection"),
-        "{message}"
-    );
+    patch_refused(
+        &mallory_machines,
+        "bound-machine",
+        json!({ "spec": { "network": "management-lan" } }),
+        "spec of LibvirtMachine bound-machine is written only by banlieue's controller: it \
+         belongs to a VirtualMachine",
+    )
+    .await;
+    patch_refused(
+        &mallory_machines,
+        "bound-machine",
+        json!({ "metadata": { "finalizers": null } }),
+        "finalizer banlieue.io/domain-protection is written only by banlieue: bob",
+    )
+    .await;
+    patch_refused(
+        &mallory_vms,
+        "warm",
+        json!({ "metadata": { "finalizers": ["banlieue.io/machine-protection"] } }),
+        "finalizer banlieue.io/machine-protection",
+    )
+    .await;
     // A machine written directly, with nothing forged, is still not the controller's.
     let object: DynamicObject =
         serde_json::from_value(machine_object("LibvirtMachine", "direct", None)).expect("object");
