@@ -398,20 +398,30 @@ async fn delete_extra_members(
     vms: &Api<VirtualMachine>,
     member: &str,
 ) -> Result<()> {
-    let extra: Vec<String> = cached_vms(ctx, &this.namespace, |vm| {
+    let extra: Vec<VirtualMachine> = cached_vms(ctx, &this.namespace, |vm| {
         vm.metadata.deletion_timestamp.is_none()
             && vm.name_any() != member
             && is_bound_to(vm, &this.name, &this.uid)
     })
-    .map(|vm| vm.name_any())
     .collect();
-    for name in extra {
+    for vm in extra {
+        let name = vm.name_any();
         tracing::warn!(claim = %this.name, member = %name, "a second member bound to the claim; deleting it");
-        match vms.delete(&name, &DeleteParams::default()).await {
+        // Only the version the cache showed: a member's finalizer keeps it after the delete, and
+        // a pass that runs before the cache shows the deletion must not delete (and count) it twice.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: vm.metadata.uid.clone(),
+                resource_version: vm.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match vms.delete(&name, &params).await {
             Ok(_) => {
                 ctx.metrics.extra_members_deleted.inc();
             }
-            Err(error) if is_not_found(&error) => {}
+            // Changed since the cache saw it: a later pass looks again.
+            Err(error) if is_not_found(&error) || is_conflict(&error) => {}
             Err(error) => return Err(error.into()),
         }
     }
