@@ -5,6 +5,7 @@
 //! `banlieue crds` and a test fails when they drift.
 
 pub mod artifacts;
+pub mod backend;
 pub mod common;
 pub mod conditions;
 pub mod image;
@@ -52,7 +53,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
-/// Every CRD of the API, in a stable order (the order `banlieue crds` prints them in).
+/// Every CRD this crate defines, the in-tree backends' machine kinds included, in a stable
+/// order: what tests install. A binary serves [`neutral_crds`] and its backends' own (each
+/// backend's descriptor names its CRDs).
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         ProviderClass::crd(),
@@ -66,18 +69,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
              domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
              to 255 bytes",
         ),
-        name_at_most(
-            LibvirtMachine::crd(),
-            names::MAX_MACHINE_NAME_LEN,
-            "a LibvirtMachine's name is at most 180 characters: with its namespace it names the \
-             domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
-             to 255 bytes",
-        ),
-        name_at_most(
-            VSphereMachine::crd(),
-            names::MAX_MACHINE_NAME_LEN,
-            "a VSphereMachine's name is at most 180 characters, like its VirtualMachine's",
-        ),
+        machine::libvirt_machine_crd(),
+        vsphere::crd(),
         name_at_most(
             VirtualMachinePool::crd(),
             names::MAX_NAME_LEN,
@@ -93,11 +86,21 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
+/// The CRDs every build serves, whatever its backends: [`crds`] without the machine kinds.
+pub fn neutral_crds() -> Vec<CustomResourceDefinition> {
+    let machine_kinds =
+        [LibvirtMachine::crd(), VSphereMachine::crd()].map(|crd| crd.spec.names.kind);
+    crds()
+        .into_iter()
+        .filter(|crd| !machine_kinds.contains(&crd.spec.names.kind))
+        .collect()
+}
+
 /// `crd` refusing names longer than `max`: a name that is accepted must work. The name of a
 /// pool or a claim becomes a label of other objects (63 characters at most), so a longer one
 /// would never get a member (a pool) or never bind (a claim); a machine's name becomes file
 /// names on the host ([`names::MAX_MACHINE_NAME_LEN`]).
-fn name_at_most(
+pub fn name_at_most(
     mut crd: CustomResourceDefinition,
     max: usize,
     message: &str,

@@ -7,8 +7,14 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
+use crate::backend::{
+    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput,
+};
 use crate::common::{Firmware, LocalObjectReference, MachineAddress, SecretKeySelector, Standby};
 use crate::conditions::Condition;
+use crate::image::InstallMode;
 
 /// Largest inline user-data accepted. A seed ISO holds more, but a claim-sized API object
 /// should not; bigger payloads go through `userDataSecretRef`.
@@ -297,6 +303,83 @@ pub struct MachineInitialization {
     /// The machine's infrastructure exists.
     #[serde(default)]
     pub provisioned: bool,
+}
+
+/// The LibvirtMachine CRD, its names bounded like a VirtualMachine's.
+pub fn libvirt_machine_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    crate::name_at_most(
+        LibvirtMachine::crd(),
+        crate::names::MAX_MACHINE_NAME_LEN,
+        "a LibvirtMachine's name is at most 180 characters: with its namespace it names the \
+         domain's volumes, <namespace>-<name>-cidata.iso, which a host's file system limits \
+         to 255 bytes",
+    )
+}
+
+/// The Provider operator's half of the libvirt backend: `banlieue provider libvirt run`, whose
+/// LibvirtMachine rights `banlieue-provider-base` holds, and whose class role is bound in the
+/// build namespace (what import Jobs need there), only when the class declares rules.
+pub fn libvirt_workload() -> BackendWorkload {
+    BackendWorkload {
+        kind: crate::MachineKind::LIBVIRT_MACHINE,
+        subcommand: "libvirt",
+        class_role: ClassRoleScope::BuildNamespace,
+        class_role_rules: Vec::new(),
+        machines: kube::api::ApiResource::erase::<LibvirtMachine>(&()),
+    }
+}
+
+/// The controller's half of the libvirt backend: LibvirtMachines, built by [`libvirt_spec`],
+/// torn down under the domain-protection finalizer; the provider saves and restores them.
+pub fn libvirt_machine_backend() -> MachineBackend {
+    MachineBackend {
+        kind_name: "LibvirtMachine",
+        resource: kube::api::ApiResource::erase::<LibvirtMachine>(&()),
+        finalizer: crate::names::FINALIZER_DOMAIN_PROTECTION,
+        spec: libvirt_spec,
+        saves: true,
+    }
+}
+
+/// The libvirt arm: the storage target is the pool, the network target the libvirt network,
+/// and the image volume an overlay's backing volume (Immediate) or the install media
+/// (Deferred, Manual) of an empty disk (ADR-0040).
+pub fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
+    let placement = input.placement;
+    let image = &placement.image;
+    let disk = match image.install_mode {
+        InstallMode::Immediate => LibvirtDisk {
+            backing_volume: Some(image.volume.clone()),
+            install_media: None,
+            size: image.disk_size.clone(),
+        },
+        InstallMode::Deferred | InstallMode::Manual => LibvirtDisk {
+            backing_volume: None,
+            install_media: Some(image.volume.clone()),
+            size: image.disk_size.clone(),
+        },
+    };
+    backend::encode(
+        "LibvirtMachine",
+        LibvirtMachineSpec {
+            provider_ref: LocalObjectReference::new(&placement.provider),
+            pool: placement.storage_target.clone(),
+            network: placement.network_target.clone(),
+            disk,
+            firmware: input.class.spec.firmware,
+            tpm_enabled: input.class.spec.tpm_enabled,
+            secure_boot: input.class.spec.secure_boot,
+            cpu: input.class.spec.cpu,
+            memory: input.class.spec.memory.clone(),
+            user_data: input.vm.spec.user_data.clone(),
+            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+            // Born running: the VirtualMachine reconciler asks for `Saved` once the member
+            // has reached its pool's readiness (ADR-0073).
+            standby: None,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -32,8 +32,12 @@ pub fn crd_yaml(crd: &CustomResourceDefinition) -> Result<String, Error> {
 /// Every CRD, one file each: `(file name, contents)` in [`crate::crds`] order. The file name is
 /// the CRD's name (`<plural>.<group>.yaml`).
 pub fn crd_files() -> Result<Vec<(String, String)>, Error> {
-    crate::crds()
-        .iter()
+    crd_files_of(&crate::crds())
+}
+
+/// `crds`, one file each, as [`crd_files`] writes them.
+pub fn crd_files_of(crds: &[CustomResourceDefinition]) -> Result<Vec<(String, String)>, Error> {
+    crds.iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
             Ok((format!("{name}.yaml"), crd_yaml(crd)?))
@@ -43,8 +47,13 @@ pub fn crd_files() -> Result<Vec<(String, String)>, Error> {
 
 /// Every CRD as one multi-document YAML stream, in [`crate::crds`] order.
 pub fn crds_yaml() -> String {
+    crds_yaml_of(&crate::crds())
+}
+
+/// `crds` as one multi-document YAML stream, in their order.
+pub fn crds_yaml_of(crds: &[CustomResourceDefinition]) -> String {
     // Serializing plain data structures to YAML cannot fail: every map key is a string.
-    match crd_files() {
+    match crd_files_of(crds) {
         Ok(files) => files
             .into_iter()
             .map(|(_, text)| format!("---\n{text}"))

@@ -9,7 +9,13 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
+use crate::backend::{
+    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput,
+};
 use crate::common::{LocalObjectReference, SecretKeySelector, Standby};
+use crate::image::InstallMode;
 use crate::machine::MachineStatusContract;
 
 /// The finalizer a VSphereMachine holds until its VM is destroyed in vCenter (ADR-0026).
@@ -245,6 +251,91 @@ pub fn parse_failure_domain_name(name: &str) -> Option<(&str, &str)> {
 /// writes it.
 pub fn provider_id(instance_uuid: &str) -> String {
     format!("vsphere://{instance_uuid}")
+}
+
+/// The VSphereMachine CRD, its names bounded like a VirtualMachine's.
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    crate::name_at_most(
+        VSphereMachine::crd(),
+        crate::names::MAX_MACHINE_NAME_LEN,
+        "a VSphereMachine's name is at most 180 characters, like its VirtualMachine's",
+    )
+}
+
+/// The Provider operator's half of the vSphere backend: `banlieue provider vsphere run`, whose
+/// class role, bound in the Provider's namespace, holds its VSphereMachine rights.
+pub fn workload() -> BackendWorkload {
+    BackendWorkload {
+        kind: crate::MachineKind::VSPHERE_MACHINE,
+        subcommand: "vsphere",
+        class_role: ClassRoleScope::ProviderNamespace,
+        class_role_rules: backend::machine_rules("vspheremachines"),
+        machines: kube::api::ApiResource::erase::<VSphereMachine>(&()),
+    }
+}
+
+/// The controller's half of the vSphere backend: VSphereMachines, built by
+/// [`vsphere_spec`], torn down under the vm-protection finalizer; the provider suspends and
+/// resumes them.
+pub fn machine_backend() -> MachineBackend {
+    MachineBackend {
+        kind_name: "VSphereMachine",
+        resource: kube::api::ApiResource::erase::<VSphereMachine>(&()),
+        finalizer: FINALIZER_VM_PROTECTION,
+        spec: vsphere_spec,
+        saves: true,
+    }
+}
+
+/// The vSphere arm (ADR-0069): the failure domain is `<datacenter>/<cluster>`, the storage
+/// target a datastore, and the image volume the inventory path of the template the VM is
+/// cloned from. A clone boots its template's disk, so only Immediate images can be placed; the
+/// VM keeps the template's disk size, firmware and network adapters (the network target names
+/// a network the failure domain offers, which the template's adapters are expected to use).
+pub fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
+    const KIND: &str = "VSphereMachine";
+    let placement = input.placement;
+    let (datacenter, cluster) =
+        parse_failure_domain_name(&placement.failure_domain).ok_or_else(|| {
+            BuildError::Unbuildable {
+                kind: KIND,
+                message: format!(
+                    "failure domain {:?} is not <datacenter>/<cluster>",
+                    placement.failure_domain
+                ),
+            }
+        })?;
+    if placement.image.install_mode != InstallMode::Immediate {
+        return Err(BuildError::Unbuildable {
+            kind: KIND,
+            message: format!(
+                "a VM is cloned from its image's template: install mode {:?} cannot be realised",
+                placement.image.install_mode
+            ),
+        });
+    }
+    backend::encode(
+        KIND,
+        VSphereMachineSpec {
+            provider_ref: LocalObjectReference::new(&placement.provider),
+            datacenter: datacenter.to_owned(),
+            cluster: cluster.to_owned(),
+            template: placement.image.volume.clone(),
+            folder: None,
+            datastore: Some(placement.storage_target.clone()),
+            cpu: input.class.spec.cpu,
+            memory: input.class.spec.memory.clone(),
+            user_data: input.vm.spec.user_data.clone(),
+            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
+            tpm_enabled: input.class.spec.tpm_enabled,
+            secure_boot: input.class.spec.secure_boot,
+            // Born running: the VirtualMachine reconciler asks for `Saved` (a suspended VM)
+            // once the member has reached its pool's readiness (ADR-0073).
+            standby: None,
+        },
+    )
 }
 
 #[cfg(test)]

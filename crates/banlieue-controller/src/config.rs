@@ -29,8 +29,8 @@ pub struct ControllerConfig {
     pub reconcile_timeout: Duration,
     /// Name given to the field manager and to Events' reporting controller.
     pub manager_name: String,
-    /// The machine kinds this controller builds: the built-in ones unless the embedding
-    /// binary adds a backend (ADR-0071).
+    /// The machine kinds this controller builds: the embedding binary's list of backend
+    /// descriptors (ADR-0071). None by default: the controller itself knows no backend.
     pub machine_backends: MachineBackends,
     /// How many objects each reconciler (VirtualMachines, pools, claims) works on at once; 0
     /// for no bound. The API client speaks HTTP/1.1, one request at a time per connection, so
@@ -51,7 +51,7 @@ impl Default for ControllerConfig {
             max_error_backoff: Duration::from_secs(60),
             reconcile_timeout: Duration::from_secs(30),
             manager_name: crate::FIELD_MANAGER.to_owned(),
-            machine_backends: MachineBackends::built_in(),
+            machine_backends: MachineBackends::new([]),
             concurrent_reconciles: 32,
         }
     }

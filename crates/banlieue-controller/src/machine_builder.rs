@@ -1,122 +1,32 @@
-//! The one place the controller knows machine kinds (ADR-0070, ADR-0071). A [`MachineBackend`]
-//! is a kind's builder: the API resource its machines are stored as, its provider's finalizer
-//! and the function that writes a machine's `spec` from a [`Placement`]. The controller builds
-//! the kinds its [`MachineBackends`] hold ([`MachineBackends::built_in`]: LibvirtMachine and
-//! VSphereMachine, unless the embedding binary adds one); everything else (the common
-//! metadata, applying, reading, caching, mirroring and deleting machines) goes through
-//! `DynamicObject`s and the contract every kind carries ([`MachineSpecContract`],
-//! [`MachineStatusContract`]), so a new kind needs its CRD, one builder and its provider.
+//! Machines of any kind (ADR-0070, ADR-0071). A [`MachineBackend`] is a kind's builder: the API
+//! resource its machines are stored as, its provider's finalizer and the function that writes a
+//! machine's `spec` from a [`Placement`](banlieue_api::backend::Placement). The controller
+//! builds the kinds its [`MachineBackends`] hold, which the binary fills from its list of
+//! backend descriptors; everything else (the common metadata, applying, reading, caching,
+//! mirroring and deleting machines) goes through `DynamicObject`s and the contract every kind
+//! carries ([`MachineSpecContract`], [`MachineStatusContract`]), so the controller names no
+//! backend.
 
 use std::sync::Arc;
 
+pub use banlieue_api::backend::{BuildError, MachineBackend, MachineInput};
 use banlieue_api::names;
-use banlieue_api::{
-    InstallMode, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference,
-    MachineKind, MachineReference, MachineSpecContract, MachineStatusContract, VMClass,
-    VSphereMachine, VSphereMachineSpec, VirtualMachine, vsphere,
-};
-use kube::api::{Api, ApiResource, DynamicObject};
-use kube::{Client, Resource, ResourceExt};
+use banlieue_api::{MachineKind, MachineReference, MachineSpecContract, MachineStatusContract};
+use kube::api::DynamicObject;
+use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
-use crate::scheduling::{Placement, controller_owner_reference};
-
-/// What the controller needs of one machine kind.
-#[derive(Clone, Debug)]
-pub struct MachineBackend {
-    /// The kind, as its CRD, the cache and its errors name it.
-    pub kind_name: &'static str,
-    /// Group, version, kind and plural of its objects.
-    pub resource: ApiResource,
-    /// The finalizer under which the kind's provider tears a machine down. The machine is
-    /// created holding it, so the provider's first look finds nothing to add: one API write
-    /// less per machine, and a machine deleted before its provider ever saw it still waits for
-    /// the provider to confirm there is nothing to remove on the host.
-    pub finalizer: &'static str,
-    /// Writes the kind's `spec` for a placed VirtualMachine.
-    pub spec: fn(&MachineInput<'_>) -> Result<Value, BuildError>,
-    /// Its provider saves a machine whose `spec.standby` is `Saved` and restores it when
-    /// `Running`, reporting `status.standby` (ADR-0073). False: members of a `standby: Saved`
-    /// pool keep running, and the pool says `StandbyNotSupported`.
-    pub saves: bool,
-}
-
-impl MachineBackend {
-    /// A kind whose spec is its placement ([`placement_spec`]): `api_version` and `kind` of
-    /// its CRD, the plural its objects are served at, and its provider's finalizer.
-    pub fn of_placement(
-        api_version: &str,
-        kind: &'static str,
-        plural: &str,
-        finalizer: &'static str,
-    ) -> MachineBackend {
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        MachineBackend {
-            kind_name: kind,
-            resource: ApiResource {
-                group: group.to_owned(),
-                version: version.to_owned(),
-                api_version: api_version.to_owned(),
-                kind: kind.to_owned(),
-                plural: plural.to_owned(),
-            },
-            finalizer,
-            spec: placement_spec,
-            saves: false,
-        }
-    }
-
-    /// The kind it builds, as a ProviderClass names it.
-    pub fn kind(&self) -> MachineKind {
-        MachineKind::from_static(self.kind_name)
-    }
-
-    /// The `machineRef` of its machine `name`.
-    pub fn reference(&self, name: &str) -> MachineReference {
-        MachineReference {
-            api_version: self.resource.api_version.clone(),
-            kind: self.resource.kind.clone(),
-            name: name.to_owned(),
-        }
-    }
-
-    /// The API of its machines in `namespace`.
-    pub fn api(&self, client: &Client, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(client.clone(), namespace, &self.resource)
-    }
-}
+use crate::scheduling::controller_owner_reference;
 
 /// The machine kinds a controller builds, in the order their caches are started.
 #[derive(Clone, Debug)]
 pub struct MachineBackends(Arc<[MachineBackend]>);
 
-impl Default for MachineBackends {
-    fn default() -> MachineBackends {
-        MachineBackends::built_in()
-    }
-}
-
 impl MachineBackends {
-    /// The kinds banlieue ships: LibvirtMachine and VSphereMachine. The test
-    /// `every_machine_crd_has_a_backend` fails until a kind with a CRD in `deploy/crds` is
-    /// listed here.
-    pub fn built_in() -> MachineBackends {
-        MachineBackends(Arc::new([
-            MachineBackend {
-                kind_name: "LibvirtMachine",
-                resource: ApiResource::erase::<LibvirtMachine>(&()),
-                finalizer: names::FINALIZER_DOMAIN_PROTECTION,
-                spec: libvirt_spec,
-                saves: true,
-            },
-            MachineBackend {
-                kind_name: "VSphereMachine",
-                resource: ApiResource::erase::<VSphereMachine>(&()),
-                finalizer: vsphere::FINALIZER_VM_PROTECTION,
-                spec: vsphere_spec,
-                saves: true,
-            },
-        ]))
+    /// The kinds of `backends`, in order: the binary's list of backend descriptors (the
+    /// controller itself knows none).
+    pub fn new(backends: impl IntoIterator<Item = MachineBackend>) -> MachineBackends {
+        MachineBackends(backends.into_iter().collect())
     }
 
     /// These kinds and `backend`'s, which replaces a built-in of the same kind.
@@ -151,35 +61,6 @@ impl MachineBackends {
                 && backend.resource.api_version == reference.api_version
         })
     }
-}
-
-/// What a machine is built from: the VirtualMachine, its class and where it was placed.
-#[derive(Clone, Copy, Debug)]
-pub struct MachineInput<'a> {
-    pub vm: &'a VirtualMachine,
-    pub class: &'a VMClass,
-    pub placement: &'a Placement,
-}
-
-/// Why a machine cannot be built.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    #[error("the VirtualMachine has no name or uid")]
-    Unnamed,
-    #[error("encode the {kind} spec")]
-    Spec {
-        kind: &'static str,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The placement cannot be expressed as a machine of the kind.
-    #[error("{kind}: {message}")]
-    Unbuildable { kind: &'static str, message: String },
-}
-
-/// Encodes a machine spec of `kind`.
-fn encode(kind: &'static str, spec: impl serde::Serialize) -> Result<Value, BuildError> {
-    serde_json::to_value(spec).map_err(|source| BuildError::Spec { kind, source })
 }
 
 /// Builds the machine of a placed VirtualMachine, of the placement's kind: same name and
@@ -218,150 +99,6 @@ pub fn build(
     );
     machine.data = serde_json::json!({ "spec": spec });
     Ok(machine)
-}
-
-/// The libvirt arm: the storage target is the pool, the network target the libvirt network,
-/// and the image volume an overlay's backing volume (Immediate) or the install media
-/// (Deferred, Manual) of an empty disk (ADR-0040).
-fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
-    let placement = input.placement;
-    let image = &placement.image;
-    let disk = match image.install_mode {
-        InstallMode::Immediate => LibvirtDisk {
-            backing_volume: Some(image.volume.clone()),
-            install_media: None,
-            size: image.disk_size.clone(),
-        },
-        InstallMode::Deferred | InstallMode::Manual => LibvirtDisk {
-            backing_volume: None,
-            install_media: Some(image.volume.clone()),
-            size: image.disk_size.clone(),
-        },
-    };
-    encode(
-        "LibvirtMachine",
-        LibvirtMachineSpec {
-            provider_ref: LocalObjectReference::new(&placement.provider),
-            pool: placement.storage_target.clone(),
-            network: placement.network_target.clone(),
-            disk,
-            firmware: input.class.spec.firmware,
-            tpm_enabled: input.class.spec.tpm_enabled,
-            secure_boot: input.class.spec.secure_boot,
-            cpu: input.class.spec.cpu,
-            memory: input.class.spec.memory.clone(),
-            user_data: input.vm.spec.user_data.clone(),
-            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
-            // Born running: the VirtualMachine reconciler asks for `Saved` once the member
-            // has reached its pool's readiness (ADR-0073).
-            standby: None,
-        },
-    )
-}
-
-/// The vSphere arm (ADR-0069): the failure domain is `<datacenter>/<cluster>`, the storage
-/// target a datastore, and the image volume the inventory path of the template the VM is
-/// cloned from. A clone boots its template's disk, so only Immediate images can be placed; the
-/// VM keeps the template's disk size, firmware and network adapters (the network target names
-/// a network the failure domain offers, which the template's adapters are expected to use).
-fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
-    const KIND: &str = "VSphereMachine";
-    let placement = input.placement;
-    let (datacenter, cluster) = vsphere::parse_failure_domain_name(&placement.failure_domain)
-        .ok_or_else(|| BuildError::Unbuildable {
-            kind: KIND,
-            message: format!(
-                "failure domain {:?} is not <datacenter>/<cluster>",
-                placement.failure_domain
-            ),
-        })?;
-    if placement.image.install_mode != InstallMode::Immediate {
-        return Err(BuildError::Unbuildable {
-            kind: KIND,
-            message: format!(
-                "a VM is cloned from its image's template: install mode {:?} cannot be realised",
-                placement.image.install_mode
-            ),
-        });
-    }
-    encode(
-        KIND,
-        VSphereMachineSpec {
-            provider_ref: LocalObjectReference::new(&placement.provider),
-            datacenter: datacenter.to_owned(),
-            cluster: cluster.to_owned(),
-            template: placement.image.volume.clone(),
-            folder: None,
-            datastore: Some(placement.storage_target.clone()),
-            cpu: input.class.spec.cpu,
-            memory: input.class.spec.memory.clone(),
-            user_data: input.vm.spec.user_data.clone(),
-            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
-            tpm_enabled: input.class.spec.tpm_enabled,
-            secure_boot: input.class.spec.secure_boot,
-            // Born running: the VirtualMachine reconciler asks for `Saved` (a suspended VM)
-            // once the member has reached its pool's readiness (ADR-0073).
-            standby: None,
-        },
-    )
-}
-
-/// The spec of a machine of a kind that takes its placement as scheduled, unread: what
-/// [`placement_spec`] writes. A backend whose CRD accepts this shape needs no builder of its
-/// own ([`MachineBackend::of_placement`]); the built-in kinds keep their own shapes.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PlacementSpec {
-    /// The Provider that realises the machine (the contract's).
-    pub provider_ref: LocalObjectReference,
-    /// Whether the machine has a vTPM (the contract's).
-    #[serde(default)]
-    pub tpm_enabled: bool,
-    /// The failure domain it was placed in.
-    pub failure_domain: String,
-    /// The failure domain's target for the VirtualMachine's storage class.
-    pub storage_target: String,
-    /// The failure domain's target for its network class.
-    pub network_target: String,
-    /// The image's volume in that storage target.
-    pub image_volume: String,
-    pub install_mode: InstallMode,
-    pub disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-    pub firmware: banlieue_api::Firmware,
-    /// UEFI Secure Boot with the default keys enrolled; written only when asked for, so a
-    /// backend whose schema predates it sees the shape it always did.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub secure_boot: bool,
-    pub cpu: u32,
-    pub memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data_secret_ref: Option<banlieue_api::SecretKeySelector>,
-}
-
-/// The builder of a kind whose spec is the placement itself ([`PlacementSpec`]).
-pub fn placement_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
-    let placement = input.placement;
-    encode(
-        "placement",
-        PlacementSpec {
-            provider_ref: LocalObjectReference::new(&placement.provider),
-            tpm_enabled: input.class.spec.tpm_enabled,
-            failure_domain: placement.failure_domain.clone(),
-            storage_target: placement.storage_target.clone(),
-            network_target: placement.network_target.clone(),
-            image_volume: placement.image.volume.clone(),
-            install_mode: placement.image.install_mode,
-            disk_size: placement.image.disk_size.clone(),
-            firmware: input.class.spec.firmware,
-            secure_boot: input.class.spec.secure_boot,
-            cpu: input.class.spec.cpu,
-            memory: input.class.spec.memory.clone(),
-            user_data: input.vm.spec.user_data.clone(),
-            user_data_secret_ref: input.vm.spec.user_data_secret_ref.clone(),
-        },
-    )
 }
 
 /// A machine of any kind as the controller sees it: its object and the contract it carries.
@@ -434,20 +171,30 @@ impl Machine {
     }
 }
 
+/// The kinds banlieue ships, as the binary's list of descriptors gives them, for the unit
+/// tests of code that builds machines.
+#[cfg(test)]
+pub(crate) fn in_tree_backends() -> MachineBackends {
+    MachineBackends::new([
+        banlieue_api::machine::libvirt_machine_backend(),
+        banlieue_api::vsphere::machine_backend(),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduling::PlacedImage;
+    use banlieue_api::backend::{PlacedImage, Placement, PlacementSpec};
+    use banlieue_api::{InstallMode, LibvirtMachine, VMClass, VSphereMachine, VirtualMachine};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use kube::CustomResourceExt;
+    use kube::Client;
     use serde_json::json;
+
+    use crate::machine_builder::in_tree_backends as built_in;
 
     /// The built-in builder of `kind`.
     fn backend(kind: MachineKind) -> MachineBackend {
-        MachineBackends::built_in()
-            .get(&kind)
-            .expect("a built-in kind")
-            .clone()
+        built_in().get(&kind).expect("a built-in kind").clone()
     }
 
     fn vm() -> VirtualMachine {
@@ -589,7 +336,7 @@ mod tests {
 
     #[test]
     fn a_machine_reference_names_its_kind() {
-        let backends = MachineBackends::built_in();
+        let backends = built_in();
         let reference = backend(MachineKind::LIBVIRT_MACHINE).reference("web-01");
         assert_eq!(
             (reference.api_version.as_str(), reference.kind.as_str()),
@@ -623,7 +370,7 @@ mod tests {
         );
         assert_eq!(added.resource.group, "test.banlieue.io");
         assert_eq!(added.resource.version, "v1alpha1");
-        let backends = MachineBackends::built_in().with(added.clone());
+        let backends = built_in().with(added.clone());
         let kinds: Vec<&str> = backends.iter().map(|b| b.kind_name).collect();
         assert_eq!(kinds, ["LibvirtMachine", "VSphereMachine", "MemoryMachine"]);
         let memory = MachineKind::new("MemoryMachine").expect("a kind");
@@ -635,7 +382,7 @@ mod tests {
                 .map(|b| b.kind_name),
             Some("MemoryMachine")
         );
-        assert!(MachineBackends::built_in().get(&memory).is_none());
+        assert!(built_in().get(&memory).is_none());
 
         let (vm, class) = (vm(), class());
         let placement = Placement {
@@ -692,7 +439,7 @@ mod tests {
         assert_eq!(read.reference().api_version, "test.banlieue.io/v1alpha1");
         assert_eq!(read.reference().kind, "MemoryMachine");
 
-        let replaced = MachineBackends::built_in().with(MachineBackend {
+        let replaced = built_in().with(MachineBackend {
             finalizer: "other",
             ..backend(MachineKind::LIBVIRT_MACHINE)
         });
@@ -704,38 +451,6 @@ mod tests {
                 .map(|b| b.finalizer),
             Some("other")
         );
-    }
-
-    /// Machine CRDs whose builder arm is still to be written. A new `*Machine` CRD fails
-    /// `every_machine_crd_has_a_backend` until it has an arm or is listed here.
-    const AWAITING_A_BUILDER: &[&str] = &[];
-
-    #[test]
-    fn every_machine_crd_has_a_backend() {
-        let crds: Vec<String> = banlieue_api::crds()
-            .into_iter()
-            .map(|crd| crd.spec.names.kind)
-            .filter(|kind| kind.ends_with("Machine") && kind != "VirtualMachine")
-            .filter(|kind| !AWAITING_A_BUILDER.contains(&kind.as_str()))
-            .collect();
-        let backends: Vec<String> = MachineBackends::built_in()
-            .iter()
-            .map(|backend| backend.resource.kind.clone())
-            .collect();
-        assert_eq!(crds, backends);
-        assert_eq!(
-            backend(MachineKind::LIBVIRT_MACHINE).resource.kind,
-            LibvirtMachine::crd().spec.names.kind
-        );
-        assert_eq!(
-            backend(MachineKind::VSPHERE_MACHINE).resource.kind,
-            VSphereMachine::crd().spec.names.kind
-        );
-        let built_in = MachineBackends::built_in();
-        for backend in built_in.iter() {
-            let found = built_in.of_reference(&backend.reference("m"));
-            assert_eq!(found.map(MachineBackend::kind), Some(backend.kind()));
-        }
     }
 
     fn vsphere_placement(mode: InstallMode) -> Placement {

@@ -8,7 +8,9 @@ use banlieue_api::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::machine_builder::MachineBackend;
-use crate::scheduling::{Placement, Unschedulable};
+use banlieue_api::backend::Placement;
+
+use crate::scheduling::Unschedulable;
 
 /// Reason of InfrastructureReady=False (and Ready=False) on a VirtualMachine whose machine was
 /// deleted out from under it. It is never recreated: a pool member or a bound VM silently
@@ -272,7 +274,7 @@ mod tests {
     #[test]
     fn the_first_mirror_after_scheduling_changes_nothing() {
         let site = Scheduled {
-            machine: crate::machine_builder::MachineBackends::built_in()
+            machine: crate::machine_builder::in_tree_backends()
                 .get(&banlieue_api::MachineKind::LIBVIRT_MACHINE)
                 .expect("built in")
                 .reference("m"),

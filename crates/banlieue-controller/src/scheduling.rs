@@ -1,15 +1,16 @@
 //! Where a VirtualMachine runs: the choice of Provider and failure domain (pure). The result,
 //! a [`Placement`], names no backend; [`crate::machine_builder`] turns it into a machine of the
-//! ProviderClass's kind.
+//! ProviderClass's kind with the builder the kind's backend descriptor gives.
 
 use std::collections::BTreeMap;
 
+use banlieue_api::backend::{PlacedImage, Placement};
 use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::provider::DEFAULT_MEMORY_OVERCOMMIT_PERCENT;
 use banlieue_api::quantity;
 use banlieue_api::{
-    FailureDomain, InstallMode, MachineKind, Provider, ProviderClass, VMClass, VMImage,
-    VirtualMachine, ZonePhase,
+    FailureDomain, MachineKind, Provider, ProviderClass, VMClass, VMImage, VirtualMachine,
+    ZonePhase,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -21,35 +22,6 @@ pub const DEFAULT_DISK_SIZE: &str = "10Gi";
 /// The failure-domain feature a tpmEnabled class needs. Declared by the administrator, never
 /// discovered (ADR-0039).
 pub const FEATURE_VTPM: &str = "vtpm";
-
-/// A failure domain that satisfies the VirtualMachine, and what the machine is built from. It
-/// names no backend: the targets are the failure domain's, passed through to the machine's
-/// builder unread.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Placement {
-    pub provider: String,
-    pub provider_class: String,
-    pub machine_kind: MachineKind,
-    pub failure_domain: String,
-    /// The failure domain's target for the VirtualMachine's storage class (for libvirt, a
-    /// storage pool).
-    pub storage_target: String,
-    /// The failure domain's target for its network class (for libvirt, a network).
-    pub network_target: String,
-    pub image: PlacedImage,
-    pub image_revision: Option<String>,
-}
-
-/// The image as it is found in the chosen failure domain.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PlacedImage {
-    /// The image's volume in the storage target, where its import is Ready.
-    pub volume: String,
-    /// Whether the machine boots the volume (Immediate) or installs from it.
-    pub install_mode: InstallMode,
-    /// The OS disk's size: the class's, else the image's, else [`DEFAULT_DISK_SIZE`].
-    pub disk_size: Quantity,
-}
 
 /// Why nothing fits: a condition reason from the guides and a message naming the culprit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -489,6 +461,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use banlieue_api::InstallMode;
     use serde_json::json;
 
     fn vm() -> VirtualMachine {
@@ -613,7 +586,7 @@ mod tests {
             image: Some(image),
             providers,
             provider_classes: &classes,
-            machine_backends: &MachineBackends::built_in(),
+            machine_backends: &crate::machine_builder::in_tree_backends(),
             occupancy,
         })
     }
@@ -637,7 +610,7 @@ mod tests {
                 image: Some(&image),
                 providers: &[&p],
                 provider_classes: classes,
-                machine_backends: &MachineBackends::built_in(),
+                machine_backends: &crate::machine_builder::in_tree_backends(),
                 occupancy: &Occupancy::default(),
             })
         };
@@ -999,7 +972,7 @@ mod tests {
             run(&c, &image("Immediate", ready_zone("host-1")), &[&with_tpm]).expect("schedulable");
         assert_eq!(placed.machine_kind, MachineKind::LIBVIRT_MACHINE);
         let vm = vm();
-        let backends = MachineBackends::built_in();
+        let backends = crate::machine_builder::in_tree_backends();
         let backend = backends.get(&placed.machine_kind).expect("built in");
         let machine = crate::machine_builder::build(
             backend,
@@ -1068,7 +1041,7 @@ mod tests {
                 image: Some(&image),
                 providers: &[&host, &vcenter],
                 provider_classes: &classes,
-                machine_backends: &MachineBackends::built_in(),
+                machine_backends: &crate::machine_builder::in_tree_backends(),
                 occupancy,
             })
         };

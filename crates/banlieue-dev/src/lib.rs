@@ -578,8 +578,11 @@ pub async fn spawn_provider_workload(
         registry,
         shutdown,
         banlieue::roles::Roles {
-            libvirt_provider: Some((provider.to_owned(), SYSTEM_NAMESPACE.to_owned())),
-            libvirt_domain_type: domain_type,
+            provider: Some(banlieue::roles::ProviderRole {
+                backend: banlieue_provider_libvirt::backend::descriptor_forcing(domain_type),
+                name: provider.to_owned(),
+                namespace: SYSTEM_NAMESPACE.to_owned(),
+            }),
             ..banlieue::roles::Roles::default()
         },
     )
@@ -596,7 +599,7 @@ async fn workload_account(
     provider: &str,
     deadline: Duration,
 ) -> Result<String, BoxError> {
-    let name = banlieue_provider_kit::operator::workloads::workload_name(provider);
+    let name = banlieue_provider_kit::workload_names::workload_name(provider);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(kube.clone(), SYSTEM_NAMESPACE);
     let until = tokio::time::Instant::now() + deadline;

@@ -45,7 +45,7 @@ impl ImportSettings {
     pub fn account_for(&self, namespace: &str, provider: &str) -> String {
         match &self.service_account {
             Some(shared) => shared.clone(),
-            None => crate::operator::workloads::import_account_name(namespace, provider),
+            None => crate::workload_names::import_account_name(namespace, provider),
         }
     }
 }

@@ -1,34 +1,36 @@
 //! The provider kit: what every backend of banlieue (libvirt, vSphere, the next one) shares, so
 //! that a contract or a security check is written once (ADR-0071).
 //!
+//! - [`descriptor`]: a backend as one value, which the binary lists;
 //! - [`guest`]: the guest-phase layer's contract (the phase a guest reports, its EK
 //!   certificates) and the GuestReady condition that follows from it;
 //! - [`user_data`]: which Secret a machine's `userDataSecretRef` may name, and reading it;
 //! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded;
 //! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
 //!   around what a backend implements ([`machine::Backend`]);
-//! - [`operator`]: the Provider operator, which runs every backend's workload;
 //! - [`provider_status`]: a Provider's status loop (probe, Ready condition and failure
 //!   domains, published only when they change) around what a backend probes
 //!   ([`provider_status::Probe`]);
 //! - [`narrow`]: narrowing a declaration to the targets a failure domain has;
 //! - [`import_settings`]: where a ProviderClass's image imports run;
 //! - [`image_zones`]: a provider's entry of a VMImage's per-provider status;
+//! - [`workload_names`]: the names of a Provider's workload objects;
 //! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073).
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
 pub mod credentials;
+pub mod descriptor;
 pub mod guest;
 pub mod image_zones;
 pub mod import_settings;
 pub mod machine;
 pub mod narrow;
-pub mod operator;
 pub mod provider_status;
 pub mod standby;
 pub mod user_data;
+pub mod workload_names;
 
 /// The first retry of an object after a failed reconcile, in every provider reconciler (the
 /// machine reconcile, the operator, a backend's probe); each further failure doubles it up to

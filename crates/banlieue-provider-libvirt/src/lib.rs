@@ -6,6 +6,7 @@
 //! It speaks to libvirt only through `banlieue-libvirt` and to the controller only through
 //! the LibvirtMachine object.
 
+pub mod backend;
 pub mod connection;
 pub mod domain_type;
 pub mod domain_xml;

@@ -376,7 +376,7 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
         "affinity": pod.affinity,
         // The Provider's own import account, whose name ends in a hash of its namespace.
         "serviceAccountName": pod.service_account_name.as_deref().map(|a| {
-            let own = banlieue_provider_kit::operator::workloads::import_account_name(&c.ns, PROVIDER);
+            let own = banlieue_operator::workloads::import_account_name(&c.ns, PROVIDER);
             if a == own {
                 "[the provider's own import account]".to_owned()
             } else {

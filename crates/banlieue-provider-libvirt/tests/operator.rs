@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{Provider, ProviderClass};
-use banlieue_provider_kit::operator::{OperatorConfig, run_operator, workloads};
+use banlieue_operator::{OperatorConfig, run_operator, workloads};
 use banlieue_provider_libvirt::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
 use common::{
@@ -31,6 +31,7 @@ fn start_operator(controller: &kube::Client, ns: &str) -> oneshot::Sender<()> {
         resync: Duration::from_secs(3),
         deletion_poll: Duration::from_secs(1),
         namespace: Some(ns.to_owned()),
+        backends: vec![banlieue_provider_libvirt::backend::descriptor().workload],
     };
     let kube = controller.clone();
     tokio::spawn(async move {

@@ -5,6 +5,7 @@
 //! It speaks to vCenter only through `banlieue-vsphere` and to the controller only through the
 //! VSphereMachine object (ADR-0050, ADR-0069).
 
+pub mod backend;
 pub mod connection;
 pub mod error;
 pub mod image_status;

@@ -68,7 +68,7 @@ pub fn objects_of(table: &[(&str, &str)]) -> Result<Vec<DynamicObject>, ApplyErr
 /// same ones `deploy/crds/` holds), access control, then workloads.
 pub fn bootstrap_objects() -> Result<Vec<DynamicObject>, BootstrapError> {
     let mut objects = objects_of(BOOTSTRAP)?;
-    for crd in banlieue_api::crds() {
+    for crd in crate::backends::crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let value =
             serde_json::to_value(&crd).map_err(|e| BootstrapError::Encode(name.clone(), e))?;
@@ -733,7 +733,7 @@ mod tests {
                 .iter()
                 .filter(|k| **k == "CustomResourceDefinition")
                 .count(),
-            banlieue_api::crds().len()
+            crate::backends::crds().len()
         );
         assert!(
             kinds[..first_crd].iter().all(|k| *k == "Namespace"),

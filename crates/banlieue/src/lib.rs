@@ -2,8 +2,10 @@
 
 pub mod apply;
 pub mod artifacts_volume;
+pub mod backends;
 pub mod bootstrap;
 pub mod cidata;
+#[cfg(feature = "libvirt")]
 pub mod libvirt;
 pub mod login;
 pub mod observe;

@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "libvirt")]
+use banlieue::libvirt;
 use banlieue::roles::{self, Roles};
-use banlieue::{bootstrap, cidata, libvirt, login, observe};
-use banlieue_provider_libvirt::image::{ImportArgs, ImportOutcome};
+use banlieue::{bootstrap, cidata, login, observe};
 use banlieue_runtime::leader::{self, LeaderElector, LeaseConfig};
 use clap::{Args, Parser, Subcommand};
 use prometheus_client::registry::Registry;
@@ -32,8 +33,7 @@ enum Command {
     /// Run the controller: VirtualMachine scheduling, pools and claims, and the Provider
     /// operator that creates each Provider's workload. It never talks to libvirt.
     Controller(ControllerArgs),
-    /// Provider roles.
-    #[command(subcommand)]
+    /// Provider roles: `banlieue provider <backend> run`.
     Provider(ProviderCommand),
     /// Print every CustomResourceDefinition as YAML, or write one file per CRD.
     Crds {
@@ -58,6 +58,7 @@ enum Command {
         without_admission: bool,
     },
     /// Inspect libvirt hosts and the libvirt protocol through banlieue's own client.
+    #[cfg(feature = "libvirt")]
     #[command(subcommand)]
     Libvirt(libvirt::Command),
     /// Build a cloud-init NoCloud seed ISO (label `cidata`) in process.
@@ -143,20 +144,21 @@ struct ImagebuildControllerArgs {
     allowed_registries: Vec<String>,
 }
 
-#[derive(Debug, Subcommand)]
-enum ProviderCommand {
-    /// The libvirt provider.
+/// `banlieue provider <backend> …`: one of the backends this build holds
+/// ([`banlieue::backends`]).
+#[derive(Debug, Args)]
+struct ProviderCommand {
+    /// The backend.
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(banlieue::backends::names()))]
+    backend: String,
     #[command(subcommand)]
-    Libvirt(LibvirtProviderCommand),
-    /// The vSphere provider.
-    #[command(subcommand)]
-    Vsphere(VsphereProviderCommand),
+    action: ProviderAction,
 }
 
 #[derive(Debug, Subcommand)]
-enum VsphereProviderCommand {
-    /// Run one vSphere Provider's workload: log in to its vCenter and publish its readiness
-    /// and failure domains, and realise its VSphereMachines.
+enum ProviderAction {
+    /// Run one Provider's workload: reach its host (a libvirtd, a vCenter) and publish its
+    /// readiness and failure domains, realise its machines, and (libvirt) import its images.
     Run {
         /// The Provider's name.
         #[arg(long)]
@@ -169,28 +171,11 @@ enum VsphereProviderCommand {
         #[command(flatten)]
         election: ElectionArgs,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum LibvirtProviderCommand {
-    /// Run one Provider's workload: probe its host and publish its readiness, realise its
-    /// LibvirtMachines and import its images.
-    Run {
-        /// The Provider's name.
-        #[arg(long)]
-        provider: String,
-        /// The Provider's namespace.
-        #[arg(long)]
-        namespace: String,
-        #[command(flatten)]
-        serve: ServeArgs,
-        #[command(flatten)]
-        election: ElectionArgs,
-    },
-    /// Import an image file into a storage pool of a Provider (what an import Job runs).
+    /// Import an image file into a storage pool of a Provider (what a libvirt import Job runs).
     ///
     /// The endpoint and TLS material are read from the Provider through the Kubernetes API,
     /// never from the command line.
+    #[cfg(feature = "libvirt")]
     Import {
         /// The VMImage being imported.
         #[arg(long)]
@@ -363,7 +348,7 @@ async fn serve(roles: Roles, args: ServeArgs, lease: Option<LeaseConfig>) -> Res
 /// The Lease a provider workload holds while it acts: named after its workload account, which
 /// its own Role grants it by name.
 fn provider_lease_name(provider: &str) -> String {
-    banlieue_provider_kit::operator::workloads::workload_name(provider)
+    banlieue_provider_kit::workload_names::workload_name(provider)
 }
 
 /// Leadership was lost: another replica may take the Lease over once the lease duration has
@@ -377,10 +362,13 @@ fn fence() -> ! {
 
 fn crds(out: Option<PathBuf>) -> Result<(), BoxError> {
     match out {
-        None => print!("{}", banlieue_api::render::crds_yaml()),
+        None => print!(
+            "{}",
+            banlieue_api::render::crds_yaml_of(&banlieue::backends::crds())
+        ),
         Some(dir) => {
             std::fs::create_dir_all(&dir)?;
-            for (name, text) in banlieue_api::render::crd_files()? {
+            for (name, text) in banlieue_api::render::crd_files_of(&banlieue::backends::crds())? {
                 let path = dir.join(name);
                 std::fs::write(&path, text)?;
                 println!("wrote {}", path.display());
@@ -405,6 +393,7 @@ fn main() -> ExitCode {
             bootstrap::run(client, &image, !without_admission).await?;
             Ok(())
         }),
+        #[cfg(feature = "libvirt")]
         Command::Libvirt(cmd) => libvirt::run(cmd).map_err(|e| e.to_string().into()),
         Command::Cidata(args) => return cidata::run(&args),
         Command::Login(args) => {
@@ -444,40 +433,34 @@ fn controller(args: ControllerArgs) -> Result<(), BoxError> {
 
 /// `banlieue provider …`.
 fn provider(command: ProviderCommand) -> Result<(), BoxError> {
-    match command {
-        ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
+    let ProviderCommand { backend, action } = command;
+    match action {
+        ProviderAction::Run {
             provider,
             namespace,
             serve: args,
             election,
-        }) => {
+        } => {
+            let backend =
+                banlieue_provider_kit::descriptor::find(&banlieue::backends::all(), &backend)
+                    .cloned()
+                    .ok_or_else(|| format!("this build has no {backend} backend"))?;
             let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
             block_on(serve(
                 Roles {
-                    libvirt_provider: Some((provider, namespace)),
+                    provider: Some(roles::ProviderRole {
+                        backend,
+                        name: provider,
+                        namespace,
+                    }),
                     ..Roles::default()
                 },
                 args,
                 lease,
             ))
         }
-        ProviderCommand::Vsphere(VsphereProviderCommand::Run {
-            provider,
-            namespace,
-            serve: args,
-            election,
-        }) => {
-            let lease = election.lease(namespace.clone(), &provider_lease_name(&provider));
-            block_on(serve(
-                Roles {
-                    vsphere_provider: Some((provider, namespace)),
-                    ..Roles::default()
-                },
-                args,
-                lease,
-            ))
-        }
-        ProviderCommand::Libvirt(LibvirtProviderCommand::Import {
+        #[cfg(feature = "libvirt")]
+        ProviderAction::Import {
             vmimage,
             provider,
             provider_namespace,
@@ -486,24 +469,34 @@ fn provider(command: ProviderCommand) -> Result<(), BoxError> {
             volume,
             revision,
             artifacts_root,
-        }) => libvirt_import(ImportArgs {
-            vmimage,
-            provider,
-            provider_namespace,
-            pool,
-            source,
-            volume,
-            revision,
-            artifacts_root,
-        }),
+        } => {
+            if backend != "libvirt" {
+                return Err(format!(
+                    "import is the libvirt provider's: banlieue provider libvirt import (not {backend})"
+                )
+                .into());
+            }
+            libvirt_import(banlieue_provider_libvirt::image::ImportArgs {
+                vmimage,
+                provider,
+                provider_namespace,
+                pool,
+                source,
+                volume,
+                revision,
+                artifacts_root,
+            })
+        }
     }
 }
 
 /// `banlieue provider libvirt import`.
-fn libvirt_import(args: ImportArgs) -> Result<(), BoxError> {
+#[cfg(feature = "libvirt")]
+fn libvirt_import(args: banlieue_provider_libvirt::image::ImportArgs) -> Result<(), BoxError> {
     block_on(async {
         let kube = kube::Client::try_default().await?;
-        match banlieue_provider_libvirt::image::run_import(kube, args).await? {
+        use banlieue_provider_libvirt::image::{ImportOutcome, run_import};
+        match run_import(kube, args).await? {
             ImportOutcome::AlreadyComplete { volume, .. } => {
                 println!("volume {volume} is already complete in the pool; nothing to do")
             }
@@ -610,14 +603,19 @@ mod tests {
             "ns",
         ])
         .unwrap();
-        let Command::Provider(ProviderCommand::Vsphere(VsphereProviderCommand::Run {
-            provider,
-            namespace,
-            ..
-        })) = cli.command
+        let Command::Provider(ProviderCommand {
+            backend,
+            action:
+                ProviderAction::Run {
+                    provider,
+                    namespace,
+                    ..
+                },
+        }) = cli.command
         else {
             panic!("not the vSphere provider: {:?}", cli.command);
         };
+        assert_eq!(backend, "vsphere");
         assert_eq!((provider.as_str(), namespace.as_str()), ("vc-1", "ns"));
         assert!(
             Cli::try_parse_from(["banlieue", "provider", "vsphere", "run", "--provider", "x"])
@@ -671,20 +669,16 @@ mod tests {
                 .chain(extra.iter().copied());
                 let cli = Cli::try_parse_from(args).unwrap();
                 match cli.command {
-                    Command::Provider(
-                        ProviderCommand::Libvirt(LibvirtProviderCommand::Run {
-                            provider,
-                            namespace,
-                            election,
-                            ..
-                        })
-                        | ProviderCommand::Vsphere(VsphereProviderCommand::Run {
-                            provider,
-                            namespace,
-                            election,
-                            ..
-                        }),
-                    ) => election.lease(namespace, &provider_lease_name(&provider)),
+                    Command::Provider(ProviderCommand {
+                        action:
+                            ProviderAction::Run {
+                                provider,
+                                namespace,
+                                election,
+                                ..
+                            },
+                        ..
+                    }) => election.lease(namespace, &provider_lease_name(&provider)),
                     other => panic!("not a provider run: {other:?}"),
                 }
             };
@@ -693,7 +687,7 @@ mod tests {
                 (lease.namespace.as_str(), lease.name.as_str()),
                 ("team-a", "banlieue-provider-edge-7")
             );
-            let granted = banlieue_provider_kit::operator::workloads::own_provider_rules("edge-7");
+            let granted = banlieue_operator::workloads::own_provider_rules("edge-7");
             assert!(
                 granted.iter().any(|r| {
                     r.resources.as_deref() == Some(&["leases".to_owned()][..])

@@ -1,14 +1,10 @@
-//! The long-running roles (controller, Provider operator, libvirt and vSphere providers) as
-//! tasks, so the same wiring serves `banlieue controller`, `banlieue provider libvirt run`,
-//! `banlieue provider vsphere run` and `dev up`.
+//! The long-running roles (controller, Provider operator, a backend's provider) as tasks, so
+//! the same wiring serves `banlieue controller`, `banlieue provider <backend> run` and `dev up`.
 
 use banlieue_controller::{ControllerConfig, Metrics};
 use banlieue_imagebuilder::reconcile::ReconcilerConfig;
-use banlieue_provider_kit::operator::OperatorConfig;
-use banlieue_provider_libvirt::domain_xml::DomainType;
-use banlieue_provider_libvirt::image::jobs::ImageReconcilerConfig;
-use banlieue_provider_libvirt::machine::ProviderConfig;
-use banlieue_provider_libvirt::provider_status::StatusConfig;
+use banlieue_operator::OperatorConfig;
+use banlieue_provider_kit::descriptor::{Descriptor, Workload};
 use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
@@ -25,20 +21,22 @@ pub struct Roles {
     pub operator: bool,
     /// Watch only this namespace's Providers (the operator's; every namespace when `None`).
     pub operator_namespace: Option<String>,
-    /// One libvirt Provider's workload: its readiness, LibvirtMachines and image imports:
-    /// (name, namespace).
-    pub libvirt_provider: Option<(String, String)>,
-    /// Forces the libvirt provider's domain type instead of deriving it from the host's
-    /// capabilities.
-    pub libvirt_domain_type: Option<DomainType>,
+    /// One Provider's workload, run by its backend.
+    pub provider: Option<ProviderRole>,
     /// The controller's ReadinessSignalAbsent grace, instead of its default.
     pub readiness_signal_grace: Option<std::time::Duration>,
     /// The controller's lost-host grace, instead of its default.
     pub provider_lost_after: Option<std::time::Duration>,
     /// The image builder's reconciler: build Jobs for VMImages with Url sources.
     pub imagebuilder: Option<ReconcilerConfig>,
-    /// One vSphere Provider's workload: its readiness and VSphereMachines (name, namespace).
-    pub vsphere_provider: Option<(String, String)>,
+}
+
+/// The workload of the Provider `name` in `namespace`, as `backend` runs it.
+#[derive(Clone, Debug)]
+pub struct ProviderRole {
+    pub backend: Descriptor,
+    pub name: String,
+    pub namespace: String,
 }
 
 /// Spawns every selected role; each stops when `shutdown` is cancelled. A role that fails
@@ -53,7 +51,10 @@ pub fn spawn_all(
     if roles.controller {
         let metrics = Metrics::register(registry);
         let (kube, stop) = (kube.clone(), shutdown.clone());
-        let mut config = ControllerConfig::default();
+        let mut config = ControllerConfig {
+            machine_backends: crate::backends::machine_backends(),
+            ..ControllerConfig::default()
+        };
         if let Some(grace) = roles.readiness_signal_grace {
             config.readiness_signal_grace = grace;
         }
@@ -77,10 +78,11 @@ pub fn spawn_all(
     if roles.operator {
         let (kube, stop) = (kube.clone(), shutdown.clone());
         tasks.push(supervise("provider operator", shutdown, async move {
-            banlieue_provider_kit::operator::run_operator(
+            banlieue_operator::run_operator(
                 kube,
                 OperatorConfig {
                     namespace: roles.operator_namespace,
+                    backends: crate::backends::workloads(),
                     ..OperatorConfig::default()
                 },
                 stop.cancelled_owned(),
@@ -89,73 +91,22 @@ pub fn spawn_all(
             .map_err(BoxError::from)
         }));
     }
-    if let Some((name, namespace)) = roles.libvirt_provider {
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let mut cfg = ProviderConfig::new(name.clone(), namespace.clone());
-        if roles.libvirt_domain_type.is_some() {
-            cfg.domain_type = roles.libvirt_domain_type;
+    if let Some(ProviderRole {
+        backend,
+        name,
+        namespace,
+    }) = roles.provider
+    {
+        let workload = Workload {
+            client: kube.clone(),
+            provider: name,
+            namespace,
+            registry,
+            shutdown: shutdown.clone(),
+        };
+        for task in (backend.run)(workload) {
+            tasks.push(supervise(task.name, shutdown, task.future));
         }
-        let metrics = banlieue_provider_libvirt::metrics::Metrics::register(registry);
-        tasks.push(supervise("libvirt provider", shutdown, async move {
-            banlieue_provider_libvirt::machine::run_provider(
-                client,
-                cfg,
-                metrics,
-                stop.cancelled_owned(),
-            )
-            .await
-            .map_err(BoxError::from)
-        }));
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = StatusConfig::new(name.clone(), namespace.clone());
-        tasks.push(supervise("libvirt provider status", shutdown, async move {
-            banlieue_provider_libvirt::provider_status::run_status(
-                client,
-                cfg,
-                stop.cancelled_owned(),
-            )
-            .await
-            .map_err(BoxError::from)
-        }));
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = ImageReconcilerConfig::new(name, namespace);
-        tasks.push(supervise(
-            "libvirt image reconciler",
-            shutdown,
-            async move {
-                banlieue_provider_libvirt::image::jobs::run_image_reconciler(
-                    client,
-                    cfg,
-                    stop.cancelled_owned(),
-                )
-                .await
-                .map_err(BoxError::from)
-            },
-        ));
-    }
-    if let Some((name, namespace)) = roles.vsphere_provider {
-        use banlieue_provider_vsphere::{image_status, machine, provider_status};
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = machine::ProviderConfig::new(name.clone(), namespace.clone());
-        tasks.push(supervise("vSphere provider", shutdown, async move {
-            machine::run_provider(client, cfg, stop.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
-        }));
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = image_status::ImageConfig::new(name.clone(), namespace.clone());
-        tasks.push(supervise("vSphere provider images", shutdown, async move {
-            image_status::run_images(client, cfg, stop.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
-        }));
-        let (client, stop) = (kube.clone(), shutdown.clone());
-        let cfg = provider_status::StatusConfig::new(name, namespace);
-        tasks.push(supervise("vSphere provider status", shutdown, async move {
-            provider_status::run_status(client, cfg, stop.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
-        }));
     }
     Ok(tasks)
 }

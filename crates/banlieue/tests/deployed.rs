@@ -1353,10 +1353,7 @@ async fn import_image(
         // namespace.
         assert_eq!(
             spec.service_account_name.as_deref(),
-            Some(
-                banlieue_provider_kit::operator::workloads::import_account_name(NS, PROVIDER)
-                    .as_str()
-            )
+            Some(banlieue_operator::workloads::import_account_name(NS, PROVIDER).as_str())
         );
         let text = serde_json::to_string(spec)?;
         assert!(

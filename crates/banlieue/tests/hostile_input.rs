@@ -956,7 +956,7 @@ const OTHER_PROVIDER: &str = "other-provider";
 
 /// The ServiceAccount the operator makes for a Provider's workload.
 fn workload_name(provider: &str) -> String {
-    banlieue_provider_kit::operator::workloads::workload_name(provider)
+    banlieue_operator::workloads::workload_name(provider)
 }
 
 /// The Job a provider would start for an import, as its own import account, made privileged.
@@ -973,12 +973,10 @@ fn privileged_import_job() -> Value {
     .unwrap_or_default();
     job["metadata"] = json!({"name": "import-probe", "namespace": names::DEFAULT_BUILD_NAMESPACE});
     let pod = &mut job["spec"]["template"]["spec"];
-    pod["serviceAccountName"] = json!(
-        banlieue_provider_kit::operator::workloads::import_account_name(
-            SYSTEM_NAMESPACE,
-            objects::PROVIDER
-        )
-    );
+    pod["serviceAccountName"] = json!(banlieue_operator::workloads::import_account_name(
+        SYSTEM_NAMESPACE,
+        objects::PROVIDER
+    ));
     // The API server itself refuses privileged without escalation.
     pod["containers"][0]["securityContext"]["privileged"] = json!(true);
     pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
@@ -1490,7 +1488,7 @@ async fn play(
 /// Plays [`Input::LookAlikeProvider`]: the good Provider's grants are checked while the
 /// look-alike exists and after it is gone.
 async fn look_alike_provider(admin: &Client, namespace: &str, name: &str) -> Result<(), BoxError> {
-    use banlieue_provider_kit::operator::workloads::PROVIDERS_CLUSTER_BINDING;
+    use banlieue_operator::workloads::PROVIDERS_CLUSTER_BINDING;
     use k8s_openapi::api::core::v1::Namespace;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     let namespaces: Api<Namespace> = Api::all(admin.clone());

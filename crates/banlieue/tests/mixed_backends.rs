@@ -32,7 +32,7 @@ use banlieue_api::{
     VSphereMachine, ValueOrSource, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
 use banlieue_dev::{self as dev, objects};
-use banlieue_provider_kit::operator::workloads;
+use banlieue_operator::workloads;
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
@@ -497,7 +497,11 @@ async fn spawn_vsphere_workload(
         &mut Registry::default(),
         shutdown,
         banlieue::roles::Roles {
-            vsphere_provider: Some((VSPHERE_PROVIDER.to_owned(), SYSTEM_NAMESPACE.to_owned())),
+            provider: Some(banlieue::roles::ProviderRole {
+                backend: banlieue_provider_vsphere::backend::descriptor(),
+                name: VSPHERE_PROVIDER.to_owned(),
+                namespace: SYSTEM_NAMESPACE.to_owned(),
+            }),
             ..banlieue::roles::Roles::default()
         },
     )

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use banlieue::bootstrap;
-use banlieue_provider_kit::operator::{OperatorConfig, run_operator};
+use banlieue_operator::{OperatorConfig, run_operator};
 use banlieue_testenv::access;
 use banlieue_testenv::control_plane::ControlPlane;
 use kube::Client;
@@ -287,6 +287,7 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
         controller,
         OperatorConfig {
             namespace: Some(SYSTEM.into()),
+            backends: banlieue::backends::workloads(),
             ..OperatorConfig::default()
         },
         async move {
@@ -302,7 +303,7 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
         import,
         format!(
             "system:serviceaccount:{BUILD}:{}",
-            banlieue_provider_kit::operator::workloads::import_account_name(SYSTEM, PROVIDER)
+            banlieue_operator::workloads::import_account_name(SYSTEM, PROVIDER)
         ),
         "the import identity is not the guide's Provider's own import account"
     );
@@ -515,7 +516,7 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
     ))
     .expect("json");
     build["metadata"]["name"] = json!("pinned-probe");
-    use banlieue_provider_kit::operator::workloads::import_account_name;
+    use banlieue_operator::workloads::import_account_name;
     let mut import = build.clone();
     import["spec"]["template"]["spec"]["serviceAccountName"] =
         json!(import_account_name(SYSTEM, PROVIDER));

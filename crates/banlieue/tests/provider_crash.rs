@@ -30,7 +30,7 @@ use banlieue_api::{
     ClaimPhase, LibvirtMachine, VirtualMachine, VirtualMachineClaim, VirtualMachinePool,
 };
 use banlieue_dev::{self as dev, objects};
-use banlieue_provider_kit::operator::workloads::workload_name;
+use banlieue_operator::workloads::workload_name;
 use banlieue_provider_libvirt::domain_type::DOMAIN_TYPE_ENV;
 use banlieue_provider_libvirt::machine::{CRASH_AFTER_DOMAIN_DEFINE, CRASH_AFTER_VOLUME_CREATE};
 use banlieue_testenv::control_plane::ControlPlane;

@@ -13,7 +13,7 @@ use banlieue_api::{
     names,
 };
 use banlieue_imagebuilder::decide::{BuildSettings, build_job};
-use banlieue_provider_kit::operator::workloads;
+use banlieue_operator::workloads;
 use banlieue_provider_libvirt::image::decide::{Artifact, ImportRequest, import_job};
 use banlieue_testenv::control_plane::{ControlPlane, wait_for};
 use banlieue_testenv::node::{Node, PAUSE_IMAGE};
@@ -278,7 +278,12 @@ async fn provider_identity(cp: &ControlPlane) -> Result<Client> {
     let provider = provider_object();
     let mut class = shipped_libvirt_class()?;
     class.metadata.uid = Some("4c1f0000-0000-0000-0000-00000000c1a5".into());
-    let mut built = workloads::build(&provider, &class).ok_or("workloads")?;
+    let mut built = workloads::build(
+        &provider,
+        &class,
+        &banlieue_provider_libvirt::backend::descriptor().workload,
+    )
+    .ok_or("workloads")?;
     // Neither the Provider nor the class exists here: without owners, the garbage collector
     // leaves the objects alone.
     built.class_binding.metadata.owner_references = None;

@@ -101,6 +101,17 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 
 /// `GROUP/VERSION/KIND/PLURAL/FINALIZER` (the finalizer may hold a `/`) as a kind whose spec
 /// is its placement. The names live as long as the process, which reads them once.
+/// The kinds whose CRDs `banlieue-api` holds, built as the binary's descriptors build them.
+/// This test binary cannot depend on the provider crates (they would be the controller's
+/// dependencies), so it lists their builders where the API crate keeps them; any other kind is
+/// added with `--placement-kind`.
+fn in_tree_backends() -> MachineBackends {
+    MachineBackends::new([
+        banlieue_api::machine::libvirt_machine_backend(),
+        banlieue_api::vsphere::machine_backend(),
+    ])
+}
+
 fn placement_kind(value: &str) -> Result<MachineBackend, String> {
     let malformed = || format!("--placement-kind {value:?}: {USAGE}");
     let mut parts = value.splitn(5, '/');
@@ -177,7 +188,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         machine_backends: args
             .placement_kinds
             .into_iter()
-            .fold(MachineBackends::built_in(), MachineBackends::with),
+            .fold(in_tree_backends(), MachineBackends::with),
         ..ControllerConfig::default()
     };
     let lost = match &leadership {

@@ -308,7 +308,8 @@ fn schedule(
     vm: &VirtualMachine,
     ctx: &Context,
     namespace: &str,
-) -> Result<(scheduling::Placement, kube::api::DynamicObject), scheduling::Unschedulable> {
+) -> Result<(banlieue_api::backend::Placement, kube::api::DynamicObject), scheduling::Unschedulable>
+{
     let class = cached(&ctx.stores.classes, namespace, &vm.spec.class_ref.name);
     let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
     let providers: Vec<Arc<Provider>> = ctx

@@ -8,11 +8,12 @@ use std::sync::OnceLock;
 
 use super::memory_backend;
 
+use banlieue_api::backend::PlacementSpec;
 use banlieue_api::{
     LibvirtMachine, LibvirtMachineSpec, MachineKind, MachineSpecContract, MachineStatusContract,
     VSphereMachine, VSphereMachineSpec, names, vsphere,
 };
-use banlieue_controller::machine_builder::{MachineBackends, PlacementSpec};
+use banlieue_controller::machine_builder::MachineBackends;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -141,8 +142,8 @@ impl Backend {
     /// test-only kind's builder when it is the one under test.
     pub fn machine_backends(&self) -> MachineBackends {
         match self.flavour() {
-            Flavour::Memory => MachineBackends::built_in().with(memory_backend::builder()),
-            Flavour::Libvirt | Flavour::VSphere => MachineBackends::built_in(),
+            Flavour::Memory => in_tree_backends().with(memory_backend::builder()),
+            Flavour::Libvirt | Flavour::VSphere => in_tree_backends(),
         }
     }
 
@@ -298,4 +299,12 @@ impl MachineView {
             status,
         })
     }
+}
+
+/// The in-tree kinds, as the binary's list of backend descriptors gives them to the controller.
+fn in_tree_backends() -> MachineBackends {
+    MachineBackends::new([
+        banlieue_api::machine::libvirt_machine_backend(),
+        banlieue_api::vsphere::machine_backend(),
+    ])
 }

@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use banlieue_api::backend::{MachineBackend, PlacementSpec};
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::{MachineAddress, MachineStatusContract};
-use banlieue_controller::machine_builder::{MachineBackend, PlacementSpec};
 use banlieue_provider_kit::guest::{self, Phase};
 use banlieue_provider_kit::machine::{self, Backend, PatchError, Settings, Teardown};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -14,7 +14,7 @@ use banlieue_api::{
     ProviderCapabilities, ProviderClass, ProviderClassSpec, ProviderConnection, ProviderSpec,
     StorageClassMapping, StorageTarget, ValueOrSource,
 };
-use banlieue_provider_kit::operator::workloads::{self, Workloads};
+use banlieue_operator::workloads::{self, Workloads};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use k8s_openapi::ByteString;
@@ -386,7 +386,12 @@ pub async fn provider_identity(
 ) -> Result<kube::Client> {
     shipped_rbac(cp).await?;
     let admin = cp.client()?;
-    let w = workloads::build(provider, class).context("the Provider and class were read back")?;
+    let w = workloads::build(
+        provider,
+        class,
+        &banlieue_provider_libvirt::backend::descriptor().workload,
+    )
+    .context("the Provider and class were read back")?;
     // Like the operator, the class's role is bound only for a class with additionalRules.
     let class_rules = !class.spec.additional_rules.is_empty();
     if class_rules {
@@ -445,7 +450,12 @@ pub async fn import_identity(
 
 /// The namespace and name of the import ServiceAccount of `provider`'s class.
 pub fn import_account(provider: &Provider, class: &ProviderClass) -> Result<(String, String)> {
-    let w = workloads::build(provider, class).context("the Provider and class were read back")?;
+    let w = workloads::build(
+        provider,
+        class,
+        &banlieue_provider_libvirt::backend::descriptor().workload,
+    )
+    .context("the Provider and class were read back")?;
     let meta = w.import_service_account.metadata;
     Ok((
         meta.namespace.context("a namespaced account")?,

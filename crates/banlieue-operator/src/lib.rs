@@ -1,8 +1,10 @@
 //! The Provider operator, run inside `banlieue controller`: it creates and repairs each
 //! Provider's workload (ADR-0012) and nothing else. It never reads a Secret and never talks to
 //! a backend; the workload probes its host and publishes the Provider's readiness through
-//! [`crate::provider_status`] (ADR-0063). It serves every backend: a class's machine kind
-//! says which `provider <backend> run` its workload is ([`workloads::backend_workload`]).
+//! [`provider_status`] (ADR-0063). It serves every backend it is given: a class's machine kind
+//! picks the [`BackendWorkload`] of [`OperatorConfig::backends`] (the binary's list of backend
+//! descriptors), which says which `provider <backend> run` its workload is. Nothing here names
+//! a backend.
 //!
 //! The operator writes the Provider's Ready condition only while the workload cannot:
 //! the class is missing (`ProviderClassNotFound`), the administrator's class role is missing
@@ -33,8 +35,9 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize as _, Serialize};
 
-use crate::import_settings::ImportSettings;
-use crate::provider_status;
+use banlieue_api::backend::BackendWorkload;
+use banlieue_provider_kit::import_settings::ImportSettings;
+use banlieue_provider_kit::provider_status;
 use workloads::{FIELD_MANAGER, LABEL_PROVIDER_NAMESPACE, MANAGED_BY, Workloads};
 
 /// Finalizer through which the operator keeps a Provider until its machines are gone and then
@@ -59,6 +62,16 @@ pub struct OperatorConfig {
     pub deletion_poll: Duration,
     /// Watch only this namespace; `None` for every namespace.
     pub namespace: Option<String>,
+    /// The workloads of the machine kinds this build runs providers for, from the binary's
+    /// list of backend descriptors. A class of another kind is `UnsupportedMachineKind`.
+    pub backends: Vec<BackendWorkload>,
+}
+
+impl OperatorConfig {
+    /// The workload of the providers of `kind`, when this build has one.
+    pub fn backend(&self, kind: &banlieue_api::MachineKind) -> Option<&BackendWorkload> {
+        self.backends.iter().find(|backend| backend.kind == *kind)
+    }
 }
 
 impl Default for OperatorConfig {
@@ -67,6 +80,7 @@ impl Default for OperatorConfig {
             resync: Duration::from_secs(300),
             deletion_poll: Duration::from_secs(5),
             namespace: None,
+            backends: Vec::new(),
         }
     }
 }
@@ -108,7 +122,7 @@ pub async fn run_operator(
         ),
         kube: client.clone(),
         cfg,
-        backoff: crate::error_backoff(),
+        backoff: banlieue_provider_kit::error_backoff(),
     });
     let classes: Api<ProviderClass> = Api::all(client.clone());
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
@@ -199,19 +213,19 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
             reason: reasons::PROVIDER_CLASS_NOT_FOUND,
             message: format!("ProviderClass {class_name:?} does not exist"),
         }),
-        Some(class) if workloads::backend_workload(&class.spec.machine_kind).is_none() => {
-            Err(Error::Invalid {
-                reason: crate::reasons::UNSUPPORTED_MACHINE_KIND,
+        Some(class) => match ctx.cfg.backend(&class.spec.machine_kind) {
+            None => Err(Error::Invalid {
+                reason: banlieue_provider_kit::reasons::UNSUPPORTED_MACHINE_KIND,
                 message: format!(
                     "ProviderClass {class_name:?} realises {} machines, which this operator \
                      runs no provider for",
                     class.spec.machine_kind
                 ),
-            })
-        }
-        Some(class) => match workloads::build(&provider, class) {
-            Some(w) => apply_workloads(&ctx.kube, &provider, class, &w).await,
-            None => Ok(()),
+            }),
+            Some(backend) => match workloads::build(&provider, class, backend) {
+                Some(w) => apply_workloads(&ctx.kube, &provider, class, backend, &w).await,
+                None => Ok(()),
+            },
         },
     };
     // The API server failing is transient: retry with backoff, publish nothing.
@@ -283,10 +297,11 @@ async fn apply_workloads(
     kube: &kube::Client,
     provider: &Provider,
     class: &ProviderClass,
+    backend: &BackendWorkload,
     w: &Workloads,
 ) -> Result<()> {
     if w.binds_class_role {
-        check_class_role(kube, class, &w.class_binding.role_ref.name).await?;
+        check_class_role(kube, class, backend, &w.class_binding.role_ref.name).await?;
     }
     let in_ns = |meta: &kube::api::ObjectMeta| meta.namespace.clone().unwrap_or_default();
     apply(
@@ -445,8 +460,13 @@ fn is_forbidden(e: &Error) -> bool {
 
 /// Fails with `ProviderClassRoleMissing` unless the ClusterRole the administrator grants the
 /// class holds every rule of its `additionalRules`, and the rights on its machines when the
-/// class's kind keeps them in that role ([`workloads::BackendWorkload::class_role_rules`]).
-async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str) -> Result<()> {
+/// class's kind keeps them in that role ([`BackendWorkload::class_role_rules`]).
+async fn check_class_role(
+    kube: &kube::Client,
+    class: &ProviderClass,
+    backend: &BackendWorkload,
+    role: &str,
+) -> Result<()> {
     let held = Api::<ClusterRole>::all(kube.clone())
         .get_opt(role)
         .await
@@ -455,11 +475,6 @@ async fn check_class_role(kube: &kube::Client, class: &ProviderClass, role: &str
         reason: reasons::PROVIDER_CLASS_ROLE_MISSING,
         message,
     };
-    let backend =
-        workloads::backend_workload(&class.spec.machine_kind).ok_or_else(|| Error::Invalid {
-            reason: crate::reasons::UNSUPPORTED_MACHINE_KIND,
-            message: format!("no provider runs {} machines", class.spec.machine_kind),
-        })?;
     let what = if backend.class_role_rules.is_empty() {
         "the additionalRules".to_owned()
     } else {
@@ -584,29 +599,33 @@ async fn cleanup(provider: &Provider, api: &Api<Provider>, ctx: &Context) -> Res
         .map_err(Error::kube("read ProviderClass"))?;
     // The workload must outlive its machines: it is the only thing that can destroy their
     // domains or VMs, and a machine whose finalizer nobody removes blocks its owners forever.
-    // Without its class the kind is unknown; the default kind's are the ones waited for.
-    // Without its class, or of a kind no provider runs, the kind is unknown; the default
-    // kind's are the ones waited for.
-    let machines = class
+    // Without its class, or of a kind no provider runs, the kind is unknown: the machines of
+    // every kind this build runs are waited for.
+    let kinds: Vec<&BackendWorkload> = match class
         .as_ref()
-        .and_then(|c| workloads::backend_workload(&c.spec.machine_kind))
-        .map(|backend| backend.machines)
-        .unwrap_or_else(|| kube::api::ApiResource::erase::<banlieue_api::LibvirtMachine>(&()));
-    let listed = Api::<DynamicObject>::namespaced_with(ctx.kube.clone(), &ns, &machines)
-        .list(&Default::default())
-        .await
-        .map_err(Error::kube(format!("list {}s", machines.kind)))?;
-    let remaining = remaining_machines(&listed.items, &name);
-    if !remaining.is_empty() {
-        let ready = conditions::new(
-            types::READY,
-            status::FALSE,
-            reasons::MACHINES_REMAIN,
-            machines_remain_message(&machines.kind, &remaining),
-            provider.metadata.generation,
-        );
-        publish(provider, api, ctx, ready).await?;
-        return Ok(Action::requeue(ctx.cfg.deletion_poll));
+        .and_then(|c| ctx.cfg.backend(&c.spec.machine_kind))
+    {
+        Some(backend) => vec![backend],
+        None => ctx.cfg.backends.iter().collect(),
+    };
+    for backend in kinds {
+        let machines = &backend.machines;
+        let listed = Api::<DynamicObject>::namespaced_with(ctx.kube.clone(), &ns, machines)
+            .list(&Default::default())
+            .await
+            .map_err(Error::kube(format!("list {}s", machines.kind)))?;
+        let remaining = remaining_machines(&listed.items, &name);
+        if !remaining.is_empty() {
+            let ready = conditions::new(
+                types::READY,
+                status::FALSE,
+                reasons::MACHINES_REMAIN,
+                machines_remain_message(&machines.kind, &remaining),
+                provider.metadata.generation,
+            );
+            publish(provider, api, ctx, ready).await?;
+            return Ok(Action::requeue(ctx.cfg.deletion_poll));
+        }
     }
     let build = class.as_ref().map_or_else(
         || banlieue_api::names::DEFAULT_BUILD_NAMESPACE.to_owned(),
@@ -664,7 +683,13 @@ mod tests {
     #[test]
     fn remaining_machines_are_those_naming_the_provider_of_any_kind() {
         let machine = |kind: banlieue_api::MachineKind, name: &str, spec: serde_json::Value| {
-            let backend = workloads::backend_workload(&kind).expect("built in");
+            let backend = [
+                banlieue_api::machine::libvirt_workload(),
+                banlieue_api::vsphere::workload(),
+            ]
+            .into_iter()
+            .find(|backend| backend.kind == kind)
+            .expect("an in-tree kind");
             let mut m = DynamicObject::new(name, &backend.machines);
             m.data = serde_json::json!({ "spec": spec });
             m

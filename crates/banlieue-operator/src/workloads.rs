@@ -18,13 +18,13 @@
 //! | ServiceAccount `banlieue-import-<ns>-<p>-<hash>` | build (libvirt) | the import Jobs' account, unless the class names a shared one |
 //!
 //! What differs between the classes' workloads (the provider they run, where and when the
-//! class's ClusterRole is bound) is decided once, by the class's machine kind, in
-//! [`backend_workload`].
+//! class's ClusterRole is bound) is the class's backend's [`BackendWorkload`], from the
+//! binary's list of backend descriptors: nothing here names a backend.
 
 use std::collections::BTreeMap;
 
 use banlieue_api::names::{self, LABEL_MANAGED_BY, LABEL_PROVIDER};
-use banlieue_api::{LibvirtMachine, MachineKind, Provider, ProviderClass, VSphereMachine};
+use banlieue_api::{Provider, ProviderClass};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
@@ -34,10 +34,13 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::ApiResource;
 use kube::{Resource, ResourceExt};
 
-use crate::import_settings::ImportSettings;
+use banlieue_api::backend::{BackendWorkload, ClassRoleScope};
+pub use banlieue_provider_kit::import_settings::ImportSettings;
+pub use banlieue_provider_kit::workload_names::{
+    class_role_name, import_account_name, import_binding_name, outside_name, workload_name,
+};
 
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "banlieue-operator";
@@ -90,114 +93,6 @@ pub struct Workloads {
     pub binds_class_role: bool,
 }
 
-/// Where a class's ClusterRole `banlieue-provider-class-<class>` is bound for each Provider.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClassRoleScope {
-    /// The class's build namespace, and only when the class declares `additionalRules`: the
-    /// role holds what import Jobs need (libvirt).
-    BuildNamespace,
-    /// The Provider's own namespace, always: the role holds the rights on the class's
-    /// machines, which `banlieue-provider-base` does not grant (vSphere).
-    ProviderNamespace,
-}
-
-/// What the operator does differently for the providers of one machine kind. The only place
-/// the operator tells backends apart.
-#[derive(Clone, Debug)]
-pub struct BackendWorkload {
-    /// The backend's word in `banlieue provider <backend> run`.
-    pub subcommand: &'static str,
-    /// Where the class's ClusterRole is bound.
-    pub class_role: ClassRoleScope,
-    /// What the class's ClusterRole must grant whatever the class declares: the rights on
-    /// the kind's machines when the base role does not hold them.
-    pub class_role_rules: Vec<PolicyRule>,
-    /// The kind's machines, which a Provider being deleted waits for.
-    pub machines: ApiResource,
-}
-
-/// The workload of the providers of `kind`, when banlieue has a provider for it. The only
-/// `match` on kinds in the operator: a backend adds its arm here.
-pub fn backend_workload(kind: &MachineKind) -> Option<BackendWorkload> {
-    if *kind == MachineKind::LIBVIRT_MACHINE {
-        Some(BackendWorkload {
-            subcommand: "libvirt",
-            class_role: ClassRoleScope::BuildNamespace,
-            // `banlieue-provider-base` holds the LibvirtMachine rights.
-            class_role_rules: Vec::new(),
-            machines: ApiResource::erase::<LibvirtMachine>(&()),
-        })
-    } else if *kind == MachineKind::VSPHERE_MACHINE {
-        Some(BackendWorkload {
-            subcommand: "vsphere",
-            class_role: ClassRoleScope::ProviderNamespace,
-            class_role_rules: machine_rules("vspheremachines"),
-            machines: ApiResource::erase::<VSphereMachine>(&()),
-        })
-    } else {
-        None
-    }
-}
-
-/// A provider's rights on its machines of resource `plural`: it reads them, adds and removes
-/// its finalizer and reports in the status; it never creates or deletes one.
-fn machine_rules(plural: &str) -> Vec<PolicyRule> {
-    vec![
-        rule(
-            &[names::GROUP],
-            &[plural],
-            &["get", "list", "watch", "patch"],
-            &[],
-        ),
-        rule(
-            &[names::GROUP],
-            &[&format!("{plural}/status"), &format!("{plural}/finalizers")],
-            &["patch"],
-            &[],
-        ),
-    ]
-}
-
-/// The name of the Provider's namespaced objects: `banlieue-provider-<name>`.
-pub fn workload_name(provider: &str) -> String {
-    names::shorten(&format!("banlieue-provider-{provider}"))
-}
-
-/// The ClusterRole an administrator grants the Providers of `class` in the build namespace.
-pub fn class_role_name(class: &str) -> String {
-    names::shorten(&format!("banlieue-provider-class-{class}"))
-}
-
-/// The name of a Provider's objects outside its namespace (its RoleBinding in the build
-/// namespace), where several namespaces meet. `<namespace>-<name>`
-/// alone is ambiguous (`a-b`/`c` and `a`/`b-c` give the same), and the operator force-applies
-/// and deletes these by name, so one Provider would take over and then delete the other's: a
-/// digest of `<namespace>/<name>` (a `/` is in neither) makes the name unique.
-pub fn outside_name(namespace: &str, provider: &str) -> String {
-    names::shorten(&format!(
-        "banlieue-provider-{namespace}-{provider}-{}",
-        outside_hash(namespace, provider)
-    ))
-}
-
-/// The ServiceAccount a Provider's import Jobs run as in the import namespace when its class
-/// names none: `banlieue-import-<namespace>-<name>-<hash>`, unique per Provider for the reason
-/// [`outside_name`] gives. `deploy/admission/workload-pins.yaml` lets a provider start Jobs as
-/// the account that begins with this name's first 40 characters (CEL cannot compute the hash).
-pub fn import_account_name(namespace: &str, provider: &str) -> String {
-    names::shorten(&format!(
-        "banlieue-import-{namespace}-{provider}-{}",
-        outside_hash(namespace, provider)
-    ))
-}
-
-/// 8 hex digits of the SHA-256 of `<namespace>/<name>` (a `/` is in neither).
-fn outside_hash(namespace: &str, provider: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(format!("{namespace}/{provider}").as_bytes());
-    digest[..4].iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The ServiceAccount `provider`'s workload runs as.
 pub fn provider_subject(provider: &Provider) -> Subject {
     service_account_subject(
@@ -223,11 +118,6 @@ pub fn cluster_subjects(
         (false, true) => Some(current.iter().cloned().chain([subject.clone()]).collect()),
         (true, false) => Some(current.iter().filter(|s| !same(s)).cloned().collect()),
     }
-}
-
-/// The RoleBinding granting the import ServiceAccount its reads in the Provider's namespace.
-pub fn import_binding_name(provider: &str) -> String {
-    names::shorten(&format!("banlieue-import-{provider}"))
 }
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
@@ -418,7 +308,11 @@ fn deployment(
 
 /// Builds the workload of `provider`, run by `class`. `None` when the Provider has no name,
 /// namespace or uid yet (it was not read from the API server).
-pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
+pub fn build(
+    provider: &Provider,
+    class: &ProviderClass,
+    backend: &BackendWorkload,
+) -> Option<Workloads> {
     let name = provider.metadata.name.clone()?;
     let ns = provider.metadata.namespace.clone()?;
     provider.metadata.uid.as_ref()?;
@@ -495,7 +389,6 @@ pub fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
         ..ServiceAccount::default()
     };
 
-    let backend = backend_workload(&class.spec.machine_kind)?;
     let deployment = deployment(meta(wl.clone()), &name, &ns, class, backend.subcommand);
 
     let cluster_subject = provider_subject(provider);
@@ -570,6 +463,27 @@ pub fn uncovered(wanted: &[PolicyRule], held: &[PolicyRule]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use banlieue_api::MachineKind;
+
+    /// The workload of `kind` among the in-tree backends, as the binary's list gives it.
+    fn backend_workload(kind: &MachineKind) -> Option<BackendWorkload> {
+        [
+            banlieue_api::machine::libvirt_workload(),
+            banlieue_api::vsphere::workload(),
+        ]
+        .into_iter()
+        .find(|backend| backend.kind == *kind)
+    }
+
+    /// The workloads of `provider`, with its class's backend.
+    fn build(provider: &Provider, class: &ProviderClass) -> Option<Workloads> {
+        super::build(
+            provider,
+            class,
+            &backend_workload(&class.spec.machine_kind)?,
+        )
+    }
     use banlieue_api::{
         LocalObjectReference, ProviderClassSpec, ProviderConnection, ProviderSpec, ValueOrSource,
     };
