@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::Result;
+use banlieue_api::backend::{BackendWorkload, ClassRoleScope};
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{Provider, ProviderClass};
 use banlieue_operator::{OperatorConfig, run_operator, workloads};
@@ -24,14 +25,30 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tokio::sync::oneshot;
 
 /// Runs the operator for `ns`, as the controller's ServiceAccount, until the returned sender
-/// is dropped.
+/// is dropped, with the workloads of the backends the binary ships.
 fn start_operator(controller: &kube::Client, ns: &str) -> oneshot::Sender<()> {
+    start_operator_with(
+        controller,
+        ns,
+        vec![
+            banlieue_provider_libvirt::backend::descriptor().workload,
+            banlieue_api::vsphere::workload(),
+        ],
+    )
+}
+
+/// [`start_operator`] with the workloads of `backends`.
+fn start_operator_with(
+    controller: &kube::Client,
+    ns: &str,
+    backends: Vec<BackendWorkload>,
+) -> oneshot::Sender<()> {
     let (tx, rx) = oneshot::channel::<()>();
     let cfg = OperatorConfig {
         resync: Duration::from_secs(3),
         deletion_poll: Duration::from_secs(1),
         namespace: Some(ns.to_owned()),
-        backends: vec![banlieue_provider_libvirt::backend::descriptor().workload],
+        backends,
     };
     let kube = controller.clone();
     tokio::spawn(async move {
@@ -809,6 +826,197 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
     })
     .await?;
     classes.delete("vsphere", &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// A test-only machine kind, as a third backend's descriptor would give the operator: its CRD
+/// in a group of its own and its workload, whose class role (bound beside the Provider) holds
+/// the provider's rights on its machines.
+mod third_kind {
+    use super::*;
+
+    pub const GROUP: &str = "test.banlieue.io";
+    pub const PLURAL: &str = "memorymachines";
+    pub const CLASS: &str = "memory";
+
+    pub fn workload() -> BackendWorkload {
+        let rule = |resources: &[&str], verbs: &[&str]| k8s_openapi::api::rbac::v1::PolicyRule {
+            api_groups: Some(vec![GROUP.to_owned()]),
+            resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            ..Default::default()
+        };
+        BackendWorkload {
+            kind: banlieue_api::MachineKind::new("MemoryMachine").expect("a kind name"),
+            subcommand: "memory",
+            class_role: ClassRoleScope::ProviderNamespace,
+            class_role_rules: vec![
+                rule(&[PLURAL], &["get", "list", "watch", "patch"]),
+                rule(
+                    &["memorymachines/status", "memorymachines/finalizers"],
+                    &["patch"],
+                ),
+            ],
+            machines: kube::api::ApiResource {
+                group: GROUP.into(),
+                version: "v1alpha1".into(),
+                api_version: format!("{GROUP}/v1alpha1"),
+                kind: "MemoryMachine".into(),
+                plural: PLURAL.into(),
+            },
+        }
+    }
+
+    /// What an administrator adding the backend installs: its CRD, its class and the class's
+    /// role, and the controller's right to bind that role and to list the machines its
+    /// Providers' deletion waits for.
+    pub async fn install(kube: &kube::Client) -> Result<()> {
+        let apply = kube::api::PatchParams::apply("test").force();
+        let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{PLURAL}.{GROUP}")},
+                "spec": {"group": GROUP, "scope": "Namespaced",
+                         "names": {"kind": "MemoryMachine", "plural": PLURAL,
+                                   "singular": "memorymachine", "listKind": "MemoryMachineList"},
+                         "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                                       "subresources": {"status": {}},
+                                       "schema": {"openAPIV3Schema": {"type": "object",
+                                           "x-kubernetes-preserve-unknown-fields": true}}}]}
+            }))?;
+        banlieue_testenv::control_plane::apply_crds(kube, vec![crd]).await?;
+        let role_name = workloads::class_role_name(CLASS);
+        let class_role: k8s_openapi::api::rbac::v1::ClusterRole =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": role_name},
+                "rules": workload().class_role_rules,
+            }))?;
+        let admin_grant: k8s_openapi::api::rbac::v1::ClusterRole =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "banlieue-controller-memory"},
+                "rules": [
+                    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                     "verbs": ["bind"], "resourceNames": [role_name]},
+                    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["list"]},
+                ],
+            }))?;
+        let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(kube.clone());
+        for role in [&class_role, &admin_grant] {
+            roles
+                .patch(&role.name_any(), &apply, &kube::api::Patch::Apply(role))
+                .await?;
+        }
+        let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "banlieue-controller-memory"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "banlieue-controller-memory"},
+            "subjects": [{"kind": "ServiceAccount", "name": common::CONTROLLER_SA,
+                          "namespace": common::CONTROLLER_NS}],
+        }))?;
+        Api::<ClusterRoleBinding>::all(kube.clone())
+            .patch(
+                "banlieue-controller-memory",
+                &apply,
+                &kube::api::Patch::Apply(&binding),
+            )
+            .await?;
+        let class: ProviderClass = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "ProviderClass",
+            "metadata": {"name": CLASS},
+            "spec": {"image": "banlieue:test", "machineKind": "MemoryMachine"}
+        }))?;
+        Api::<ProviderClass>::all(kube.clone())
+            .patch(CLASS, &apply, &kube::api::Patch::Apply(&class))
+            .await?;
+        Ok(())
+    }
+}
+
+/// The operator names no backend: a kind it is given beside the shipped ones runs its own
+/// provider (`provider memory run`), with its class role bound where its workload says, and a
+/// Provider of that kind is deleted only once its machines are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_kind_in_the_operators_list_runs_its_own_provider() -> Result<()> {
+    let cp = control_plane().await;
+    let kube = cp.client()?;
+    let ns = cp.fresh_namespace().await?;
+    let controller = controller_identity(cp, &ns).await?;
+    third_kind::install(&kube).await?;
+    let _operator = start_operator_with(
+        &controller,
+        &ns,
+        vec![
+            banlieue_provider_libvirt::backend::descriptor().workload,
+            third_kind::workload(),
+        ],
+    );
+    let api: Api<Provider> = Api::namespaced(kube.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &provider(
+            "mem-1",
+            third_kind::CLASS,
+            "memory://127.0.0.1",
+            banlieue_api::ProviderCapabilities::default(),
+        ),
+    )
+    .await?;
+    let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
+    let wl = workloads::workload_name("mem-1");
+    let deployment = eventually("the third kind's workload", 60, || async {
+        Ok(deployments.get_opt(&wl).await?)
+    })
+    .await?;
+    let args = deployment
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    assert_eq!(
+        args,
+        [
+            "provider",
+            "memory",
+            "run",
+            "--provider",
+            "mem-1",
+            "--namespace",
+            ns.as_str()
+        ]
+    );
+    let binding = Api::<RoleBinding>::namespaced(kube.clone(), &ns)
+        .get(&format!("{wl}-class"))
+        .await?;
+    assert_eq!(
+        binding.role_ref.name,
+        workloads::class_role_name(third_kind::CLASS)
+    );
+
+    let machines = Api::<kube::api::DynamicObject>::namespaced_with(
+        kube.clone(),
+        &ns,
+        &third_kind::workload().machines,
+    );
+    let mut machine =
+        kube::api::DynamicObject::new("mm-1", &third_kind::workload().machines).within(&ns);
+    machine.data = serde_json::json!({"spec": {"providerRef": {"name": "mem-1"}}});
+    machines.create(&PostParams::default(), &machine).await?;
+    api.delete("mem-1", &DeleteParams::default()).await?;
+    let p = wait_ready(&api, "mem-1", "MachinesRemain", |c| {
+        c.reason == "MachinesRemain"
+    })
+    .await?;
+    assert!(
+        ready_of(&p).message.contains("1 MemoryMachine(s)"),
+        "{}",
+        ready_of(&p).message
+    );
+    machines.delete("mm-1", &DeleteParams::default()).await?;
+    eventually("Provider gone once its machines are", 60, || async {
+        Ok(api.get_opt("mem-1").await?.is_none().then_some(()))
+    })
+    .await?;
     Ok(())
 }
 
