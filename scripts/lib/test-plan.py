@@ -67,7 +67,7 @@ RUNS_A_NODE = {
     "banlieue-testenv::node",
     "banlieue-testenv::node_teardown",
     "banlieue-testenv::agent_sandbox",
-    "banlieue-controller::side_by_side",
+    "banlieue-dev::side_by_side",
     "banlieue::deployed",
     "banlieue::two_nodes",
 }
@@ -81,7 +81,7 @@ def late_setup():
         "helm": lambda name: name in ("banlieue::helm", "test.d/60-deployed: helm"),
         "oldest-kubernetes": lambda name: name.endswith(oldest),
         "agent-sandbox": lambda name: name in ("banlieue-testenv::agent_sandbox",
-                                               "banlieue-controller::side_by_side"),
+                                               "banlieue-dev::side_by_side"),
     }
 
 
@@ -102,7 +102,7 @@ FIRST_ESTIMATES = {
     "banlieue-provider-libvirt::machine": 98,
     "banlieue::multi_host": 89,
     "banlieue::provider_crash": 81,
-    "banlieue-controller::side_by_side": 79,
+    "banlieue-dev::side_by_side": 79,
     "banlieue-controller::integration (Kubernetes v1.34.4)": 76,
     "setup agent-sandbox": 74,
     "banlieue-controller::integration": 73,

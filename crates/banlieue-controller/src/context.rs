@@ -24,6 +24,7 @@ use crate::hosts::HostStates;
 use crate::machine_builder::{Machine, MachineBackend};
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
+use crate::pool::startup::StartupFailures;
 use crate::reservations::Reservations;
 use crate::spread::RecentPlacements;
 
@@ -372,61 +373,5 @@ impl LastWrites {
         let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
         at.retain(|_, t| now.saturating_duration_since(*t) < self.keep);
         at.insert(key.to_owned(), now);
-    }
-}
-
-/// A pool's current streak of members that did not start in time.
-#[derive(Clone, Debug)]
-pub(crate) struct StartupStreak {
-    pub failures: u32,
-    pub last_at: k8s_openapi::jiff::Timestamp,
-    pub last_members: Vec<String>,
-}
-
-/// Startup-failure streaks by pool. Kept in memory: a restarted controller starts without a
-/// backoff, and the next failure starts a new streak.
-#[derive(Debug, Default)]
-pub(crate) struct StartupFailures {
-    by_pool: Mutex<HashMap<String, StartupStreak>>,
-}
-
-impl StartupFailures {
-    pub fn failed(&self, pool: &str, members: &[String], at: k8s_openapi::jiff::Timestamp) {
-        let mut by_pool = self.by_pool.lock().unwrap_or_else(PoisonError::into_inner);
-        let streak = by_pool.entry(pool.to_owned()).or_insert(StartupStreak {
-            failures: 0,
-            last_at: at,
-            last_members: Vec::new(),
-        });
-        streak.failures = streak
-            .failures
-            .saturating_add(u32::try_from(members.len()).unwrap_or(u32::MAX));
-        streak.last_at = at;
-        streak.last_members = members.to_vec();
-    }
-
-    pub fn recovered(&self, pool: &str) {
-        self.by_pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(pool);
-    }
-
-    pub fn streak(&self, pool: &str) -> Option<StartupStreak> {
-        self.by_pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(pool)
-            .cloned()
-    }
-
-    /// The end of the pool's create backoff, if it is in one.
-    pub fn creates_not_before(&self, pool: &str) -> Option<k8s_openapi::jiff::Timestamp> {
-        let streak = self.streak(pool)?;
-        let wait = crate::pool::decide::startup_backoff(streak.failures);
-        streak
-            .last_at
-            .checked_add(k8s_openapi::jiff::SignedDuration::try_from(wait).ok()?)
-            .ok()
     }
 }

@@ -4,8 +4,8 @@
 //! It never talks to a backend, and knows machine kinds only in [`machine_builder`].
 //!
 //! Each reconciler observes snapshots from reflector caches, decides with a pure function
-//! (`scheduling`, `pool::decide`, `claim::decide`, `machine_status`) and acts with a thin layer of
-//! patches. Entry point: [`run`].
+//! (`scheduling`, `vm::decide`, `pool::decide`, `claim::decide`, `machine_status`) and acts with
+//! a thin layer of patches. Entry point: [`run`].
 
 mod caches;
 pub mod claim;

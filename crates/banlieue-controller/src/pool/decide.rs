@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use crate::context::StartupStreak;
+use super::startup::{StartupStreak, startup_backoff};
 use crate::member::MemberView;
 
 /// The message of a GuestReady pool whose members never publish the signal.
@@ -460,17 +460,6 @@ pub(crate) fn next_status(
         conditions::set(&mut next.conditions, degraded, now);
     }
     next
-}
-
-/// The wait before the next create after `failures` consecutive startup failures: 10 s,
-/// doubling, at most 5 minutes.
-pub fn startup_backoff(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_secs(10)
-        .saturating_mul(1u32 << (failures - 1).min(5))
-        .min(Duration::from_secs(300))
 }
 
 /// The least time between two status writes of one pool that change only its counts. Under a
@@ -1017,11 +1006,5 @@ mod tests {
         assert_eq!(plan.revisit_after, Some(Duration::from_millis(30_100)));
         p.creates_not_before = Some(t(1000));
         assert_eq!(decide(&p).creates, 3, "the backoff is over");
-    }
-
-    #[test]
-    fn the_startup_backoff_doubles_to_five_minutes() {
-        let waits: Vec<u64> = (0..8).map(|n| startup_backoff(n).as_secs()).collect();
-        assert_eq!(waits, vec![0, 10, 20, 40, 80, 160, 300, 300]);
     }
 }

@@ -16,12 +16,12 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::decide::{self, MachineTeardown, StandbyStep, StatusSource};
 use crate::context::{Context, cached, namespace_of, uid_of};
 use crate::error::{Error, Result, is_not_found};
-use crate::machine_builder::{self, Machine, MachineBackend, MachineInput};
+use crate::machine_builder::{Machine, MachineBackend};
 use crate::machine_status::{self, Scheduled};
 use crate::scheduling::{self, ScheduleInput};
-use crate::standby;
 
 /// How often a VirtualMachine waiting for its machine to go is looked at, in case the delete
 /// event is missed.
@@ -57,20 +57,8 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     let current = vm.status.clone().unwrap_or_default();
     let generation = vm.metadata.generation;
     let now = Time(Timestamp::now());
-    let backends = &ctx.config.machine_backends;
-    let known_backend = match &current.machine_ref {
-        Some(reference) => {
-            Some(
-                backends
-                    .of_reference(reference)
-                    .ok_or_else(|| Error::UnknownMachineKind {
-                        kind: reference.kind.clone(),
-                        name: reference.name.clone(),
-                    })?,
-            )
-        }
-        None => None,
-    };
+    let known_backend =
+        decide::referenced_backend(&ctx.config.machine_backends, current.machine_ref.as_ref())?;
     let machine = ctx.stores.machines.find_owned(
         known_backend.map(|backend| backend.kind_name),
         &namespace,
@@ -89,36 +77,31 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         );
         (next, Some(machine))
     };
-    let (mut next, mirrored) = match (&current.machine_ref, known_backend, machine) {
-        (Some(_), _, Some(machine)) => mirror(machine),
-        (Some(reference), Some(backend), None) => {
-            // The cache may lag behind a machine created a moment ago; only the API server can
-            // say it is gone.
+    let source = decide::status_source(current.machine_ref.as_ref(), known_backend, machine);
+    let (mut next, mirrored) = match source {
+        StatusSource::Mirror(machine) => mirror(machine),
+        StatusSource::AskApiServer { backend, name } => {
             let api = backend.api(&ctx.client, &namespace);
-            match api.get_opt(&reference.name).await? {
+            match api.get_opt(&name).await? {
                 Some(object) => mirror(Machine::read(backend, object)?),
                 None => (
-                    machine_status::machine_deleted(&current, &reference.name, generation, now),
+                    machine_status::machine_deleted(&current, &name, generation, now),
                     None,
                 ),
             }
         }
-        // A reference always has a kind (an unknown one returned above).
-        (Some(reference), None, None) => (
-            machine_status::machine_deleted(&current, &reference.name, generation, now),
+        StatusSource::MachineDeleted { name } => (
+            machine_status::machine_deleted(&current, &name, generation, now),
             None,
         ),
-        // The machine was created but the status saying so was lost (a crash between the
-        // two writes): adopt it as it is rather than scheduling again, which could choose
-        // another provider and rewrite a machine that is already being realised.
-        (None, _, Some(machine)) => {
+        StatusSource::Adopt(machine) => {
             let site = adopted_site(&ctx, &namespace, &vm, &machine);
             (
                 machine_status::scheduled(&current, &site, generation, now),
                 None,
             )
         }
-        (None, _, None) => (place(&vm, &ctx, &namespace, &current, now).await?, None),
+        StatusSource::Schedule => (place(&vm, &ctx, &namespace, &current, now).await?, None),
     };
     if let Some(machine) = &mirrored {
         next.standby = ask_for_standby(&vm, &next, machine, &ctx, &namespace).await?;
@@ -127,21 +110,14 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         let written = ctx.patch_status(&vms, &name, &next).await?;
         ctx.vm_writes.wrote(vm.as_ref(), written);
     }
-    Ok(if next.machine_ref.is_some() {
-        Action::requeue(ctx.config.resync)
-    } else {
-        // Unschedulable: Provider and VMImage changes wake it (each trigger follows its cache
-        // update, so whichever of the VM and the image arrives second sees the other). The
-        // recheck is a backstop that reads caches only, so it is cheap.
-        Action::requeue(ctx.config.resync.min(UNSCHEDULABLE_RECHECK))
-    })
+    Ok(Action::requeue(decide::look_again_after(
+        &next,
+        ctx.config.resync,
+    )))
 }
 
-/// Saved warm members (ADR-0073): writes the machine's `spec.standby` when the member's
-/// state asks for another (saved once it reached its pool's readiness unclaimed, running once
-/// claimed), and returns the standby the VirtualMachine reports (`next` is its status about
-/// to be written; the provider's report counts only once it has seen the latest spec). A
-/// VirtualMachine that does not ask for saved standby reports none, and costs nothing here.
+/// Saved warm members (ADR-0073): carries out [`decide::standby_step`] (`next` is the
+/// status about to be written) and returns the standby the VirtualMachine reports.
 async fn ask_for_standby(
     vm: &VirtualMachine,
     next: &VirtualMachineStatus,
@@ -149,68 +125,40 @@ async fn ask_for_standby(
     ctx: &Context,
     namespace: &str,
 ) -> Result<Option<banlieue_api::Standby>> {
-    if vm.spec.standby != Some(banlieue_api::Standby::Saved) {
-        return Ok(None);
-    }
-    if let Some(failed) = banlieue_api::conditions::find(
-        &machine.status.conditions,
-        banlieue_api::conditions::types::READY,
-    )
-    .filter(|c| c.reason == banlieue_api::conditions::reasons::RESTORE_FAILED)
-    {
-        // The member cannot run again (its provider keeps it down rather than boot it afresh
-        // under the same spec): a claimed one is a vanished member, which the claim's rule
-        // for one handles (the guides'), and an unclaimed one is replaced by its pool.
-        ctx.event(
-            vm,
-            EventType::Warning,
-            failed.reason.as_str(),
-            failed.message.clone(),
-        )
-        .await;
-        match ctx
-            .api::<VirtualMachine>(namespace)
-            .delete(&vm.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(error) if is_not_found(&error) => {}
-            Err(error) => return Err(error.into()),
-        }
-        return Ok(None);
-    }
-    let backend = ctx.config.machine_backends.get(&machine.kind);
-    let saves = backend.is_some_and(|b| b.saves);
-    let generation = machine.object.metadata.generation;
-    let readiness = vm
+    let pool = vm
         .labels()
         .get(names::LABEL_POOL)
-        .and_then(|pool| cached(&ctx.stores.pools, namespace, pool))
-        .filter(|pool| pool.uid().as_deref() == crate::member::controller_uid(vm))
-        .map(|pool| pool.spec.readiness);
-    // Judged on the status about to be written: the mirror of what the machine says now.
-    let mut judged = vm.clone();
-    judged.status = Some(next.clone());
-    let desired = standby::desired(&judged, readiness, saves);
-    if let (Some(backend), true) = (backend, standby::needs_write(machine.spec.standby, desired)) {
-        let patch = serde_json::json!({ "spec": { "standby": desired } });
-        backend
-            .api(&ctx.client, namespace)
-            .patch(
-                &machine.object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        // The provider has not seen this spec yet.
-        return Ok(None);
+        .and_then(|pool| cached(&ctx.stores.pools, namespace, pool));
+    let backend = ctx.config.machine_backends.get(&machine.kind);
+    match decide::standby_step(vm, next, machine, pool.as_deref(), backend) {
+        StandbyStep::NotAsked => Ok(None),
+        StandbyStep::RestoreFailed { reason, message } => {
+            ctx.event(vm, EventType::Warning, &reason, message).await;
+            match ctx
+                .api::<VirtualMachine>(namespace)
+                .delete(&vm.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(error) if is_not_found(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+            Ok(None)
+        }
+        StandbyStep::Ask { backend, standby } => {
+            let patch = serde_json::json!({ "spec": { "standby": standby } });
+            backend
+                .api(&ctx.client, namespace)
+                .patch(
+                    &machine.object.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+            Ok(None)
+        }
+        StandbyStep::Report(standby) => Ok(standby),
     }
-    Ok(standby::reported(
-        &machine.spec,
-        &machine.status,
-        generation,
-        saves,
-    ))
 }
 
 /// The status of a VirtualMachine without a machine: scheduled, its machine created (by
@@ -227,11 +175,7 @@ async fn place(
     let generation = vm.metadata.generation;
     match schedule(vm, ctx, namespace) {
         Err(failure) => {
-            if !current
-                .conditions
-                .iter()
-                .any(|c| c.reason == failure.reason)
-            {
+            if decide::announces_unschedulable(current, &failure) {
                 ctx.event(
                     vm,
                     EventType::Warning,
@@ -265,9 +209,6 @@ async fn place(
     }
 }
 
-/// How soon an unschedulable VirtualMachine looks at its caches again without an event.
-const UNSCHEDULABLE_RECHECK: Duration = Duration::from_secs(5);
-
 /// Deletes the machine and waits for it to be gone from the API server before letting the
 /// VirtualMachine go: the machine's own finalizer holds until the provider has torn it down.
 /// The machine is looked for under the kind the status names, or under every kind when the
@@ -276,26 +217,21 @@ async fn teardown(vm: &VirtualMachine, ctx: &Context, namespace: &str) -> Result
     let vms = ctx.api::<VirtualMachine>(namespace);
     let name = vm.name_any();
     let uid = vm.uid().unwrap_or_default();
-    let backends = &ctx.config.machine_backends;
-    let candidates: Vec<&MachineBackend> =
-        match vm.status.as_ref().and_then(|s| s.machine_ref.as_ref()) {
-            Some(reference) => backends.of_reference(reference).into_iter().collect(),
-            None => backends.iter().collect(),
-        };
-    for backend in candidates {
+    for backend in decide::teardown_kinds(&ctx.config.machine_backends, vm.status.as_ref()) {
         let machines = backend.api(&ctx.client, namespace);
         let Some(machine) = machines.get_opt(&name).await? else {
             continue;
         };
-        if !machine.owner_references().iter().any(|o| o.uid == uid) {
-            continue;
-        }
-        if machine.metadata.deletion_timestamp.is_none() {
-            match machines.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(error) if is_not_found(&error) => {}
-                Err(error) => return Err(error.into()),
+        match decide::machine_teardown(&machine, &uid) {
+            MachineTeardown::NotOwned => continue,
+            MachineTeardown::Delete => {
+                match machines.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(error) if is_not_found(&error) => {}
+                    Err(error) => return Err(error.into()),
+                }
             }
+            MachineTeardown::AwaitGone => {}
         }
         return Ok(Action::requeue(TEARDOWN_POLL));
     }
@@ -359,66 +295,30 @@ fn schedule(
             Ok((placement, domain))
         },
     )?;
-    let class = class.ok_or_else(|| scheduling::Unschedulable {
-        reason: banlieue_api::conditions::reasons::CLASS_NOT_FOUND,
-        message: format!("vmclass {} does not exist", vm.spec.class_ref.name),
-    })?;
-    let backend = ctx
-        .config
-        .machine_backends
-        .get(&placement.machine_kind)
-        .ok_or_else(|| scheduling::Unschedulable {
-            reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
-            message: format!("no machine builder for {}", placement.machine_kind),
-        })?;
-    let machine = machine_builder::build(
-        backend,
-        &MachineInput {
-            vm,
-            class: &class,
-            placement: &placement,
-        },
-    )
-    .map_err(|error| scheduling::Unschedulable {
-        reason: banlieue_api::conditions::reasons::NO_BUILDER_FOR_CLASS,
-        message: format!(
-            "cannot build a machine for provider class {:?}: {}",
-            placement.provider_class,
-            banlieue_api::conditions::error_message(&error)
-        ),
-    })?;
+    let machine = decide::machine_for(
+        vm,
+        class.as_deref(),
+        &ctx.config.machine_backends,
+        &placement,
+    )?;
     Ok((placement, machine))
 }
 
-/// Where an existing machine is, for a VirtualMachine whose status lost it: the failure domain
-/// the machine's annotation records; for a machine older than the annotation, its Provider's
-/// only failure domain, else the Provider's name.
+/// [`decide::adopted_site`] of `machine`, with its Provider and the VirtualMachine's image
+/// from the caches.
 fn adopted_site(
     ctx: &Context,
     namespace: &str,
     vm: &VirtualMachine,
     machine: &Machine,
 ) -> Scheduled {
-    let provider_name = &machine.spec.provider_ref.name;
-    let provider = cached(&ctx.stores.providers, namespace, provider_name);
-    let failure_domain = machine
-        .failure_domain()
-        .map(str::to_owned)
-        .or_else(|| {
-            let domains = &provider.as_ref()?.status.as_ref()?.failure_domains;
-            match domains.as_slice() {
-                [only] => Some(only.name.clone()),
-                _ => None,
-            }
-        })
-        .unwrap_or_else(|| provider_name.clone());
+    let provider = cached(
+        &ctx.stores.providers,
+        namespace,
+        &machine.spec.provider_ref.name,
+    );
     let image = cached(&ctx.stores.images, namespace, &vm.spec.image_ref.name);
-    Scheduled {
-        machine: machine.reference(),
-        provider: provider_name.clone(),
-        failure_domain,
-        image_revision: image.as_deref().and_then(scheduling::image_revision),
-    }
+    decide::adopted_site(machine, provider.as_deref(), image.as_deref())
 }
 
 /// The builder of `kind`: scheduling placed the VirtualMachine only on a kind this

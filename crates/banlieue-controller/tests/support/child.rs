@@ -14,11 +14,14 @@ pub struct ChildController {
     pub log: PathBuf,
 }
 
-/// The standalone binary cargo builds for the integration tests.
+/// The standalone binary cargo builds for the tests that include this support: the
+/// controller's own, or banlieue-dev's build of the same source (a test can name only its own
+/// package's binaries).
 fn binary() -> TestResult<PathBuf> {
-    Ok(PathBuf::from(env!(
-        "CARGO_BIN_EXE_banlieue-controller-standalone"
-    )))
+    option_env!("CARGO_BIN_EXE_banlieue-controller-standalone")
+        .or(option_env!("CARGO_BIN_EXE_banlieue-dev-controller"))
+        .map(PathBuf::from)
+        .ok_or_else(|| "this test package builds no standalone controller".into())
 }
 
 /// Leader election timing for a candidate, in seconds.

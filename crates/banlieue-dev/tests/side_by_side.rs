@@ -18,7 +18,7 @@
 //! The benchmark (ignored; run it alone, with nothing else on the machine):
 //!
 //! ```text
-//! cargo test -p banlieue-controller --release --test side_by_side -- --ignored --nocapture
+//! cargo test -p banlieue-dev --release --test side_by_side -- --ignored --nocapture
 //! ```
 //!
 //! Its knobs: `BANLIEUE_SIDE_BY_SIDE_RUNS` (3), `…_SECONDS` (each rate's arrival window, 5),
@@ -30,6 +30,11 @@
 //! default otherwise, 32). The smoke test runs the same
 //! code at a tiny rate, so it cannot rot.
 
+// The controller's test support (its fixtures, the contract stand-in, the controller as a child
+// process), shared rather than copied. The benchmark lives here, not beside that support,
+// because it also needs `banlieue-dev`'s wiring, which depends on the controller: as the
+// controller's test it made banlieue-controller dev-depend on a crate that depends on it.
+#[path = "../../banlieue-controller/tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
