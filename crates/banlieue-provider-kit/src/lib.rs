@@ -14,11 +14,15 @@
 //! - [`narrow`]: narrowing a declaration to the targets a failure domain has;
 //! - [`import_settings`]: where a ProviderClass's image imports run;
 //! - [`image_zones`]: a provider's entry of a VMImage's per-provider status;
-//! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073).
+//! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073);
+//! - [`session`]: a backend's one connection, opened on first use and replaced once lost;
+//! - [`pump`]: following a backend's change feed into wake-ups of the machine reconcile,
+//!   resubscribing on a [`backoff::Backoff`].
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
+pub mod backoff;
 pub mod credentials;
 pub mod guest;
 pub mod image_zones;
@@ -27,6 +31,8 @@ pub mod machine;
 pub mod narrow;
 pub mod operator;
 pub mod provider_status;
+pub mod pump;
+pub mod session;
 pub mod standby;
 pub mod user_data;
 
