@@ -15,11 +15,15 @@
 //! - [`import_settings`]: where a ProviderClass's image imports run;
 //! - [`image_zones`]: a provider's entry of a VMImage's per-provider status;
 //! - [`workload_names`]: the names of a Provider's workload objects;
-//! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073).
+//! - [`standby`]: what a machine's status says of a saved or running machine (ADR-0073);
+//! - [`session`]: a backend's one connection, opened on first use and replaced once lost;
+//! - [`pump`]: following a backend's change feed into wake-ups of the machine reconcile,
+//!   resubscribing on a [`backoff::Backoff`].
 //!
 //! Everything here is backend-neutral: a backend says how it observes a guest (an agent
 //! channel, guestinfo variables) and the kit says what the observation means.
 
+pub mod backoff;
 pub mod credentials;
 pub mod descriptor;
 pub mod guest;
@@ -28,6 +32,8 @@ pub mod import_settings;
 pub mod machine;
 pub mod narrow;
 pub mod provider_status;
+pub mod pump;
+pub mod session;
 pub mod standby;
 pub mod user_data;
 pub mod workload_names;

@@ -20,7 +20,8 @@ use banlieue_api::{
 };
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
-use common::{Host, control_plane, credentials, eventually, none_left, provider};
+use banlieue_testenv::poll;
+use common::{Host, control_plane, credentials, none_left, provider};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, PostParams};
 
@@ -113,7 +114,7 @@ async fn machines_to_running_and_back() -> Result<()> {
             );
             api.create(&PostParams::default(), &m).await?;
         }
-        eventually("all running", 900, || async {
+        poll::until("all running", Duration::from_secs(900), || async {
             let list = api.list(&Default::default()).await?;
             let running = list
                 .items

@@ -20,9 +20,9 @@ use banlieue_libvirt::{Domain, DomainState, StoragePool, StorageVol};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
 use banlieue_provider_libvirt::metrics::Metrics;
+use banlieue_testenv::poll;
 use common::{
-    Host, control_plane, credentials, eventually, libvirt_class, none_left, provider,
-    provider_identity,
+    Host, control_plane, credentials, libvirt_class, none_left, provider, provider_identity,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -182,11 +182,11 @@ async fn wait_machine(
     secs: u64,
     check: impl Fn(&Condition) -> bool,
 ) -> Result<LibvirtMachine> {
-    eventually(what, secs, || async {
+    Ok(poll::until(what, Duration::from_secs(secs), || async {
         let m = api.get(name).await?;
         Ok(ready(&m).filter(&check).map(|_| m))
     })
-    .await
+    .await?)
 }
 
 async fn volume_names(host: &Host) -> Result<Vec<String>> {
@@ -434,7 +434,7 @@ async fn same_name_in_two_namespaces_makes_two_domains() -> Result<()> {
     assert_eq!(domains, expected);
     a.delete("web", &DeleteParams::default()).await?;
     b.delete("web", &DeleteParams::default()).await?;
-    eventually("both deleted", 120, || async {
+    poll::until("both deleted", Duration::from_secs(120), || async {
         Ok((a.get_opt("web").await?.is_none() && b.get_opt("web").await?.is_none()).then_some(()))
     })
     .await?;
@@ -676,7 +676,7 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     )
     .await?;
     // Stop the daemon as soon as the machine has its UUID: the reconcile is under way.
-    eventually("UUID recorded", 60, || async {
+    poll::until("UUID recorded", Duration::from_secs(60), || async {
         let m = api.get("web").await?;
         Ok(m.status.and_then(|s| s.domain_uuid))
     })
@@ -717,7 +717,7 @@ async fn a_stopped_libvirtd_is_reported_and_recovered_from() -> Result<()> {
     );
     assert_eq!(domain_names(&host).await?, vec![format!("{ns}-web")]);
     api.delete("web", &DeleteParams::default()).await?;
-    eventually("deleted", 120, || async {
+    poll::until("deleted", Duration::from_secs(120), || async {
         Ok(api.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
@@ -768,9 +768,11 @@ async fn a_teardown_across_a_libvirtd_restart_leaves_nothing_behind() -> Result<
         "the finalizer is released only once the host is clean"
     );
 
-    eventually("the machine to be gone", 180, || async {
-        Ok(api.get_opt("web").await?.is_none().then_some(()))
-    })
+    poll::until(
+        "the machine to be gone",
+        Duration::from_secs(180),
+        || async { Ok(api.get_opt("web").await?.is_none().then_some(())) },
+    )
     .await?;
     assert_eq!(domain_names(&host).await?, Vec::<String>::new());
     assert_eq!(volume_names(&host).await?, vec!["base.raw".to_owned()]);
@@ -798,17 +800,21 @@ async fn a_domain_stopped_behind_the_providers_back_is_started_on_its_event() ->
         .context("domain")?;
     let first_id = d.id();
     d.destroy().await?;
-    let restarted = eventually("the domain started again", 60, || async {
-        let d = Domain::lookup_by_name(&client, &domain)
-            .await?
-            .context("domain")?;
-        Ok((d.get_state().await?.0 == DomainState::Running).then_some(d))
-    })
+    let restarted = poll::until(
+        "the domain started again",
+        Duration::from_secs(60),
+        || async {
+            let d = Domain::lookup_by_name(&client, &domain)
+                .await?
+                .context("domain")?;
+            Ok((d.get_state().await?.0 == DomainState::Running).then_some(d))
+        },
+    )
     .await?;
     assert_ne!(restarted.id(), first_id, "a new QEMU process");
     let _ = client.close().await;
     api.delete("web", &DeleteParams::default()).await?;
-    eventually("deleted", 120, || async {
+    poll::until("deleted", Duration::from_secs(120), || async {
         Ok(api.get_opt("web").await?.is_none().then_some(()))
     })
     .await?;
@@ -1203,26 +1209,28 @@ async fn wait_standby(
     standby: Option<Standby>,
     ready_reason: &str,
 ) -> Result<LibvirtMachine> {
-    eventually(
+    Ok(poll::until(
         &format!("{name} reports {standby:?} ({ready_reason}) for generation {generation}"),
-        120,
+        Duration::from_secs(120),
         || async {
             let m = api.get(name).await?;
             let s = m.status.as_ref().context("a status")?;
             let done = s.contract.observed_generation == Some(generation)
                 && s.contract.standby == standby
                 && ready(&m).is_some_and(|c| c.reason == ready_reason);
-            anyhow::ensure!(
-                done,
-                "generation {:?}, standby {:?}, Ready {:?}",
-                s.contract.observed_generation,
-                s.contract.standby,
-                ready(&m).map(|c| (c.reason, c.message))
-            );
+            if !done {
+                return Err(format!(
+                    "generation {:?}, standby {:?}, Ready {:?}",
+                    s.contract.observed_generation,
+                    s.contract.standby,
+                    ready(&m).map(|c| (c.reason, c.message))
+                )
+                .into());
+            }
             Ok(Some(m))
         },
     )
-    .await
+    .await?)
 }
 
 /// Truncates a managed save image right after libvirt's header and the domain XML it carries
@@ -1488,11 +1496,15 @@ async fn a_secure_boot_machine_boots_the_signed_guest_with_secure_boot_on() -> R
     assert!(xml.contains("<smm state='on'/>"), "{xml}");
 
     // From inside: the agent answers once the guest is up (30–60 s under TCG).
-    let enforced = eventually("the guest agent reads SecureBoot", 240, || async {
-        Ok(Some(
-            banlieue_testenv::guest_agent::secure_boot(&host.libvirtd, &domain).await?,
-        ))
-    })
+    let enforced = poll::until(
+        "the guest agent reads SecureBoot",
+        Duration::from_secs(240),
+        || async {
+            Ok(Some(
+                banlieue_testenv::guest_agent::secure_boot(&host.libvirtd, &domain).await?,
+            ))
+        },
+    )
     .await?;
     assert!(enforced, "the guest reports Secure Boot off");
 

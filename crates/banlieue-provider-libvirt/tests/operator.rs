@@ -14,9 +14,8 @@ use banlieue_api::{Provider, ProviderClass};
 use banlieue_operator::{OperatorConfig, run_operator, workloads};
 use banlieue_provider_libvirt::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
-use common::{
-    Host, control_plane, controller_identity, credentials, eventually, provider, provider_class,
-};
+use banlieue_testenv::poll;
+use common::{Host, control_plane, controller_identity, credentials, provider, provider_class};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
@@ -69,9 +68,11 @@ async fn start_workload(
 ) -> Result<oneshot::Sender<()>> {
     let wl = workloads::workload_name(provider);
     let accounts: Api<ServiceAccount> = Api::namespaced(cp.client()?, ns);
-    eventually("the workload's ServiceAccount", 30, || async {
-        Ok(accounts.get_opt(&wl).await?)
-    })
+    poll::until(
+        "the workload's ServiceAccount",
+        Duration::from_secs(30),
+        || async { Ok(accounts.get_opt(&wl).await?) },
+    )
     .await?;
     let client = cp.client_as_service_account(ns, &wl).await?;
     let (tx, rx) = oneshot::channel::<()>();
@@ -106,7 +107,7 @@ async fn wait_ready(
     what: &str,
     check: impl Fn(&Condition) -> bool,
 ) -> Result<Provider> {
-    eventually(what, 60, || async {
+    Ok(poll::until(what, Duration::from_secs(60), || async {
         let p = api.get(name).await?;
         let ok = p
             .status
@@ -115,7 +116,7 @@ async fn wait_ready(
             .is_some_and(&check);
         Ok(ok.then_some(p))
     })
-    .await
+    .await?)
 }
 
 fn ready_of(p: &Provider) -> Condition {
@@ -177,17 +178,21 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
 
     // The transition was recorded as an Event on the Provider.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(kube.clone(), &ns);
-    eventually("a Connected event on the Provider", 30, || async {
-        let list = events.list(&Default::default()).await?;
-        Ok(list
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("Connected")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("edge-7")
-            })
-            .then_some(()))
-    })
+    poll::until(
+        "a Connected event on the Provider",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&Default::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("Connected")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("edge-7")
+                })
+                .then_some(()))
+        },
+    )
     .await?;
 
     // ADR-0012: the workload, owned by the Provider.
@@ -199,7 +204,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
                 .any(|r| r.kind == "Provider" && r.uid == uid && r.controller == Some(true))
         };
     let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
-    let deployment = eventually("Deployment", 30, || async {
+    let deployment = poll::until("Deployment", Duration::from_secs(30), || async {
         Ok(deployments.get_opt(&wl).await?)
     })
     .await?;
@@ -267,9 +272,11 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     // Provider's import pods hold its namespace's reads.
     let build_accounts = Api::<ServiceAccount>::namespaced(kube.clone(), "banlieue-imagebuild");
     let own_import = workloads::import_account_name(&ns, "edge-7");
-    eventually("the Provider's import ServiceAccount", 30, || async {
-        Ok(build_accounts.get_opt(&own_import).await?)
-    })
+    poll::until(
+        "the Provider's import ServiceAccount",
+        Duration::from_secs(30),
+        || async { Ok(build_accounts.get_opt(&own_import).await?) },
+    )
     .await?;
     let import_binding = bindings
         .get(&workloads::import_binding_name("edge-7"))
@@ -334,7 +341,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     )
     .await?;
     let old_uid = deployment.uid();
-    eventually("Deployment re-created", 60, || async {
+    poll::until("Deployment re-created", Duration::from_secs(60), || async {
         Ok(deployments
             .get_opt(&wl)
             .await?
@@ -342,24 +349,30 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
             .map(|_| ()))
     })
     .await?;
-    eventually("Role re-created", 60, || async {
+    poll::until("Role re-created", Duration::from_secs(60), || async {
         Ok(roles.get_opt(&wl).await?)
     })
     .await?;
-    eventually("the account back in the shared binding", 60, || async {
-        Ok(joined().await?.then_some(()))
-    })
+    poll::until(
+        "the account back in the shared binding",
+        Duration::from_secs(60),
+        || async { Ok(joined().await?.then_some(())) },
+    )
     .await?;
 
     // Deleting the Provider removes its account and its import account through the
     // finalizer.
     api.delete("edge-7", &DeleteParams::default()).await?;
-    eventually("Provider gone and its accounts out", 60, || async {
-        let gone = api.get_opt("edge-7").await?.is_none()
-            && !joined().await?
-            && build_accounts.get_opt(&own_import).await?.is_none();
-        Ok(gone.then_some(()))
-    })
+    poll::until(
+        "Provider gone and its accounts out",
+        Duration::from_secs(60),
+        || async {
+            let gone = api.get_opt("edge-7").await?.is_none()
+                && !joined().await?
+                && build_accounts.get_opt(&own_import).await?.is_none();
+            Ok(gone.then_some(()))
+        },
+    )
     .await?;
     Api::<ProviderClass>::all(kube)
         .delete(&class.name_any(), &DeleteParams::default())
@@ -524,7 +537,7 @@ async fn cleanup(
     class: &ProviderClass,
 ) -> Result<()> {
     api.delete(name, &DeleteParams::default()).await?;
-    eventually("Provider gone", 60, || async {
+    poll::until("Provider gone", Duration::from_secs(60), || async {
         Ok(api.get_opt(name).await?.is_none().then_some(()))
     })
     .await?;
@@ -676,15 +689,19 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
         ),
     )
     .await?;
-    eventually("the operator's finalizer", 30, || async {
-        Ok(api
-            .get("edge-10")
-            .await?
-            .finalizers()
-            .iter()
-            .any(|f| f == "banlieue.io/provider-workloads")
-            .then_some(()))
-    })
+    poll::until(
+        "the operator's finalizer",
+        Duration::from_secs(30),
+        || async {
+            Ok(api
+                .get("edge-10")
+                .await?
+                .finalizers()
+                .iter()
+                .any(|f| f == "banlieue.io/provider-workloads")
+                .then_some(()))
+        },
+    )
     .await?;
     // A machine on this Provider, as the controller would create it.
     let machines: Api<banlieue_api::LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
@@ -698,12 +715,16 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
     // The workload exists before the Provider is deleted (a Provider deleted first never gets
     // one, and then there is nothing to keep).
     let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
-    eventually("the Provider's workload Deployment", 30, || async {
-        Ok(deployments
-            .get_opt(&workloads::workload_name("edge-10"))
-            .await?
-            .map(|_| ()))
-    })
+    poll::until(
+        "the Provider's workload Deployment",
+        Duration::from_secs(30),
+        || async {
+            Ok(deployments
+                .get_opt(&workloads::workload_name("edge-10"))
+                .await?
+                .map(|_| ()))
+        },
+    )
     .await?;
 
     api.delete("edge-10", &DeleteParams::default()).await?;
@@ -722,9 +743,11 @@ async fn deleting_a_provider_waits_for_its_machines() -> Result<()> {
     );
 
     machines.delete("m-1", &DeleteParams::default()).await?;
-    eventually("Provider gone once its machines are", 60, || async {
-        Ok(api.get_opt("edge-10").await?.is_none().then_some(()))
-    })
+    poll::until(
+        "Provider gone once its machines are",
+        Duration::from_secs(60),
+        || async { Ok(api.get_opt("edge-10").await?.is_none().then_some(())) },
+    )
     .await?;
     Api::<ProviderClass>::all(kube)
         .delete(&class.name_any(), &DeleteParams::default())
@@ -768,7 +791,7 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
     .await?;
     let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
     let wl = workloads::workload_name("vc-1");
-    let deployment = eventually("the vSphere workload", 30, || async {
+    let deployment = poll::until("the vSphere workload", Duration::from_secs(30), || async {
         Ok(deployments.get_opt(&wl).await?)
     })
     .await?;
@@ -821,9 +844,11 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
         ready_of(&p).message
     );
     machines.delete("vm-1", &DeleteParams::default()).await?;
-    eventually("Provider gone once its machines are", 60, || async {
-        Ok(api.get_opt("vc-1").await?.is_none().then_some(()))
-    })
+    poll::until(
+        "Provider gone once its machines are",
+        Duration::from_secs(60),
+        || async { Ok(api.get_opt("vc-1").await?.is_none().then_some(())) },
+    )
     .await?;
     classes.delete("vsphere", &DeleteParams::default()).await?;
     Ok(())
@@ -962,9 +987,11 @@ async fn a_third_kind_in_the_operators_list_runs_its_own_provider() -> Result<()
     .await?;
     let deployments: Api<Deployment> = Api::namespaced(kube.clone(), &ns);
     let wl = workloads::workload_name("mem-1");
-    let deployment = eventually("the third kind's workload", 60, || async {
-        Ok(deployments.get_opt(&wl).await?)
-    })
+    let deployment = poll::until(
+        "the third kind's workload",
+        Duration::from_secs(60),
+        || async { Ok(deployments.get_opt(&wl).await?) },
+    )
     .await?;
     let args = deployment
         .spec
@@ -1013,9 +1040,11 @@ async fn a_third_kind_in_the_operators_list_runs_its_own_provider() -> Result<()
         ready_of(&p).message
     );
     machines.delete("mm-1", &DeleteParams::default()).await?;
-    eventually("Provider gone once its machines are", 60, || async {
-        Ok(api.get_opt("mem-1").await?.is_none().then_some(()))
-    })
+    poll::until(
+        "Provider gone once its machines are",
+        Duration::from_secs(60),
+        || async { Ok(api.get_opt("mem-1").await?.is_none().then_some(())) },
+    )
     .await?;
     Ok(())
 }
@@ -1076,10 +1105,14 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_grants() -
                 .collect::<Vec<_>>(),
         )
     };
-    eventually("both accounts in the shared binding", 60, || async {
-        let now = members().await?;
-        Ok((now.contains(&ours) && now.contains(&theirs)).then_some(()))
-    })
+    poll::until(
+        "both accounts in the shared binding",
+        Duration::from_secs(60),
+        || async {
+            let now = members().await?;
+            Ok((now.contains(&ours) && now.contains(&theirs)).then_some(()))
+        },
+    )
     .await?;
 
     // The controller's rights end at that one binding.
@@ -1112,7 +1145,7 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_grants() -
     second_providers
         .delete("y", &DeleteParams::default())
         .await?;
-    eventually("Provider y gone", 60, || async {
+    poll::until("Provider y gone", Duration::from_secs(60), || async {
         Ok(second_providers.get_opt("y").await?.is_none().then_some(()))
     })
     .await?;
@@ -1123,7 +1156,7 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_grants() -
     first_providers
         .delete("x-y", &DeleteParams::default())
         .await?;
-    eventually("Provider x-y gone", 60, || async {
+    poll::until("Provider x-y gone", Duration::from_secs(60), || async {
         Ok(first_providers
             .get_opt("x-y")
             .await?

@@ -1,9 +1,11 @@
 //! The workload's one vSphere session for its machines: opened on first use with the
-//! Provider's credentials, kept alive, replaced when it fails.
+//! Provider's credentials (the kit's [`LazySession`]), kept alive, replaced when it fails.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::Provider;
+use banlieue_provider_kit::session::{Connect, LazySession};
 use banlieue_vsphere::{Client, KeepAlive};
 use kube::Api;
 
@@ -14,45 +16,40 @@ use crate::error::{Error, Result};
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(300);
 
 /// A lazily opened, kept-alive session to the Provider's vCenter.
+#[derive(Debug)]
 pub struct Session {
+    login: LazySession<Login>,
+}
+
+/// How the Provider's vCenter is logged in to.
+struct Login {
     kube: kube::Client,
     namespace: String,
     provider: String,
-    open: tokio::sync::Mutex<Option<Open>>,
 }
 
-impl std::fmt::Debug for Session {
+impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
+        f.debug_struct("Login")
             .field("namespace", &self.namespace)
             .field("provider", &self.provider)
             .finish_non_exhaustive()
     }
 }
 
-#[derive(Debug)]
-struct Open {
+/// A logged-in client and the task that keeps it alive, which ends once the session drops the
+/// last handle.
+#[derive(Clone, Debug)]
+struct LoggedIn {
     client: Client,
-    _keep_alive: KeepAlive,
+    _keep_alive: Arc<KeepAlive>,
 }
 
-impl Session {
-    /// A session for Provider `namespace/provider`; nothing is opened yet.
-    pub fn new(kube: kube::Client, namespace: &str, provider: &str) -> Session {
-        Session {
-            kube,
-            namespace: namespace.to_owned(),
-            provider: provider.to_owned(),
-            open: tokio::sync::Mutex::new(None),
-        }
-    }
+impl Connect for Login {
+    type Connection = LoggedIn;
+    type Error = Error;
 
-    /// The open session's client, logging in first when there is none.
-    pub async fn client(&self) -> Result<Client> {
-        let mut open = self.open.lock().await;
-        if let Some(o) = open.as_ref() {
-            return Ok(o.client.clone());
-        }
+    async fn connect(&self) -> Result<LoggedIn> {
         let providers: Api<Provider> = Api::namespaced(self.kube.clone(), &self.namespace);
         let provider = providers
             .get(&self.provider)
@@ -61,16 +58,35 @@ impl Session {
         let creds = connection::load(&self.kube, &provider).await?;
         let client = connection::connect(&provider.spec.connection.endpoint, &creds).await?;
         let keep_alive = client.keep_alive(KEEP_ALIVE_INTERVAL);
-        *open = Some(Open {
-            client: client.clone(),
-            _keep_alive: keep_alive,
-        });
-        Ok(client)
+        Ok(LoggedIn {
+            client,
+            _keep_alive: Arc::new(keep_alive),
+        })
+    }
+}
+
+impl Session {
+    /// A session for Provider `namespace/provider`; nothing is opened yet.
+    pub fn new(kube: kube::Client, namespace: &str, provider: &str) -> Session {
+        Session {
+            login: LazySession::new(Login {
+                kube,
+                namespace: namespace.to_owned(),
+                provider: provider.to_owned(),
+            }),
+        }
+    }
+
+    /// The open session's client, logging in first when there is none.
+    pub async fn client(&self) -> Result<Client> {
+        // Only the client leaves: the keep-alive stays with the held session, so forgetting
+        // the session stops it.
+        Ok(self.login.connection().await?.client)
     }
 
     /// Drops the session, so the next use logs in again (after a transport failure, or when
     /// the credentials may have changed).
     pub async fn forget(&self) {
-        self.open.lock().await.take();
+        self.login.forget().await;
     }
 }

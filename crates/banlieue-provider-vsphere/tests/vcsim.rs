@@ -16,6 +16,7 @@ use banlieue_api::{
 use banlieue_provider_vsphere::machine::{ProviderConfig, run_provider};
 use banlieue_provider_vsphere::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
+use banlieue_testenv::poll;
 use banlieue_testenv::vcsim::{Vcsim, VcsimOptions};
 use banlieue_vsphere::{
     Client, CloneSpec, Credentials, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec,
@@ -57,16 +58,6 @@ async fn control_plane() -> &'static ControlPlane {
             cp
         })
         .await
-}
-
-/// Polls `probe` every 200 ms until it yields a value; fails after `secs`.
-async fn eventually<T, F, Fut>(what: &str, secs: u64, probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let (deadline, interval) = (Duration::from_secs(secs), Duration::from_millis(200));
-    Ok(banlieue_testenv::poll::until(what, deadline, interval, probe).await?)
 }
 
 /// vcsim, a fresh namespace with a Provider for it, and the provider's identity. The
@@ -208,7 +199,7 @@ async fn identity(cp: &ControlPlane, admin: &kube::Client, ns: &str) -> Result<k
     let own: Api<Provider> = Api::namespaced(client.clone(), ns);
     let machines: Api<VSphereMachine> = Api::namespaced(client.clone(), ns);
     let one = kube::api::ListParams::default().limit(1);
-    eventually("the provider's grants", 30, || async {
+    poll::until("the provider's grants", Duration::from_secs(30), || async {
         Ok((own.get(PROVIDER).await.is_ok() && machines.list(&one).await.is_ok()).then_some(()))
     })
     .await?;
@@ -309,7 +300,7 @@ impl Env {
         check: impl Fn(&VSphereMachine) -> bool,
     ) -> VSphereMachine {
         let api = self.machines();
-        eventually(what, 40, || async {
+        poll::until(what, Duration::from_secs(40), || async {
             let m = api.get(name).await?;
             Ok(check(&m).then_some(m))
         })
@@ -395,7 +386,7 @@ async fn provider_ready(
     check: impl Fn(&conditions::Condition) -> bool,
 ) -> Provider {
     let api: Api<Provider> = Api::namespaced(env.admin.clone(), &env.ns);
-    eventually(what, 30, || async {
+    poll::until(what, Duration::from_secs(30), || async {
         let p = api.get(PROVIDER).await?;
         let ok = p
             .status
@@ -828,7 +819,7 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         .await
         .expect("delete");
     let api = env.machines();
-    eventually("the machine gone", 40, || async {
+    poll::until("the machine gone", Duration::from_secs(40), || async {
         Ok(api.get_opt("web-01").await?.is_none().then_some(()))
     })
     .await
@@ -980,7 +971,7 @@ async fn a_saved_machine_is_suspended_resumed_when_running_and_destroyed_while_s
         .await
         .expect("delete");
     let api = env.machines();
-    eventually("the machine gone", 40, || async {
+    poll::until("the machine gone", Duration::from_secs(40), || async {
         Ok(api.get_opt("warm").await?.is_none().then_some(()))
     })
     .await
@@ -1090,9 +1081,11 @@ async fn a_vm_cloned_before_a_crash_is_adopted_and_a_foreign_one_is_left_alone()
         .await
         .expect("delete");
     let api = env.machines();
-    eventually("the squatting machine gone", 40, || async {
-        Ok(api.get_opt("squatted").await?.is_none().then_some(()))
-    })
+    poll::until(
+        "the squatting machine gone",
+        Duration::from_secs(40),
+        || async { Ok(api.get_opt("squatted").await?.is_none().then_some(())) },
+    )
     .await
     .expect("deleted");
     let info = vc
@@ -1148,10 +1141,14 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
             .and_then(|s| s.per_provider.iter().find(|p| p.provider == PROVIDER))
             .map(|p| p.zones.clone())
     };
-    let present = eventually("the present template's zone", 30, || async {
-        let image = images.get("present").await?;
-        Ok(zones_of(&image).is_some().then_some(image))
-    })
+    let present = poll::until(
+        "the present template's zone",
+        Duration::from_secs(30),
+        || async {
+            let image = images.get("present").await?;
+            Ok(zones_of(&image).is_some().then_some(image))
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let zones = zones_of(&present).expect("zones");
@@ -1168,10 +1165,14 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
         ))
     );
 
-    let missing = eventually("the missing template's zone", 30, || async {
-        let image = images.get("missing").await?;
-        Ok(zones_of(&image).map(|zones| zones[0].clone()))
-    })
+    let missing = poll::until(
+        "the missing template's zone",
+        Duration::from_secs(30),
+        || async {
+            let image = images.get("missing").await?;
+            Ok(zones_of(&image).map(|zones| zones[0].clone()))
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(missing.phase, banlieue_api::ZonePhase::Failed);
@@ -1199,10 +1200,14 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
             "is not in a template folder the Provider declares",
         ),
     ] {
-        let zone = eventually(&format!("the {name} zone"), 30, || async {
-            let image = images.get(name).await?;
-            Ok(zones_of(&image).map(|zones| zones[0].clone()))
-        })
+        let zone = poll::until(
+            &format!("the {name} zone"),
+            Duration::from_secs(30),
+            || async {
+                let image = images.get(name).await?;
+                Ok(zones_of(&image).map(|zones| zones[0].clone()))
+            },
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(zone.phase, banlieue_api::ZonePhase::Failed, "{name}");

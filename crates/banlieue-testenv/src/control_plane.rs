@@ -510,14 +510,9 @@ impl ControlPlane {
             },
         );
         // The authorizer learns of the binding through its informer.
-        crate::poll::until(
-            "the tenant's grant",
-            Duration::from_secs(30),
-            Duration::from_millis(200),
-            || async {
-                Ok::<_, kube::Error>(objects.list(&Default::default()).await.ok().map(|_| ()))
-            },
-        )
+        crate::poll::until("the tenant's grant", Duration::from_secs(30), || async {
+            Ok(objects.list(&Default::default()).await.ok().map(|_| ()))
+        })
         .await
         .map_err(|e| Error::Timeout {
             what: e.what.clone(),
@@ -774,9 +769,9 @@ where
     Fut: Future<Output = Result<Option<T>>>,
 {
     const INTERVAL: Duration = Duration::from_millis(100);
-    crate::poll::until(what, deadline, INTERVAL, || {
+    crate::poll::until_every(what, deadline, INTERVAL, || {
         let attempt = probe();
-        async move { attempt.await.map_err(|error| error_chain(&error)) }
+        async move { attempt.await.map_err(|error| error_chain(&error).into()) }
     })
     .await
     .map_err(|timeout| Error::Timeout {

@@ -26,18 +26,33 @@ impl Display for PollTimeout {
 
 impl std::error::Error for PollTimeout {}
 
+/// How often [`until`] asks: a test waits at most this long past the change it waits for.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(200);
+
+/// What a probe may fail with: any error, so a probe uses `?` on whatever it calls (a kube
+/// call, an anyhow context) without naming a type.
+pub type ProbeError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Calls `probe` every [`DEFAULT_INTERVAL`] until it yields a value; see [`until_every`].
+pub async fn until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, PollTimeout>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, ProbeError>>,
+{
+    until_every(what, deadline, DEFAULT_INTERVAL, probe).await
+}
+
 /// Calls `probe` every `interval` until it yields a value. Errors end the wait only at the
 /// deadline (a peer coming up answers with errors for a while), reported with the last one.
-pub async fn until<T, E, F, Fut>(
+pub async fn until_every<T, F, Fut>(
     what: &str,
     deadline: Duration,
     interval: Duration,
     mut probe: F,
 ) -> Result<T, PollTimeout>
 where
-    E: Display,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, E>>,
+    Fut: Future<Output = Result<Option<T>, ProbeError>>,
 {
     let started = Instant::now();
     loop {
@@ -71,25 +86,25 @@ mod tests {
     #[tokio::test]
     async fn yields_the_value_or_says_what_it_waited_for() {
         let mut calls = 0;
-        let value = until(
+        let value = until_every(
             "three calls",
             Duration::from_secs(5),
             Duration::from_millis(1),
             || {
                 calls += 1;
                 let n = calls;
-                async move { Ok::<_, String>((n == 3).then_some(n)) }
+                async move { Ok((n == 3).then_some(n)) }
             },
         )
         .await
         .unwrap();
         assert_eq!(value, 3);
 
-        let timeout = until(
+        let timeout = until_every(
             "nothing",
             Duration::from_millis(20),
             Duration::from_millis(1),
-            || async { Err::<Option<()>, _>("refused") },
+            || async { Err::<Option<()>, _>("refused".into()) },
         )
         .await
         .unwrap_err();

@@ -26,7 +26,6 @@
 //! commands per machine per minute) are in docs/performance.md.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use banlieue_api::conditions::{self, reasons, status, types};
@@ -60,6 +59,9 @@ const STARTUP_DEADLINE: Duration = BOOT_DEADLINE;
 const POOL_BOOT_DEADLINE: Duration = Duration::from_secs(BOOT_DEADLINE.as_secs() * 2);
 /// Any other wait.
 const DEADLINE: Duration = Duration::from_secs(60);
+/// How often the waits here ask: less often than the default, since the guests boot under TCG
+/// on the same busy cores as the API server the probes call.
+const GUEST_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// The pool of layered guests, and the one whose guests remove the layer at boot.
 const POOL: &str = "guests";
 const NO_LAYER_POOL: &str = "no-layer";
@@ -209,12 +211,17 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let saved = members_on_failure(
-        wait_until("a member saved", POOL_BOOT_DEADLINE, || async {
-            Ok(pool_members(&vms, SAVED_POOL)
-                .await?
-                .into_iter()
-                .find(|vm| vm.status.as_ref().and_then(|s| s.standby) == Some(Standby::Saved)))
-        })
+        poll::until_every(
+            "a member saved",
+            POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
+            || async {
+                Ok(pool_members(&vms, SAVED_POOL)
+                    .await?
+                    .into_iter()
+                    .find(|vm| vm.status.as_ref().and_then(|s| s.standby) == Some(Standby::Saved)))
+            },
+        )
         .await,
         &vms,
         SAVED_POOL,
@@ -318,9 +325,12 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
     claims_admin
         .delete("resumed", &DeleteParams::default())
         .await?;
-    wait_until("the released member gone", DEADLINE, || async {
-        Ok(vms.get_opt(&member).await?.is_none().then_some(()))
-    })
+    poll::until_every(
+        "the released member gone",
+        DEADLINE,
+        GUEST_POLL_INTERVAL,
+        || async { Ok(vms.get_opt(&member).await?.is_none().then_some(())) },
+    )
     .await?;
     let listed = libvirtd.virsh(["list", "--all", "--name"]).await?;
     assert!(
@@ -407,17 +417,23 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
             )
         }
     };
-    wait_until("the running pool full", POOL_BOOT_DEADLINE, || async {
-        Ok((ready(RUNNING_POOL, false).await? >= members).then_some(()))
-    })
+    poll::until_every(
+        "the running pool full",
+        POOL_BOOT_DEADLINE,
+        GUEST_POLL_INTERVAL,
+        || async { Ok((ready(RUNNING_POOL, false).await? >= members).then_some(())) },
+    )
     .await?;
     let running_rss = resident();
     let mut saved = guest_pool(SAVED_POOL, members as i32, objects::GUEST_USER_DATA);
     saved.spec.standby = Some(Standby::Saved);
     dev::apply(&admin, &saved).await?;
-    wait_until("the saved pool full", POOL_BOOT_DEADLINE, || async {
-        Ok((ready(SAVED_POOL, true).await? >= members).then_some(()))
-    })
+    poll::until_every(
+        "the saved pool full",
+        POOL_BOOT_DEADLINE,
+        GUEST_POLL_INTERVAL,
+        || async { Ok((ready(SAVED_POOL, true).await? >= members).then_some(())) },
+    )
     .await?;
     let both_rss = resident();
     // Handed out as soon as the domain runs: the same guests, without waiting for their boot.
@@ -428,9 +444,10 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
     );
     infrastructure.spec.readiness = PoolReadiness::InfrastructureReady;
     dev::apply(&admin, &infrastructure).await?;
-    wait_until(
+    poll::until_every(
         "the InfrastructureReady pool full",
         POOL_BOOT_DEADLINE,
+        GUEST_POLL_INTERVAL,
         || async { Ok((ready(INFRASTRUCTURE_POOL, false).await? >= members).then_some(())) },
     )
     .await?;
@@ -466,9 +483,12 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
             (SAVED_POOL, true),
             (INFRASTRUCTURE_POOL, false),
         ] {
-            wait_until("a member to take", POOL_BOOT_DEADLINE, || async {
-                Ok((ready(pool, is_saved).await? >= 1).then_some(()))
-            })
+            poll::until_every(
+                "a member to take",
+                POOL_BOOT_DEADLINE,
+                GUEST_POLL_INTERVAL,
+                || async { Ok((ready(pool, is_saved).await? >= 1).then_some(())) },
+            )
             .await?;
             let name = format!("{pool}-{round}");
             let mut c = claim(&name);
@@ -576,9 +596,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
     // No member is handed out before its guest says `ready`: every look at the claim while no
     // member's GuestReady is True finds it waiting for a member.
     let bound = members_on_failure(
-        wait_until(
+        poll::until_every(
             "the first claim to bind a booted guest",
             POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
             || async {
                 let claim = claims_admin.get("first").await?;
                 let members = pool_members(&vms, POOL).await?;
@@ -658,9 +679,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
 
     // The other member, once ready too, has its own TPM and so its own certificates.
     let other = members_on_failure(
-        wait_until(
+        poll::until_every(
             "the second member to be GuestReady",
             POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
             || async {
                 let members = pool_members(&vms, POOL).await?;
                 Ok(members
@@ -696,9 +718,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
 
     // The layerless guests' pool says why it never fills.
     let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let absent = wait_until(
+    let absent = poll::until_every(
         "the layerless pool to say ReadinessSignalAbsent",
         BOOT_DEADLINE + SIGNAL_GRACE,
+        GUEST_POLL_INTERVAL,
         || async {
             let pool = pools.get(NO_LAYER_POOL).await?;
             let conds = pool.status.map(|s| s.conditions).unwrap_or_default();
@@ -714,9 +737,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
     // member may also be replaced meanwhile (a guest that failed under load), so each poll
     // looks at the pool's members of the moment.
     let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
-    let guest = wait_until(
+    let guest = poll::until_every(
         "a layerless machine's GuestReady once its agent answers",
         BOOT_DEADLINE,
+        GUEST_POLL_INTERVAL,
         || async {
             for member in pool_members(&vms, NO_LAYER_POOL).await? {
                 let name = member.name_any();
@@ -749,9 +773,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
 
     // The refill: two new members, each a new instance of cloud-init.
     let refill = members_on_failure(
-        wait_until(
+        poll::until_every(
             "the pool to refill with ready guests",
             POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
             || async {
                 let members = pool_members(&vms, POOL).await?;
                 let warm: Vec<String> = members
@@ -809,13 +834,18 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
         ],
     )
     .await?;
-    wait_until("the machine to report its agent gone", DEADLINE, || async {
-        let m = machines.get(&member).await?;
-        let conds = m.status.map(|s| s.contract.conditions).unwrap_or_default();
-        Ok(conditions::find(&conds, types::AGENT_CONNECTED)
-            .filter(|c| c.status == status::FALSE && c.reason == reasons::AGENT_NOT_CONNECTED)
-            .map(|_| ()))
-    })
+    poll::until_every(
+        "the machine to report its agent gone",
+        DEADLINE,
+        GUEST_POLL_INTERVAL,
+        || async {
+            let m = machines.get(&member).await?;
+            let conds = m.status.map(|s| s.contract.conditions).unwrap_or_default();
+            Ok(conditions::find(&conds, types::AGENT_CONNECTED)
+                .filter(|c| c.status == status::FALSE && c.reason == reasons::AGENT_NOT_CONNECTED)
+                .map(|_| ()))
+        },
+    )
     .await?;
     let still = claims_admin.get("first").await?;
     assert_eq!(
@@ -907,9 +937,10 @@ async fn hostile_agent(
         ],
     )
     .await?;
-    let said = wait_until(
+    let said = poll::until_every(
         "the provider to give up on the trickling agent",
         DEADLINE,
+        GUEST_POLL_INTERVAL,
         || async {
             let m = machines.get(&member).await?;
             let conds = m.status.map(|s| s.contract.conditions).unwrap_or_default();
@@ -922,9 +953,10 @@ async fn hostile_agent(
     eprintln!("hostile agent: {}: {}", said.reason, said.message);
     let released = Instant::now();
     claims.delete("warm", &DeleteParams::default()).await?;
-    wait_until(
+    poll::until_every(
         "the hostile guest's machine to be torn down",
         DEADLINE,
+        GUEST_POLL_INTERVAL,
         || async { Ok(machines.get_opt(&member).await?.is_none().then_some(())) },
     )
     .await?;
@@ -958,9 +990,10 @@ async fn deferred_install(
     claims.create(&PostParams::default(), &installed).await?;
 
     // An install and two boots.
-    let bound = wait_until(
+    let bound = poll::until_every(
         "the Deferred pool's claim to bind",
         BOOT_DEADLINE * 2,
+        GUEST_POLL_INTERVAL,
         || async {
             let claim = claims.get("installed").await?;
             let bound = claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Bound);
@@ -1218,11 +1251,10 @@ fn metric(registry: &Registry, name: &str) -> Result<f64, BoxError> {
         .and_then(|v| v.trim().parse::<f64>().map_err(BoxError::from))
 }
 
-/// Polls `probe` every 500 ms until it yields a value, for at most `deadline`.
 /// `result`, printing first, when it is an error, what each of the pool's members reports:
 /// a failed wait for guests then says which guest was stuck and where.
 async fn members_on_failure<T>(
-    result: Result<T, BoxError>,
+    result: Result<T, poll::PollTimeout>,
     vms: &Api<VirtualMachine>,
     pool: &str,
 ) -> Result<T, BoxError> {
@@ -1244,15 +1276,7 @@ async fn members_on_failure<T>(
             );
         }
     }
-    result
-}
-
-async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, BoxError>>,
-{
-    Ok(poll::until(what, deadline, Duration::from_millis(500), probe).await?)
+    Ok(result?)
 }
 
 /// How long a claim took, from its create, as a watch on it opened before the create saw it:

@@ -1082,12 +1082,16 @@ async fn run(
     .await?;
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("the second Provider's workload objects", || async {
-        Ok(deployments
-            .get_opt(&workload_name(OTHER_PROVIDER))
-            .await?
-            .map(|_| ()))
-    })
+    poll::until(
+        "the second Provider's workload objects",
+        DEADLINE,
+        || async {
+            Ok(deployments
+                .get_opt(&workload_name(OTHER_PROVIDER))
+                .await?
+                .map(|_| ()))
+        },
+    )
     .await?;
 
     let mut checks = 0;
@@ -1116,7 +1120,7 @@ async fn run(
     }
     // Release is deletion, and every claim the checks made is released completely.
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("every checked claim to be released", || async {
+    poll::until("every checked claim to be released", DEADLINE, || async {
         Ok(claims
             .list(&Default::default())
             .await?
@@ -1290,16 +1294,20 @@ async fn play(
             )
             .await?;
             let providers: Api<Provider> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-            let seen = wait_until(&format!("Provider {name} to report {reason}"), || async {
-                let provider = providers.get(&name).await?;
-                let ready = provider
-                    .status
-                    .as_ref()
-                    .and_then(|s| banlieue_api::conditions::find(&s.conditions, "Ready"))
-                    .filter(|c| c.reason != "WorkloadStarting")
-                    .cloned();
-                Ok(ready)
-            })
+            let seen = poll::until(
+                &format!("Provider {name} to report {reason}"),
+                DEADLINE,
+                || async {
+                    let provider = providers.get(&name).await?;
+                    let ready = provider
+                        .status
+                        .as_ref()
+                        .and_then(|s| banlieue_api::conditions::find(&s.conditions, "Ready"))
+                        .filter(|c| c.reason != "WorkloadStarting")
+                        .cloned();
+                    Ok(ready)
+                },
+            )
             .await;
             let died = workload.is_cancelled();
             workload.cancel();
@@ -1325,10 +1333,11 @@ async fn play(
                 .into());
             }
             providers.delete(&name, &DeleteParams::default()).await?;
-            wait_until(&format!("Provider {name} to be gone"), || async {
+            poll::until(&format!("Provider {name} to be gone"), DEADLINE, || async {
                 Ok(providers.get_opt(&name).await?.is_none().then_some(()))
             })
-            .await
+            .await?;
+            Ok(())
         }
         (
             Input::Pool {
@@ -1355,19 +1364,23 @@ async fn play(
             dev::apply(admin, &pool).await?;
             let machines: Api<LibvirtMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
             let prefix = format!("{name}-");
-            let refused = wait_until(&format!("a member of {name} to be refused"), || async {
-                let found = machines.list(&Default::default()).await?.items;
-                Ok(found
-                    .into_iter()
-                    .filter(|m| m.name_any().starts_with(&prefix))
-                    .find_map(|m| {
-                        let conditions = m.status.as_ref()?.contract.conditions.clone();
-                        banlieue_api::conditions::find(&conditions, "Ready")
-                            .filter(|c| c.status == "False" && c.reason == *reason)
-                            .cloned()
-                            .map(|c| (m.name_any(), c))
-                    }))
-            })
+            let refused = poll::until(
+                &format!("a member of {name} to be refused"),
+                DEADLINE,
+                || async {
+                    let found = machines.list(&Default::default()).await?.items;
+                    Ok(found
+                        .into_iter()
+                        .filter(|m| m.name_any().starts_with(&prefix))
+                        .find_map(|m| {
+                            let conditions = m.status.as_ref()?.contract.conditions.clone();
+                            banlieue_api::conditions::find(&conditions, "Ready")
+                                .filter(|c| c.status == "False" && c.reason == *reason)
+                                .cloned()
+                                .map(|c| (m.name_any(), c))
+                        }))
+                },
+            )
             .await;
             let (machine, ready) = match refused {
                 Ok(refused) => refused,
@@ -1398,8 +1411,9 @@ async fn play(
             let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
             pools.delete(&name, &DeleteParams::foreground()).await?;
             let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-            wait_until(
+            poll::until(
                 &format!("pool {name} and its members to be gone"),
+                DEADLINE,
                 || async {
                     let pool_gone = pools.get_opt(&name).await?.is_none();
                     let members_left = vms
@@ -1417,7 +1431,8 @@ async fn play(
                     Ok((pool_gone && !members_left && !machines_left).then_some(()))
                 },
             )
-            .await
+            .await?;
+            Ok(())
         }
         (Input::BackingFile { user, volume }, Outcome::ZoneFailed { says }) => {
             let name = banlieue_api::names::shorten(&row.attack.replace('_', "-"));
@@ -1436,8 +1451,9 @@ async fn play(
                 .await?;
             let images: Api<VMImage> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
             let zone =
-                wait_until(
+                poll::until(
                     &format!("VMImage {name}'s zone on the good Provider"),
+                    DEADLINE,
                     || async {
                         let image = images.get(&name).await?;
                         let zone = image
@@ -1461,10 +1477,11 @@ async fn play(
                 .into());
             }
             images.delete(&name, &DeleteParams::default()).await?;
-            wait_until(&format!("VMImage {name} to be gone"), || async {
+            poll::until(&format!("VMImage {name} to be gone"), DEADLINE, || async {
                 Ok(images.get_opt(&name).await?.is_none().then_some(()))
             })
-            .await
+            .await?;
+            Ok(())
         }
         (Input::AsAccount { account, request }, Outcome::Refused { code, says }) => {
             let client = control_plane
@@ -1552,16 +1569,21 @@ async fn look_alike_provider(admin: &Client, namespace: &str, name: &str) -> Res
     if before.is_empty() {
         return Err("the good Provider has no RoleBinding in the build namespace".into());
     }
-    wait_until("both accounts in the shared ClusterRoleBinding", || async {
-        let now = subjects().await?;
-        Ok((now.contains(&good) && now.contains(&look_alike)).then_some(()))
-    })
+    poll::until(
+        "both accounts in the shared ClusterRoleBinding",
+        DEADLINE,
+        || async {
+            let now = subjects().await?;
+            Ok((now.contains(&good) && now.contains(&look_alike)).then_some(()))
+        },
+    )
     .await?;
 
     let providers: Api<Provider> = Api::namespaced(admin.clone(), namespace);
     providers.delete(name, &DeleteParams::default()).await?;
-    wait_until(
+    poll::until(
         &format!("Provider {namespace}/{name} to be gone"),
+        DEADLINE,
         || async { Ok(providers.get_opt(name).await?.is_none().then_some(())) },
     )
     .await?;
@@ -1683,8 +1705,9 @@ async fn write_as(
     let warm_member = || async {
         let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
         let selector = format!("{}={}", names::LABEL_POOL, objects::POOL);
-        wait_until(
+        poll::until(
             "a warm member of the good pool with its machine",
+            DEADLINE,
             || async {
                 let listed = vms.list(&ListParams::default().labels(&selector)).await?;
                 let machines: Api<LibvirtMachine> =
@@ -1710,16 +1733,20 @@ async fn write_as(
         if claims.get_opt("alices-pending-claim").await?.is_none() {
             claims.create(&PostParams::default(), &claim).await?;
         }
-        wait_until("alice's pending claim to hold its finalizer", || async {
-            let claim = claims.get("alices-pending-claim").await?;
-            Ok(claim
-                .metadata
-                .finalizers
-                .unwrap_or_default()
-                .iter()
-                .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
-                .then_some(()))
-        })
+        poll::until(
+            "alice's pending claim to hold its finalizer",
+            DEADLINE,
+            || async {
+                let claim = claims.get("alices-pending-claim").await?;
+                Ok(claim
+                    .metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|f| f == names::FINALIZER_CLAIM_PROTECTION)
+                    .then_some(()))
+            },
+        )
         .await?;
         Ok::<_, BoxError>("alices-pending-claim")
     };
@@ -1817,8 +1844,9 @@ async fn still_binds(
     let mut claim = objects::claim();
     claim.metadata.name = Some(name.clone());
     claims.create(&PostParams::default(), &claim).await?;
-    let bound = wait_until(
+    let bound = poll::until(
         &format!("claim {name} to be Bound after {after}"),
+        DEADLINE,
         || async {
             let claim = claims.get(&name).await?;
             let status = claim.status.unwrap_or_default();
@@ -1869,15 +1897,6 @@ fn dynamic_api(client: Client, object: &Value) -> Result<Api<DynamicObject>, Box
         other => return Err(format!("no API for kind {other:?}").into()),
     };
     Ok(Api::namespaced_with(client, SYSTEM_NAMESPACE, &resource))
-}
-
-/// Polls `probe` every 200 ms until it yields a value, for at most [`DEADLINE`].
-async fn wait_until<T, F, Fut>(what: &str, probe: F) -> Result<T, BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, BoxError>>,
-{
-    Ok(poll::until(what, DEADLINE, Duration::from_millis(200), probe).await?)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ const PULL_SECRET: &str = "registry-pull";
 const CA_MAP: &str = "registry-ca";
 /// The disks are small: 48 MiB virtual with a few MiB of data, so the suite stays quick.
 const DISK_BYTES: u64 = 48 << 20;
-const POLL: Duration = Duration::from_millis(200);
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -181,10 +180,7 @@ impl Env {
         poll::until(
             &format!("old VMImage {name} gone"),
             Duration::from_secs(30),
-            POLL,
-            || async {
-                Ok::<_, kube::Error>(self.images().get_opt(name).await?.is_none().then_some(()))
-            },
+            || async { Ok(self.images().get_opt(name).await?.is_none().then_some(())) },
         )
         .await?;
         let image: VMImage = serde_json::from_value(json!({
@@ -215,14 +211,10 @@ impl Env {
         done: impl Fn(&BuildArtifact) -> bool,
     ) -> Result<BuildArtifact> {
         let done = &done;
-        Ok(
-            poll::until(what, Duration::from_secs(60), POLL, || async move {
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
-                    self.artifact(name).await?.filter(|a| done(a)),
-                )
-            })
-            .await?,
-        )
+        Ok(poll::until(what, Duration::from_secs(60), || async move {
+            Ok(self.artifact(name).await?.filter(|a| done(a)))
+        })
+        .await?)
     }
 
     /// The build Job the reconciler made for `name` at `digest`.
@@ -232,8 +224,7 @@ impl Env {
         Ok(poll::until(
             &format!("build Job {job_name}"),
             Duration::from_secs(60),
-            POLL,
-            || async { jobs.get_opt(&job_name).await },
+            || async { Ok(jobs.get_opt(&job_name).await?) },
         )
         .await?)
     }

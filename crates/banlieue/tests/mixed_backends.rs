@@ -20,7 +20,6 @@
 //! - deleting the claims (and then the pools) leaves no domain on libvirtd and no VM in vcsim.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use banlieue_api::names::{self, SYSTEM_NAMESPACE};
@@ -160,7 +159,7 @@ async fn scenario(
 
     let providers: Api<Provider> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     for provider in [objects::PROVIDER, VSPHERE_PROVIDER] {
-        wait_until(&format!("Provider {provider} Ready"), DEADLINE, || async {
+        poll::until(&format!("Provider {provider} Ready"), DEADLINE, || async {
             let p = providers.get(provider).await?;
             let ready = p
                 .status
@@ -207,7 +206,7 @@ async fn scenario(
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let vsphere_machines: Api<VSphereMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let placed = Instant::now();
-    let member = wait_until("a VSphereMachine powered on", DEADLINE, || async {
+    let member = poll::until("a VSphereMachine powered on", DEADLINE, || async {
         let ready = vsphere_machines
             .list(&ListParams::default())
             .await?
@@ -281,7 +280,7 @@ async fn scenario(
     let mut bound = Vec::new();
     for pool in [LIBVIRT_POOL, VSPHERE_POOL] {
         let name = claim_name(pool);
-        let vm = wait_until(&format!("claim {name} to bind"), DEADLINE, || async {
+        let vm = poll::until(&format!("claim {name} to bind"), DEADLINE, || async {
             let st = claims.get(&name).await?.status.unwrap_or_default();
             Ok((st.phase == Some(ClaimPhase::Bound))
                 .then_some(st.virtual_machine_ref.map(|r| r.name))
@@ -309,7 +308,7 @@ async fn scenario(
             .await?;
     }
     let deleted = Instant::now();
-    wait_until(
+    poll::until(
         "the claimed domain and VM to be destroyed",
         DEADLINE,
         || async {
@@ -342,7 +341,7 @@ async fn scenario(
     }
     // Every member seen until the last is gone, so none of their VMs escapes the check.
     let seen = std::sync::Mutex::new(seen);
-    wait_until("every VirtualMachine to go", DEADLINE, || async {
+    poll::until("every VirtualMachine to go", DEADLINE, || async {
         let left = vms.list(&ListParams::default()).await?.items;
         seen.lock()
             .map_err(|_| "poisoned")?
@@ -474,7 +473,7 @@ async fn spawn_vsphere_workload(
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
     let name = workloads::workload_name(VSPHERE_PROVIDER);
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until(
+    poll::until(
         &format!("the operator's Deployment {name}"),
         DEADLINE,
         || async { Ok(deployments.get_opt(&name).await?.map(|_| ())) },
@@ -486,7 +485,7 @@ async fn spawn_vsphere_workload(
     // The authorizer learns of the operator's bindings through its informer.
     let machines: Api<VSphereMachine> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
     let own: Api<Provider> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    wait_until("the vSphere workload's grants", DEADLINE, || async {
+    poll::until("the vSphere workload's grants", DEADLINE, || async {
         let granted = own.get(VSPHERE_PROVIDER).await.is_ok()
             && machines.list(&ListParams::default().limit(1)).await.is_ok();
         Ok(granted.then_some(()))
@@ -578,7 +577,7 @@ async fn template_attacks_are_refused(
         image.metadata.name = Some(name.into());
         image.spec.sources[0].template = Some(template.into());
         bobs.create(&PostParams::default(), &image).await?;
-        let zone = wait_until(&format!("VMImage {name}'s zone"), DEADLINE, || async {
+        let zone = poll::until(&format!("VMImage {name}'s zone"), DEADLINE, || async {
             let image = images.get(name).await?;
             Ok(image
                 .status
@@ -693,13 +692,4 @@ async fn describe(admin: &Client) -> Result<(), BoxError> {
         );
     }
     Ok(())
-}
-
-/// Polls `probe` every 250 ms until it yields a value, for at most `deadline`.
-async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, BoxError>>,
-{
-    Ok(poll::until(what, deadline, Duration::from_millis(250), probe).await?)
 }

@@ -20,7 +20,6 @@
 mod hosts;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use banlieue_api::conditions::{self, reasons, status, types};
@@ -105,7 +104,7 @@ async fn scenario(
     dev::apply(admin, &objects::class()).await?;
     // A member is only placed where its image is Ready: every host, before the pool exists.
     let images: Api<VMImage> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("the image to be Ready on every host", DEADLINE, || async {
+    poll::until("the image to be Ready on every host", DEADLINE, || async {
         let image = images.get(objects::IMAGE).await?;
         let per_provider = image.status.map(|s| s.per_provider).unwrap_or_default();
         let everywhere = hosts.iter().all(|h| {
@@ -130,7 +129,7 @@ async fn scenario(
     pool.metadata.name = Some(POOL.into());
     pool.spec.replicas = 6;
     dev::apply(admin, &pool).await?;
-    wait_until("six available members", DEADLINE, || async {
+    poll::until("six available members", DEADLINE, || async {
         Ok(settled(&pools, &vms, 6).await?.then_some(()))
     })
     .await?;
@@ -153,7 +152,7 @@ async fn scenario(
         .create(&PostParams::default(), &claim)
         .await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let claimed = wait_until("the claim to bind", DEADLINE, || async {
+    let claimed = poll::until("the claim to bind", DEADLINE, || async {
         let c = claims.get(CLAIM).await?;
         let st = c.status.unwrap_or_default();
         Ok((st.phase == Some(ClaimPhase::Bound))
@@ -161,7 +160,7 @@ async fn scenario(
             .flatten())
     })
     .await?;
-    wait_until("the pool to refill after the claim", DEADLINE, || async {
+    poll::until("the pool to refill after the claim", DEADLINE, || async {
         Ok(settled(&pools, &vms, 6).await?.then_some(()))
     })
     .await?;
@@ -202,7 +201,7 @@ async fn scenario(
         .generation;
     // The workload re-publishes Ready for the new generation; by then the controller has long
     // seen the change, which arrived first on the same watch stream.
-    wait_until(
+    poll::until(
         "the full host's Provider to be re-probed",
         DEADLINE,
         || async {
@@ -224,7 +223,7 @@ async fn scenario(
             &Patch::Merge(json!({"spec": {"replicas": 8}})),
         )
         .await?;
-    wait_until("eight available members", DEADLINE, || async {
+    poll::until("eight available members", DEADLINE, || async {
         Ok(settled(&pools, &vms, 8).await?.then_some(()))
     })
     .await?;
@@ -258,7 +257,7 @@ async fn scenario(
 
     tokio::task::block_in_place(|| hosts[x].libvirtd.stop());
     let stopped = Instant::now();
-    wait_until(
+    poll::until(
         "the stopped host's Provider to say Ready=False",
         DETECT_DEADLINE,
         || async {
@@ -272,7 +271,7 @@ async fn scenario(
         "Provider {lost_provider} Ready=False {:.1?} after its libvirtd stopped",
         stopped.elapsed()
     );
-    wait_until(
+    poll::until(
         "the lost host's members to be replaced",
         LOST_AFTER + DEADLINE,
         || async {
@@ -335,7 +334,7 @@ async fn scenario(
         .map(|n| names::domain_name(SYSTEM_NAMESPACE, n))
         .collect();
     let libvirtd = &hosts[x].libvirtd;
-    wait_until(
+    poll::until(
         "the replaced members' domains and objects to go",
         DEADLINE,
         || async {
@@ -413,7 +412,7 @@ async fn too_big_fits_nowhere(
     vm.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
     vm.spec.class_ref = LocalObjectReference::new("larger-than-any-host");
     vms.create(&PostParams::default(), &vm).await?;
-    let why = wait_until("too-big to be InsufficientCapacity", DEADLINE, || async {
+    let why = poll::until("too-big to be InsufficientCapacity", DEADLINE, || async {
         let vm = vms.get("too-big").await?;
         let conds = vm.status.map(|s| s.conditions).unwrap_or_default();
         Ok(conditions::find(&conds, types::SCHEDULED)
@@ -426,7 +425,7 @@ async fn too_big_fits_nowhere(
         assert!(why.contains(name.as_str()), "{name} not named: {why}");
     }
     vms.delete("too-big", &DeleteParams::default()).await?;
-    wait_until("too-big to go", DEADLINE, || async {
+    poll::until("too-big to go", DEADLINE, || async {
         Ok(vms.get_opt("too-big").await?.is_none().then_some(()))
     })
     .await?;
@@ -553,13 +552,4 @@ fn bytes_of(quantity: &Quantity) -> Result<u64, BoxError> {
         _ => return Err(format!("unexpected quantity {q}").into()),
     };
     Ok(digits.parse::<u64>()? << shift)
-}
-
-/// Polls `probe` every 250 ms until it yields a value, for at most `deadline`.
-async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>, BoxError>>,
-{
-    Ok(poll::until(what, deadline, Duration::from_millis(250), probe).await?)
 }

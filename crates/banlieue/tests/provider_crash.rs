@@ -112,7 +112,7 @@ async fn scenario(
     let account = workload_name(&host.provider);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("the operator to create the workload", DEADLINE, || async {
+    poll::until("the operator to create the workload", DEADLINE, || async {
         Ok(deployments.get_opt(&account).await?.map(|_| ()))
     })
     .await?;
@@ -225,7 +225,7 @@ async fn scenario(
     let mut second =
         ProviderProcess::start(&host.provider, &kubeconfig, &logs.join("second.log"), None)?;
     let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("the member to be available", DEADLINE, || async {
+    poll::until("the member to be available", DEADLINE, || async {
         let pool = pools.get(POOL).await?;
         Ok(pool
             .status
@@ -288,7 +288,7 @@ async fn scenario(
         .create(&PostParams::default(), &claim)
         .await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let bound = wait_until("the claim to bind", DEADLINE, || async {
+    let bound = poll::until("the claim to bind", DEADLINE, || async {
         let c = claims.get("after-crash").await?;
         let st = c.status.unwrap_or_default();
         Ok((st.phase == Some(ClaimPhase::Bound))
@@ -308,7 +308,7 @@ async fn scenario(
         .await?;
     pools.delete(POOL, &DeleteParams::default()).await?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    wait_until("every member and machine to be gone", DEADLINE, || async {
+    poll::until("every member and machine to be gone", DEADLINE, || async {
         let left = vms.list(&ListParams::default()).await?.items.len()
             + machines.list(&ListParams::default()).await?.items.len();
         Ok((left == 0).then_some(()))
@@ -369,12 +369,4 @@ impl Drop for ProviderProcess {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, probe: F) -> Result<T, BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, BoxError>>,
-{
-    Ok(poll::until(what, deadline, Duration::from_millis(250), probe).await?)
 }

@@ -15,6 +15,7 @@ use banlieue_api::artifacts::Sharing;
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
+use banlieue_provider_kit::backoff::Backoff;
 use banlieue_provider_kit::image_zones::{self, ZonesError};
 use banlieue_runtime::artifacts;
 use banlieue_runtime::reconcile::ErrorBackoff;
@@ -336,17 +337,18 @@ pub async fn run_image_reconciler(
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     // A new workload may start before the API server's authorizer has seen its grants, or
     // while its Provider is briefly unreadable: wait and retry rather than fail the process.
-    let mut delay = Duration::from_millis(500);
+    // Starts shorter than the kit's error backoff: no image is served until this read works.
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let build_namespace = loop {
         match build_namespace(&reconciler, &client).await {
             Ok(namespace) => break namespace,
             Err(e) => {
-                warn!(error = %error_message(&e), retry_in = ?delay, "image reconciler not started");
+                let retry_in = backoff.failed();
+                warn!(error = %error_message(&e), ?retry_in, "image reconciler not started");
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(retry_in) => {}
                     _ = shutdown.clone() => return Ok(()),
                 }
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     };

@@ -1,5 +1,6 @@
 //! The provider's one libvirt connection, opened with the Provider's credentials on first use
-//! and replaced when it dies; domain lifecycle events from it wake the reconciler.
+//! and replaced when it dies (the kit's [`LazySession`]); domain lifecycle events from it wake
+//! the reconciler (the kit's [`pump`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +9,11 @@ use banlieue_api::Provider;
 use banlieue_api::conditions::reasons;
 use banlieue_libvirt::Client;
 use banlieue_libvirt::events::{AgentLifecycleEvents, DomainEvents};
+use banlieue_provider_kit::pump::{self, Feed};
+use banlieue_provider_kit::session::{Connect, LazySession};
 use kube::Api;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 
 use crate::connection;
 use crate::domain_xml::DomainType;
@@ -23,28 +26,31 @@ pub struct Session {
     pub domain_type: DomainType,
 }
 
-/// Opens and caches the connection to the Provider's host.
-pub struct Host {
+/// The connection to the Provider's host, opened on first use; [`LazySession::forget`] it after
+/// an error that says it is lost.
+pub type Host = LazySession<HostConnector>;
+
+/// How the Provider's host is connected to.
+pub struct HostConnector {
     kube: kube::Client,
     namespace: String,
     provider: String,
     domain_type_override: Option<DomainType>,
     call_timeout: Duration,
-    session: Mutex<Option<Session>>,
     /// Set to 1 while a live session is held, 0 otherwise.
     connected: Gauge,
 }
 
-impl std::fmt::Debug for Host {
+impl std::fmt::Debug for HostConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host")
+        f.debug_struct("HostConnector")
             .field("namespace", &self.namespace)
             .field("provider", &self.provider)
             .finish_non_exhaustive()
     }
 }
 
-impl Host {
+impl HostConnector {
     pub fn new(
         kube: kube::Client,
         namespace: &str,
@@ -52,27 +58,25 @@ impl Host {
         domain_type_override: Option<DomainType>,
         call_timeout: Duration,
         connected: Gauge,
-    ) -> Host {
-        Host {
+    ) -> HostConnector {
+        HostConnector {
             kube,
             namespace: namespace.to_owned(),
             provider: provider.to_owned(),
             domain_type_override,
             call_timeout,
-            session: Mutex::new(None),
             connected,
         }
     }
+}
 
-    /// The live session, connecting (again) when there is none or it died. The Provider is
-    /// read on each connect, so new credentials are used from the next connection on.
-    pub async fn session(&self) -> Result<Session> {
-        let mut slot = self.session.lock().await;
-        if let Some(s) = slot.as_ref().filter(|s| s.client.is_alive()) {
-            return Ok(s.clone());
-        }
-        *slot = None;
-        self.connected.set(0);
+impl Connect for HostConnector {
+    type Connection = Session;
+    type Error = Error;
+
+    /// The Provider is read on each connect, so new credentials are used from the next
+    /// connection on.
+    async fn connect(&self) -> Result<Session> {
         let providers: Api<Provider> = Api::namespaced(self.kube.clone(), &self.namespace);
         let provider = providers
             .get_opt(&self.provider)
@@ -100,66 +104,63 @@ impl Host {
             .map_err(Error::libvirt("read the host's capabilities"))?;
         let domain_type =
             crate::domain_type::choose_domain_type(&capabilities, self.domain_type_override);
-        let session = Session {
+        tracing::info!(endpoint, domain_type = domain_type.as_str(), "connected");
+        Ok(Session {
             client,
             domain_type,
-        };
-        *slot = Some(session.clone());
-        self.connected.set(1);
-        tracing::info!(endpoint, domain_type = domain_type.as_str(), "connected");
-        Ok(session)
+        })
     }
 
-    /// Forgets the session after an error that says it is dead, so the next call reconnects.
-    pub async fn forget(&self) {
-        *self.session.lock().await = None;
-        self.connected.set(0);
+    /// A connection whose transport died is replaced on its next use.
+    fn is_alive(&self, session: &Session) -> bool {
+        session.client.is_alive()
+    }
+
+    fn held(&self, held: bool) {
+        self.connected.set(i64::from(held));
     }
 }
 
-/// Subscribes to domain lifecycle and guest-agent events on each new session and sends one
-/// tick per event; reconnects after the connection dies. Ends when the receiver is dropped.
-/// An agent connecting is what a booting guest's GuestReady waits on; an agent leaving is
-/// what the machine reports.
+/// Subscribes to domain lifecycle and guest-agent events on each new session and wakes the
+/// reconciler once per event; subscribes again (on the kit's backoff) after the connection
+/// dies. Ends when the receiver is dropped. An agent connecting is what a booting guest's
+/// GuestReady waits on; an agent leaving is what the machine reports.
 pub async fn forward_events(host: Arc<Host>, ticks: mpsc::Sender<()>) {
+    pump::run("domain events", ticks, |feed| {
+        follow_events(host.clone(), feed)
+    })
+    .await
+}
+
+/// One subscription: returns when its streams end (the connection died) or it could not be
+/// made.
+async fn follow_events(host: Arc<Host>, feed: Feed) -> Result<()> {
+    let (mut lifecycle, mut agent) = subscribe(&host).await?;
+    feed.subscribed();
+    // A (re)subscription may have missed events: look at everything once.
+    feed.wake();
     loop {
-        match subscribe(&host).await {
-            Ok((mut lifecycle, mut agent)) => {
-                // A (re)subscription may have missed events: look at everything once.
-                if !tick(&ticks) {
-                    return;
+        let more = tokio::select! {
+            e = lifecycle.next() => e.map(|e| {
+                if let Ok(e) = e {
+                    tracing::debug!(domain = %e.domain, event = %e.event, "domain event");
                 }
-                loop {
-                    let more = tokio::select! {
-                        e = lifecycle.next() => e.map(|e| {
-                            if let Ok(e) = e {
-                                tracing::debug!(domain = %e.domain, event = %e.event, "domain event");
-                            }
-                        }),
-                        e = agent.next() => e.map(|e| {
-                            if let Ok(e) = e {
-                                tracing::debug!(domain = %e.domain, connected = e.connected(), "agent event");
-                            }
-                        }),
-                    };
-                    if more.is_none() || !tick(&ticks) {
-                        break;
-                    }
+            }),
+            e = agent.next() => e.map(|e| {
+                if let Ok(e) = e {
+                    tracing::debug!(domain = %e.domain, connected = e.connected(), "agent event");
                 }
-            }
-            Err(e) => {
-                tracing::debug!(error = %banlieue_api::conditions::error_message(&e), "domain events unavailable");
-            }
+            }),
+        };
+        if more.is_none() {
+            return Ok(());
         }
-        if ticks.is_closed() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        feed.wake();
     }
 }
 
 async fn subscribe(host: &Host) -> Result<(DomainEvents, AgentLifecycleEvents)> {
-    let session = host.session().await?;
+    let session = host.connection().await?;
     let lifecycle = DomainEvents::subscribe(&session.client)
         .await
         .map_err(Error::libvirt("subscribe to domain events"))?;
@@ -167,13 +168,4 @@ async fn subscribe(host: &Host) -> Result<(DomainEvents, AgentLifecycleEvents)> 
         .await
         .map_err(Error::libvirt("subscribe to guest agent events"))?;
     Ok((lifecycle, agent))
-}
-
-/// Queues one tick unless one is already waiting: a burst of events (a start emits several)
-/// collapses into one pass. Returns false once nobody listens.
-fn tick(ticks: &mpsc::Sender<()>) -> bool {
-    !matches!(
-        ticks.try_send(()),
-        Err(mpsc::error::TrySendError::Closed(()))
-    )
 }

@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use crate::domain_xml::DomainType;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use host::Host;
+use host::{Host, HostConnector};
 
 /// Settings of one provider workload.
 #[derive(Clone, Debug)]
@@ -75,14 +75,14 @@ pub async fn run_provider(
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let host = Arc::new(Host::new(
+    let host = Arc::new(Host::new(HostConnector::new(
         client.clone(),
         &cfg.namespace,
         &cfg.provider,
         cfg.domain_type,
         cfg.call_timeout,
         metrics.host_connected.clone(),
-    ));
+    )));
     let (ticks, tick_rx) = mpsc::channel(1);
     let events = tokio::spawn(host::forward_events(host.clone(), ticks));
     let machines: Api<LibvirtMachine> = Api::namespaced(client.clone(), &cfg.namespace);

@@ -22,7 +22,7 @@ use crate::volume_xml::{self, Backing, BackingFormat};
 /// Brings the machine's domain into existence and running, or saved when its spec says so
 /// (ADR-0073); returns what the host shows.
 pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> Result<Observed> {
-    let session = ctx.host.session().await?;
+    let session = ctx.host.connection().await?;
     let client = &session.client;
     let names = MachineNames::of(machine);
 

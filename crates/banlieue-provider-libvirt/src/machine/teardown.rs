@@ -48,7 +48,7 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
         // No UUID was ever recorded, so nothing was ever made on the host.
         return Ok(());
     };
-    let session = ctx.host.session().await?;
+    let session = ctx.host.connection().await?;
     let client = &session.client;
 
     let found = Domain::lookup_by_name(client, &names.domain)

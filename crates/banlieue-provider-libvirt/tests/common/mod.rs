@@ -3,7 +3,6 @@
 //! daemon's PKI files, and each role's production identity under the shipped RBAC (ADR-0063).
 #![allow(dead_code)] // Each test binary uses its own subset.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -17,6 +16,7 @@ use banlieue_api::{
 use banlieue_operator::workloads::{self, Workloads};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::poll;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -49,22 +49,12 @@ async fn install_crds(client: &kube::Client) -> Result<()> {
     Ok(banlieue_testenv::control_plane::apply_crds(client, banlieue_api::crds()).await?)
 }
 
-/// Polls `probe` every 200 ms until it yields a value; fails after `secs` with the last error.
-pub async fn eventually<T, F, Fut>(what: &str, secs: u64, probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<T>>>,
-{
-    let (deadline, interval) = (Duration::from_secs(secs), Duration::from_millis(200));
-    Ok(banlieue_testenv::poll::until(what, deadline, interval, probe).await?)
-}
-
 /// Waits up to `secs` until `api` lists no object.
 pub async fn none_left<K>(api: &kube::Api<K>, what: &str, secs: u64) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    eventually(what, secs, || async {
+    poll::until(what, Duration::from_secs(secs), || async {
         Ok(api
             .list(&Default::default())
             .await?
@@ -72,7 +62,8 @@ where
             .is_empty()
             .then_some(()))
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 fn unique(prefix: &str) -> String {
@@ -354,9 +345,11 @@ pub async fn controller_identity(cp: &ControlPlane, ns: &str) -> Result<kube::Cl
         .await?;
     // The authorizer learns of new bindings through its informer: wait until it has.
     let deployments: Api<Deployment> = Api::namespaced(controller.clone(), ns);
-    eventually("the controller's grants in the namespace", 30, || async {
-        Ok(deployments.list(&Default::default()).await.ok().map(|_| ()))
-    })
+    poll::until(
+        "the controller's grants in the namespace",
+        Duration::from_secs(30),
+        || async { Ok(deployments.list(&Default::default()).await.ok().map(|_| ())) },
+    )
     .await?;
     Ok(controller)
 }
@@ -416,7 +409,7 @@ pub async fn provider_identity(
     let jobs: Api<Job> = Api::namespaced(client.clone(), &build_ns);
     let one = ListParams::default().limit(1);
     // The authorizer learns of new bindings through its informer: wait until it has them all.
-    eventually("the provider's grants", 30, || async {
+    poll::until("the provider's grants", Duration::from_secs(30), || async {
         let granted = own.get(&name).await.is_ok()
             && machines.list(&one).await.is_ok()
             && classes.list(&one).await.is_ok()
@@ -441,9 +434,11 @@ pub async fn import_identity(
     let client = cp.client_as_service_account(&namespace, &account).await?;
     let ns = provider.namespace().context("a namespaced Provider")?;
     let providers: Api<Provider> = Api::namespaced(client.clone(), &ns);
-    eventually("the import account's grants", 30, || async {
-        Ok(providers.get(&provider.name_any()).await.ok().map(|_| ()))
-    })
+    poll::until(
+        "the import account's grants",
+        Duration::from_secs(30),
+        || async { Ok(providers.get(&provider.name_any()).await.ok().map(|_| ())) },
+    )
     .await?;
     Ok(client)
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::VSphereMachine;
-use banlieue_api::conditions::error_message;
 use banlieue_api::vsphere::GUESTINFO_PHASE;
+use banlieue_provider_kit::pump::{self, Feed};
 use banlieue_vsphere::{
     Client, ObjectUpdateKind, PropertyFilterSpec, PropertyValue, extra_config_path,
 };
@@ -26,24 +26,25 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// The most VMs whose names are remembered: a bound on what a server can make this hold.
 const MAX_TRACKED_VMS: usize = 100_000;
 
-/// Wakes the machines when one of their VMs changes, until the task is aborted. A failed wait (a lost
-/// session takes its collector with it) starts over with a new collector after a pause.
+/// Wakes the machines when one of their VMs changes, until the receiver of `wake` is dropped
+/// or the task is aborted. A failed wait (a lost session takes its collector with it) starts
+/// over with a new collector, on the kit's backoff.
 pub async fn run(session: Arc<Session>, namespace: String, wake: mpsc::Sender<()>) {
-    loop {
-        match session.client().await {
-            Ok(client) => {
-                let Err(e) = pump(&client, &namespace, &wake).await;
-                tracing::warn!(error = %error_message(&e), "vSphere property wait; starting over");
-                if e.is_session_lost() {
-                    session.forget().await;
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %error_message(&e), "vSphere property wait: no session")
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
+    pump::run("vSphere property wait", wake, |feed| {
+        follow(session.clone(), namespace.clone(), feed)
+    })
+    .await
+}
+
+/// One property wait, until it fails; a failure that lost the session forgets it, so the next
+/// wait logs in again.
+async fn follow(session: Arc<Session>, namespace: String, feed: Feed) -> Result<()> {
+    let client = session.client().await?;
+    let Err(e) = collect_changes(&client, &namespace, &feed).await;
+    if e.is_session_lost() {
+        session.forget().await;
     }
+    Err(e)
 }
 
 /// The machine a VM of `vm_name` belongs to, if the name is `<namespace>-<machine>`.
@@ -55,16 +56,16 @@ pub fn machine_of(namespace: &str, vm_name: &str) -> Option<ObjectRef<VSphereMac
         .map(|name| ObjectRef::new(name).within(namespace))
 }
 
-async fn pump(
+async fn collect_changes(
     client: &Client,
     namespace: &str,
-    wake: &mpsc::Sender<()>,
+    feed: &Feed,
 ) -> Result<std::convert::Infallible> {
     let collector = client
         .create_property_collector()
         .await
         .map_err(Error::vsphere("create a property collector"))?;
-    let result = watch(client, &collector, namespace, wake).await;
+    let result = watch(client, &collector, namespace, feed).await;
     // The collector's filters go with it; the view is the session's until it ends.
     let _ = client.destroy_property_collector(&collector).await;
     result
@@ -74,7 +75,7 @@ async fn watch(
     client: &Client,
     collector: &banlieue_vsphere::ManagedObjectRef,
     namespace: &str,
-    wake: &mpsc::Sender<()>,
+    feed: &Feed,
 ) -> Result<std::convert::Infallible> {
     let root = client.service_content().root_folder.clone();
     let view = client
@@ -91,6 +92,7 @@ async fn watch(
         .create_filter(collector, &spec, true)
         .await
         .map_err(Error::vsphere("create the VM filter"))?;
+    feed.subscribed();
     let mut names: HashMap<String, String> = HashMap::new();
     let mut version: Option<String> = None;
     loop {
@@ -123,8 +125,7 @@ async fn watch(
                 .and_then(|n| machine_of(namespace, n))
                 .is_some()
             {
-                // A full queue already holds a wake-up, which covers this change too.
-                let _ = wake.try_send(());
+                feed.wake();
             }
         }
     }

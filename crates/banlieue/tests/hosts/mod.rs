@@ -142,14 +142,13 @@ pub async fn wait_ready(
         poll::until(
             &format!("Provider {} to be Ready", host.provider),
             deadline,
-            Duration::from_millis(250),
             || async {
                 let p = providers.get(&host.provider).await?;
                 let measured = p
                     .status
                     .as_ref()
                     .is_some_and(|s| s.failure_domains.iter().any(|d| d.capacity.is_some()));
-                Ok::<_, BoxError>((ready_status(&p) == status::TRUE && measured).then_some(()))
+                Ok((ready_status(&p) == status::TRUE && measured).then_some(()))
             },
         )
         .await?;
