@@ -7,6 +7,9 @@
 //! (`scheduling`, `vm::decide`, `pool::decide`, `claim::decide`, `machine_status`) and acts with
 //! a thin layer of patches. Entry point: [`run`].
 
+// A product function stays under clippy.toml's line limit (tests may be longer).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 mod caches;
 pub mod claim;
 pub mod config;

@@ -31,6 +31,9 @@
 //! # Ok::<(), banlieue_iso::Error>(())
 //! ```
 
+// A product function stays under clippy.toml's line limit (tests may be longer).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 mod error;
 mod label;
 mod layout;

@@ -11,6 +11,9 @@
 //! (`ProviderClassRoleMissing`), the workload has not reported yet (`WorkloadStarting`), or the
 //! Provider is being deleted while machines remain (`MachinesRemain`).
 
+// A product function stays under clippy.toml's line limit (tests may be longer).
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 mod error;
 pub mod workloads;
 
