@@ -12,7 +12,7 @@ use std::sync::Arc;
 use banlieue_api::backend::{BackendWorkload, MachineBackend};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// An error a backend's task ended with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -33,6 +33,21 @@ impl fmt::Debug for Task {
 }
 
 impl Task {
+    /// A task named `name` running a reconciler until `shutdown` is cancelled: `reconciler` is
+    /// given the future that completes then, and its error is boxed.
+    pub fn until_cancelled<F, E>(
+        name: &'static str,
+        shutdown: &CancellationToken,
+        reconciler: impl FnOnce(WaitForCancellationFutureOwned) -> F,
+    ) -> Task
+    where
+        F: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let run = reconciler(shutdown.clone().cancelled_owned());
+        Task::new(name, async move { run.await.map_err(Into::into) })
+    }
+
     /// A task named `name` running `future`.
     pub fn new(
         name: &'static str,

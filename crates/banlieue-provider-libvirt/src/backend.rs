@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use banlieue_provider_kit::descriptor::{BoxError, Descriptor, Task, Workload};
+use banlieue_provider_kit::descriptor::{Descriptor, Task, Workload};
 
 use crate::domain_xml::DomainType;
 use crate::image::jobs::{ImageReconcilerConfig, run_image_reconciler};
@@ -46,26 +46,14 @@ fn tasks(workload: Workload<'_>, domain_type: Option<DomainType>) -> Vec<Task> {
     let status = StatusConfig::new(provider.clone(), namespace.clone());
     let images = ImageReconcilerConfig::new(provider, namespace);
     vec![
-        Task::new("libvirt provider", {
-            let (client, stop) = (client.clone(), shutdown.clone());
-            async move {
-                run_provider(client, machines, metrics, stop.cancelled_owned())
-                    .await
-                    .map_err(BoxError::from)
-            }
+        Task::until_cancelled("libvirt provider", &shutdown, |stop| {
+            run_provider(client.clone(), machines, metrics, stop)
         }),
-        Task::new("libvirt provider status", {
-            let (client, stop) = (client.clone(), shutdown.clone());
-            async move {
-                run_status(client, status, stop.cancelled_owned())
-                    .await
-                    .map_err(BoxError::from)
-            }
+        Task::until_cancelled("libvirt provider status", &shutdown, |stop| {
+            run_status(client.clone(), status, stop)
         }),
-        Task::new("libvirt image reconciler", async move {
-            run_image_reconciler(client, images, shutdown.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
+        Task::until_cancelled("libvirt image reconciler", &shutdown, |stop| {
+            run_image_reconciler(client, images, stop)
         }),
     ]
 }

@@ -795,13 +795,7 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
         Ok(deployments.get_opt(&wl).await?)
     })
     .await?;
-    let args = deployment
-        .spec
-        .template
-        .spec
-        .and_then(|s| s.containers.into_iter().next())
-        .and_then(|c| c.args)
-        .unwrap_or_default();
+    let args = container_args(deployment);
     assert_eq!(
         args,
         [
@@ -833,24 +827,51 @@ async fn a_vsphere_provider_runs_its_provider_beside_its_class_role_and_waits_fo
                   "template": "DC0/vm/t", "cpu": 1, "memory": "1Gi" }
     }))?;
     machines.create(&PostParams::default(), &machine).await?;
-    api.delete("vc-1", &DeleteParams::default()).await?;
-    let p = wait_ready(&api, "vc-1", "MachinesRemain", |c| {
+    deletion_waits_for_its_machine(&api, "vc-1", &machines, "vm-1", "VSphereMachine").await?;
+    classes.delete("vsphere", &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// The arguments of the first container of `deployment`.
+fn container_args(deployment: Deployment) -> Vec<String> {
+    deployment
+        .spec
+        .template
+        .spec
+        .and_then(|pod| pod.containers.into_iter().next())
+        .and_then(|container| container.args)
+        .unwrap_or_default()
+}
+
+/// Deletes `provider`, which has one machine, `machine` of `kind`: its Ready condition says the
+/// deletion waits for that machine, and the Provider goes once the machine does.
+async fn deletion_waits_for_its_machine<K>(
+    api: &Api<Provider>,
+    provider: &str,
+    machines: &Api<K>,
+    machine: &str,
+    kind: &str,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(provider, &DeleteParams::default()).await?;
+    let p = wait_ready(api, provider, "MachinesRemain", |c| {
         c.reason == "MachinesRemain"
     })
     .await?;
     assert!(
-        ready_of(&p).message.contains("1 VSphereMachine(s)"),
+        ready_of(&p).message.contains(&format!("1 {kind}(s)")),
         "{}",
         ready_of(&p).message
     );
-    machines.delete("vm-1", &DeleteParams::default()).await?;
+    machines.delete(machine, &DeleteParams::default()).await?;
     poll::until(
         "Provider gone once its machines are",
         Duration::from_secs(60),
-        || async { Ok(api.get_opt("vc-1").await?.is_none().then_some(())) },
+        || async { Ok(api.get_opt(provider).await?.is_none().then_some(())) },
     )
     .await?;
-    classes.delete("vsphere", &DeleteParams::default()).await?;
     Ok(())
 }
 
@@ -993,13 +1014,7 @@ async fn a_third_kind_in_the_operators_list_runs_its_own_provider() -> Result<()
         || async { Ok(deployments.get_opt(&wl).await?) },
     )
     .await?;
-    let args = deployment
-        .spec
-        .template
-        .spec
-        .and_then(|s| s.containers.into_iter().next())
-        .and_then(|c| c.args)
-        .unwrap_or_default();
+    let args = container_args(deployment);
     assert_eq!(
         args,
         [
@@ -1029,24 +1044,7 @@ async fn a_third_kind_in_the_operators_list_runs_its_own_provider() -> Result<()
         kube::api::DynamicObject::new("mm-1", &third_kind::workload().machines).within(&ns);
     machine.data = serde_json::json!({"spec": {"providerRef": {"name": "mem-1"}}});
     machines.create(&PostParams::default(), &machine).await?;
-    api.delete("mem-1", &DeleteParams::default()).await?;
-    let p = wait_ready(&api, "mem-1", "MachinesRemain", |c| {
-        c.reason == "MachinesRemain"
-    })
-    .await?;
-    assert!(
-        ready_of(&p).message.contains("1 MemoryMachine(s)"),
-        "{}",
-        ready_of(&p).message
-    );
-    machines.delete("mm-1", &DeleteParams::default()).await?;
-    poll::until(
-        "Provider gone once its machines are",
-        Duration::from_secs(60),
-        || async { Ok(api.get_opt("mem-1").await?.is_none().then_some(())) },
-    )
-    .await?;
-    Ok(())
+    deletion_waits_for_its_machine(&api, "mem-1", &machines, "mm-1", "MemoryMachine").await
 }
 
 /// Provider `x-y` in namespace `<n>` and Provider `y` in namespace `<n>-x` once shared the

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use banlieue_provider_kit::descriptor::{BoxError, Descriptor, Task, Workload};
+use banlieue_provider_kit::descriptor::{Descriptor, Task, Workload};
 
 use crate::image_status::{ImageConfig, run_images};
 use crate::machine::{ProviderConfig, run_provider};
@@ -34,26 +34,14 @@ fn tasks(workload: Workload<'_>) -> Vec<Task> {
     let images = ImageConfig::new(provider.clone(), namespace.clone());
     let status = StatusConfig::new(provider, namespace);
     vec![
-        Task::new("vSphere provider", {
-            let (client, stop) = (client.clone(), shutdown.clone());
-            async move {
-                run_provider(client, machines, stop.cancelled_owned())
-                    .await
-                    .map_err(BoxError::from)
-            }
+        Task::until_cancelled("vSphere provider", &shutdown, |stop| {
+            run_provider(client.clone(), machines, stop)
         }),
-        Task::new("vSphere provider images", {
-            let (client, stop) = (client.clone(), shutdown.clone());
-            async move {
-                run_images(client, images, stop.cancelled_owned())
-                    .await
-                    .map_err(BoxError::from)
-            }
+        Task::until_cancelled("vSphere provider images", &shutdown, |stop| {
+            run_images(client.clone(), images, stop)
         }),
-        Task::new("vSphere provider status", async move {
-            run_status(client, status, shutdown.cancelled_owned())
-                .await
-                .map_err(BoxError::from)
+        Task::until_cancelled("vSphere provider status", &shutdown, |stop| {
+            run_status(client, status, stop)
         }),
     ]
 }
