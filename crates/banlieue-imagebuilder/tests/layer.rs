@@ -61,11 +61,16 @@ fn compress(bytes: &[u8], compression: Compression) -> Vec<u8> {
 struct Layers {
     dir: tempfile::TempDir,
     blobs: Vec<(PathBuf, Compression)>,
+    /// The directory `dir` is in, the test's own: what an escaping path would write next to
+    /// `dir` is found there, whatever else the machine's temporary directory holds. Declared
+    /// last, so it is removed after `dir`.
+    _parent: tempfile::TempDir,
 }
 
 impl Layers {
     fn new(layers: &[(&[Entry<'_>], Compression)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let parent = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir_in(parent.path()).unwrap();
         let blobs = layers
             .iter()
             .enumerate()
@@ -75,7 +80,11 @@ impl Layers {
                 (path, *compression)
             })
             .collect();
-        Self { dir, blobs }
+        Self {
+            dir,
+            blobs,
+            _parent: parent,
+        }
     }
 
     fn work(&self) -> PathBuf {
