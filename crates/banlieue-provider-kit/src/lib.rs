@@ -2,6 +2,7 @@
 //! that a contract or a security check is written once (ADR-0071).
 //!
 //! - [`descriptor`]: a backend as one value, which the binary lists;
+//! - [`error`]: the failures every backend shares ([`error::Core`]) and their reasons;
 //! - [`guest`]: the guest-phase layer's contract (the phase a guest reports, its EK
 //!   certificates) and the GuestReady condition that follows from it;
 //! - [`user_data`]: which Secret a machine's `userDataSecretRef` may name, and reading it;
@@ -26,6 +27,7 @@
 pub mod backoff;
 pub mod credentials;
 pub mod descriptor;
+pub mod error;
 pub mod guest;
 pub mod image_zones;
 pub mod import_settings;

@@ -7,6 +7,7 @@ use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddress, Standby};
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
+use banlieue_provider_kit::error::Core;
 
 use crate::domain_xml::{BootFirmware, DomainDefinition, DomainType, VolumeRef};
 use crate::error::{Error, Result};
@@ -58,41 +59,41 @@ pub fn classify(found_uuid: Option<&str>, recorded_uuid: Option<&str>) -> Existi
 
 /// The condition for a foreign domain holding the machine's name.
 pub fn name_taken(domain: &str, uuid: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::DOMAIN_NAME_TAKEN,
         message: format!(
             "domain {domain} already exists on the host with UUID {uuid}, which this \
              LibvirtMachine did not create; it is left untouched (rename or remove it)"
         ),
-    }
+    })
 }
 
 /// The message of the guide's troubleshooting table for an absent pool.
 pub fn pool_missing(pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::STORAGE_POOL_NOT_FOUND,
         message: format!("storage pool {pool} does not exist"),
-    }
+    })
 }
 
 /// The message of the guide's troubleshooting table for an absent image volume.
 pub fn volume_missing(volume: &str, pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::VOLUME_NOT_IN_POOL,
         message: format!("volume {volume} is not in pool {pool}"),
-    }
+    })
 }
 
 /// A volume of the machine's name that this machine did not record as its own.
 pub fn volume_not_owned(volume: &str, pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: crate::error::provider_reasons::VOLUME_NOT_OWNED,
         message: format!(
             "volume {volume} already exists in pool {pool}, but this LibvirtMachine did not \
              create it (it is not in status.volumes); it is neither reused nor deleted \
              (rename or remove it)"
         ),
-    }
+    })
 }
 
 /// The volumes teardown may delete: those recorded in status, and, when the domain found is
@@ -125,10 +126,10 @@ pub fn owned_volumes(
 
 /// The message for an absent network.
 pub fn network_missing(network: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::NETWORK_NOT_FOUND,
         message: format!("network {network} does not exist"),
-    }
+    })
 }
 
 /// Refuses a machine whose `spec.pool` or `spec.network` is not a target its Provider
@@ -140,8 +141,8 @@ pub fn undeclared_target(
     provider: &str,
     capabilities: &banlieue_api::ProviderCapabilities,
 ) -> Option<Error> {
-    let refused =
-        |field: &str, value: &str, what: &str, list: &str, declared: Vec<&str>| Error::Invalid {
+    let refused = |field: &str, value: &str, what: &str, list: &str, declared: Vec<&str>| {
+        Error::Core(Core::Invalid {
             reason: crate::error::provider_reasons::TARGET_NOT_DECLARED,
             message: format!(
                 "{field} {value} is not a {what} Provider {provider} declared \
@@ -152,7 +153,8 @@ pub fn undeclared_target(
                     declared.join(", ")
                 }
             ),
-        };
+        })
+    };
     let pools: Vec<&str> = capabilities
         .storage_classes
         .iter()
@@ -187,12 +189,12 @@ pub fn undeclared_target(
 /// Size of the OS disk in bytes.
 pub fn disk_bytes(machine: &LibvirtMachine) -> Result<u64> {
     let q = &machine.spec.disk.size.0;
-    quantity::to_bytes(q)
-        .filter(|b| *b > 0)
-        .ok_or_else(|| Error::Invalid {
+    quantity::to_bytes(q).filter(|b| *b > 0).ok_or_else(|| {
+        Error::Core(Core::Invalid {
             reason: reasons::PROVISIONING,
             message: format!("disk size {q:?} is not a whole number of bytes"),
         })
+    })
 }
 
 /// The domain definition of `machine` with the UUID chosen for it.
@@ -205,12 +207,14 @@ pub fn definition(
     let spec = &machine.spec;
     let memory = quantity::to_bytes(&spec.memory.0)
         .filter(|b| *b >= 1 << 20)
-        .ok_or_else(|| Error::Invalid {
-            reason: reasons::PROVISIONING,
-            message: format!(
-                "memory {:?} is not a whole number of bytes of at least 1Mi",
-                spec.memory.0
-            ),
+        .ok_or_else(|| {
+            Error::Core(Core::Invalid {
+                reason: reasons::PROVISIONING,
+                message: format!(
+                    "memory {:?} is not a whole number of bytes of at least 1Mi",
+                    spec.memory.0
+                ),
+            })
         })?;
     let volume = |v: &str| VolumeRef {
         pool: spec.pool.clone(),
@@ -239,10 +243,10 @@ fn boot_firmware(firmware: Firmware, secure_boot: bool) -> Result<BootFirmware> 
         (Firmware::Bios, false) => Ok(BootFirmware::Bios),
         (Firmware::Efi, false) => Ok(BootFirmware::Efi),
         (Firmware::Efi, true) => Ok(BootFirmware::EfiSecureBoot),
-        (Firmware::Bios, true) => Err(Error::Invalid {
+        (Firmware::Bios, true) => Err(Error::Core(Core::Invalid {
             reason: reasons::PROVISIONING,
             message: "secureBoot needs firmware: efi".into(),
-        }),
+        })),
     }
 }
 
@@ -424,13 +428,13 @@ pub fn restore_failed(domain: &str, libvirt_said: &str, removed: Result<(), Stri
         Ok(()) => "its save image was removed".to_owned(),
         Err(why) => format!("removing its save image failed too: {why}"),
     };
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::RESTORE_FAILED,
         message: format!(
             "restoring domain {domain} from its managed save image failed: {libvirt_said}; \
              {image}, and the machine is not started afresh (it is replaced)"
         ),
-    }
+    })
 }
 
 /// Whether the status reports standby at all: only for a machine whose spec asks for one, or
@@ -652,7 +656,7 @@ mod tests {
         };
         assert!(undeclared_target(&spec("vm-pool", "isolated"), "edge", &capabilities).is_none());
         let message = |e: Option<Error>| match e {
-            Some(Error::Invalid { reason, message }) => {
+            Some(Error::Core(Core::Invalid { reason, message })) => {
                 assert_eq!(reason, "TargetNotDeclared");
                 message
             }
@@ -1200,10 +1204,10 @@ mod tests {
         let StandbyAct::StillFailed { message } = standby_act(&retried, false, true, false) else {
             panic!("a failed restore is not booted afresh for the same spec");
         };
-        let again = Error::Invalid {
+        let again = Error::Core(Core::Invalid {
             reason: reasons::RESTORE_FAILED,
             message,
-        };
+        });
         assert_eq!(
             status_after(&retried, "banlieue-system", "edge-7", &Err(again), at(50)),
             s

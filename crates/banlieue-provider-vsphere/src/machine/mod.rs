@@ -11,10 +11,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::Condition;
-use banlieue_api::vsphere::FINALIZER_VM_PROTECTION;
 use banlieue_api::{VSphereMachine, VSphereMachineStatus};
-use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
+use banlieue_provider_kit::machine::{self as skeleton, Backend, Settings, Teardown};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use tokio::sync::mpsc;
@@ -88,20 +86,8 @@ impl Backend for Context {
     type Observed = plan::Observed;
     type Error = Error;
 
-    fn finalizer(&self) -> &'static str {
-        FINALIZER_VM_PROTECTION
-    }
-
-    fn serves(&self, machine: &VSphereMachine) -> bool {
-        machine.spec.provider_ref.name == self.cfg.provider
-    }
-
-    fn status_of(machine: &VSphereMachine) -> Option<&VSphereMachineStatus> {
-        machine.status.as_ref()
-    }
-
-    fn conditions_of(status: &VSphereMachineStatus) -> &[Condition] {
-        &status.contract.conditions
+    fn provider(&self) -> &str {
+        &self.cfg.provider
     }
 
     fn running(observed: &plan::Observed) -> bool {
@@ -147,16 +133,5 @@ impl Backend for Context {
         if error.is_session_lost() {
             self.session.forget().await;
         }
-    }
-
-    fn patch_failed(what: String, error: PatchError) -> Error {
-        match error {
-            PatchError::Kube(source) => Error::Kube { what, source },
-            PatchError::Encode(source) => Error::Encode { what, source },
-        }
-    }
-
-    fn deadline_exceeded(what: &'static str, after: Duration) -> Error {
-        Error::Deadline { what, after }
     }
 }

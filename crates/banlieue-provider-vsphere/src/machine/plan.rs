@@ -11,6 +11,7 @@ use banlieue_api::vsphere::{self, EXTRA_CONFIG_MACHINE_UID, GUESTINFO_PHASE};
 use banlieue_api::{
     MachineAddress, Standby, VSphereMachine, VSphereMachineStatus, names, quantity,
 };
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::guest::{self, EkCertificate, Phase};
 use banlieue_vsphere::{GuestNic, PowerState};
 use base64::Engine as _;
@@ -32,13 +33,13 @@ pub fn vm_name(machine: &VSphereMachine) -> Result<String> {
     let name = machine.metadata.name.as_deref().unwrap_or_default();
     let vm = names::domain_name(ns, name);
     if vm.chars().count() > MAX_VM_NAME_LEN {
-        return Err(Error::Invalid {
+        return Err(Error::Core(Core::Invalid {
             reason: reasons::PROVISIONING,
             message: format!(
                 "the VM name {vm} is longer than vCenter's {MAX_VM_NAME_LEN} characters: \
                  shorten the namespace or the machine's name"
             ),
-        });
+        }));
     }
     Ok(vm)
 }
@@ -96,12 +97,14 @@ pub fn clone_extra_config(
 
 /// Memory in MiB as vSphere wants it: whole MiB, rounded up to a multiple of 4.
 pub fn memory_mib(machine: &VSphereMachine) -> Result<i64> {
-    let invalid = || Error::Invalid {
-        reason: reasons::PROVISIONING,
-        message: format!(
-            "spec.memory {:?} is not a whole number of bytes of at least 4Mi",
-            machine.spec.memory.0
-        ),
+    let invalid = || {
+        Error::Core(Core::Invalid {
+            reason: reasons::PROVISIONING,
+            message: format!(
+                "spec.memory {:?} is not a whole number of bytes of at least 4Mi",
+                machine.spec.memory.0
+            ),
+        })
     };
     let bytes = quantity::to_bytes(&machine.spec.memory.0).ok_or_else(invalid)?;
     let mib = bytes.div_ceil(1 << 20).next_multiple_of(4);
@@ -142,14 +145,14 @@ pub fn ownership(extra_config: &BTreeMap<String, String>, machine_uid: &str) -> 
 
 /// The error for a foreign VM under the machine's name.
 pub fn vm_name_taken(path: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: vsphere::reasons::VM_NAME_TAKEN,
         message: format!(
             "a VM {path} exists but was not cloned for this VSphereMachine (its \
              extraConfig {EXTRA_CONFIG_MACHINE_UID} differs); it is neither adopted nor \
              destroyed (rename or remove it)"
         ),
-    }
+    })
 }
 
 /// What `spec.standby` asks of the VM; unset is `Running`.
@@ -237,14 +240,14 @@ pub fn resume_failed(vm: &str, error: Error) -> Error {
     if !refused(&error) {
         return error;
     }
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::RESTORE_FAILED,
         message: format!(
             "powering on suspended VM {vm} failed, so it cannot resume: {}; it is not started \
              afresh (it is replaced)",
             conditions::error_message(&error)
         ),
-    }
+    })
 }
 
 /// What a suspend that failed leaves: when vSphere refused it, the VM keeps running and
@@ -823,10 +826,10 @@ mod tests {
         assert!(
             suspend_failed(
                 "DC0/vm/x",
-                Error::Invalid {
+                Error::Core(Core::Invalid {
                     reason: "X",
                     message: "y".into()
-                }
+                })
             )
             .is_err()
         );

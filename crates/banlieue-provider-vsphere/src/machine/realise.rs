@@ -6,6 +6,7 @@ use std::time::Duration;
 use banlieue_api::conditions::reasons;
 use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
 use banlieue_api::{Provider, VSphereMachine};
+use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{
     Client, CloneSpec, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec, VmInfo,
 };
@@ -17,9 +18,11 @@ use crate::error::{Error, Result};
 use crate::template::{self, TemplateSight};
 
 pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Observed> {
-    let uid = machine.uid().ok_or_else(|| Error::Invalid {
-        reason: reasons::PROVISIONING,
-        message: "the VSphereMachine has no uid yet".into(),
+    let uid = machine.uid().ok_or_else(|| {
+        Error::Core(Core::Invalid {
+            reason: reasons::PROVISIONING,
+            message: "the VSphereMachine has no uid yet".into(),
+        })
     })?;
     let vm_name = plan::vm_name(machine)?;
     let path = plan::vm_path(machine, &vm_name);
@@ -100,10 +103,10 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
             Err(e) => StandbySight::SuspendRefused(plan::suspend_failed(&path, e)?),
         },
         PowerAct::SuspendLost { message } => {
-            return Err(Error::Invalid {
+            return Err(Error::Core(Core::Invalid {
                 reason: reasons::RESTORE_FAILED,
                 message,
-            });
+            }));
         }
     };
     // Read afresh: a resumed guest's addresses are what VMware Tools reports now.
@@ -232,14 +235,14 @@ async fn cloneable_template(
         .map_err(Error::vsphere(format!("look up {template}")))?;
     match sight {
         TemplateSight::Template(found) => Ok(found),
-        TemplateSight::Missing => Err(Error::Invalid {
+        TemplateSight::Missing => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::INVENTORY_NOT_FOUND,
             message: format!("VirtualMachine {template:?} does not exist in vCenter"),
-        }),
-        TemplateSight::Refused(why) => Err(Error::Invalid {
+        })),
+        TemplateSight::Refused(why) => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::TEMPLATE_REFUSED,
             message: why,
-        }),
+        })),
     }
 }
 
@@ -254,9 +257,11 @@ async fn clone(
     path: &str,
 ) -> Result<ManagedObjectRef> {
     let spec = &machine.spec;
-    let not_found = |what: String| Error::Invalid {
-        reason: vsphere::reasons::INVENTORY_NOT_FOUND,
-        message: format!("{what} does not exist in vCenter"),
+    let not_found = |what: String| {
+        Error::Core(Core::Invalid {
+            reason: vsphere::reasons::INVENTORY_NOT_FOUND,
+            message: format!("{what} does not exist in vCenter"),
+        })
     };
     // Whoever writes the machine names its cluster: it must be one the Provider declared,
     // before vCenter is asked anything.
@@ -270,10 +275,10 @@ async fn clone(
         &spec.cluster,
         provider.spec.capabilities.vsphere.as_ref(),
     ) {
-        return Err(Error::Invalid {
+        return Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::PLACEMENT_NOT_DECLARED,
             message: why,
-        });
+        }));
     }
     let dc = client
         .datacenters()
@@ -337,10 +342,10 @@ async fn clone(
     .await
     {
         Ok(Some(vm)) => Ok(vm),
-        Ok(None) => Err(Error::Invalid {
+        Ok(None) => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::VSPHERE_ERROR,
             message: format!("the clone of {path} succeeded without naming its VM"),
-        }),
+        })),
         // A clone this machine started earlier finished meanwhile: adopt it next time round.
         Err(e) if e.fault().is_some_and(|f| f.kind == "DuplicateName") => {
             match find_vm(client, path).await? {

@@ -3,6 +3,7 @@
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::{VSphereMachine, VSphereMachineStatus};
+use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{ManagedObjectRef, PowerState};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
@@ -58,7 +59,7 @@ pub(super) async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<b
     if found.is_none() {
         found = find_vm(&client, &path).await.or_else(|e| match e {
             // A foreign object at the path is not ours to remove.
-            Error::Invalid { .. } => Ok(None),
+            Error::Core(Core::Invalid { .. }) => Ok(None),
             e => Err(e),
         })?;
     }
