@@ -9,6 +9,8 @@
 //! - [`credentials`]: reading the Secret keys and CA bundle a Provider names, bounded;
 //! - [`machine`]: the one machine reconcile (finalizer, realise, status, deadline, backoff)
 //!   around what a backend implements ([`machine::Backend`]);
+//! - [`machine_status`]: the contract half of a machine's status after a reconcile, from what
+//!   a backend observed;
 //! - [`provider_status`]: a Provider's status loop (probe, Ready condition and failure
 //!   domains, published only when they change) around what a backend probes
 //!   ([`provider_status::Probe`]);
@@ -32,6 +34,7 @@ pub mod guest;
 pub mod image_zones;
 pub mod import_settings;
 pub mod machine;
+pub mod machine_status;
 pub mod narrow;
 pub mod provider_status;
 pub mod pump;

@@ -8,6 +8,7 @@ use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddres
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
 use banlieue_provider_kit::error::Core;
+use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Sight};
 
 use crate::domain_xml::{BootFirmware, DomainDefinition, DomainType, VolumeRef};
 use crate::error::{Error, Result};
@@ -460,105 +461,16 @@ pub fn status_after(
         domain_name: Some(names.domain.clone()),
         ..old.clone()
     };
-    new.contract.observed_generation = generation;
     let standby = reports_standby(machine, &old);
-    let ready = match outcome {
-        Ok(observed) if observed.standby == StandbySight::Saved => {
-            if let Some(uuid) = &old.domain_uuid {
-                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
-            }
-            // The guest is not asked anything while saved: its phase, GuestReady,
-            // AgentConnected, EK certificates and addresses stay as recorded. It is ready: a
-            // claim resumes it, nothing provisions it.
-            new.contract.initialization.provisioned = true;
-            banlieue_provider_kit::standby::mark_saved(
-                &mut new.contract,
-                standby,
-                reasons::DOMAIN_SAVED,
-                format!(
-                    "domain {} is saved (managed save) and holds no host memory",
-                    names.domain
-                ),
-                generation,
-                &now,
-            );
-            conditions::new(
-                types::READY,
-                status::TRUE,
-                reasons::DOMAIN_SAVED,
-                format!(
-                    "domain {} is saved (managed save) and holds no host memory; it is \
-                     restored when its spec says Running",
-                    names.domain
-                ),
-                generation,
-            )
-        }
-        Ok(observed) => {
-            if let Some(uuid) = &old.domain_uuid {
-                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
-            }
-            new.contract.initialization.provisioned = true;
-            new.contract.ready = observed.running;
-            new.contract.addresses = observed.addresses.clone();
-            let guest = super::guest::guest_status(
-                &observed.guest,
-                machine.spec.tpm_enabled,
-                &old,
-                generation,
-            );
-            new.contract.guest_phase = guest.guest_phase;
-            new.contract.tpm_endorsement_certificates = guest.certificates;
-            new.contract.tpm_endorsement_key_digests = guest.key_digests;
-            conditions::set(&mut new.contract.conditions, guest.guest_ready, now.clone());
-            conditions::set(
-                &mut new.contract.conditions,
-                guest.agent_connected,
-                now.clone(),
-            );
-            if standby {
-                let message = not_saved(&new, &names.domain, &observed.standby);
-                banlieue_provider_kit::standby::mark_running(
-                    &mut new.contract,
-                    reasons::DOMAIN_NOT_SAVED,
-                    message,
-                    generation,
-                    &now,
-                );
-            }
-            if observed.running {
-                let mut message = if observed.addresses_from_guest {
-                    format!(
-                        "domain {} is running; its addresses are as its guest agent \
-                         reports them (the host holds no DHCP lease for it)",
-                        names.domain
-                    )
-                } else {
-                    format!("domain {} is running", names.domain)
-                };
-                if let Some(restore) = restored(&observed.standby) {
-                    message.push_str("; ");
-                    message.push_str(&restore);
-                }
-                conditions::new(
-                    types::READY,
-                    status::TRUE,
-                    reasons::DOMAIN_RUNNING,
-                    message,
-                    generation,
-                )
-            } else {
-                conditions::new(
-                    types::READY,
-                    status::FALSE,
-                    reasons::PROVISIONING,
-                    format!("domain {} is defined but not running yet", names.domain),
-                    generation,
-                )
-            }
-        }
+    let outcome = match outcome {
+        Ok(observed) => Ok(Observation {
+            provider_id: old
+                .domain_uuid
+                .as_deref()
+                .map(|uuid| provider_id(provider_namespace, provider, uuid)),
+            sight: sight(machine, &old, &names.domain, observed, standby),
+        }),
         Err(e) => {
-            new.contract.ready = false;
             if standby && e.reason() == reasons::RESTORE_FAILED {
                 // Neither saved (the image is gone) nor running. `status.standby` stays as it
                 // was: `Running` would read as resumed, and a merge patch cannot unset it.
@@ -577,11 +489,72 @@ pub fn status_after(
                     now.clone(),
                 );
             }
-            condition_for(e, generation)
+            Err(Failure {
+                reason: e.reason(),
+                message: conditions::error_message(e),
+            })
         }
     };
-    conditions::set(&mut new.contract.conditions, ready, now);
+    machine_status::fill(&mut new.contract, outcome, standby, generation, now);
     new
+}
+
+/// What the host showed of the domain, in the contract's terms and libvirt's words.
+fn sight(
+    machine: &LibvirtMachine,
+    old: &LibvirtMachineStatus,
+    domain: &str,
+    observed: &Observed,
+    standby: bool,
+) -> Sight {
+    let generation = machine.metadata.generation;
+    if observed.standby == StandbySight::Saved {
+        return Sight::Saved {
+            reason: reasons::DOMAIN_SAVED,
+            saved_message: format!(
+                "domain {domain} is saved (managed save) and holds no host memory"
+            ),
+            ready_message: format!(
+                "domain {domain} is saved (managed save) and holds no host memory; it is \
+                 restored when its spec says Running"
+            ),
+        };
+    }
+    let guest =
+        super::guest::guest_status(&observed.guest, machine.spec.tpm_enabled, old, generation);
+    let not_saved = standby.then(|| {
+        (
+            reasons::DOMAIN_NOT_SAVED,
+            not_saved(old, domain, &observed.standby),
+        )
+    });
+    let ready_message = if observed.running {
+        let mut message = if observed.addresses_from_guest {
+            format!(
+                "domain {domain} is running; its addresses are as its guest agent reports \
+                 them (the host holds no DHCP lease for it)"
+            )
+        } else {
+            format!("domain {domain} is running")
+        };
+        if let Some(restore) = restored(&observed.standby) {
+            message.push_str("; ");
+            message.push_str(&restore);
+        }
+        message
+    } else {
+        format!("domain {domain} is defined but not running yet")
+    };
+    Sight::Live(Live {
+        running: observed.running,
+        addresses: observed.addresses.clone(),
+        guest_phase: guest.guest_phase,
+        endorsement: Some((guest.certificates, guest.key_digests)),
+        guest_conditions: vec![guest.guest_ready, guest.agent_connected],
+        not_saved,
+        running_reason: reasons::DOMAIN_RUNNING,
+        ready_message,
+    })
 }
 
 /// What a restore in this reconcile did, for the Ready message.
@@ -602,7 +575,7 @@ fn restored(sight: &StandbySight) -> Option<String> {
 /// The message of `Saved=False` while the domain runs: a restore or a fresh start of a domain
 /// asked to be saved says so, and the message stays until the next one (later reconciles of a
 /// running domain keep it).
-fn not_saved(new: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> String {
+fn not_saved(old: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> String {
     match sight {
         StandbySight::Restored { .. } => restored(sight)
             .map(|r| format!("domain {domain} runs: {r}"))
@@ -612,7 +585,7 @@ fn not_saved(new: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> 
              stopped) and was started afresh; it is saved again once its guest is ready"
         ),
         StandbySight::Running | StandbySight::Saved => {
-            match conditions::find(&new.contract.conditions, types::SAVED) {
+            match conditions::find(&old.contract.conditions, types::SAVED) {
                 // What the last restore or fresh start said stays while the domain runs.
                 Some(c) if c.status == status::FALSE && c.reason == reasons::DOMAIN_NOT_SAVED => {
                     c.message.clone()

@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use banlieue_api::common::address_type;
-use banlieue_api::conditions::{self, Condition, reasons, status, types};
+use banlieue_api::conditions::{self, Condition, reasons};
 use banlieue_api::vsphere::{self, EXTRA_CONFIG_MACHINE_UID, GUESTINFO_PHASE};
 use banlieue_api::{
     MachineAddress, Standby, VSphereMachine, VSphereMachineStatus, names, quantity,
 };
 use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::guest::{self, EkCertificate, Phase};
+use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Sight};
 use banlieue_vsphere::{GuestNic, PowerState};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -393,150 +394,121 @@ pub fn status_after(
     outcome: &Result<Observed>,
     now: Time,
 ) -> VSphereMachineStatus {
-    let old = machine.status.clone().unwrap_or_default();
-    let generation = machine.metadata.generation;
-    let mut new = old.clone();
-    new.contract.observed_generation = generation;
+    let mut new = machine.status.clone().unwrap_or_default();
     let standby = reports_standby(machine);
-    let ready = match outcome {
+    let outcome = match outcome {
         Ok(o) => {
             new.vm_name = Some(o.vm_name.clone());
             new.vm_mo_ref = Some(o.moref.clone());
             if let Some(uuid) = &o.instance_uuid {
                 new.instance_uuid = Some(uuid.clone());
-                new.contract.provider_id = Some(vsphere::provider_id(uuid));
             }
-            new.contract.initialization.provisioned = true;
-            if o.standby == StandbySight::Suspended {
-                suspended(&mut new, o, standby, generation, &now)
-            } else {
-                running(machine, &mut new, o, standby, generation, &now)
-            }
+            Ok(Observation {
+                provider_id: o.instance_uuid.as_deref().map(vsphere::provider_id),
+                sight: if o.standby == StandbySight::Suspended {
+                    suspended(o)
+                } else {
+                    Sight::Live(running(machine, &new, o, standby))
+                },
+            })
         }
-        Err(e) => {
-            // A resume that failed leaves `status.standby` and `Saved` as they were: the VM is
-            // still suspended, and `Running` would read as resumed.
-            new.contract.ready = false;
-            conditions::new(
-                types::READY,
-                status::FALSE,
-                e.reason(),
-                conditions::error_message(e),
-                generation,
-            )
-        }
+        // A resume that failed leaves `status.standby` and `Saved` as they were: the VM is
+        // still suspended, and `Running` would read as resumed.
+        Err(e) => Err(Failure {
+            reason: e.reason(),
+            message: conditions::error_message(e),
+        }),
     };
-    conditions::set(&mut new.contract.conditions, ready, now);
+    machine_status::fill(
+        &mut new.contract,
+        outcome,
+        standby,
+        machine.metadata.generation,
+        now,
+    );
     new
 }
 
-/// The status of a suspended VM, and its Ready condition. The guest is not asked anything while
-/// suspended: its phase, GuestReady, EK certificates and addresses stay as recorded. It is
-/// ready: a claim resumes it, nothing provisions it.
-fn suspended(
-    new: &mut VSphereMachineStatus,
-    o: &Observed,
-    standby: bool,
-    generation: Option<i64>,
-    now: &Time,
-) -> Condition {
-    banlieue_provider_kit::standby::mark_saved(
-        &mut new.contract,
-        standby,
-        reasons::VM_SUSPENDED,
-        format!(
+/// A suspended VM, in vSphere's words.
+fn suspended(o: &Observed) -> Sight {
+    Sight::Saved {
+        reason: reasons::VM_SUSPENDED,
+        saved_message: format!(
             "VM {} ({}) is suspended and holds no host memory",
             o.vm_name, o.moref
         ),
-        generation,
-        now,
-    );
-    conditions::new(
-        types::READY,
-        status::TRUE,
-        reasons::VM_SUSPENDED,
-        format!(
+        ready_message: format!(
             "VM {} ({}) is suspended and holds no host memory; it is powered on (resumed) \
              when its spec says Running",
             o.vm_name, o.moref
         ),
-        generation,
-    )
+    }
 }
 
-/// The status of a VM that is not suspended (powered on, or on its way), read afresh, and its
-/// Ready condition.
+/// A VM that is not suspended (powered on, or on its way), read afresh, given the status
+/// recorded so far (`recorded`).
 fn running(
     machine: &VSphereMachine,
-    new: &mut VSphereMachineStatus,
+    recorded: &VSphereMachineStatus,
     o: &Observed,
     standby: bool,
-    generation: Option<i64>,
-    now: &Time,
-) -> Condition {
-    new.contract.ready = o.powered_on;
-    new.contract.addresses = addresses(&o.nics);
-    new.contract.guest_phase = o
-        .phase
-        .as_deref()
-        .filter(|_| o.powered_on)
-        .map(|p| Phase::parse(p.as_bytes()).as_status());
+) -> Live {
     // A vTPM keeps its EK for the VM's life: certificates once recorded stay.
-    if new.contract.tpm_endorsement_certificates.is_empty() {
-        let (pems, digests) = endorsement_certificates(&o.ek_certificates);
-        new.contract.tpm_endorsement_certificates = pems;
-        new.contract.tpm_endorsement_key_digests = digests;
-    }
+    let endorsement = recorded
+        .contract
+        .tpm_endorsement_certificates
+        .is_empty()
+        .then(|| endorsement_certificates(&o.ek_certificates));
+    let certificates = endorsement.as_ref().map_or(
+        recorded.contract.tpm_endorsement_certificates.len(),
+        |(pems, _)| pems.len(),
+    );
     let guest = guest_ready(
         o,
         machine.spec.tpm_enabled,
-        new.contract.tpm_endorsement_certificates.len(),
-        generation,
+        certificates,
+        machine.metadata.generation,
     );
-    conditions::set(&mut new.contract.conditions, guest, now.clone());
-    if standby && o.powered_on {
+    let not_saved = (standby && o.powered_on).then(|| {
         let message = match &o.standby {
             StandbySight::SuspendRefused(why) => why.clone(),
             _ => format!("VM {} ({}) is powered on", o.vm_name, o.moref),
         };
-        banlieue_provider_kit::standby::mark_running(
-            &mut new.contract,
-            reasons::VM_NOT_SUSPENDED,
-            message,
-            generation,
-            now,
-        );
-    }
-    if o.powered_on {
+        (reasons::VM_NOT_SUSPENDED, message)
+    });
+    let ready_message = if o.powered_on {
         let resumed = if o.standby == StandbySight::Resumed {
             "; it resumed from suspended"
         } else {
             ""
         };
-        conditions::new(
-            types::READY,
-            status::TRUE,
-            vsphere::reasons::POWERED_ON,
-            format!("VM {} ({}) is powered on{resumed}", o.vm_name, o.moref),
-            generation,
-        )
+        format!("VM {} ({}) is powered on{resumed}", o.vm_name, o.moref)
     } else {
-        conditions::new(
-            types::READY,
-            status::FALSE,
-            reasons::PROVISIONING,
-            format!(
-                "VM {} ({}) is {}, not powered on yet",
-                o.vm_name, o.moref, o.power_state
-            ),
-            generation,
+        format!(
+            "VM {} ({}) is {}, not powered on yet",
+            o.vm_name, o.moref, o.power_state
         )
+    };
+    Live {
+        running: o.powered_on,
+        addresses: addresses(&o.nics),
+        guest_phase: o
+            .phase
+            .as_deref()
+            .filter(|_| o.powered_on)
+            .map(|p| Phase::parse(p.as_bytes()).as_status()),
+        endorsement,
+        guest_conditions: vec![guest],
+        not_saved,
+        running_reason: vsphere::reasons::POWERED_ON,
+        ready_message,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use banlieue_api::conditions::types;
     use banlieue_api::{LocalObjectReference, VSphereMachineSpec};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
