@@ -2,9 +2,13 @@
 //! VSphereMachine whose `spec.providerRef` names this Provider becomes a VM cloned from its
 //! template, and is destroyed under the `banlieue.io/vm-protection` finalizer.
 
-pub mod plan;
+#[cfg(test)]
+mod fixtures;
+pub mod power;
 mod realise;
+pub mod status;
 mod teardown;
+pub mod vm;
 pub mod watch;
 
 use std::future::Future;
@@ -83,14 +87,14 @@ pub async fn run_provider(
 impl Backend for Context {
     type Machine = VSphereMachine;
     type Status = VSphereMachineStatus;
-    type Observed = plan::Observed;
+    type Observed = status::Observed;
     type Error = Error;
 
     fn provider(&self) -> &str {
         &self.cfg.provider
     }
 
-    fn running(observed: &plan::Observed) -> bool {
+    fn running(observed: &status::Observed) -> bool {
         observed.settled()
     }
 
@@ -98,17 +102,17 @@ impl Backend for Context {
         self.cfg.resync
     }
 
-    async fn realise(&self, machine: &VSphereMachine) -> Result<plan::Observed> {
+    async fn realise(&self, machine: &VSphereMachine) -> Result<status::Observed> {
         realise::run(machine, self).await
     }
 
     fn status_after(
         &self,
         machine: &VSphereMachine,
-        outcome: &Result<plan::Observed>,
+        outcome: &Result<status::Observed>,
         now: Time,
     ) -> VSphereMachineStatus {
-        plan::status_after(machine, outcome, now)
+        status::status_after(machine, outcome, now)
     }
 
     async fn teardown(&self, machine: &VSphereMachine) -> Result<Teardown> {

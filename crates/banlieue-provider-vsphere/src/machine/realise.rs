@@ -13,7 +13,9 @@ use banlieue_vsphere::{
 use kube::{Api, ResourceExt};
 
 use super::Context;
-use super::plan::{self, Observed, Ownership, PowerAct, StandbySight};
+use super::power::{self, PowerAct, StandbySight};
+use super::status::Observed;
+use super::vm::{self, Ownership};
 use crate::error::{Error, Result};
 use crate::template::{self, TemplateSight};
 
@@ -24,14 +26,14 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
             message: "the VSphereMachine has no uid yet".into(),
         })
     })?;
-    let vm_name = plan::vm_name(machine)?;
-    let path = plan::vm_path(machine, &vm_name);
+    let vm_name = vm::vm_name(machine)?;
+    let path = vm::vm_path(machine, &vm_name);
     let client = ctx.session.client().await?;
     let vm = match find_vm(&client, &path).await? {
-        Some(info) => match plan::ownership(&info.extra_config, &uid) {
+        Some(info) => match vm::ownership(&info.extra_config, &uid) {
             // Cloned for this machine by an earlier reconcile whose status write was lost.
             Ownership::Ours => info.moref,
-            Ownership::Foreign => return Err(plan::vm_name_taken(&path)),
+            Ownership::Foreign => return Err(vm::vm_name_taken(&path)),
         },
         None => clone(machine, ctx, &client, &uid, &vm_name, &path).await?,
     };
@@ -54,10 +56,10 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         _ => None,
     };
     let cpus = i64::from(machine.spec.cpu);
-    let memory = plan::memory_mib(machine)?;
+    let memory = vm::memory_mib(machine)?;
     let resize = int("config.hardware.numCPU") != Some(cpus)
         || int("config.hardware.memoryMB") != Some(memory);
-    let secure_boot = plan::needs_secure_boot(
+    let secure_boot = vm::needs_secure_boot(
         machine,
         hardware
             .get("config.firmware")
@@ -86,7 +88,7 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         )
         .await?;
     }
-    let standby = match plan::power_act(machine, &info.power_state, &path) {
+    let standby = match power::power_act(machine, &info.power_state, &path) {
         PowerAct::Observe => StandbySight::Running,
         PowerAct::PowerOn => {
             power(&client, ctx, &vm, Power::On, &path).await?;
@@ -95,12 +97,12 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         PowerAct::Resume => {
             power(&client, ctx, &vm, Power::On, &path)
                 .await
-                .map_err(|e| plan::resume_failed(&path, e))?;
+                .map_err(|e| power::resume_failed(&path, e))?;
             StandbySight::Resumed
         }
         PowerAct::Suspend => match power(&client, ctx, &vm, Power::Suspend, &path).await {
             Ok(()) => StandbySight::Running,
-            Err(e) => StandbySight::SuspendRefused(plan::suspend_failed(&path, e)?),
+            Err(e) => StandbySight::SuspendRefused(power::suspend_failed(&path, e)?),
         },
         PowerAct::SuspendLost { message } => {
             return Err(Error::Core(Core::Invalid {
@@ -167,7 +169,7 @@ fn observed(
     instance_uuid: Option<String>,
     standby: StandbySight,
 ) -> Observed {
-    let standby = plan::standby_sight(machine, &info.power_state, standby);
+    let standby = power::standby_sight(machine, &info.power_state, standby);
     Observed {
         vm_name,
         moref: info.moref.value.clone(),
@@ -196,7 +198,7 @@ pub(super) async fn find_vm(client: &Client, path: &str) -> Result<Option<VmInfo
         return Ok(None);
     };
     if found.kind != "VirtualMachine" {
-        return Err(plan::vm_name_taken(path));
+        return Err(vm::vm_name_taken(path));
     }
     match client.vm_info(&found).await {
         Ok(info) => Ok(Some(info)),
@@ -312,7 +314,7 @@ async fn clone(
         .as_deref()
         .filter(|f| !f.trim_matches('/').is_empty())
     {
-        Some(_) => lookup(plan::folder_path(machine), "Folder").await?,
+        Some(_) => lookup(vm::folder_path(machine), "Folder").await?,
         None => dc.vm_folder.clone(),
     };
     let datastore = match &spec.datastore {
@@ -327,7 +329,7 @@ async fn clone(
         host: None,
         datastore,
         power_on: false,
-        extra_config: plan::clone_extra_config(uid, vm_name, user_data.as_deref()),
+        extra_config: vm::clone_extra_config(uid, vm_name, user_data.as_deref()),
     };
     let task = client
         .clone_vm(&template, &clone)
@@ -349,7 +351,7 @@ async fn clone(
         // A clone this machine started earlier finished meanwhile: adopt it next time round.
         Err(e) if e.fault().is_some_and(|f| f.kind == "DuplicateName") => {
             match find_vm(client, path).await? {
-                Some(info) if plan::ownership(&info.extra_config, uid) == Ownership::Ours => {
+                Some(info) if vm::ownership(&info.extra_config, uid) == Ownership::Ours => {
                     Ok(info.moref)
                 }
                 _ => Err(e),
