@@ -107,6 +107,24 @@ impl MachineBackend {
     }
 }
 
+/// What a provider's machine reconcile reads of a machine kind the same way for every kind:
+/// who serves it, under which finalizer, and the status contract its status embeds. A kind's
+/// CRD type implements it here, beside the type (the kit's `machine::Backend` requires it, and
+/// only the crate of the type or of the trait may implement a trait for a type).
+pub trait MachineObject {
+    /// Its status, which embeds [`MachineStatusContract`](crate::MachineStatusContract).
+    type Status;
+    /// The finalizer under which its provider tears a machine down.
+    const FINALIZER: &'static str;
+
+    /// The Provider that realises the machine (`spec.providerRef.name`).
+    fn provider_name(&self) -> &str;
+    /// The status the machine carries, if any was written.
+    fn status(&self) -> Option<&Self::Status>;
+    /// The contract every machine status embeds.
+    fn contract(status: &Self::Status) -> &crate::MachineStatusContract;
+}
+
 /// What a machine is built from: the VirtualMachine, its class and where it was placed.
 #[derive(Clone, Copy, Debug)]
 pub struct MachineInput<'a> {

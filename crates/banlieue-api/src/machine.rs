@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::backend::{
-    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput,
+    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput, MachineObject,
 };
 use crate::common::{Firmware, LocalObjectReference, MachineAddress, SecretKeySelector, Standby};
 use crate::conditions::Condition;
@@ -328,6 +328,23 @@ pub fn libvirt_workload() -> BackendWorkload {
         class_role: ClassRoleScope::BuildNamespace,
         class_role_rules: Vec::new(),
         machines: kube::api::ApiResource::erase::<LibvirtMachine>(&()),
+    }
+}
+
+impl MachineObject for LibvirtMachine {
+    type Status = LibvirtMachineStatus;
+    const FINALIZER: &'static str = crate::names::FINALIZER_DOMAIN_PROTECTION;
+
+    fn provider_name(&self) -> &str {
+        &self.spec.provider_ref.name
+    }
+
+    fn status(&self) -> Option<&LibvirtMachineStatus> {
+        self.status.as_ref()
+    }
+
+    fn contract(status: &LibvirtMachineStatus) -> &MachineStatusContract {
+        &status.contract
     }
 }
 

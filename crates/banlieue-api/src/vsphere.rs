@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::backend::{
-    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput,
+    self, BackendWorkload, BuildError, ClassRoleScope, MachineBackend, MachineInput, MachineObject,
 };
 use crate::common::{LocalObjectReference, SecretKeySelector, Standby};
 use crate::image::InstallMode;
@@ -273,6 +273,23 @@ pub fn workload() -> BackendWorkload {
         class_role: ClassRoleScope::ProviderNamespace,
         class_role_rules: backend::machine_rules("vspheremachines"),
         machines: kube::api::ApiResource::erase::<VSphereMachine>(&()),
+    }
+}
+
+impl MachineObject for VSphereMachine {
+    type Status = VSphereMachineStatus;
+    const FINALIZER: &'static str = FINALIZER_VM_PROTECTION;
+
+    fn provider_name(&self) -> &str {
+        &self.spec.provider_ref.name
+    }
+
+    fn status(&self) -> Option<&VSphereMachineStatus> {
+        self.status.as_ref()
+    }
+
+    fn contract(status: &VSphereMachineStatus) -> &MachineStatusContract {
+        &status.contract
     }
 }
 

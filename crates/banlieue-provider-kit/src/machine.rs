@@ -22,6 +22,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use banlieue_api::Standby;
+use banlieue_api::backend::MachineObject;
 use banlieue_api::conditions::{self, Condition, error_message, types};
 /// Why a write of the skeleton's failed; a backend maps it into its own error.
 pub use banlieue_runtime::reconcile::PatchError;
@@ -36,6 +38,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use crate::error::Core;
+
 /// How a teardown step ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Teardown {
@@ -46,10 +50,13 @@ pub enum Teardown {
 }
 
 /// What one backend implements for its machine kind. Everything else about reconciling a
-/// machine is [`run`]'s.
+/// machine is [`run`]'s, and what every kind answers the same way (its finalizer, whether this
+/// workload serves it, its status and conditions, the errors of the skeleton's own writes and
+/// deadline) is provided from [`MachineObject`] and [`Core`].
 pub trait Backend: Send + Sync + 'static {
     /// The machine kind (`LibvirtMachine`, `VSphereMachine`).
-    type Machine: Resource<DynamicType = ()>
+    type Machine: MachineObject<Status = Self::Status>
+        + Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
         + Debug
@@ -60,17 +67,36 @@ pub trait Backend: Send + Sync + 'static {
     type Status: Serialize + PartialEq + Send + Sync;
     /// What realising a machine observed on the backend.
     type Observed: Send + Sync;
-    /// The backend's error; its condition reason is the backend's to say.
-    type Error: std::error::Error + Send + Sync + 'static;
+    /// The backend's error: the shared failures ([`Core`]) beside its own; its condition
+    /// reason is the backend's to say.
+    type Error: std::error::Error + From<Core> + Send + Sync + 'static;
+
+    /// The Provider this workload serves.
+    fn provider(&self) -> &str;
 
     /// The finalizer the backend's teardown runs under.
-    fn finalizer(&self) -> &'static str;
-    /// Whether this workload serves `machine` (its `spec.providerRef`).
-    fn serves(&self, machine: &Self::Machine) -> bool;
+    fn finalizer(&self) -> &'static str {
+        <Self::Machine as MachineObject>::FINALIZER
+    }
+    /// Whether this workload serves `machine`: its `spec.providerRef` names [`Self::provider`].
+    fn serves(&self, machine: &Self::Machine) -> bool {
+        machine.provider_name() == self.provider()
+    }
     /// The status `machine` carries.
-    fn status_of(machine: &Self::Machine) -> Option<&Self::Status>;
-    /// The conditions of a status, for the look-again schedule.
-    fn conditions_of(status: &Self::Status) -> &[Condition];
+    fn status_of(machine: &Self::Machine) -> Option<&Self::Status> {
+        machine.status()
+    }
+    /// The conditions of a status, for the look-again schedule. A saved machine has none: no
+    /// backend asks a saved machine's guest anything (ADR-0073), so a GuestReady recorded while
+    /// it still settled never settles, and must not make the skeleton look again sooner than
+    /// the resync. `standby` is the contract's, so this holds for every backend that saves.
+    fn conditions_of(status: &Self::Status) -> &[Condition] {
+        let contract = <Self::Machine as MachineObject>::contract(status);
+        if contract.standby == Some(Standby::Saved) {
+            return &[];
+        }
+        &contract.conditions
+    }
     /// Whether what was observed is a running machine.
     fn running(observed: &Self::Observed) -> bool;
     /// How often a running, settled machine is looked at again.
@@ -124,9 +150,13 @@ pub trait Backend: Send + Sync + 'static {
     ) {
     }
     /// The backend's error for a write to the API server that failed.
-    fn patch_failed(what: String, error: PatchError) -> Self::Error;
+    fn patch_failed(what: String, error: PatchError) -> Self::Error {
+        Core::patch_failed(what, error).into()
+    }
     /// The backend's error for a backend call that did not end within `after`.
-    fn deadline_exceeded(what: &'static str, after: Duration) -> Self::Error;
+    fn deadline_exceeded(what: &'static str, after: Duration) -> Self::Error {
+        Core::Deadline { what, after }.into()
+    }
 }
 
 /// Settings of the skeleton, the same for every backend unless a workload says otherwise.

@@ -14,7 +14,8 @@ use banlieue_api::{
     Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LibvirtMachineStatus,
     LocalObjectReference,
 };
-use banlieue_provider_kit::machine::{self, Backend, PatchError, Settings, Teardown};
+use banlieue_provider_kit::error::Core;
+use banlieue_provider_kit::machine::{self, Backend, Settings, Teardown};
 use banlieue_testenv::control_plane::{ControlPlane, wait_established, wait_for};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -42,18 +43,15 @@ enum Answer {
 enum TestError {
     #[error("the backend said no")]
     Refused,
-    #[error("{0}: not done within {1:?}")]
-    Deadline(&'static str, Duration),
-    #[error("{0}")]
-    Patch(String, #[source] PatchError),
+    #[error(transparent)]
+    Core(#[from] Core),
 }
 
 impl TestError {
     fn reason(&self) -> &'static str {
         match self {
             TestError::Refused => "Refused",
-            TestError::Deadline(..) => "Deadline",
-            TestError::Patch(..) => "ProviderNotReady",
+            TestError::Core(core) => core.reason("Deadline"),
         }
     }
 }
@@ -95,16 +93,8 @@ impl Backend for Fake {
         FINALIZER
     }
 
-    fn serves(&self, machine: &LibvirtMachine) -> bool {
-        machine.spec.provider_ref.name == PROVIDER
-    }
-
-    fn status_of(machine: &LibvirtMachine) -> Option<&LibvirtMachineStatus> {
-        machine.status.as_ref()
-    }
-
-    fn conditions_of(status: &LibvirtMachineStatus) -> &[Condition] {
-        &status.contract.conditions
+    fn provider(&self) -> &str {
+        PROVIDER
     }
 
     fn running(_: &()) -> bool {
@@ -191,14 +181,6 @@ impl Backend for Fake {
         );
         conditions::set(&mut new.contract.conditions, failed, now);
         new
-    }
-
-    fn patch_failed(what: String, error: PatchError) -> TestError {
-        TestError::Patch(what, error)
-    }
-
-    fn deadline_exceeded(what: &'static str, after: Duration) -> TestError {
-        TestError::Deadline(what, after)
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use banlieue_api::Provider;
 use banlieue_libvirt::{CaBundle, Client, ClientOptions, ConnectUri, Identity};
 use banlieue_provider_kit::credentials;
+use banlieue_provider_kit::error::Core;
 
 use crate::error::{Error, Result};
 
@@ -35,7 +36,9 @@ pub struct Credentials {
 pub fn check_endpoint(endpoint: &str) -> Result<()> {
     let scheme = endpoint.split_once("://").map_or(endpoint, |(s, _)| s);
     if !scheme.eq_ignore_ascii_case("qemu+tls") {
-        return Err(Error::UnsupportedScheme(scheme.to_ascii_lowercase()));
+        return Err(Error::Core(Core::UnsupportedScheme(
+            scheme.to_ascii_lowercase(),
+        )));
     }
     let failed = |source| Error::ConnectFailed {
         endpoint: banlieue_libvirt::uri::redacted(endpoint),
@@ -59,17 +62,17 @@ pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<Credential
     let cert = credentials::secret_key(&secret, creds_name, TLS_CRT)?;
     let key = credentials::secret_key(&secret, creds_name, TLS_KEY)?;
     let identity = Identity::from_pem(&cert, &key).map_err(|e| {
-        Error::CredentialsUnavailable(format!(
+        Error::Core(Core::CredentialsUnavailable(format!(
             "Secret {creds_name:?} keys {TLS_CRT}/{TLS_KEY}: {}",
             banlieue_api::conditions::error_message(&e)
-        ))
+        )))
     })?;
     let ca_pem = credentials::ca_bundle(kube, ns, &provider.spec.connection.ca_bundle).await?;
     let ca = CaBundle::from_pem(&ca_pem).map_err(|e| {
-        Error::CredentialsUnavailable(format!(
+        Error::Core(Core::CredentialsUnavailable(format!(
             "caBundle: {}",
             banlieue_api::conditions::error_message(&e)
-        ))
+        )))
     })?;
     Ok(Credentials { identity, ca })
 }

@@ -2,6 +2,7 @@
 //! reason via [`Error::reason`].
 
 use banlieue_api::conditions::reasons;
+use banlieue_provider_kit::error::Core;
 
 /// Reasons only this provider reports, beside the shared ones in
 /// `banlieue_api::conditions::reasons`.
@@ -19,15 +20,13 @@ pub mod provider_reasons {
     pub const TARGET_NOT_DECLARED: &str = "TargetNotDeclared";
 }
 
-/// Everything the provider can fail with.
+/// Everything the provider can fail with: the failures every backend shares ([`Core`]) and
+/// libvirt's own.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A Secret, ConfigMap or key the Provider names is missing or unreadable.
-    #[error("{0}")]
-    CredentialsUnavailable(String),
-    /// The endpoint is not `qemu+tls://` (ADR-0011).
-    #[error("scheme \"{0}\" is not supported")]
-    UnsupportedScheme(String),
+    /// A failure every backend shares: the Kubernetes API, the Provider's spec, a deadline.
+    #[error(transparent)]
+    Core(#[from] Core),
     /// TLS or reachability.
     #[error("connect to {endpoint}")]
     ConnectFailed {
@@ -42,35 +41,9 @@ pub enum Error {
         #[source]
         source: banlieue_libvirt::Error,
     },
-    /// The Kubernetes API failed.
-    #[error("{what}")]
-    Kube {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// A patch could not be encoded.
-    #[error("{what}")]
-    Encode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
     /// Building the cloud-init seed failed.
     #[error("build the cloud-init seed")]
     Seed(#[source] banlieue_iso::Error),
-    /// A reconcile's libvirt calls did not end within its deadline.
-    #[error("{what}: not done within {after:?}")]
-    Deadline {
-        what: &'static str,
-        after: std::time::Duration,
-    },
-    /// The object cannot be realised as written (a message from the guide's table).
-    #[error("{message}")]
-    Invalid {
-        reason: &'static str,
-        message: String,
-    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -79,15 +52,10 @@ impl Error {
     /// The condition reason this error is reported with.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::CredentialsUnavailable(_) => reasons::CREDENTIALS_UNAVAILABLE,
-            Error::UnsupportedScheme(_) => reasons::UNSUPPORTED_SCHEME,
+            Error::Core(core) => core.reason(reasons::LIBVIRT_ERROR),
             Error::ConnectFailed { .. } => reasons::CONNECT_FAILED,
             Error::Libvirt { source, .. } if connection_lost(source) => reasons::CONNECT_FAILED,
-            Error::Libvirt { .. } | Error::Seed(_) | Error::Deadline { .. } => {
-                reasons::LIBVIRT_ERROR
-            }
-            Error::Kube { .. } | Error::Encode { .. } => reasons::PROVIDER_NOT_READY,
-            Error::Invalid { reason, .. } => reason,
+            Error::Libvirt { .. } | Error::Seed(_) => reasons::LIBVIRT_ERROR,
         }
     }
 
@@ -100,14 +68,14 @@ impl Error {
 
     pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let what = what.into();
-        move |source| Error::Kube { what, source }
+        move |source| Error::Core(Core::Kube { what, source })
     }
 
     /// Whether the libvirt connection this error came from is unusable and must be replaced.
     /// A reconcile past its deadline counts: calls that hang are a connection to replace.
     pub fn is_connection_lost(&self) -> bool {
         match self {
-            Error::ConnectFailed { .. } | Error::Deadline { .. } => true,
+            Error::ConnectFailed { .. } | Error::Core(Core::Deadline { .. }) => true,
             Error::Libvirt { source, .. } => connection_lost(source),
             _ => false,
         }
@@ -116,21 +84,13 @@ impl Error {
 
 impl From<banlieue_provider_kit::credentials::Unavailable> for Error {
     fn from(e: banlieue_provider_kit::credentials::Unavailable) -> Error {
-        Error::CredentialsUnavailable(e.0)
+        Error::Core(e.into())
     }
 }
 
 impl From<banlieue_provider_kit::user_data::UserDataError> for Error {
     fn from(e: banlieue_provider_kit::user_data::UserDataError) -> Error {
-        use banlieue_provider_kit::user_data::UserDataError;
-        match e {
-            UserDataError::Refused(message) => Error::Invalid {
-                reason: provider_reasons::USER_DATA_SECRET_REFUSED,
-                message,
-            },
-            UserDataError::Missing(message) => Error::CredentialsUnavailable(message),
-            UserDataError::Kube { what, source } => Error::Kube { what, source },
-        }
+        Error::Core(e.into())
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use banlieue_api::Provider;
 use banlieue_provider_kit::credentials;
+use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{Client, Credentials};
 
 use crate::error::{Error, Result};
@@ -41,17 +42,19 @@ impl std::fmt::Debug for VSphereCredentials {
 pub fn check_endpoint(endpoint: &str) -> Result<url::Url> {
     let scheme = endpoint.split_once("://").map_or(endpoint, |(s, _)| s);
     if !scheme.eq_ignore_ascii_case("https") {
-        return Err(Error::UnsupportedScheme(
+        return Err(Error::Core(Core::UnsupportedScheme(
             scheme
                 .chars()
                 .take(32)
                 .collect::<String>()
                 .to_ascii_lowercase(),
-        ));
+        )));
     }
-    let invalid = |why: &str| Error::Invalid {
-        reason: banlieue_api::conditions::reasons::CONNECT_FAILED,
-        message: format!("endpoint: {why}"),
+    let invalid = |why: &str| {
+        Error::Core(Core::Invalid {
+            reason: banlieue_api::conditions::reasons::CONNECT_FAILED,
+            message: format!("endpoint: {why}"),
+        })
     };
     let url = url::Url::parse(endpoint).map_err(|e| invalid(&format!("not a URL: {e}")))?;
     if url.host_str().is_none_or(str::is_empty) {
@@ -76,8 +79,11 @@ pub async fn load(kube: &kube::Client, provider: &Provider) -> Result<VSphereCre
     let username = credentials::secret_text(&secret, creds_name, USERNAME)?;
     let password = credentials::secret_text(&secret, creds_name, PASSWORD)?;
     let ca = credentials::ca_bundle(kube, ns, &provider.spec.connection.ca_bundle).await?;
-    let ca_pem = String::from_utf8(ca)
-        .map_err(|_| Error::CredentialsUnavailable("caBundle is not PEM text".into()))?;
+    let ca_pem = String::from_utf8(ca).map_err(|_| {
+        Error::Core(Core::CredentialsUnavailable(
+            "caBundle is not PEM text".into(),
+        ))
+    })?;
     Ok(VSphereCredentials {
         username,
         password,

@@ -4,16 +4,15 @@
 use std::time::Duration;
 
 use banlieue_api::conditions::reasons;
+use banlieue_provider_kit::error::Core;
 
-/// Everything the vSphere provider can fail with.
+/// Everything the vSphere provider can fail with: the failures every backend shares
+/// ([`Core`]) and vSphere's own.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The credentials Secret, the CA source or one of their keys is missing or unusable.
-    #[error("{0}")]
-    CredentialsUnavailable(String),
-    /// The endpoint is not an `https://` URL.
-    #[error("scheme \"{0}\" is not supported")]
-    UnsupportedScheme(String),
+    /// A failure every backend shares: the Kubernetes API, the Provider's spec, a deadline.
+    #[error(transparent)]
+    Core(#[from] Core),
     /// TLS, reachability or the login itself.
     #[error("connect to {endpoint}")]
     ConnectFailed {
@@ -34,29 +33,6 @@ pub enum Error {
     /// A vSphere task did not end within its deadline.
     #[error("{what}: the task did not end within {after:?}")]
     TaskTimeout { what: String, after: Duration },
-    /// The Kubernetes API failed.
-    #[error("{what}")]
-    Kube {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// A patch could not be encoded.
-    #[error("{what}")]
-    Encode {
-        what: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A reconcile's vSphere calls did not end within its deadline.
-    #[error("{what}: not done within {after:?}")]
-    Deadline { what: &'static str, after: Duration },
-    /// The object cannot be realised as written.
-    #[error("{message}")]
-    Invalid {
-        reason: &'static str,
-        message: String,
-    },
 }
 
 /// The crate's result.
@@ -66,15 +42,12 @@ impl Error {
     /// The condition reason this error is reported with.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::CredentialsUnavailable(_) => reasons::CREDENTIALS_UNAVAILABLE,
-            Error::UnsupportedScheme(_) => reasons::UNSUPPORTED_SCHEME,
+            Error::Core(core) => core.reason(banlieue_api::vsphere::reasons::VSPHERE_ERROR),
             Error::ConnectFailed { .. } | Error::ConnectTimeout { .. } => reasons::CONNECT_FAILED,
             Error::VSphere { source, .. } if session_lost(source) => reasons::CONNECT_FAILED,
-            Error::VSphere { .. } | Error::TaskTimeout { .. } | Error::Deadline { .. } => {
+            Error::VSphere { .. } | Error::TaskTimeout { .. } => {
                 banlieue_api::vsphere::reasons::VSPHERE_ERROR
             }
-            Error::Kube { .. } | Error::Encode { .. } => reasons::PROVIDER_NOT_READY,
-            Error::Invalid { reason, .. } => reason,
         }
     }
 
@@ -82,9 +55,9 @@ impl Error {
     /// A reconcile past its deadline counts: calls that hang are a session to replace.
     pub fn is_session_lost(&self) -> bool {
         match self {
-            Error::ConnectFailed { .. } | Error::ConnectTimeout { .. } | Error::Deadline { .. } => {
-                true
-            }
+            Error::ConnectFailed { .. }
+            | Error::ConnectTimeout { .. }
+            | Error::Core(Core::Deadline { .. }) => true,
             Error::VSphere { source, .. } => session_lost(source),
             _ => false,
         }
@@ -99,7 +72,7 @@ impl Error {
 
     pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let what = what.into();
-        move |source| Error::Kube { what, source }
+        move |source| Error::Core(Core::Kube { what, source })
     }
 
     /// The vim25 fault behind this error, if a server reported one.
@@ -120,21 +93,13 @@ fn session_lost(e: &banlieue_vsphere::Error) -> bool {
 
 impl From<banlieue_provider_kit::credentials::Unavailable> for Error {
     fn from(e: banlieue_provider_kit::credentials::Unavailable) -> Error {
-        Error::CredentialsUnavailable(e.0)
+        Error::Core(e.into())
     }
 }
 
 impl From<banlieue_provider_kit::user_data::UserDataError> for Error {
     fn from(e: banlieue_provider_kit::user_data::UserDataError) -> Error {
-        use banlieue_provider_kit::user_data::UserDataError;
-        match e {
-            UserDataError::Refused(message) => Error::Invalid {
-                reason: banlieue_provider_kit::reasons::USER_DATA_SECRET_REFUSED,
-                message,
-            },
-            UserDataError::Missing(message) => Error::CredentialsUnavailable(message),
-            UserDataError::Kube { what, source } => Error::Kube { what, source },
-        }
+        Error::Core(e.into())
     }
 }
 
@@ -145,11 +110,11 @@ mod tests {
     #[test]
     fn reasons_follow_the_guide() {
         assert_eq!(
-            Error::CredentialsUnavailable("x".into()).reason(),
+            Error::Core(Core::CredentialsUnavailable("x".into())).reason(),
             "CredentialsUnavailable"
         );
         assert_eq!(
-            Error::UnsupportedScheme("http".into()).reason(),
+            Error::Core(Core::UnsupportedScheme("http".into())).reason(),
             "UnsupportedScheme"
         );
         let fault = banlieue_vsphere::Error::Fault {
@@ -162,10 +127,10 @@ mod tests {
         let e = Error::vsphere("read the datacenters")(fault);
         assert_eq!(e.reason(), "ConnectFailed");
         assert!(e.is_session_lost());
-        let e = Error::Invalid {
+        let e = Error::Core(Core::Invalid {
             reason: banlieue_api::vsphere::reasons::VM_NAME_TAKEN,
             message: "taken".into(),
-        };
+        });
         assert_eq!(e.reason(), "VMNameTaken");
         assert!(!e.is_session_lost());
     }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use banlieue_api::conditions::{error_message, reasons};
 use banlieue_api::{ImageSourceKind, Provider, VMImage, ZoneImageStatus, ZonePhase};
 use banlieue_provider_kit::ErrorBackoff;
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::image_zones::{self, ZonesError};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -107,13 +108,13 @@ async fn reconcile(image: Arc<VMImage>, ctx: Arc<Context>) -> Result<Action> {
     if datastores.is_empty() {
         // No failure domain published yet: the status loop has not reached vCenter. Retried
         // on the error backoff, as the libvirt image reconciler retries the same wait.
-        return Err(Error::Invalid {
+        return Err(Error::Core(Core::Invalid {
             reason: reasons::PROVIDER_NOT_READY,
             message: format!(
                 "provider {} has no failure domain yet (the provider has not reached vCenter)",
                 ctx.cfg.provider
             ),
-        });
+        }));
     }
     let found = match lookup(&ctx.kube, &provider, template).await {
         Ok(found) => Ok(found),
@@ -206,10 +207,10 @@ async fn write_status(ctx: &Context, image: &str, zones: Vec<ZoneImageStatus>) -
     .await
     .map_err(|e| match e {
         ZonesError::Kube { what, source } => Error::kube(what)(source),
-        conflicts @ ZonesError::Conflicts { .. } => Error::Invalid {
+        conflicts @ ZonesError::Conflicts { .. } => Error::Core(Core::Invalid {
             reason: banlieue_api::vsphere::reasons::VSPHERE_ERROR,
             message: conflicts.to_string(),
-        },
+        }),
     })
 }
 

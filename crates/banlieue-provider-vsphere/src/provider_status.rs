@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use banlieue_api::{DomainCapacity, Provider};
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::provider_status::{self, LoopSettings, Probe, Reached};
 use banlieue_vsphere::{Client, PropertyValue};
 
@@ -79,7 +80,7 @@ impl Probe for VCenterProbe {
     }
 
     fn spec_error(error: &Error) -> bool {
-        matches!(error, Error::UnsupportedScheme(_))
+        matches!(error, Error::Core(Core::UnsupportedScheme(_)))
     }
 
     fn patch_failed(error: kube::Error) -> Error {

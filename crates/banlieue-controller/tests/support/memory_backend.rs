@@ -19,11 +19,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use banlieue_api::backend::{MachineBackend, PlacementSpec};
-use banlieue_api::conditions::{self, Condition, reasons, status, types};
+use banlieue_api::backend::{MachineBackend, MachineObject, PlacementSpec};
+use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::{MachineAddress, MachineStatusContract};
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::guest::{self, Phase};
-use banlieue_provider_kit::machine::{self, Backend, PatchError, Settings, Teardown};
+use banlieue_provider_kit::machine::{self, Backend, Settings, Teardown};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -64,6 +65,23 @@ pub struct MemoryMachineStatus {
     pub contract: MachineStatusContract,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_id: Option<u32>,
+}
+
+impl MachineObject for MemoryMachine {
+    type Status = MemoryMachineStatus;
+    const FINALIZER: &'static str = FINALIZER;
+
+    fn provider_name(&self) -> &str {
+        &self.spec.placement.provider_ref.name
+    }
+
+    fn status(&self) -> Option<&MemoryMachineStatus> {
+        self.status.as_ref()
+    }
+
+    fn contract(status: &MemoryMachineStatus) -> &MachineStatusContract {
+        &status.contract
+    }
 }
 
 /// The controller's builder of MemoryMachines.
@@ -142,17 +160,14 @@ pub struct Observed {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
-    #[error("{0}")]
-    Patch(String, #[source] PatchError),
-    #[error("{0} did not end within {1:?}")]
-    Deadline(&'static str, Duration),
+    #[error(transparent)]
+    Core(#[from] Core),
 }
 
 impl MemoryError {
     fn reason(&self) -> &'static str {
         match self {
-            MemoryError::Patch(..) => reasons::PROVIDER_NOT_READY,
-            MemoryError::Deadline(..) => "DeadlineExceeded",
+            MemoryError::Core(core) => core.reason("DeadlineExceeded"),
         }
     }
 }
@@ -182,21 +197,14 @@ impl Backend for MemoryProvider {
     type Observed = Observed;
     type Error = MemoryError;
 
-    fn finalizer(&self) -> &'static str {
-        FINALIZER
+    /// Asked by nobody: this provider serves every machine ([`Backend::serves`] below).
+    fn provider(&self) -> &str {
+        "memory"
     }
 
     /// One provider serves every machine of the namespace, as the fake provider does.
     fn serves(&self, _: &MemoryMachine) -> bool {
         true
-    }
-
-    fn status_of(machine: &MemoryMachine) -> Option<&MemoryMachineStatus> {
-        machine.status.as_ref()
-    }
-
-    fn conditions_of(status: &MemoryMachineStatus) -> &[Condition] {
-        &status.contract.conditions
     }
 
     fn running(observed: &Observed) -> bool {
@@ -332,14 +340,6 @@ impl Backend for MemoryProvider {
         );
         conditions::set(&mut new.contract.conditions, failed, now);
         new
-    }
-
-    fn patch_failed(what: String, error: PatchError) -> MemoryError {
-        MemoryError::Patch(what, error)
-    }
-
-    fn deadline_exceeded(what: &'static str, after: Duration) -> MemoryError {
-        MemoryError::Deadline(what, after)
     }
 }
 

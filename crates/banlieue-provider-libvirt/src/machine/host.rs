@@ -9,6 +9,7 @@ use banlieue_api::Provider;
 use banlieue_api::conditions::reasons;
 use banlieue_libvirt::Client;
 use banlieue_libvirt::events::{AgentLifecycleEvents, DomainEvents};
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::pump::{self, Feed};
 use banlieue_provider_kit::session::{Connect, LazySession};
 use kube::Api;
@@ -82,12 +83,14 @@ impl Connect for HostConnector {
             .get_opt(&self.provider)
             .await
             .map_err(Error::kube(format!("read Provider {}", self.provider)))?
-            .ok_or_else(|| Error::Invalid {
-                reason: reasons::PROVIDER_NOT_READY,
-                message: format!(
-                    "Provider {}/{} does not exist",
-                    self.namespace, self.provider
-                ),
+            .ok_or_else(|| {
+                Error::Core(Core::Invalid {
+                    reason: reasons::PROVIDER_NOT_READY,
+                    message: format!(
+                        "Provider {}/{} does not exist",
+                        self.namespace, self.provider
+                    ),
+                })
             })?;
         let endpoint = &provider.spec.connection.endpoint;
         connection::check_endpoint(endpoint)?;

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use banlieue_api::LibvirtMachine;
 use banlieue_api::LibvirtMachineStatus;
-use banlieue_api::conditions::{self, Condition};
-use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
-use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
+use banlieue_api::conditions;
+use banlieue_provider_kit::error::Core;
+use banlieue_provider_kit::machine::{self as skeleton, Backend, Settings, Teardown};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use serde_json::json;
@@ -103,25 +103,8 @@ impl Backend for Context {
     type Observed = plan::Observed;
     type Error = Error;
 
-    fn finalizer(&self) -> &'static str {
-        FINALIZER_DOMAIN_PROTECTION
-    }
-
-    fn serves(&self, machine: &LibvirtMachine) -> bool {
-        machine.spec.provider_ref.name == self.cfg.provider
-    }
-
-    fn status_of(machine: &LibvirtMachine) -> Option<&LibvirtMachineStatus> {
-        machine.status.as_ref()
-    }
-
-    /// A saved machine's guest is not asked anything, so nothing of it settles: its recorded
-    /// GuestReady does not make the skeleton look again sooner than the resync.
-    fn conditions_of(status: &LibvirtMachineStatus) -> &[Condition] {
-        if status.contract.standby == Some(banlieue_api::Standby::Saved) {
-            return &[];
-        }
-        &status.contract.conditions
+    fn provider(&self) -> &str {
+        &self.cfg.provider
     }
 
     /// A saved machine counts as settled, not as one about to run: it waits for its spec to
@@ -149,9 +132,11 @@ impl Backend for Context {
     }
 
     async fn realise(&self, machine: &LibvirtMachine) -> Result<plan::Observed> {
-        let uuid = recorded_uuid(machine).ok_or_else(|| Error::Invalid {
-            reason: banlieue_api::conditions::reasons::PROVIDER_NOT_READY,
-            message: "the domain UUID is not recorded yet".to_owned(),
+        let uuid = recorded_uuid(machine).ok_or_else(|| {
+            Error::Core(Core::Invalid {
+                reason: banlieue_api::conditions::reasons::PROVIDER_NOT_READY,
+                message: "the domain UUID is not recorded yet".to_owned(),
+            })
         })?;
         realise::run(machine, uuid, self).await
     }
@@ -219,17 +204,6 @@ impl Backend for Context {
         if after.contract.ready && !before.is_some_and(|s| s.contract.ready) {
             self.metrics.machine_ready_latency.observe(waited());
         }
-    }
-
-    fn patch_failed(what: String, error: PatchError) -> Error {
-        match error {
-            PatchError::Kube(source) => Error::Kube { what, source },
-            PatchError::Encode(source) => Error::Encode { what, source },
-        }
-    }
-
-    fn deadline_exceeded(what: &'static str, after: Duration) -> Error {
-        Error::Deadline { what, after }
     }
 }
 

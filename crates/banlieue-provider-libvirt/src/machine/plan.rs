@@ -7,6 +7,8 @@ use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::{Firmware, LibvirtMachine, LibvirtMachineStatus, MachineAddress, Standby};
 use banlieue_iso::NoCloudSeed;
 use banlieue_libvirt::InterfaceAddresses;
+use banlieue_provider_kit::error::Core;
+use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Sight};
 
 use crate::domain_xml::{BootFirmware, DomainDefinition, DomainType, VolumeRef};
 use crate::error::{Error, Result};
@@ -58,41 +60,41 @@ pub fn classify(found_uuid: Option<&str>, recorded_uuid: Option<&str>) -> Existi
 
 /// The condition for a foreign domain holding the machine's name.
 pub fn name_taken(domain: &str, uuid: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::DOMAIN_NAME_TAKEN,
         message: format!(
             "domain {domain} already exists on the host with UUID {uuid}, which this \
              LibvirtMachine did not create; it is left untouched (rename or remove it)"
         ),
-    }
+    })
 }
 
 /// The message of the guide's troubleshooting table for an absent pool.
 pub fn pool_missing(pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::STORAGE_POOL_NOT_FOUND,
         message: format!("storage pool {pool} does not exist"),
-    }
+    })
 }
 
 /// The message of the guide's troubleshooting table for an absent image volume.
 pub fn volume_missing(volume: &str, pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::VOLUME_NOT_IN_POOL,
         message: format!("volume {volume} is not in pool {pool}"),
-    }
+    })
 }
 
 /// A volume of the machine's name that this machine did not record as its own.
 pub fn volume_not_owned(volume: &str, pool: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: crate::error::provider_reasons::VOLUME_NOT_OWNED,
         message: format!(
             "volume {volume} already exists in pool {pool}, but this LibvirtMachine did not \
              create it (it is not in status.volumes); it is neither reused nor deleted \
              (rename or remove it)"
         ),
-    }
+    })
 }
 
 /// The volumes teardown may delete: those recorded in status, and, when the domain found is
@@ -125,10 +127,10 @@ pub fn owned_volumes(
 
 /// The message for an absent network.
 pub fn network_missing(network: &str) -> Error {
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::NETWORK_NOT_FOUND,
         message: format!("network {network} does not exist"),
-    }
+    })
 }
 
 /// Refuses a machine whose `spec.pool` or `spec.network` is not a target its Provider
@@ -140,8 +142,8 @@ pub fn undeclared_target(
     provider: &str,
     capabilities: &banlieue_api::ProviderCapabilities,
 ) -> Option<Error> {
-    let refused =
-        |field: &str, value: &str, what: &str, list: &str, declared: Vec<&str>| Error::Invalid {
+    let refused = |field: &str, value: &str, what: &str, list: &str, declared: Vec<&str>| {
+        Error::Core(Core::Invalid {
             reason: crate::error::provider_reasons::TARGET_NOT_DECLARED,
             message: format!(
                 "{field} {value} is not a {what} Provider {provider} declared \
@@ -152,7 +154,8 @@ pub fn undeclared_target(
                     declared.join(", ")
                 }
             ),
-        };
+        })
+    };
     let pools: Vec<&str> = capabilities
         .storage_classes
         .iter()
@@ -187,12 +190,12 @@ pub fn undeclared_target(
 /// Size of the OS disk in bytes.
 pub fn disk_bytes(machine: &LibvirtMachine) -> Result<u64> {
     let q = &machine.spec.disk.size.0;
-    quantity::to_bytes(q)
-        .filter(|b| *b > 0)
-        .ok_or_else(|| Error::Invalid {
+    quantity::to_bytes(q).filter(|b| *b > 0).ok_or_else(|| {
+        Error::Core(Core::Invalid {
             reason: reasons::PROVISIONING,
             message: format!("disk size {q:?} is not a whole number of bytes"),
         })
+    })
 }
 
 /// The domain definition of `machine` with the UUID chosen for it.
@@ -205,12 +208,14 @@ pub fn definition(
     let spec = &machine.spec;
     let memory = quantity::to_bytes(&spec.memory.0)
         .filter(|b| *b >= 1 << 20)
-        .ok_or_else(|| Error::Invalid {
-            reason: reasons::PROVISIONING,
-            message: format!(
-                "memory {:?} is not a whole number of bytes of at least 1Mi",
-                spec.memory.0
-            ),
+        .ok_or_else(|| {
+            Error::Core(Core::Invalid {
+                reason: reasons::PROVISIONING,
+                message: format!(
+                    "memory {:?} is not a whole number of bytes of at least 1Mi",
+                    spec.memory.0
+                ),
+            })
         })?;
     let volume = |v: &str| VolumeRef {
         pool: spec.pool.clone(),
@@ -239,10 +244,10 @@ fn boot_firmware(firmware: Firmware, secure_boot: bool) -> Result<BootFirmware> 
         (Firmware::Bios, false) => Ok(BootFirmware::Bios),
         (Firmware::Efi, false) => Ok(BootFirmware::Efi),
         (Firmware::Efi, true) => Ok(BootFirmware::EfiSecureBoot),
-        (Firmware::Bios, true) => Err(Error::Invalid {
+        (Firmware::Bios, true) => Err(Error::Core(Core::Invalid {
             reason: reasons::PROVISIONING,
             message: "secureBoot needs firmware: efi".into(),
-        }),
+        })),
     }
 }
 
@@ -424,13 +429,13 @@ pub fn restore_failed(domain: &str, libvirt_said: &str, removed: Result<(), Stri
         Ok(()) => "its save image was removed".to_owned(),
         Err(why) => format!("removing its save image failed too: {why}"),
     };
-    Error::Invalid {
+    Error::Core(Core::Invalid {
         reason: reasons::RESTORE_FAILED,
         message: format!(
             "restoring domain {domain} from its managed save image failed: {libvirt_said}; \
              {image}, and the machine is not started afresh (it is replaced)"
         ),
-    }
+    })
 }
 
 /// Whether the status reports standby at all: only for a machine whose spec asks for one, or
@@ -456,105 +461,16 @@ pub fn status_after(
         domain_name: Some(names.domain.clone()),
         ..old.clone()
     };
-    new.contract.observed_generation = generation;
     let standby = reports_standby(machine, &old);
-    let ready = match outcome {
-        Ok(observed) if observed.standby == StandbySight::Saved => {
-            if let Some(uuid) = &old.domain_uuid {
-                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
-            }
-            // The guest is not asked anything while saved: its phase, GuestReady,
-            // AgentConnected, EK certificates and addresses stay as recorded. It is ready: a
-            // claim resumes it, nothing provisions it.
-            new.contract.initialization.provisioned = true;
-            banlieue_provider_kit::standby::mark_saved(
-                &mut new.contract,
-                standby,
-                reasons::DOMAIN_SAVED,
-                format!(
-                    "domain {} is saved (managed save) and holds no host memory",
-                    names.domain
-                ),
-                generation,
-                &now,
-            );
-            conditions::new(
-                types::READY,
-                status::TRUE,
-                reasons::DOMAIN_SAVED,
-                format!(
-                    "domain {} is saved (managed save) and holds no host memory; it is \
-                     restored when its spec says Running",
-                    names.domain
-                ),
-                generation,
-            )
-        }
-        Ok(observed) => {
-            if let Some(uuid) = &old.domain_uuid {
-                new.contract.provider_id = Some(provider_id(provider_namespace, provider, uuid));
-            }
-            new.contract.initialization.provisioned = true;
-            new.contract.ready = observed.running;
-            new.contract.addresses = observed.addresses.clone();
-            let guest = super::guest::guest_status(
-                &observed.guest,
-                machine.spec.tpm_enabled,
-                &old,
-                generation,
-            );
-            new.contract.guest_phase = guest.guest_phase;
-            new.contract.tpm_endorsement_certificates = guest.certificates;
-            new.contract.tpm_endorsement_key_digests = guest.key_digests;
-            conditions::set(&mut new.contract.conditions, guest.guest_ready, now.clone());
-            conditions::set(
-                &mut new.contract.conditions,
-                guest.agent_connected,
-                now.clone(),
-            );
-            if standby {
-                let message = not_saved(&new, &names.domain, &observed.standby);
-                banlieue_provider_kit::standby::mark_running(
-                    &mut new.contract,
-                    reasons::DOMAIN_NOT_SAVED,
-                    message,
-                    generation,
-                    &now,
-                );
-            }
-            if observed.running {
-                let mut message = if observed.addresses_from_guest {
-                    format!(
-                        "domain {} is running; its addresses are as its guest agent \
-                         reports them (the host holds no DHCP lease for it)",
-                        names.domain
-                    )
-                } else {
-                    format!("domain {} is running", names.domain)
-                };
-                if let Some(restore) = restored(&observed.standby) {
-                    message.push_str("; ");
-                    message.push_str(&restore);
-                }
-                conditions::new(
-                    types::READY,
-                    status::TRUE,
-                    reasons::DOMAIN_RUNNING,
-                    message,
-                    generation,
-                )
-            } else {
-                conditions::new(
-                    types::READY,
-                    status::FALSE,
-                    reasons::PROVISIONING,
-                    format!("domain {} is defined but not running yet", names.domain),
-                    generation,
-                )
-            }
-        }
+    let outcome = match outcome {
+        Ok(observed) => Ok(Observation {
+            provider_id: old
+                .domain_uuid
+                .as_deref()
+                .map(|uuid| provider_id(provider_namespace, provider, uuid)),
+            sight: sight(machine, &old, &names.domain, observed, standby),
+        }),
         Err(e) => {
-            new.contract.ready = false;
             if standby && e.reason() == reasons::RESTORE_FAILED {
                 // Neither saved (the image is gone) nor running. `status.standby` stays as it
                 // was: `Running` would read as resumed, and a merge patch cannot unset it.
@@ -573,11 +489,72 @@ pub fn status_after(
                     now.clone(),
                 );
             }
-            condition_for(e, generation)
+            Err(Failure {
+                reason: e.reason(),
+                message: conditions::error_message(e),
+            })
         }
     };
-    conditions::set(&mut new.contract.conditions, ready, now);
+    machine_status::fill(&mut new.contract, outcome, standby, generation, now);
     new
+}
+
+/// What the host showed of the domain, in the contract's terms and libvirt's words.
+fn sight(
+    machine: &LibvirtMachine,
+    old: &LibvirtMachineStatus,
+    domain: &str,
+    observed: &Observed,
+    standby: bool,
+) -> Sight {
+    let generation = machine.metadata.generation;
+    if observed.standby == StandbySight::Saved {
+        return Sight::Saved {
+            reason: reasons::DOMAIN_SAVED,
+            saved_message: format!(
+                "domain {domain} is saved (managed save) and holds no host memory"
+            ),
+            ready_message: format!(
+                "domain {domain} is saved (managed save) and holds no host memory; it is \
+                 restored when its spec says Running"
+            ),
+        };
+    }
+    let guest =
+        super::guest::guest_status(&observed.guest, machine.spec.tpm_enabled, old, generation);
+    let not_saved = standby.then(|| {
+        (
+            reasons::DOMAIN_NOT_SAVED,
+            not_saved(old, domain, &observed.standby),
+        )
+    });
+    let ready_message = if observed.running {
+        let mut message = if observed.addresses_from_guest {
+            format!(
+                "domain {domain} is running; its addresses are as its guest agent reports \
+                 them (the host holds no DHCP lease for it)"
+            )
+        } else {
+            format!("domain {domain} is running")
+        };
+        if let Some(restore) = restored(&observed.standby) {
+            message.push_str("; ");
+            message.push_str(&restore);
+        }
+        message
+    } else {
+        format!("domain {domain} is defined but not running yet")
+    };
+    Sight::Live(Live {
+        running: observed.running,
+        addresses: observed.addresses.clone(),
+        guest_phase: guest.guest_phase,
+        endorsement: Some((guest.certificates, guest.key_digests)),
+        guest_conditions: vec![guest.guest_ready, guest.agent_connected],
+        not_saved,
+        running_reason: reasons::DOMAIN_RUNNING,
+        ready_message,
+    })
 }
 
 /// What a restore in this reconcile did, for the Ready message.
@@ -598,7 +575,7 @@ fn restored(sight: &StandbySight) -> Option<String> {
 /// The message of `Saved=False` while the domain runs: a restore or a fresh start of a domain
 /// asked to be saved says so, and the message stays until the next one (later reconciles of a
 /// running domain keep it).
-fn not_saved(new: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> String {
+fn not_saved(old: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> String {
     match sight {
         StandbySight::Restored { .. } => restored(sight)
             .map(|r| format!("domain {domain} runs: {r}"))
@@ -608,7 +585,7 @@ fn not_saved(new: &LibvirtMachineStatus, domain: &str, sight: &StandbySight) -> 
              stopped) and was started afresh; it is saved again once its guest is ready"
         ),
         StandbySight::Running | StandbySight::Saved => {
-            match conditions::find(&new.contract.conditions, types::SAVED) {
+            match conditions::find(&old.contract.conditions, types::SAVED) {
                 // What the last restore or fresh start said stays while the domain runs.
                 Some(c) if c.status == status::FALSE && c.reason == reasons::DOMAIN_NOT_SAVED => {
                     c.message.clone()
@@ -652,7 +629,7 @@ mod tests {
         };
         assert!(undeclared_target(&spec("vm-pool", "isolated"), "edge", &capabilities).is_none());
         let message = |e: Option<Error>| match e {
-            Some(Error::Invalid { reason, message }) => {
+            Some(Error::Core(Core::Invalid { reason, message })) => {
                 assert_eq!(reason, "TargetNotDeclared");
                 message
             }
@@ -1200,10 +1177,10 @@ mod tests {
         let StandbyAct::StillFailed { message } = standby_act(&retried, false, true, false) else {
             panic!("a failed restore is not booted afresh for the same spec");
         };
-        let again = Error::Invalid {
+        let again = Error::Core(Core::Invalid {
             reason: reasons::RESTORE_FAILED,
             message,
-        };
+        });
         assert_eq!(
             status_after(&retried, "banlieue-system", "edge-7", &Err(again), at(50)),
             s

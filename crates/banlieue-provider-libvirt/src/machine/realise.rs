@@ -8,6 +8,7 @@ use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
 };
+use banlieue_provider_kit::error::Core;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -34,9 +35,11 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         Some(uuid),
     ) {
         Existing::Foreign { uuid } => return Err(plan::name_taken(&names.domain, &uuid)),
-        Existing::Ours => found.ok_or_else(|| Error::Invalid {
-            reason: banlieue_api::conditions::reasons::LIBVIRT_ERROR,
-            message: "the domain vanished between two calls".into(),
+        Existing::Ours => found.ok_or_else(|| {
+            Error::Core(Core::Invalid {
+                reason: banlieue_api::conditions::reasons::LIBVIRT_ERROR,
+                message: "the domain vanished between two calls".into(),
+            })
         })?,
         Existing::Absent => {
             provision(machine, uuid, &names, client, ctx, session.domain_type).await?
@@ -65,10 +68,10 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         }
         StandbyAct::KeepSaved => return Ok(saved()),
         StandbyAct::StillFailed { message } => {
-            return Err(Error::Invalid {
+            return Err(Error::Core(Core::Invalid {
                 reason: banlieue_api::conditions::reasons::RESTORE_FAILED,
                 message,
-            });
+            }));
         }
         StandbyAct::Restore => {
             let started = std::time::Instant::now();
@@ -268,9 +271,11 @@ async fn observe_addresses(
 /// declared for BackingFile sources, or one its import made (it has the import's completion
 /// record), and never a machine's own disk or seed.
 async fn check_image_volume(volume: &str, pool: &StoragePool, ctx: &Context) -> Result<()> {
-    let refused = |message: String| Error::Invalid {
-        reason: crate::error::provider_reasons::IMAGE_VOLUME_REFUSED,
-        message,
+    let refused = |message: String| {
+        Error::Core(Core::Invalid {
+            reason: crate::error::provider_reasons::IMAGE_VOLUME_REFUSED,
+            message,
+        })
     };
     let provider = read_provider(ctx).await?;
     let declared = &provider.spec.capabilities.backing_file_volumes;
@@ -372,9 +377,12 @@ async fn image_volume(
         .backing_volume
         .as_deref()
         .or(spec.disk.install_media.as_deref())
-        .ok_or_else(|| Error::Invalid {
-            reason: banlieue_api::conditions::reasons::PROVISIONING,
-            message: "exactly one of disk.backingVolume or disk.installMedia must be set".into(),
+        .ok_or_else(|| {
+            Error::Core(Core::Invalid {
+                reason: banlieue_api::conditions::reasons::PROVISIONING,
+                message: "exactly one of disk.backingVolume or disk.installMedia must be set"
+                    .into(),
+            })
         })?;
     check_image_volume(image_name, pool, ctx).await?;
     lookup_volume(pool, image_name)
@@ -596,9 +604,11 @@ async fn update_recorded(
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| Error::Invalid {
-        reason: banlieue_api::conditions::reasons::PROVISIONING,
-        message: format!("LibvirtMachine {name} kept changing while its volumes were recorded"),
+    Err(last.unwrap_or_else(|| {
+        Error::Core(Core::Invalid {
+            reason: banlieue_api::conditions::reasons::PROVISIONING,
+            message: format!("LibvirtMachine {name} kept changing while its volumes were recorded"),
+        })
     }))
 }
 

@@ -7,6 +7,7 @@ use banlieue_api::names::FINALIZER_DOMAIN_PROTECTION;
 use banlieue_api::{LibvirtMachine, LibvirtMachineStatus};
 use banlieue_libvirt::flags::DomainUndefineFlags;
 use banlieue_libvirt::{Domain, StoragePool, StorageVol};
+use banlieue_provider_kit::error::Core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Context;
@@ -27,10 +28,10 @@ pub(super) fn failed_status(
     error: &Error,
     now: Time,
 ) -> LibvirtMachineStatus {
-    let failed = Error::Invalid {
+    let failed = Error::Core(Core::Invalid {
         reason: reasons::TEARDOWN_FAILED,
         message: error_message(error),
-    };
+    });
     let mut status = machine.status.clone().unwrap_or_default();
     status.contract.ready = false;
     banlieue_api::conditions::set(
@@ -97,15 +98,17 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
             )))?
             // A missing pool is not a deleted volume: the pool may be back after a host
             // repair, and dropping the finalizer now would orphan the volumes for good.
-            .ok_or_else(|| Error::Invalid {
-                reason: reasons::TEARDOWN_FAILED,
-                message: format!(
-                    "storage pool {} does not exist, so volumes {} of this machine cannot be \
+            .ok_or_else(|| {
+                Error::Core(Core::Invalid {
+                    reason: reasons::TEARDOWN_FAILED,
+                    message: format!(
+                        "storage pool {} does not exist, so volumes {} of this machine cannot be \
                      deleted; the finalizer {FINALIZER_DOMAIN_PROTECTION} stays until the pool \
                      is back (or is removed by hand once the volumes are known to be gone)",
-                    machine.spec.pool,
-                    owned.join(", ")
-                ),
+                        machine.spec.pool,
+                        owned.join(", ")
+                    ),
+                })
             })?;
         for name in &owned {
             let vol = StorageVol::lookup_by_name(&pool, name)
@@ -134,10 +137,10 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
     if let Some(d) = again
         && plan::classify(Some(&d.uuid_string()), Some(&uuid)) == Existing::Ours
     {
-        return Err(Error::Invalid {
+        return Err(Error::Core(Core::Invalid {
             reason: reasons::TEARDOWN_FAILED,
             message: format!("domain {} is still defined after undefine", names.domain),
-        });
+        }));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use banlieue_api::{DomainCapacity, Provider};
 use banlieue_libvirt::flags::{ConnectListAllNetworksFlags, ConnectListAllStoragePoolsFlags};
 use banlieue_libvirt::{Client, Network, StoragePool};
+use banlieue_provider_kit::error::Core;
 use banlieue_provider_kit::provider_status::{self, LoopSettings, Probe, Reached};
 
 use crate::connection;
@@ -81,7 +82,7 @@ impl Probe for HostProbe {
     }
 
     fn spec_error(error: &Error) -> bool {
-        matches!(error, Error::UnsupportedScheme(_))
+        matches!(error, Error::Core(Core::UnsupportedScheme(_)))
     }
 
     fn patch_failed(error: kube::Error) -> Error {

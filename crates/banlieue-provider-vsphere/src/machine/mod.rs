@@ -2,19 +2,21 @@
 //! VSphereMachine whose `spec.providerRef` names this Provider becomes a VM cloned from its
 //! template, and is destroyed under the `banlieue.io/vm-protection` finalizer.
 
-pub mod plan;
+#[cfg(test)]
+mod fixtures;
+pub mod power;
 mod realise;
+pub mod status;
 mod teardown;
+pub mod vm;
 pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use banlieue_api::conditions::Condition;
-use banlieue_api::vsphere::FINALIZER_VM_PROTECTION;
 use banlieue_api::{VSphereMachine, VSphereMachineStatus};
-use banlieue_provider_kit::machine::{self as skeleton, Backend, PatchError, Settings, Teardown};
+use banlieue_provider_kit::machine::{self as skeleton, Backend, Settings, Teardown};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use tokio::sync::mpsc;
@@ -85,26 +87,14 @@ pub async fn run_provider(
 impl Backend for Context {
     type Machine = VSphereMachine;
     type Status = VSphereMachineStatus;
-    type Observed = plan::Observed;
+    type Observed = status::Observed;
     type Error = Error;
 
-    fn finalizer(&self) -> &'static str {
-        FINALIZER_VM_PROTECTION
+    fn provider(&self) -> &str {
+        &self.cfg.provider
     }
 
-    fn serves(&self, machine: &VSphereMachine) -> bool {
-        machine.spec.provider_ref.name == self.cfg.provider
-    }
-
-    fn status_of(machine: &VSphereMachine) -> Option<&VSphereMachineStatus> {
-        machine.status.as_ref()
-    }
-
-    fn conditions_of(status: &VSphereMachineStatus) -> &[Condition] {
-        &status.contract.conditions
-    }
-
-    fn running(observed: &plan::Observed) -> bool {
+    fn running(observed: &status::Observed) -> bool {
         observed.settled()
     }
 
@@ -112,17 +102,17 @@ impl Backend for Context {
         self.cfg.resync
     }
 
-    async fn realise(&self, machine: &VSphereMachine) -> Result<plan::Observed> {
+    async fn realise(&self, machine: &VSphereMachine) -> Result<status::Observed> {
         realise::run(machine, self).await
     }
 
     fn status_after(
         &self,
         machine: &VSphereMachine,
-        outcome: &Result<plan::Observed>,
+        outcome: &Result<status::Observed>,
         now: Time,
     ) -> VSphereMachineStatus {
-        plan::status_after(machine, outcome, now)
+        status::status_after(machine, outcome, now)
     }
 
     async fn teardown(&self, machine: &VSphereMachine) -> Result<Teardown> {
@@ -147,16 +137,5 @@ impl Backend for Context {
         if error.is_session_lost() {
             self.session.forget().await;
         }
-    }
-
-    fn patch_failed(what: String, error: PatchError) -> Error {
-        match error {
-            PatchError::Kube(source) => Error::Kube { what, source },
-            PatchError::Encode(source) => Error::Encode { what, source },
-        }
-    }
-
-    fn deadline_exceeded(what: &'static str, after: Duration) -> Error {
-        Error::Deadline { what, after }
     }
 }

@@ -6,29 +6,34 @@ use std::time::Duration;
 use banlieue_api::conditions::reasons;
 use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
 use banlieue_api::{Provider, VSphereMachine};
+use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{
     Client, CloneSpec, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec, VmInfo,
 };
 use kube::{Api, ResourceExt};
 
 use super::Context;
-use super::plan::{self, Observed, Ownership, PowerAct, StandbySight};
+use super::power::{self, PowerAct, StandbySight};
+use super::status::Observed;
+use super::vm::{self, Ownership};
 use crate::error::{Error, Result};
 use crate::template::{self, TemplateSight};
 
 pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Observed> {
-    let uid = machine.uid().ok_or_else(|| Error::Invalid {
-        reason: reasons::PROVISIONING,
-        message: "the VSphereMachine has no uid yet".into(),
+    let uid = machine.uid().ok_or_else(|| {
+        Error::Core(Core::Invalid {
+            reason: reasons::PROVISIONING,
+            message: "the VSphereMachine has no uid yet".into(),
+        })
     })?;
-    let vm_name = plan::vm_name(machine)?;
-    let path = plan::vm_path(machine, &vm_name);
+    let vm_name = vm::vm_name(machine)?;
+    let path = vm::vm_path(machine, &vm_name);
     let client = ctx.session.client().await?;
     let vm = match find_vm(&client, &path).await? {
-        Some(info) => match plan::ownership(&info.extra_config, &uid) {
+        Some(info) => match vm::ownership(&info.extra_config, &uid) {
             // Cloned for this machine by an earlier reconcile whose status write was lost.
             Ownership::Ours => info.moref,
-            Ownership::Foreign => return Err(plan::vm_name_taken(&path)),
+            Ownership::Foreign => return Err(vm::vm_name_taken(&path)),
         },
         None => clone(machine, ctx, &client, &uid, &vm_name, &path).await?,
     };
@@ -51,10 +56,10 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         _ => None,
     };
     let cpus = i64::from(machine.spec.cpu);
-    let memory = plan::memory_mib(machine)?;
+    let memory = vm::memory_mib(machine)?;
     let resize = int("config.hardware.numCPU") != Some(cpus)
         || int("config.hardware.memoryMB") != Some(memory);
-    let secure_boot = plan::needs_secure_boot(
+    let secure_boot = vm::needs_secure_boot(
         machine,
         hardware
             .get("config.firmware")
@@ -83,7 +88,7 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         )
         .await?;
     }
-    let standby = match plan::power_act(machine, &info.power_state, &path) {
+    let standby = match power::power_act(machine, &info.power_state, &path) {
         PowerAct::Observe => StandbySight::Running,
         PowerAct::PowerOn => {
             power(&client, ctx, &vm, Power::On, &path).await?;
@@ -92,18 +97,18 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         PowerAct::Resume => {
             power(&client, ctx, &vm, Power::On, &path)
                 .await
-                .map_err(|e| plan::resume_failed(&path, e))?;
+                .map_err(|e| power::resume_failed(&path, e))?;
             StandbySight::Resumed
         }
         PowerAct::Suspend => match power(&client, ctx, &vm, Power::Suspend, &path).await {
             Ok(()) => StandbySight::Running,
-            Err(e) => StandbySight::SuspendRefused(plan::suspend_failed(&path, e)?),
+            Err(e) => StandbySight::SuspendRefused(power::suspend_failed(&path, e)?),
         },
         PowerAct::SuspendLost { message } => {
-            return Err(Error::Invalid {
+            return Err(Error::Core(Core::Invalid {
                 reason: reasons::RESTORE_FAILED,
                 message,
-            });
+            }));
         }
     };
     // Read afresh: a resumed guest's addresses are what VMware Tools reports now.
@@ -164,7 +169,7 @@ fn observed(
     instance_uuid: Option<String>,
     standby: StandbySight,
 ) -> Observed {
-    let standby = plan::standby_sight(machine, &info.power_state, standby);
+    let standby = power::standby_sight(machine, &info.power_state, standby);
     Observed {
         vm_name,
         moref: info.moref.value.clone(),
@@ -193,7 +198,7 @@ pub(super) async fn find_vm(client: &Client, path: &str) -> Result<Option<VmInfo
         return Ok(None);
     };
     if found.kind != "VirtualMachine" {
-        return Err(plan::vm_name_taken(path));
+        return Err(vm::vm_name_taken(path));
     }
     match client.vm_info(&found).await {
         Ok(info) => Ok(Some(info)),
@@ -232,14 +237,14 @@ async fn cloneable_template(
         .map_err(Error::vsphere(format!("look up {template}")))?;
     match sight {
         TemplateSight::Template(found) => Ok(found),
-        TemplateSight::Missing => Err(Error::Invalid {
+        TemplateSight::Missing => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::INVENTORY_NOT_FOUND,
             message: format!("VirtualMachine {template:?} does not exist in vCenter"),
-        }),
-        TemplateSight::Refused(why) => Err(Error::Invalid {
+        })),
+        TemplateSight::Refused(why) => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::TEMPLATE_REFUSED,
             message: why,
-        }),
+        })),
     }
 }
 
@@ -254,9 +259,11 @@ async fn clone(
     path: &str,
 ) -> Result<ManagedObjectRef> {
     let spec = &machine.spec;
-    let not_found = |what: String| Error::Invalid {
-        reason: vsphere::reasons::INVENTORY_NOT_FOUND,
-        message: format!("{what} does not exist in vCenter"),
+    let not_found = |what: String| {
+        Error::Core(Core::Invalid {
+            reason: vsphere::reasons::INVENTORY_NOT_FOUND,
+            message: format!("{what} does not exist in vCenter"),
+        })
     };
     // Whoever writes the machine names its cluster: it must be one the Provider declared,
     // before vCenter is asked anything.
@@ -270,10 +277,10 @@ async fn clone(
         &spec.cluster,
         provider.spec.capabilities.vsphere.as_ref(),
     ) {
-        return Err(Error::Invalid {
+        return Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::PLACEMENT_NOT_DECLARED,
             message: why,
-        });
+        }));
     }
     let dc = client
         .datacenters()
@@ -307,7 +314,7 @@ async fn clone(
         .as_deref()
         .filter(|f| !f.trim_matches('/').is_empty())
     {
-        Some(_) => lookup(plan::folder_path(machine), "Folder").await?,
+        Some(_) => lookup(vm::folder_path(machine), "Folder").await?,
         None => dc.vm_folder.clone(),
     };
     let datastore = match &spec.datastore {
@@ -322,7 +329,7 @@ async fn clone(
         host: None,
         datastore,
         power_on: false,
-        extra_config: plan::clone_extra_config(uid, vm_name, user_data.as_deref()),
+        extra_config: vm::clone_extra_config(uid, vm_name, user_data.as_deref()),
     };
     let task = client
         .clone_vm(&template, &clone)
@@ -337,14 +344,14 @@ async fn clone(
     .await
     {
         Ok(Some(vm)) => Ok(vm),
-        Ok(None) => Err(Error::Invalid {
+        Ok(None) => Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::VSPHERE_ERROR,
             message: format!("the clone of {path} succeeded without naming its VM"),
-        }),
+        })),
         // A clone this machine started earlier finished meanwhile: adopt it next time round.
         Err(e) if e.fault().is_some_and(|f| f.kind == "DuplicateName") => {
             match find_vm(client, path).await? {
-                Some(info) if plan::ownership(&info.extra_config, uid) == Ownership::Ours => {
+                Some(info) if vm::ownership(&info.extra_config, uid) == Ownership::Ours => {
                     Ok(info.moref)
                 }
                 _ => Err(e),

@@ -3,13 +3,14 @@
 
 use banlieue_api::conditions::{self, reasons, status, types};
 use banlieue_api::{VSphereMachine, VSphereMachineStatus};
+use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{ManagedObjectRef, PowerState};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::plan::{self, Ownership};
 use super::realise::{find_vm, is_not_found, wait_task};
+use super::vm::{self, Ownership};
 use crate::error::{Error, Result};
 
 /// The status of a machine whose teardown failed: Ready=False, TeardownFailed, the error's
@@ -38,8 +39,8 @@ pub(super) fn failed_status(
 /// Destroys the machine's own VM. True once no VM of the machine is found any more.
 pub(super) async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<bool> {
     let uid = machine.uid().unwrap_or_default();
-    let vm_name = plan::vm_name(machine)?;
-    let path = plan::vm_path(machine, &vm_name);
+    let vm_name = vm::vm_name(machine)?;
+    let path = vm::vm_path(machine, &vm_name);
     let client = ctx.session.client().await?;
     // The recorded reference finds the VM even if someone moved it to another folder.
     let recorded = machine
@@ -58,14 +59,14 @@ pub(super) async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<b
     if found.is_none() {
         found = find_vm(&client, &path).await.or_else(|e| match e {
             // A foreign object at the path is not ours to remove.
-            Error::Invalid { .. } => Ok(None),
+            Error::Core(Core::Invalid { .. }) => Ok(None),
             e => Err(e),
         })?;
     }
     let Some(info) = found else {
         return Ok(true);
     };
-    if plan::ownership(&info.extra_config, &uid) == Ownership::Foreign {
+    if vm::ownership(&info.extra_config, &uid) == Ownership::Foreign {
         tracing::info!(vm = %path, "a VM of the machine's name is not its own; left alone");
         return Ok(true);
     }
@@ -101,6 +102,6 @@ pub(super) async fn destroy(machine: &VSphereMachine, ctx: &Context) -> Result<b
     };
     let ours_by_name = find_vm(&client, &path)
         .await?
-        .is_some_and(|i| plan::ownership(&i.extra_config, &uid) == Ownership::Ours);
+        .is_some_and(|i| vm::ownership(&i.extra_config, &uid) == Ownership::Ours);
     Ok(!still_there && !ours_by_name)
 }
