@@ -578,8 +578,8 @@ mod tests {
             policies,
             ADMISSION
                 .iter()
-                .filter(|(_, text)| text.contains("kind: ValidatingAdmissionPolicy\n"))
-                .count()
+                .map(|(_, text)| text.matches("kind: ValidatingAdmissionPolicy\n").count())
+                .sum::<usize>()
         );
         let images = admission
             .iter()

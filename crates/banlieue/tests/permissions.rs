@@ -659,7 +659,12 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
     // Deployment of his own account is not banlieue's to judge.
     let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
         "metadata": {"name": "delegate-deployments"},
-        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]}]
+        "rules": [
+            {"apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["create"]},
+            {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["patch"]}
+        ]
     }))
     .expect("a Role");
     let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
@@ -722,4 +727,100 @@ async fn workloads_are_pinned(cp: &ControlPlane, admin: &Client) {
     })
     .await
     .expect("a Deployment of bob's own account is left to RBAC");
+
+    // Nor through a kind banlieue does not use: a ReplicaSet or a CronJob of the same pod
+    // template, and a bare Pod of it even with banlieue's own image.
+    let template = deployment["spec"]["template"].clone();
+    let mut foreign_template = template.clone();
+    foreign(&mut foreign_template["spec"]);
+    let replica_set: k8s_openapi::api::apps::v1::ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "pinned-probe"},
+        "spec": {"selector": deployment["spec"]["selector"], "template": foreign_template}
+    }))
+    .expect("a ReplicaSet");
+    let refused = Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(
+        cp.client_as("bob").await.expect("bob"),
+        SYSTEM,
+    )
+    .create(&dry_run, &replica_set)
+    .await
+    .expect_err("bob started a foreign image as a provider's account through a ReplicaSet");
+    assert!(
+        refused.to_string().contains("banlieue-workload-pins")
+            && refused
+                .to_string()
+                .contains("may run only the images listed"),
+        "{refused}"
+    );
+    let mut job_template = foreign_template.clone();
+    job_template["spec"]["restartPolicy"] = json!("Never");
+    let cron_job: k8s_openapi::api::batch::v1::CronJob = serde_json::from_value(json!({
+        "metadata": {"name": "pinned-probe"},
+        "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": job_template}}}
+    }))
+    .expect("a CronJob");
+    let refused = Api::<k8s_openapi::api::batch::v1::CronJob>::namespaced(
+        cp.client_as("bob").await.expect("bob"),
+        SYSTEM,
+    )
+    .create(&dry_run, &cron_job)
+    .await
+    .expect_err("bob started a foreign image as a provider's account through a CronJob");
+    assert!(
+        refused
+            .to_string()
+            .contains("may run only the images listed"),
+        "{refused}"
+    );
+    let bare = |spec: &Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "pinned-probe"}, "spec": spec}))
+            .expect("a Pod")
+    };
+    let bobs_pods = Api::<Pod>::namespaced(cp.client_as("bob").await.expect("bob"), SYSTEM);
+    let refused = bobs_pods
+        .create(&dry_run, &bare(&template["spec"]))
+        .await
+        .expect_err("bob started a bare Pod as a provider's account");
+    assert!(
+        refused.to_string().contains(&format!(
+            "bob may not create a bare Pod running as ServiceAccount {provider_account}"
+        )),
+        "{refused}"
+    );
+    let mut own = template["spec"].clone();
+    own["serviceAccountName"] = json!("default");
+    bobs_pods
+        .create(&dry_run, &bare(&own))
+        .await
+        .expect("a bare Pod of bob's own account is left to RBAC and Pod Security");
+
+    // Nor by a debug container in a pod running as one: the administrator's pod (no node
+    // runs it here; admission is what is tested) refuses bob's ephemeral container.
+    Api::<Pod>::namespaced(admin.clone(), SYSTEM)
+        .create(&PostParams::default(), &bare(&template["spec"]))
+        .await
+        .expect("the administrator's pod as a provider's account");
+    let debug = json!({"spec": {"ephemeralContainers": [{
+        "name": "debug", "image": "attacker.example/root:1",
+        "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}}]}});
+    let refused = bobs_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "pinned-probe",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(&debug),
+        )
+        .await
+        .expect_err("bob added a debug container to a pod running as a provider's account");
+    assert!(
+        refused.to_string().contains(&format!(
+            "bob may not add an ephemeral container to a pod running as {provider_account}"
+        )),
+        "{refused}"
+    );
+    Api::<Pod>::namespaced(admin.clone(), SYSTEM)
+        .delete("pinned-probe", &Default::default())
+        .await
+        .expect("delete the administrator's pod");
 }
