@@ -278,13 +278,18 @@ pub struct VMClassSpec {
     pub disk_size: Option<Quantity>,
 }
 
-/// The image's effective revision: `spec.revision`, or `r` and 10 hex digits of the SHA-256 of
-/// its sources and of the manifest digest its build artifact was made from, so that a changed
-/// source, or a tag that moved to other content, is a new revision (and a new volume).
+/// The image's effective revision: `spec.revision`, or its [`content_revision`].
 pub fn revision(image: &VMImage) -> String {
-    if let Some(r) = image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
-        return r.to_owned();
+    match image.spec.revision.as_deref().filter(|r| !r.is_empty()) {
+        Some(r) => r.to_owned(),
+        None => content_revision(image),
     }
+}
+
+/// `r` and 10 hex digits of the SHA-256 of the image's sources and of the manifest digest its
+/// build artifact was made from, whatever `spec.revision` says: a changed source, or a tag
+/// that moved to other content, is a new content revision (and a new volume).
+pub fn content_revision(image: &VMImage) -> String {
     let mut hasher = Sha256::new();
     for source in &image.spec.sources {
         // Length-prefixed fields, so no two different source lists hash alike.

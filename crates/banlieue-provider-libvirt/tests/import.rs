@@ -495,7 +495,7 @@ async fn url_image_waits_for_its_build_then_gets_one_adopted_job_per_pool() {
         .await
         .expect("reconcile")
         .expect("ours");
-    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    let volume = decide::url_volume_name(&image);
     for zone in &zones {
         assert_eq!(zone.phase, ZonePhase::Importing);
         assert_eq!(zone.volume.as_deref(), Some(volume.as_str()));
@@ -877,7 +877,7 @@ async fn killed_import_is_redone_and_its_key_never_in_argv_or_environ() {
     c.credentials(&d).await;
     c.provider(&d.tls_uri(), &[("standard", "images")]).await;
     let image = c.image(IMAGE, c.url_source()).await;
-    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    let volume = decide::url_volume_name(&image);
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, LAYOUT);
     // The importer runs as the import Jobs' ServiceAccount, like the Job's pod.
@@ -943,7 +943,7 @@ async fn an_import_across_a_libvirtd_restart_is_redone_whole() {
     c.credentials(&d).await;
     c.provider(&d.tls_uri(), &[("standard", "images")]).await;
     let image = c.image(IMAGE, c.url_source()).await;
-    let volume = decide::url_volume_name(IMAGE, &decide::revision(&image));
+    let volume = decide::url_volume_name(&image);
     let source = d.dir().join("source.raw");
     let sum = write_source(&source, LAYOUT);
     let importer = c.importer().await;
@@ -1106,7 +1106,7 @@ async fn the_import_reads_only_a_regular_file_inside_its_root_for_the_jobs_revis
     let image = c.image(IMAGE, c.url_source()).await;
     let importer = c.importer().await;
     let revision = decide::revision(&image);
-    let volume = decide::url_volume_name(IMAGE, &revision);
+    let volume = decide::url_volume_name(&image);
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("artifacts");
     std::fs::create_dir(&root).expect("root");

@@ -53,7 +53,7 @@ async fn import_against_virsh_vol_upload() {
         .get("bench")
         .await
         .expect("image");
-    let volume = decide::url_volume_name("bench", &decide::revision(&image));
+    let volume = decide::url_volume_name(&image);
     let kubeconfig = cp.kubeconfig("admin").expect("local control plane");
     let example = import_example();
 

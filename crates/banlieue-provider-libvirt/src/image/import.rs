@@ -110,9 +110,7 @@ pub async fn run_import(client: kube::Client, args: ImportArgs) -> Result<Import
     let class = &provider.spec.provider_class_ref.name;
     let revision = decide::revision(&image);
     let volume_name = match decide::source_for_class(&image, class) {
-        Some(source) if source.kind == ImageSourceKind::Url => {
-            decide::url_volume_name(&args.vmimage, &revision)
-        }
+        Some(source) if source.kind == ImageSourceKind::Url => decide::url_volume_name(&image),
         _ => {
             return Err(Error::NoSourceForClass {
                 image: args.vmimage.clone(),

@@ -123,7 +123,7 @@ impl ImageReconciler {
                         .map(|pool| decide::zone_build_pending(pool, &why))
                         .collect(),
                     ArtifactState::Ready(artifact) => {
-                        let volume = decide::url_volume_name(&image_name, &revision);
+                        let volume = decide::url_volume_name(image);
                         let namespace = image.namespace().unwrap_or_default();
                         let request = |pool| decide::ImportRequest {
                             image: &image_name,

@@ -3,7 +3,7 @@
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
 /// Shared with every provider: they all write the same `status.revision` and `phase`.
-pub use banlieue_api::image::{merged_status, overall_phase, revision};
+pub use banlieue_api::image::{content_revision, merged_status, overall_phase, revision};
 use banlieue_api::{ArtifactPhase, BuildArtifact, ImageSource, Provider, VMImage};
 
 pub use banlieue_provider_kit::import_settings::{DEFAULT_ARTIFACTS_CLAIM, ImportSettings};
@@ -36,10 +36,29 @@ pub const CONTAINER_NAME: &str = "import";
 /// The example that carries the `jobs` grant.
 pub const PROVIDER_CLASS_EXAMPLE: &str = "examples/09-providerclass-libvirt.yaml";
 
-/// The volume a Url import writes in each pool: `<image>-<revision>.raw`. The revision in the
-/// name means a new revision never overwrites a volume that running machines use as backing.
-pub fn url_volume_name(image: &str, revision: &str) -> String {
-    format!("{image}-{revision}.raw")
+/// The volume a Url import writes in each pool: `<image>-<revision>-<8 hex>.raw`, the hex from
+/// the SHA-256 of the image's namespace and [`content_revision`]. The revision in the name
+/// means a new revision never overwrites a volume that running machines use as backing; the
+/// hex means two images share a volume only when they are one namespace's same name and
+/// content: a `spec.revision` someone else chose, or the same name in another namespace, never
+/// makes this image's machines boot another's bytes (the import finds a complete volume under
+/// that name and keeps it).
+pub fn url_volume_name(image: &VMImage) -> String {
+    use sha2::{Digest, Sha256};
+    let namespace = image.metadata.namespace.as_deref().unwrap_or_default();
+    let content = content_revision(image);
+    let mut hasher = Sha256::new();
+    // Length-prefixed, so no two different pairs hash alike.
+    for field in [namespace, content.as_str()] {
+        hasher.update((field.len() as u64).to_be_bytes());
+        hasher.update(field.as_bytes());
+    }
+    let id: String = hasher.finalize()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let name = image.metadata.name.as_deref().unwrap_or_default();
+    format!("{name}-{}-{id}.raw", revision(image))
 }
 
 /// The image's source for `class`, if it has one.
@@ -131,7 +150,34 @@ mod tests {
         assert_eq!(a, revision(&image(None, "oci://a")));
         assert_ne!(a, revision(&image(None, "oci://b")));
         assert_eq!(a.len(), 11);
-        assert_eq!(url_volume_name("ubuntu", &a), format!("ubuntu-{a}.raw"));
+    }
+
+    #[test]
+    fn a_volume_name_is_the_images_own_whatever_revision_it_claims() {
+        let in_namespace = |ns: &str, revision: Option<&str>, url: &str| {
+            let mut i = image(revision, url);
+            i.metadata.namespace = Some(ns.into());
+            url_volume_name(&i)
+        };
+        let a = in_namespace("team-a", None, "oci://a");
+        let r = revision(&image(None, "oci://a"));
+        assert!(
+            a.starts_with(&format!("ubuntu-{r}-")) && a.ends_with(".raw"),
+            "{a}"
+        );
+        assert_eq!(
+            a.len(),
+            "ubuntu-".len() + r.len() + "-".len() + 8 + ".raw".len()
+        );
+        // The same image again is the same volume: a restart imports nothing new.
+        assert_eq!(a, in_namespace("team-a", None, "oci://a"));
+        // Another namespace's image of the same name and sources has its own.
+        assert_ne!(a, in_namespace("team-b", None, "oci://a"));
+        // A revision chosen to match another image's does not share its volume.
+        let pinned = in_namespace("team-a", Some("v1"), "oci://a");
+        assert!(pinned.starts_with("ubuntu-v1-"), "{pinned}");
+        assert_ne!(pinned, in_namespace("team-a", Some("v1"), "oci://evil"));
+        assert_ne!(pinned, in_namespace("team-b", Some("v1"), "oci://a"));
     }
 
     #[test]
