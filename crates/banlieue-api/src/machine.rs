@@ -295,6 +295,10 @@ pub struct MachineSpecContract {
     /// What the controller asks of the machine while it waits (ADR-0073).
     #[serde(default)]
     pub standby: Option<Standby>,
+    /// The Secret key holding its cloud-init user-data, for kinds that take it by reference:
+    /// the Provider operator grants the machine's provider that Secret by name.
+    #[serde(default)]
+    pub user_data_secret_ref: Option<SecretKeySelector>,
 }
 
 /// Cluster API's initialization block.

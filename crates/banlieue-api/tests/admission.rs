@@ -1319,8 +1319,8 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
         .expect("delete");
 
     // A provider of the VMImage's namespace, as the operator grants it (the shipped
-    // banlieue-provider-base, bound there), reads Secrets there by name, but not the registry
-    // credentials in the build namespace.
+    // banlieue-provider-base, bound there), reads no Secret there but by its own Role's names
+    // (none of them a registry's), and never the registry credentials in the build namespace.
     apply_file(&admin, "deploy/rbac/provider-base-clusterrole.yaml", None).await;
     let account = "banlieue-provider-edge";
     let sa: k8s_openapi::api::core::v1::ServiceAccount =
@@ -1365,14 +1365,17 @@ async fn only_a_writer_who_may_read_a_pull_secret_names_it() {
     let read = |namespace: &str| {
         Api::<k8s_openapi::api::core::v1::Secret>::namespaced(provider.clone(), namespace)
     };
+    let images = common::api_for(&provider, &shape, Some(ns.as_str())).await;
     wait_for("the provider's grant in force", TAKES_EFFECT, || async {
-        Ok(read(&ns).get("registry-ops").await.is_ok().then_some(()))
+        Ok(images.list(&Default::default()).await.is_ok().then_some(()))
     })
     .await
-    .expect("a provider reads its namespace's Secrets by name, which is why credentials are not kept there");
-    match read(BUILD_NS).get("registry-ops").await {
-        Err(Error::Api(status)) if status.code == 403 => {}
-        other => panic!("a provider read the build namespace's registry credentials: {other:?}"),
+    .expect("the provider's base grant");
+    for namespace in [ns.as_str(), BUILD_NS] {
+        match read(namespace).get("registry-ops").await {
+            Err(Error::Api(status)) if status.code == 403 => {}
+            other => panic!("a provider read registry credentials in {namespace}: {other:?}"),
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize as _, Serialize};
 
@@ -131,6 +131,28 @@ pub async fn run_operator(
     let controller = Controller::new(scoped::<Provider>(&client, &ns), watcher::Config::default());
     let store = controller.store();
     let missing_store = store.clone();
+    // A machine naming a new user-data Secret changes its Provider's Role.
+    let controller = ctx
+        .cfg
+        .backends
+        .iter()
+        .fold(controller, |controller, backend| {
+            let api = match &ns {
+                Some(ns) => {
+                    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &backend.machines)
+                }
+                None => Api::<DynamicObject>::all_with(client.clone(), &backend.machines),
+            };
+            let machines = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .predicate_filter(grant_relevant, Default::default());
+            controller.watches_stream_with(
+                machines,
+                |machine| provider_of_machine(&machine),
+                backend.machines.clone(),
+            )
+        });
     controller
         .owns(scoped::<Deployment>(&client, &ns), managed.clone())
         .owns(scoped::<ServiceAccount>(&client, &ns), managed.clone())
@@ -225,10 +247,7 @@ async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action>
                     class.spec.machine_kind
                 ),
             }),
-            Some(backend) => match workloads::build(&provider, class, backend) {
-                Some(w) => apply_workloads(&ctx.kube, &provider, class, backend, &w).await,
-                None => Ok(()),
-            },
+            Some(backend) => reconcile_workloads(&ctx.kube, &provider, class, backend).await,
         },
     };
     // The API server failing is transient: retry with backoff, publish nothing.
@@ -293,6 +312,34 @@ async fn publish(
         .map_err(Error::kube("patch Provider status"))
 }
 
+/// Builds `provider`'s workloads, granting the user-data Secrets its machines name, and
+/// applies them.
+async fn reconcile_workloads(
+    kube: &kube::Client,
+    provider: &Provider,
+    class: &ProviderClass,
+    backend: &BackendWorkload,
+) -> Result<()> {
+    let ns = provider.namespace().unwrap_or_default();
+    let machines = Api::<DynamicObject>::namespaced_with(kube.clone(), &ns, &backend.machines)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("list {}s", backend.machines.kind)))?;
+    let providers = Api::<Provider>::namespaced(kube.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("list Providers".to_owned()))?;
+    let user_data = grantable_user_data(
+        user_data_secrets(&machines.items, &provider.name_any()),
+        provider,
+        &providers.items,
+    );
+    match workloads::build(provider, class, backend, &user_data) {
+        Some(w) => apply_workloads(kube, provider, class, backend, &w).await,
+        None => Ok(()),
+    }
+}
+
 /// Applies the workload in dependency order: accounts and grants before the Deployment that
 /// runs with them. A class role the administrator has not created (or not allowed the operator
 /// to bind) stops here with `ProviderClassRoleMissing`, before anything runs.
@@ -313,13 +360,20 @@ async fn apply_workloads(
         &w.service_account,
     )
     .await?;
-    apply(
-        FIELD_MANAGER,
-        Api::<Role>::namespaced(kube.clone(), &in_ns(&w.own_provider_role.metadata)),
-        &w.own_provider_role,
-    )
-    .await?;
-    for binding in [&w.own_provider_binding, &w.base_binding, &w.import_binding] {
+    for role in [&w.own_provider_role, &w.import_role] {
+        apply(
+            FIELD_MANAGER,
+            Api::<Role>::namespaced(kube.clone(), &in_ns(&role.metadata)),
+            role,
+        )
+        .await?;
+    }
+    for binding in [
+        &w.own_provider_binding,
+        &w.base_binding,
+        &w.import_binding,
+        &w.import_role_binding,
+    ] {
         apply(
             FIELD_MANAGER,
             Api::<RoleBinding>::namespaced(kube.clone(), &in_ns(&binding.metadata)),
@@ -551,21 +605,74 @@ async fn ensure_finalizer(provider: &Provider, api: &Api<Provider>) -> Result<()
         .map_err(finalizer_error(provider))
 }
 
+/// The contract half of a machine's spec, `None` for a machine whose spec does not carry it.
+fn machine_contract(machine: &DynamicObject) -> Option<MachineSpecContract> {
+    machine
+        .data
+        .get("spec")
+        .and_then(|spec| MachineSpecContract::deserialize(spec).ok())
+}
+
 /// The names of the machines (of any kind) that still name `provider`, sorted. A machine
 /// whose spec does not carry the contract names no Provider.
 pub fn remaining_machines(machines: &[DynamicObject], provider: &str) -> Vec<String> {
     let mut names: Vec<String> = machines
         .iter()
-        .filter(|m| {
-            m.data
-                .get("spec")
-                .and_then(|spec| MachineSpecContract::deserialize(spec).ok())
-                .is_some_and(|spec| spec.provider_ref.name == provider)
-        })
+        .filter(|m| machine_contract(m).is_some_and(|spec| spec.provider_ref.name == provider))
         .map(|m| m.name_any())
         .collect();
     names.sort();
     names
+}
+
+/// The user-data Secrets that `provider`'s machines name, sorted, each once: the only Secrets
+/// its workload may read besides its connection's.
+pub fn user_data_secrets(machines: &[DynamicObject], provider: &str) -> Vec<String> {
+    let mut names: Vec<String> = machines
+        .iter()
+        .filter_map(machine_contract)
+        .filter(|spec| spec.provider_ref.name == provider)
+        .filter_map(|spec| spec.user_data_secret_ref.map(|s| s.name))
+        .filter(|name| !name.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// `user_data` without the Secrets another Provider of the namespace connects with: a machine
+/// may name one (its writer could read it), but its provider refuses it as user-data anyway,
+/// and granting it would hand one provider another's credentials.
+pub fn grantable_user_data(
+    mut user_data: Vec<String>,
+    provider: &Provider,
+    providers: &[Provider],
+) -> Vec<String> {
+    let others: std::collections::BTreeSet<String> = providers
+        .iter()
+        .filter(|p| p.name_any() != provider.name_any())
+        .flat_map(|p| workloads::connection_objects(p).0)
+        .collect();
+    user_data.retain(|name| !others.contains(name));
+    user_data
+}
+
+/// What of a machine decides its Provider's Role: the Provider it names and its user-data
+/// Secret. A machine's other changes (its status, above all) trigger no Provider reconcile.
+fn grant_relevant(machine: &DynamicObject) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let spec = machine_contract(machine)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    spec.provider_ref.name.hash(&mut hasher);
+    spec.user_data_secret_ref.map(|s| s.name).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The Provider a machine names, as the operator's reconcile key.
+fn provider_of_machine(machine: &DynamicObject) -> Option<ObjectRef<Provider>> {
+    let spec = machine_contract(machine)?;
+    let ns = machine.namespace()?;
+    Some(ObjectRef::new(&spec.provider_ref.name).within(&ns))
 }
 
 /// The MachinesRemain message: how many machines of `kind`, and the first few by name.
@@ -722,5 +829,78 @@ mod tests {
         ];
         assert_eq!(remaining_machines(&machines, "vc"), ["a", "b"]);
         assert!(remaining_machines(&machines, "gone").is_empty());
+    }
+
+    #[test]
+    fn a_provider_is_granted_its_machines_user_data_never_another_providers_credentials() {
+        let ar = banlieue_api::machine::libvirt_workload().machines;
+        let machine = |name: &str, spec: serde_json::Value| {
+            let mut m = DynamicObject::new(name, &ar);
+            m.data = serde_json::json!({ "spec": spec });
+            m
+        };
+        let machines = [
+            machine(
+                "a",
+                serde_json::json!({"providerRef": {"name": "edge"},
+                    "userDataSecretRef": {"name": "web", "key": "user-data"}}),
+            ),
+            machine(
+                "b",
+                serde_json::json!({"providerRef": {"name": "edge"},
+                    "userDataSecretRef": {"name": "web", "key": "other"}}),
+            ),
+            machine(
+                "c",
+                serde_json::json!({"providerRef": {"name": "edge"},
+                    "userDataSecretRef": {"name": "core-creds", "key": "tls.key"}}),
+            ),
+            machine("d", serde_json::json!({"providerRef": {"name": "edge"}})),
+            machine(
+                "e",
+                serde_json::json!({"providerRef": {"name": "core"},
+                    "userDataSecretRef": {"name": "db", "key": "user-data"}}),
+            ),
+        ];
+        assert_eq!(user_data_secrets(&machines, "edge"), ["core-creds", "web"]);
+        let provider = |name: &str, creds: &str| {
+            let mut p: Provider = serde_json::from_value(serde_json::json!({
+                "apiVersion": "banlieue.io/v1alpha1", "kind": "Provider",
+                "metadata": {"name": name, "namespace": "team"},
+                "spec": {"providerClassRef": {"name": "libvirt"},
+                         "connection": {"endpoint": "qemu+tls://h/system",
+                                        "credentialsRef": {"name": creds},
+                                        "caBundle": {"inline": "pem"}}}
+            }))
+            .expect("a Provider");
+            p.metadata.uid = Some(format!("uid-{name}"));
+            p
+        };
+        let edge = provider("edge", "edge-creds");
+        let providers = [edge.clone(), provider("core", "core-creds")];
+        assert_eq!(
+            grantable_user_data(user_data_secrets(&machines, "edge"), &edge, &providers),
+            ["web"]
+        );
+        // Its own credentials as user-data are its to refuse; RBAC grants them anyway.
+        assert_eq!(
+            grantable_user_data(vec!["edge-creds".into()], &edge, &providers),
+            ["edge-creds"]
+        );
+        // Only a change of what the Role grants triggers its Provider.
+        let mut status_only = machines[0].clone();
+        status_only.data["status"] = serde_json::json!({"ready": true});
+        assert_eq!(grant_relevant(&machines[0]), grant_relevant(&status_only));
+        // Another key of the same Secret is the same grant.
+        assert_eq!(grant_relevant(&machines[0]), grant_relevant(&machines[1]));
+        assert_ne!(grant_relevant(&machines[0]), grant_relevant(&machines[2]));
+        assert_eq!(
+            provider_of_machine(&{
+                let mut m = machines[4].clone();
+                m.metadata.namespace = Some("team".into());
+                m
+            }),
+            Some(ObjectRef::new("core").within("team"))
+        );
     }
 }

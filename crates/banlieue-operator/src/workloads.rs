@@ -9,7 +9,8 @@
 //!
 //! | object | namespace | grants |
 //! |---|---|---|
-//! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object and Lease (resourceNames) |
+//! | Role + RoleBinding `banlieue-provider-<p>` | Provider's | its own Provider object and Lease, its connection's Secret and ConfigMap, its machines' user-data Secrets (resourceNames) |
+//! | Role + RoleBinding `banlieue-import:<p>` | Provider's | its connection's Secret and ConfigMap to its import ServiceAccount (resourceNames) |
 //! | RoleBinding `banlieue-provider-<p>-base` | Provider's | ClusterRole `banlieue-provider-base` |
 //! | its ServiceAccount among the subjects of ClusterRoleBinding `banlieue-providers` | — | ClusterRole `banlieue-provider-cluster` |
 //! | RoleBinding `banlieue-provider-<ns>-<p>-<hash>` | build (libvirt) | ClusterRole `banlieue-provider-class-<class>` |
@@ -39,7 +40,8 @@ use kube::{Resource, ResourceExt};
 use banlieue_api::backend::{BackendWorkload, ClassRoleScope};
 pub use banlieue_provider_kit::import_settings::ImportSettings;
 pub use banlieue_provider_kit::workload_names::{
-    class_role_name, import_account_name, import_binding_name, outside_name, workload_name,
+    class_role_name, import_account_name, import_binding_name, import_role_name, outside_name,
+    workload_name,
 };
 
 /// The field manager of everything the operator applies.
@@ -76,6 +78,10 @@ pub struct Workloads {
     pub base_binding: RoleBinding,
     /// `banlieue-import` in the Provider's namespace, for its import ServiceAccount.
     pub import_binding: RoleBinding,
+    /// The import account's own Role in the Provider's namespace ([`import_rules`]) and its
+    /// binding.
+    pub import_role: Role,
+    pub import_role_binding: RoleBinding,
     pub deployment: Deployment,
     /// The import Jobs' ServiceAccount in the build namespace: the Provider's own (removed
     /// through its finalizer), or the one the class names, shared by the class's Providers and
@@ -131,11 +137,74 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> 
     }
 }
 
+/// The Secrets and ConfigMaps a Provider's connection names: its credentials Secret and, when
+/// its CA bundle is not inline, the ConfigMap or Secret holding it. Each sorted, no repeats.
+pub fn connection_objects(provider: &Provider) -> (Vec<String>, Vec<String>) {
+    let connection = &provider.spec.connection;
+    let mut secrets = vec![connection.credentials_ref.name.clone()];
+    secrets.extend(
+        connection
+            .ca_bundle
+            .secret_ref
+            .iter()
+            .map(|s| s.name.clone()),
+    );
+    let config_maps = connection
+        .ca_bundle
+        .config_map_ref
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    (sorted_names(secrets), sorted_names(config_maps))
+}
+
+/// `names` without empty or repeated entries, sorted, so that a Role built from them is the
+/// same whatever order its sources were read in (and its apply changes nothing).
+fn sorted_names(mut names: Vec<String>) -> Vec<String> {
+    names.retain(|n| !n.is_empty());
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// `get` on `secrets` and `config_maps`, each by name; no rule for an empty list, since a rule
+/// without resourceNames would grant every object of the kind.
+pub fn read_by_name_rules(secrets: &[String], config_maps: &[String]) -> Vec<PolicyRule> {
+    let mut rules = Vec::new();
+    for (resource, names) in [("secrets", secrets), ("configmaps", config_maps)] {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        if !names.is_empty() {
+            rules.push(rule(&[""], &[resource], &["get"], &names));
+        }
+    }
+    rules
+}
+
 /// The per-Provider Role: its own Provider, read and status, by name (watching by name works
-/// because the workload's watches select `metadata.name`), and its own Lease, named after its
+/// because the workload's watches select `metadata.name`), its own Lease, named after its
 /// workload account, which it holds while it acts so that two pods never act for one host
-/// (`create` on Leases, which cannot be limited by name, is in `banlieue-provider-base`).
-pub fn own_provider_rules(provider: &str) -> Vec<PolicyRule> {
+/// (`create` on Leases, which cannot be limited by name, is in `banlieue-provider-base`), and,
+/// by name, the Secrets and ConfigMaps its connection names ([`connection_objects`]) and the
+/// user-data Secrets its machines name (`user_data`): no other Secret of the namespace, another
+/// Provider's credentials included.
+pub fn own_provider_rules(provider: &Provider, user_data: &[String]) -> Vec<PolicyRule> {
+    let name = provider.name_any();
+    let (mut secrets, config_maps) = connection_objects(provider);
+    secrets.extend(user_data.iter().cloned());
+    let mut rules = own_lease_and_provider_rules(&name);
+    rules.extend(read_by_name_rules(&sorted_names(secrets), &config_maps));
+    rules
+}
+
+/// The per-Provider Role of its import Jobs' account: the Secrets and ConfigMaps its
+/// connection names, by name; what else an import reads comes from `banlieue-import`.
+pub fn import_rules(provider: &Provider) -> Vec<PolicyRule> {
+    let (secrets, config_maps) = connection_objects(provider);
+    read_by_name_rules(&secrets, &config_maps)
+}
+
+/// The Lease and Provider half of [`own_provider_rules`].
+pub fn own_lease_and_provider_rules(provider: &str) -> Vec<PolicyRule> {
     vec![
         rule(
             &["coordination.k8s.io"],
@@ -306,12 +375,14 @@ fn deployment(
     }
 }
 
-/// Builds the workload of `provider`, run by `class`. `None` when the Provider has no name,
-/// namespace or uid yet (it was not read from the API server).
+/// Builds the workload of `provider`, run by `class`, whose machines name the user-data
+/// Secrets `user_data`. `None` when the Provider has no name, namespace or uid yet (it was not
+/// read from the API server).
 pub fn build(
     provider: &Provider,
     class: &ProviderClass,
     backend: &BackendWorkload,
+    user_data: &[String],
 ) -> Option<Workloads> {
     let name = provider.metadata.name.clone()?;
     let ns = provider.metadata.namespace.clone()?;
@@ -346,7 +417,7 @@ pub fn build(
     };
     let own_provider_role = Role {
         metadata: meta(wl.clone()),
-        rules: Some(own_provider_rules(&name)),
+        rules: Some(own_provider_rules(provider, user_data)),
     };
     let own_provider_binding = binding(meta(wl.clone()), "Role", &wl, workload_subject.clone());
     let base_binding = binding(
@@ -360,6 +431,17 @@ pub fn build(
         meta(import_binding_name(&name)),
         "ClusterRole",
         IMPORT_ROLE,
+        service_account_subject(&import_account, &import.namespace),
+    );
+    let import_role_name = import_role_name(&name);
+    let import_role = Role {
+        metadata: meta(import_role_name.clone()),
+        rules: Some(import_rules(provider)),
+    };
+    let import_role_binding = binding(
+        meta(import_role_name.clone()),
+        "Role",
+        &import_role_name,
         service_account_subject(&import_account, &import.namespace),
     );
     let import_service_account = ServiceAccount {
@@ -416,6 +498,8 @@ pub fn build(
         own_provider_binding,
         base_binding,
         import_binding,
+        import_role,
+        import_role_binding,
         deployment,
         import_service_account,
         cluster_subject,
@@ -482,6 +566,7 @@ mod tests {
             provider,
             class,
             &backend_workload(&class.spec.machine_kind)?,
+            &["cloud-init".to_owned()],
         )
     }
     use banlieue_api::{
@@ -636,7 +721,7 @@ mod tests {
         let w = build(&provider(), &class()).unwrap();
         assert_eq!(
             w.own_provider_role.rules.unwrap(),
-            own_provider_rules("edge-7")
+            own_provider_rules(&provider(), &["cloud-init".to_owned()])
         );
         assert_eq!(w.base_binding.role_ref.name, PROVIDER_BASE_ROLE);
         assert_eq!(w.import_binding.role_ref.name, IMPORT_ROLE);
@@ -676,6 +761,83 @@ mod tests {
         ] {
             let role = shipped_cluster_role(shipped);
             assert!(role.metadata.name.is_some(), "{shipped}");
+        }
+    }
+
+    /// Whose Secrets and ConfigMaps `rules` let read, as `resource name` strings; a rule on
+    /// either kind without names reads as `resource *`.
+    fn readable(rules: &[PolicyRule]) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in rules {
+            for resource in r.resources.iter().flatten() {
+                if resource != "secrets" && resource != "configmaps" {
+                    continue;
+                }
+                match r.resource_names.as_deref() {
+                    Some(names) if !names.is_empty() => {
+                        out.extend(names.iter().map(|n| format!("{resource} {n}")));
+                    }
+                    _ => out.push(format!("{resource} *")),
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_provider_reads_only_its_connections_and_its_machines_secrets_by_name() {
+        let mut p = provider();
+        p.spec.connection.ca_bundle.config_map_ref = Some(banlieue_api::common::KeySelector {
+            name: "edge-ca".into(),
+            key: "ca.crt".into(),
+        });
+        let w = super::build(
+            &p,
+            &class(),
+            &banlieue_api::machine::libvirt_workload(),
+            &["cloud-init".to_owned(), "creds".to_owned()],
+        )
+        .unwrap();
+        assert_eq!(
+            readable(&w.own_provider_role.rules.unwrap()),
+            ["configmaps edge-ca", "secrets cloud-init", "secrets creds"]
+        );
+        // Its import Jobs read its connection, not its machines' user-data.
+        assert_eq!(
+            readable(&w.import_role.rules.unwrap()),
+            ["configmaps edge-ca", "secrets creds"]
+        );
+        assert_eq!(w.import_role_binding.role_ref.kind, "Role");
+        assert_eq!(
+            w.import_role_binding.role_ref.name,
+            w.import_role.metadata.name.clone().unwrap()
+        );
+        assert_eq!(
+            w.import_role_binding.subjects.unwrap(),
+            w.import_binding.subjects.unwrap()
+        );
+        // A CA inline and no machine: its credentials alone, never a rule without names.
+        let w = super::build(
+            &provider(),
+            &class(),
+            &banlieue_api::machine::libvirt_workload(),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            readable(&w.own_provider_role.rules.unwrap()),
+            ["secrets creds"]
+        );
+        // The shipped roles the workload and its imports are bound to read no Secret or
+        // ConfigMap: every read is one of these names.
+        for shipped in ["provider-base-clusterrole.yaml", "import-clusterrole.yaml"] {
+            let role = shipped_cluster_role(shipped);
+            assert_eq!(
+                readable(&role.rules.unwrap_or_default()),
+                Vec::<String>::new(),
+                "{shipped}"
+            );
         }
     }
 

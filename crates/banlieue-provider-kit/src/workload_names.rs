@@ -47,3 +47,10 @@ fn outside_hash(namespace: &str, provider: &str) -> String {
 pub fn import_binding_name(provider: &str) -> String {
     names::shorten(&format!("banlieue-import-{provider}"))
 }
+
+/// The Role (and its RoleBinding) granting the import ServiceAccount the Provider's connection
+/// Secrets by name. The `:` cannot appear in a Provider's name, so no Provider's
+/// [`import_binding_name`] is ever this name.
+pub fn import_role_name(provider: &str) -> String {
+    format!("banlieue-import:{}", names::shorten(provider))
+}

@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use banlieue_api::conditions::{self, Condition};
 use banlieue_api::{
     Firmware, LibvirtDisk, LibvirtMachine, LibvirtMachineSpec, LocalObjectReference, Provider,
-    SecretKeySelector, Standby,
+    ProviderClass, SecretKeySelector, Standby,
 };
 use banlieue_libvirt::flags;
 use banlieue_libvirt::stream::TransferOptions;
@@ -22,7 +22,8 @@ use banlieue_provider_libvirt::machine::{ProviderConfig, run_provider};
 use banlieue_provider_libvirt::metrics::Metrics;
 use banlieue_testenv::poll;
 use common::{
-    Host, control_plane, credentials, libvirt_class, none_left, provider, provider_identity,
+    Host, control_plane, credentials, grant_user_data, libvirt_class, none_left, provider,
+    provider_identity,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -898,6 +899,21 @@ async fn user_data_comes_only_from_opted_in_secrets_never_a_providers() -> Resul
             &user_data_secret("typed", &[], Some("banlieue.io/user-data")),
         )
         .await?;
+    // The operator grants the provider each Secret its machines name (but another Provider's
+    // credentials), so what is refused below is the provider's own check.
+    let provider = Api::<Provider>::namespaced(kube.clone(), &ns)
+        .get(PROVIDER)
+        .await?;
+    let class = Api::<ProviderClass>::all(kube.clone())
+        .get(&provider.spec.provider_class_ref.name)
+        .await?;
+    grant_user_data(
+        control_plane().await,
+        &provider,
+        &class,
+        &["plain", "other-creds", "labelled", "typed"],
+    )
+    .await?;
 
     api.create(
         &PostParams::default(),

@@ -236,7 +236,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
     assert!(owned_by_provider(role.owner_references()));
     assert_eq!(
         role.rules.clone().unwrap(),
-        workloads::own_provider_rules("edge-7")
+        workloads::own_provider_rules(&p, &[])
     );
     let bindings = Api::<RoleBinding>::namespaced(kube.clone(), &ns);
     let mut bound = Vec::new();
@@ -250,6 +250,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
         bound,
         [
             "banlieue-import".to_owned(),
+            workloads::import_role_name("edge-7"),
             "banlieue-provider-base".to_owned(),
             wl.clone()
         ]
@@ -311,7 +312,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
         matches!(refused, kube::Error::Api(ref s) if s.code == 403),
         "{refused}"
     );
-    let refused = Api::<Provider>::namespaced(as_provider, &ns)
+    let refused = Api::<Provider>::namespaced(as_provider.clone(), &ns)
         .list(&Default::default())
         .await
         .expect_err("a provider reads only its own Provider");
@@ -319,6 +320,7 @@ async fn good_provider_is_ready_with_one_failure_domain_and_owns_its_workload() 
         matches!(refused, kube::Error::Api(ref s) if s.code == 403),
         "{refused}"
     );
+    secrets_by_name(&kube, &as_provider, &ns).await?;
 
     // Drift: objects deleted by hand come back.
     deployments.delete(&wl, &DeleteParams::default()).await?;
@@ -1167,6 +1169,89 @@ async fn providers_whose_namespace_and_name_read_alike_keep_their_own_grants() -
     namespaces.delete(&second, &DeleteParams::default()).await?;
     Api::<ProviderClass>::all(kube)
         .delete(&class.name_any(), &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// A provider's workload reads, by name, its connection's Secret and the user-data Secrets its
+/// machines name, once the operator has seen them; no other Secret of its namespace, another
+/// Provider's credentials included, even one a machine of its names. Acts as the workload's
+/// own ServiceAccount (`as_provider`); `admin` plays the administrator and the controller.
+async fn secrets_by_name(admin: &kube::Client, as_provider: &kube::Client, ns: &str) -> Result<()> {
+    let secrets_admin = Api::<Secret>::namespaced(admin.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(as_provider.clone(), ns);
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "stringData": {"user-data": "#cloud-config\n", "tls.key": "not a key"}
+        }))
+        .expect("a Secret")
+    };
+    for name in ["cloud-init", "core-creds"] {
+        secrets_admin
+            .create(&PostParams::default(), &secret(name))
+            .await?;
+    }
+    secrets.get("libvirt-creds").await?;
+    let forbidden = |e: kube::Error| matches!(e, kube::Error::Api(ref s) if s.code == 403);
+    // Another Provider of the namespace connects with core-creds.
+    let core: Provider = serde_json::from_value(serde_json::json!({
+        "apiVersion": "banlieue.io/v1alpha1", "kind": "Provider",
+        "metadata": {"name": "core"},
+        "spec": {"providerClassRef": {"name": "absent-class"},
+                 "connection": {"endpoint": "qemu+tls://127.0.0.1:1/system",
+                                "credentialsRef": {"name": "core-creds"},
+                                "caBundle": {"inline": "pem"}}}
+    }))?;
+    Api::<Provider>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &core)
+        .await?;
+    for name in ["cloud-init", "core-creds"] {
+        let refused = secrets.get(name).await.expect_err(name);
+        assert!(forbidden(refused), "{name}");
+    }
+    // Machines of this Provider name both as user-data, as the controller would write them
+    // from a VirtualMachine (neither opted in: the provider refuses them before the host).
+    let machines: Api<banlieue_api::LibvirtMachine> = Api::namespaced(admin.clone(), ns);
+    for (machine, secret) in [
+        ("m-user-data", "cloud-init"),
+        ("m-credentials", "core-creds"),
+    ] {
+        let m: banlieue_api::LibvirtMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "LibvirtMachine",
+            "metadata": { "name": machine },
+            "spec": { "providerRef": { "name": "edge-7" }, "pool": "default",
+                      "network": "default", "disk": { "backingVolume": "base.qcow2",
+                      "size": "10Gi" }, "cpu": 1, "memory": "1Gi",
+                      "userDataSecretRef": { "name": secret, "key": "user-data" } }
+        }))?;
+        machines.create(&PostParams::default(), &m).await?;
+    }
+    poll::until(
+        "the machine's user-data Secret granted",
+        Duration::from_secs(30),
+        || async { Ok(secrets.get("cloud-init").await.ok().map(|_| ())) },
+    )
+    .await?;
+    let refused = secrets
+        .get("core-creds")
+        .await
+        .expect_err("another Provider's credentials");
+    assert!(forbidden(refused));
+    for machine in ["m-user-data", "m-credentials"] {
+        machines.delete(machine, &DeleteParams::default()).await?;
+    }
+    poll::until("the machines gone", Duration::from_secs(60), || async {
+        Ok(machines
+            .list(&Default::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    Api::<Provider>::namespaced(admin.clone(), ns)
+        .delete("core", &DeleteParams::default())
         .await?;
     Ok(())
 }

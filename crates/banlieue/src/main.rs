@@ -690,7 +690,7 @@ mod tests {
                 (lease.namespace.as_str(), lease.name.as_str()),
                 ("team-a", "banlieue-provider-edge-7")
             );
-            let granted = banlieue_operator::workloads::own_provider_rules("edge-7");
+            let granted = banlieue_operator::workloads::own_lease_and_provider_rules("edge-7");
             assert!(
                 granted.iter().any(|r| {
                     r.resources.as_deref() == Some(&["leases".to_owned()][..])

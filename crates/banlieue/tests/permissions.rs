@@ -68,6 +68,11 @@ const COORDINATION: &str = "coordination.k8s.io";
 
 const ASKS: &[Ask] = &[
     Ask("get", "", "secrets", None, false),
+    // The guide's libvirt Provider's credentials, and the vSphere one's: each provider reads
+    // its own by name, not the other's.
+    Ask("get", "", "secrets", Some("libvirt-edge-creds"), false),
+    Ask("get", "", "secrets", Some("vcenter-lab-creds"), false),
+    Ask("get", "", "configmaps", Some("libvirt-edge-ca"), false),
     Ask("list", "", "secrets", None, false),
     Ask("watch", "", "secrets", None, false),
     Ask("get", "", "configmaps", None, false),
@@ -325,7 +330,11 @@ async fn every_identity_holds_exactly_the_documented_permissions() {
             Ask("list", B, "providerclasses", None, true),
             SYSTEM,
         ),
-        (import, Ask("get", "", "secrets", None, false), SYSTEM),
+        (
+            import,
+            Ask("get", "", "secrets", Some("libvirt-edge-creds"), false),
+            SYSTEM,
+        ),
         (
             IDENTITIES[5].1,
             Ask("watch", B, "vspheremachines", None, false),

@@ -282,6 +282,7 @@ async fn provider_identity(cp: &ControlPlane) -> Result<Client> {
         &provider,
         &class,
         &banlieue_provider_libvirt::backend::descriptor().workload,
+        &[],
     )
     .ok_or("workloads")?;
     // Neither the Provider nor the class exists here: without owners, the garbage collector

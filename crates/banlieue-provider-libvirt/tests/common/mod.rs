@@ -383,6 +383,7 @@ pub async fn provider_identity(
         provider,
         class,
         &banlieue_provider_libvirt::backend::descriptor().workload,
+        &[],
     )
     .context("the Provider and class were read back")?;
     // Like the operator, the class's role is bound only for a class with additionalRules.
@@ -420,6 +421,34 @@ pub async fn provider_identity(
     Ok(client)
 }
 
+/// What the operator does when `provider`'s machines name the user-data Secrets `names`: its
+/// Role grants them by name (the test creates the machines as the controller would, without
+/// the operator running).
+pub async fn grant_user_data(
+    cp: &ControlPlane,
+    provider: &Provider,
+    class: &ProviderClass,
+    names: &[&str],
+) -> Result<()> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let w = workloads::build(
+        provider,
+        class,
+        &banlieue_provider_libvirt::backend::descriptor().workload,
+        &names,
+    )
+    .context("the Provider and class were read back")?;
+    let role = &w.own_provider_role;
+    let ns = role.metadata.namespace.clone().unwrap_or_default();
+    apply(
+        workloads::FIELD_MANAGER,
+        Api::<Role>::namespaced(cp.client()?, &ns),
+        role,
+    )
+    .await?;
+    Ok(())
+}
+
 /// The identity of the import Jobs of `provider`'s class (ADR-0063): the class's import
 /// ServiceAccount (the Provider's own in the build namespace unless the class names one),
 /// which [`provider_identity`] created with the operator's RoleBinding to the shipped
@@ -449,6 +478,7 @@ pub fn import_account(provider: &Provider, class: &ProviderClass) -> Result<(Str
         provider,
         class,
         &banlieue_provider_libvirt::backend::descriptor().workload,
+        &[],
     )
     .context("the Provider and class were read back")?;
     let meta = w.import_service_account.metadata;
@@ -505,9 +535,15 @@ async fn apply_operator_objects(
     let bindings = |meta: &ObjectMeta| Api::<RoleBinding>::namespaced(admin.clone(), &ns(meta));
     let sa = &w.service_account;
     apply(OPERATOR, accounts(&sa.metadata), sa).await?;
-    let role = &w.own_provider_role;
-    apply(OPERATOR, roles(&role.metadata), role).await?;
-    for binding in [&w.own_provider_binding, &w.base_binding, &w.import_binding] {
+    for role in [&w.own_provider_role, &w.import_role] {
+        apply(OPERATOR, roles(&role.metadata), role).await?;
+    }
+    for binding in [
+        &w.own_provider_binding,
+        &w.base_binding,
+        &w.import_binding,
+        &w.import_role_binding,
+    ] {
         apply(OPERATOR, bindings(&binding.metadata), binding).await?;
     }
     let import = &w.import_service_account;
