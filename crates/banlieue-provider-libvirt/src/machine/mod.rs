@@ -3,11 +3,16 @@
 //! is torn down under the `banlieue.io/domain-protection` finalizer.
 
 mod agent;
+pub mod domain;
+#[cfg(test)]
+mod fixtures;
 pub mod guest;
 pub mod host;
-pub mod plan;
 mod realise;
 pub use realise::{CRASH_AFTER_DOMAIN_DEFINE, CRASH_AFTER_VOLUME_CREATE};
+pub mod standby;
+pub mod status;
+pub mod targets;
 mod teardown;
 
 use std::future::Future;
@@ -100,7 +105,7 @@ pub async fn run_provider(
 impl Backend for Context {
     type Machine = LibvirtMachine;
     type Status = LibvirtMachineStatus;
-    type Observed = plan::Observed;
+    type Observed = status::Observed;
     type Error = Error;
 
     fn provider(&self) -> &str {
@@ -109,7 +114,7 @@ impl Backend for Context {
 
     /// A saved machine counts as settled, not as one about to run: it waits for its spec to
     /// change (a watch event), and is looked at again at the resync, not every 5 s.
-    fn running(observed: &plan::Observed) -> bool {
+    fn running(observed: &status::Observed) -> bool {
         observed.settled()
     }
 
@@ -124,14 +129,14 @@ impl Backend for Context {
         if recorded_uuid(machine).is_some() {
             return None;
         }
-        let names = plan::MachineNames::of(machine);
+        let names = domain::MachineNames::of(machine);
         Some(json!({
             "domainUuid": uuid::Uuid::new_v4().to_string(),
             "domainName": names.domain,
         }))
     }
 
-    async fn realise(&self, machine: &LibvirtMachine) -> Result<plan::Observed> {
+    async fn realise(&self, machine: &LibvirtMachine) -> Result<status::Observed> {
         let uuid = recorded_uuid(machine).ok_or_else(|| {
             Error::Core(Core::Invalid {
                 reason: banlieue_api::conditions::reasons::PROVIDER_NOT_READY,
@@ -144,10 +149,10 @@ impl Backend for Context {
     fn status_after(
         &self,
         machine: &LibvirtMachine,
-        outcome: &Result<plan::Observed>,
+        outcome: &Result<status::Observed>,
         now: Time,
     ) -> LibvirtMachineStatus {
-        plan::status_after(
+        status::status_after(
             machine,
             &self.cfg.namespace,
             &self.cfg.provider,
@@ -233,6 +238,7 @@ async fn patch_status(
 
 #[cfg(test)]
 mod tests {
+    use super::status::Observed;
     use super::*;
     use banlieue_api::Standby;
     use banlieue_api::conditions::{reasons, status, types};
@@ -246,12 +252,12 @@ mod tests {
     #[test]
     fn a_saved_machine_is_looked_at_again_at_the_resync_not_as_one_starting() {
         let resync = Duration::from_secs(60);
-        let saved = plan::Observed {
+        let saved = Observed {
             running: false,
             addresses: vec![],
             addresses_from_guest: false,
             guest: guest::GuestSight::NotRunning,
-            standby: plan::StandbySight::Saved,
+            standby: standby::StandbySight::Saved,
         };
         // A GuestReady still settling when it was saved (a pool that does not wait for it).
         let mut status = LibvirtMachineStatus::default();
@@ -287,8 +293,8 @@ mod tests {
             resync
         );
         // A domain on its way to running is still looked at soon.
-        let starting = plan::Observed {
-            standby: plan::StandbySight::Running,
+        let starting = Observed {
+            standby: standby::StandbySight::Running,
             ..saved
         };
         assert_eq!(

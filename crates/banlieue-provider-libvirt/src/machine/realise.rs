@@ -14,8 +14,11 @@ use serde_json::json;
 
 use super::Context;
 use super::agent;
+use super::domain::{self, Existing, MachineNames};
 use super::guest::GuestSight;
-use super::plan::{self, Existing, MachineNames, Observed, StandbyAct, StandbySight};
+use super::standby::{self, StandbyAct, StandbySight};
+use super::status::{self, Observed};
+use super::targets;
 use crate::error::{Error, Result};
 use crate::image::{decide, marker};
 use crate::volume_xml::{self, Backing, BackingFormat};
@@ -30,11 +33,11 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
     let found = Domain::lookup_by_name(client, &names.domain)
         .await
         .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
-    let domain = match plan::classify(
+    let domain = match domain::classify(
         found.as_ref().map(|d| d.uuid_string()).as_deref(),
         Some(uuid),
     ) {
-        Existing::Foreign { uuid } => return Err(plan::name_taken(&names.domain, &uuid)),
+        Existing::Foreign { uuid } => return Err(domain::name_taken(&names.domain, &uuid)),
         Existing::Ours => found.ok_or_else(|| {
             Error::Core(Core::Invalid {
                 reason: banlieue_api::conditions::reasons::LIBVIRT_ERROR,
@@ -61,7 +64,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
                 names.domain
             )))?;
     let running = state == DomainState::Running;
-    let sight = match plan::standby_act(machine, running, shut_off, save_image) {
+    let sight = match standby::standby_act(machine, running, shut_off, save_image) {
         StandbyAct::Save => {
             save(&domain, &names.domain).await?;
             return Ok(saved());
@@ -89,7 +92,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
                 .create()
                 .await
                 .map_err(Error::libvirt(format!("start domain {}", names.domain)))?;
-            plan::started(machine)
+            standby::started(machine)
         }
         StandbyAct::Observe => StandbySight::Running,
     };
@@ -113,7 +116,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
     let sight = match sight {
         StandbySight::Restored { .. } => {
             let started = std::time::Instant::now();
-            let clock = set_clock(&domain, plan::agent_expected(machine), calls, until).await;
+            let clock = set_clock(&domain, standby::agent_expected(machine), calls, until).await;
             ctx.metrics
                 .clock_set_latency
                 .observe(started.elapsed().as_secs_f64());
@@ -187,7 +190,7 @@ async fn restore(domain: &Domain, name: &str) -> Result<()> {
         tracing::warn!(domain = name, error = %why, "could not remove a save image that failed to restore");
         why
     });
-    Err(plan::restore_failed(name, &said, removed))
+    Err(standby::restore_failed(name, &said, removed))
 }
 
 /// How often setting the clock is tried again while an agent that answered before the save
@@ -249,7 +252,7 @@ async fn observe_addresses(
         .interface_addresses(InterfaceAddressesSource::Lease)
         .await
     {
-        let found = plan::addresses(&ifaces);
+        let found = status::addresses(&ifaces);
         if !found.is_empty() {
             return (found, false);
         }
@@ -257,7 +260,7 @@ async fn observe_addresses(
     if let Some(until) = agent_until {
         let asked = domain.interface_addresses(InterfaceAddressesSource::Agent);
         if let Ok(Ok(ifaces)) = tokio::time::timeout_at(until, asked).await {
-            let found = plan::addresses(&ifaces);
+            let found = status::addresses(&ifaces);
             if !found.is_empty() {
                 return (found, true);
             }
@@ -326,8 +329,8 @@ async fn provision(
     domain_type: crate::domain_xml::DomainType,
 ) -> Result<Domain> {
     let spec = &machine.spec;
-    let definition = plan::definition(machine, uuid, domain_type)?;
-    let capacity = plan::disk_bytes(machine)?;
+    let definition = domain::definition(machine, uuid, domain_type)?;
+    let capacity = domain::disk_bytes(machine)?;
     // Read (and judged) before anything is made: a refused Secret leaves nothing behind.
     let user_data = user_data(machine, ctx).await?;
     let pool = pool_with_network(client, spec).await?;
@@ -335,7 +338,7 @@ async fn provision(
     // refused, still before anything is made.
     let provider = read_provider(ctx).await?;
     if let Some(refused) =
-        plan::undeclared_target(spec, &ctx.cfg.provider, &provider.spec.capabilities)
+        targets::undeclared_target(spec, &ctx.cfg.provider, &provider.spec.capabilities)
     {
         return Err(refused);
     }
@@ -354,13 +357,13 @@ async fn pool_with_network(client: &Client, spec: &LibvirtMachineSpec) -> Result
             "look up storage pool {}",
             spec.pool
         )))?
-        .ok_or_else(|| plan::pool_missing(&spec.pool))?;
+        .ok_or_else(|| targets::pool_missing(&spec.pool))?;
     if Network::lookup_by_name(client, &spec.network)
         .await
         .map_err(Error::libvirt(format!("look up network {}", spec.network)))?
         .is_none()
     {
-        return Err(plan::network_missing(&spec.network));
+        return Err(targets::network_missing(&spec.network));
     }
     Ok(pool)
 }
@@ -387,7 +390,7 @@ async fn image_volume(
     check_image_volume(image_name, pool, ctx).await?;
     lookup_volume(pool, image_name)
         .await?
-        .ok_or_else(|| plan::volume_missing(image_name, &spec.pool))
+        .ok_or_else(|| targets::volume_missing(image_name, &spec.pool))
 }
 
 /// Creates the machine's OS disk of `capacity` bytes (an overlay on `image` when it has a
@@ -402,7 +405,7 @@ async fn create_os_volume(
 ) -> Result<()> {
     if lookup_volume(pool, &names.os_volume).await?.is_some() {
         if !owned.contains(&names.os_volume) {
-            return Err(plan::volume_not_owned(&names.os_volume, &spec.pool));
+            return Err(targets::volume_not_owned(&names.os_volume, &spec.pool));
         }
         return Ok(());
     }
@@ -439,14 +442,14 @@ async fn create_seed(
     // seed this machine made is deleted.
     if let Some(stale) = lookup_volume(pool, &names.cidata_volume).await? {
         if !owned.contains(&names.cidata_volume) {
-            return Err(plan::volume_not_owned(&names.cidata_volume, &spec.pool));
+            return Err(targets::volume_not_owned(&names.cidata_volume, &spec.pool));
         }
         stale.delete().await.map_err(Error::libvirt(format!(
             "delete stale volume {}",
             names.cidata_volume
         )))?;
     }
-    let seed = plan::seed(&names.domain, uuid, user_data)
+    let seed = domain::seed(&names.domain, uuid, user_data)
         .to_bytes()
         .map_err(Error::Seed)?;
     let xml = volume_xml::raw(&names.cidata_volume, seed.len() as u64);
@@ -479,9 +482,9 @@ async fn define_domain(
     if let Some(d) = Domain::lookup_by_name(client, &names.domain)
         .await
         .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?
-        && plan::classify(Some(&d.uuid_string()), Some(uuid)) != Existing::Ours
+        && domain::classify(Some(&d.uuid_string()), Some(uuid)) != Existing::Ours
     {
-        return Err(plan::name_taken(&names.domain, &d.uuid_string()));
+        return Err(domain::name_taken(&names.domain, &d.uuid_string()));
     }
     let xml = crate::domain_xml::render(definition);
     let domain = Domain::define_xml(client, &xml)
@@ -552,7 +555,7 @@ impl OwnedVolumes {
                     volumes.retain(|v| v != volume);
                 })
                 .await?;
-                Err(plan::volume_not_owned(volume, pool))
+                Err(targets::volume_not_owned(volume, pool))
             }
             Err(e) => Err(Error::Libvirt {
                 what: format!("create volume {volume}"),

@@ -11,7 +11,9 @@ use banlieue_provider_kit::error::Core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Context;
-use super::plan::{self, Existing, MachineNames};
+use super::domain::{self, Existing, MachineNames};
+use super::status;
+use super::targets;
 use crate::error::{Error, Result};
 use banlieue_api::conditions::error_message;
 
@@ -36,7 +38,7 @@ pub(super) fn failed_status(
     status.contract.ready = false;
     banlieue_api::conditions::set(
         &mut status.contract.conditions,
-        plan::condition_for(&failed, machine.metadata.generation),
+        status::condition_for(&failed, machine.metadata.generation),
         now,
     );
     status
@@ -55,7 +57,7 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
     let found = Domain::lookup_by_name(client, &names.domain)
         .await
         .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
-    let existing = plan::classify(
+    let existing = domain::classify(
         found.as_ref().map(|d| d.uuid_string()).as_deref(),
         Some(&uuid),
     );
@@ -88,7 +90,7 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
     // Only the machine's own volumes, proven so; the image (backing file or install media)
     // belongs to the VMImage and other machines use it, and a volume of the same name made by
     // a namesake machine is that machine's.
-    let owned = plan::owned_volumes(machine, &names, existing == Existing::Ours);
+    let owned = targets::owned_volumes(machine, &names, existing == Existing::Ours);
     if !owned.is_empty() {
         let pool = StoragePool::lookup_by_name(client, &machine.spec.pool)
             .await
@@ -135,7 +137,7 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
         .await
         .map_err(Error::libvirt(format!("look up domain {}", names.domain)))?;
     if let Some(d) = again
-        && plan::classify(Some(&d.uuid_string()), Some(&uuid)) == Existing::Ours
+        && domain::classify(Some(&d.uuid_string()), Some(&uuid)) == Existing::Ours
     {
         return Err(Error::Core(Core::Invalid {
             reason: reasons::TEARDOWN_FAILED,
