@@ -14,7 +14,7 @@ use std::time::Duration;
 use banlieue_api::artifacts::Sharing;
 use banlieue_api::names::{LABEL_PROVIDER, LABEL_VMIMAGE};
 use banlieue_api::{ImageSourceKind, Provider, ProviderClass, VMImage, ZoneImageStatus, ZonePhase};
-use banlieue_libvirt::{Client as LibvirtClient, StoragePool};
+use banlieue_libvirt::StoragePool;
 use banlieue_provider_kit::backoff::Backoff;
 use banlieue_provider_kit::image_zones::{self, ZonesError};
 use banlieue_runtime::artifacts;
@@ -27,11 +27,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use tokio::sync::Mutex;
+use prometheus_client::metrics::gauge::Gauge;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, ArtifactState, ImportSettings, Presence};
 use super::error::{Error, Result, api_status};
+use crate::machine::host::{Host, HostConnector};
 
 use banlieue_api::conditions::error_message;
 
@@ -57,6 +58,9 @@ impl ImageReconcilerConfig {
     }
 }
 
+/// Deadline of each libvirt call of a BackingFile check.
+const LIBVIRT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The result of creating-or-adopting one import Job.
 #[derive(Debug)]
 enum JobState {
@@ -70,7 +74,10 @@ enum JobState {
 pub struct ImageReconciler {
     client: kube::Client,
     cfg: ImageReconcilerConfig,
-    libvirt: Mutex<Option<LibvirtClient>>,
+    /// The session type the machine reconcile uses, but a session of its own: the workload
+    /// starts this reconciler and the machine reconcile separately (`backend::tasks`), each from
+    /// a kube client and its settings, so there is no one session to hand to both yet.
+    host: Host,
     backoff: ErrorBackoff,
 }
 
@@ -84,10 +91,19 @@ impl std::fmt::Debug for ImageReconciler {
 
 impl ImageReconciler {
     pub fn new(client: kube::Client, cfg: ImageReconcilerConfig) -> Self {
+        let host = Host::new(HostConnector::new(
+            client.clone(),
+            &cfg.namespace,
+            &cfg.provider,
+            None,
+            LIBVIRT_CALL_TIMEOUT,
+            // Not the workload's `host_connected`, which counts the machine reconcile's session.
+            Gauge::default(),
+        ));
         ImageReconciler {
             client,
             cfg,
-            libvirt: Mutex::new(None),
+            host,
             backoff: banlieue_provider_kit::error_backoff(),
         }
     }
@@ -149,7 +165,7 @@ impl ImageReconciler {
                 for pool in &pools {
                     let presence = match &refusal {
                         Some(why) => Presence::Refused(why.message().to_owned()),
-                        None => self.backing_file_presence(&provider, pool, &volume).await,
+                        None => self.backing_file_presence(pool, &volume).await,
                     };
                     zones.push(decide::zone_backing_file(pool, &volume, &presence));
                 }
@@ -233,9 +249,9 @@ impl ImageReconciler {
         }
     }
 
-    async fn backing_file_presence(&self, provider: &Provider, pool: &str, name: &str) -> Presence {
-        let client = match self.libvirt_client(provider).await {
-            Ok(client) => client,
+    async fn backing_file_presence(&self, pool: &str, name: &str) -> Presence {
+        let client = match self.host.connection().await {
+            Ok(session) => session.client,
             Err(e) => {
                 return Presence::Unknown(format!("cannot reach the host: {}", error_message(&e)));
             }
@@ -253,19 +269,6 @@ impl ImageReconciler {
             Ok(None) => Presence::Absent,
             Err(e) => Presence::Unknown(error_message(&e)),
         }
-    }
-
-    async fn libvirt_client(&self, provider: &Provider) -> Result<LibvirtClient> {
-        let mut slot = self.libvirt.lock().await;
-        if let Some(client) = slot.as_ref().filter(|c| c.is_alive()) {
-            return Ok(client.clone());
-        }
-        let credentials = crate::connection::load(&self.client, provider).await?;
-        let endpoint = &provider.spec.connection.endpoint;
-        let options = crate::connection::client_options(Duration::from_secs(30));
-        let client = crate::connection::connect(endpoint, &credentials, options).await?;
-        *slot = Some(client.clone());
-        Ok(client)
     }
 
     /// Replaces this provider's entry of `status.perProvider[]` (the kit's compare-and-swap,
