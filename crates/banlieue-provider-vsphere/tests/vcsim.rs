@@ -377,6 +377,7 @@ fn declared(datacenters: &[(&str, &[&str])]) -> VSphereCapabilities {
             .collect(),
         // vcsim's VMs are all in DC0/vm; `setup` makes DC0_C0_RP0_VM0 the one template.
         template_folders: vec!["DC0/vm".into()],
+        vm_folders: Vec::new(),
     }
 }
 
