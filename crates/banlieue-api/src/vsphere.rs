@@ -17,6 +17,7 @@ use crate::backend::{
 use crate::common::{LocalObjectReference, SecretKeySelector, Standby};
 use crate::image::InstallMode;
 use crate::machine::MachineStatusContract;
+use crate::provider::{ProviderCapabilities, StorageClassMapping};
 
 /// The finalizer a VSphereMachine holds until its VM is destroyed in vCenter (ADR-0026).
 pub const FINALIZER_VM_PROTECTION: &str = "banlieue.io/vm-protection";
@@ -44,7 +45,9 @@ pub mod reasons {
     /// `spec.template` is outside the Provider's declared template folders, or not a template.
     pub const TEMPLATE_REFUSED: &str = "TemplateRefused";
     /// `spec.datacenter` and `spec.cluster` are not a cluster the Provider declared
-    /// (`spec.capabilities.vsphere.datacenters`).
+    /// (`spec.capabilities.vsphere.datacenters`), `spec.datastore` is no declared storage
+    /// class's target, or `spec.folder` is not in a declared VM folder
+    /// (`spec.capabilities.vsphere.vmFolders`).
     pub const PLACEMENT_NOT_DECLARED: &str = "PlacementNotDeclared";
 }
 
@@ -167,6 +170,19 @@ pub struct VSphereCapabilities {
         inner(length(min = 1, max = 255))
     )]
     pub template_folders: Vec<String>,
+    /// Folders VSphereMachines may be placed in, each a path under the datacenter's VM folder
+    /// like `spec.folder` (`banlieue/sandboxes`). A machine's folder must be one of them or lie
+    /// under one, compared component by component (`banlieue/sandboxes-old` is not under
+    /// `banlieue/sandboxes`, and no component may be `.` or `..`): otherwise whoever writes a
+    /// VSphereMachine could put a VM among another tenant's, under its folder's permissions.
+    /// Empty (the default): only machines without a folder (the VM folder itself) are placed.
+    #[serde(default)]
+    #[schemars(
+        extend("x-kubernetes-list-type" = "set"),
+        length(max = 16),
+        inner(length(min = 1, max = 255))
+    )]
+    pub vm_folders: Vec<String>,
 }
 
 /// Why `template` (an inventory path) may not be cloned by this Provider's rules before vCenter
@@ -188,10 +204,26 @@ pub fn template_folder_refusal(template: &str, folders: &[String]) -> Option<Str
     })
 }
 
-/// Why a machine may not be placed in `cluster` of `datacenter` by a Provider declaring
-/// `capabilities`, or `None`: the pair must be one the Provider declared, whatever else its
-/// account sees in vCenter (another tenant's cluster). The fields are named in the answer.
+/// Why a machine may not be placed as `spec` asks by a Provider declaring `capabilities`, or
+/// `None`. Whoever writes the machine names its placement, so, whatever else the Provider's
+/// account sees in vCenter (another tenant's cluster, datastore or folder), it must be:
+/// a cluster the Provider declared (`vsphere.datacenters`); a datastore one of its storage
+/// classes targets, or none (the template's); and a folder in or under one of its
+/// `vsphere.vmFolders`, or none (the VM folder). The answer names the field.
 pub fn placement_refusal(
+    spec: &VSphereMachineSpec,
+    capabilities: &ProviderCapabilities,
+) -> Option<String> {
+    cluster_refusal(
+        &spec.datacenter,
+        &spec.cluster,
+        capabilities.vsphere.as_ref(),
+    )
+    .or_else(|| datastore_refusal(spec.datastore.as_deref(), &capabilities.storage_classes))
+    .or_else(|| folder_refusal(spec.folder.as_deref(), capabilities.vsphere.as_ref()))
+}
+
+fn cluster_refusal(
     datacenter: &str,
     cluster: &str,
     capabilities: Option<&VSphereCapabilities>,
@@ -210,13 +242,77 @@ pub fn placement_refusal(
         format!(
             "spec.datacenter {datacenter} and spec.cluster {cluster} are not a cluster the \
              Provider declares (spec.capabilities.vsphere.datacenters: {})",
-            if names.is_empty() {
-                "none".to_owned()
-            } else {
-                names.join(", ")
-            }
+            listing(&names)
         )
     })
+}
+
+fn datastore_refusal(
+    datastore: Option<&str>,
+    storage_classes: &[StorageClassMapping],
+) -> Option<String> {
+    let datastore = datastore?;
+    let mut declared: Vec<&str> = storage_classes
+        .iter()
+        .map(|c| c.target.pool.as_str())
+        .collect();
+    declared.sort_unstable();
+    declared.dedup();
+    (!declared.contains(&datastore)).then(|| {
+        format!(
+            "spec.datastore {datastore} is not a datastore the Provider declares \
+             (spec.capabilities.storageClasses: {})",
+            listing(&declared)
+        )
+    })
+}
+
+fn folder_refusal(
+    folder: Option<&str>,
+    capabilities: Option<&VSphereCapabilities>,
+) -> Option<String> {
+    let folder = folder?;
+    let declared = capabilities
+        .map(|c| c.vm_folders.as_slice())
+        .unwrap_or_default();
+    // An empty path is the VM folder itself, as when unset.
+    let inside = match folder_components(folder) {
+        Some(path) if path.is_empty() => true,
+        Some(path) => declared
+            .iter()
+            .any(|d| folder_components(d).is_some_and(|d| !d.is_empty() && path.starts_with(&d))),
+        None => false,
+    };
+    (!inside).then(|| {
+        format!(
+            "spec.folder {folder} is not a VM folder the Provider declares, nor under one \
+             (spec.capabilities.vsphere.vmFolders: {})",
+            listing(declared)
+        )
+    })
+}
+
+/// The components of a folder path under a VM folder, leading and trailing `/` aside; `None`
+/// when one is empty, `.` or `..`, which name no folder of their own.
+fn folder_components(path: &str) -> Option<Vec<&str>> {
+    let path = path.trim_matches('/');
+    if path.is_empty() {
+        return Some(Vec::new());
+    }
+    let components: Vec<&str> = path.split('/').collect();
+    components
+        .iter()
+        .all(|c| !c.is_empty() && *c != "." && *c != "..")
+        .then_some(components)
+}
+
+/// Declared names for a refusal's message: comma-separated, `none` when there are none.
+fn listing<S: std::borrow::Borrow<str>>(names: &[S]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
 }
 
 /// One declared datacenter.
@@ -386,27 +482,174 @@ mod tests {
 
     use super::*;
 
+    /// A Provider declaring cluster DC0/C0, datastores LocalDS_0 and LocalDS_1 and the VM
+    /// folder `banlieue/sandboxes`.
+    fn declared() -> ProviderCapabilities {
+        let class = |name: &str, pool: &str| StorageClassMapping {
+            name: name.into(),
+            target: crate::provider::StorageTarget { pool: pool.into() },
+        };
+        ProviderCapabilities {
+            storage_classes: vec![
+                class("fast", "LocalDS_1"),
+                class("standard", "LocalDS_0"),
+                class("cheap", "LocalDS_0"),
+            ],
+            vsphere: Some(VSphereCapabilities {
+                datacenters: vec![VSphereDatacenter {
+                    name: "DC0".into(),
+                    clusters: vec!["C0".into()],
+                }],
+                template_folders: Vec::new(),
+                vm_folders: vec!["banlieue/sandboxes".into()],
+            }),
+            ..ProviderCapabilities::default()
+        }
+    }
+
+    /// A machine in DC0/C0 with neither datastore nor folder.
+    fn machine() -> VSphereMachineSpec {
+        VSphereMachineSpec {
+            provider_ref: LocalObjectReference::new("vc"),
+            datacenter: "DC0".into(),
+            cluster: "C0".into(),
+            template: "DC0/vm/templates/ubuntu".into(),
+            folder: None,
+            datastore: None,
+            cpu: 1,
+            memory: Quantity("1Gi".into()),
+            user_data: None,
+            user_data_secret_ref: None,
+            tpm_enabled: false,
+            secure_boot: false,
+            standby: None,
+        }
+    }
+
     #[test]
     fn only_declared_clusters_take_machines() {
-        let caps = VSphereCapabilities {
-            datacenters: vec![VSphereDatacenter {
-                name: "DC0".into(),
-                clusters: vec!["C0".into()],
-            }],
-            template_folders: Vec::new(),
+        let caps = declared();
+        assert_eq!(placement_refusal(&machine(), &caps), None);
+        let mgmt = VSphereMachineSpec {
+            cluster: "mgmt".into(),
+            ..machine()
         };
-        assert_eq!(placement_refusal("DC0", "C0", Some(&caps)), None);
         assert_eq!(
-            placement_refusal("DC0", "mgmt", Some(&caps)).as_deref(),
+            placement_refusal(&mgmt, &caps).as_deref(),
             Some(
                 "spec.datacenter DC0 and spec.cluster mgmt are not a cluster the Provider \
                  declares (spec.capabilities.vsphere.datacenters: DC0/C0)"
             )
         );
-        assert!(placement_refusal("DC1", "C0", Some(&caps)).is_some());
+        let dc1 = VSphereMachineSpec {
+            datacenter: "DC1".into(),
+            ..machine()
+        };
+        assert!(placement_refusal(&dc1, &caps).is_some());
+        let none = ProviderCapabilities {
+            vsphere: None,
+            ..declared()
+        };
         assert!(
-            placement_refusal("DC0", "C0", None).is_some_and(|m| m.ends_with("datacenters: none)"))
+            placement_refusal(&machine(), &none).is_some_and(|m| m.ends_with("datacenters: none)"))
         );
+    }
+
+    #[test]
+    fn only_declared_datastores_take_machines() {
+        let caps = declared();
+        let on = |ds: &str| VSphereMachineSpec {
+            datastore: Some(ds.into()),
+            ..machine()
+        };
+        assert_eq!(placement_refusal(&on("LocalDS_0"), &caps), None);
+        assert_eq!(placement_refusal(&on("LocalDS_1"), &caps), None);
+        assert_eq!(
+            placement_refusal(&on("SharedDS"), &caps).as_deref(),
+            Some(
+                "spec.datastore SharedDS is not a datastore the Provider declares \
+                 (spec.capabilities.storageClasses: LocalDS_0, LocalDS_1)"
+            )
+        );
+        // A storage class's name is no datastore.
+        assert!(placement_refusal(&on("standard"), &caps).is_some());
+        let no_classes = ProviderCapabilities {
+            storage_classes: Vec::new(),
+            ..declared()
+        };
+        assert!(
+            placement_refusal(&on("LocalDS_0"), &no_classes)
+                .is_some_and(|m| m.ends_with("storageClasses: none)"))
+        );
+        // Unset: the template's datastore, whatever is declared.
+        assert_eq!(placement_refusal(&machine(), &no_classes), None);
+    }
+
+    #[test]
+    fn only_declared_folders_take_machines() {
+        let caps = declared();
+        let into = |folder: &str| VSphereMachineSpec {
+            folder: Some(folder.into()),
+            ..machine()
+        };
+        for inside in [
+            "banlieue/sandboxes",
+            "/banlieue/sandboxes/",
+            "banlieue/sandboxes/alice",
+            "banlieue/sandboxes/alice/web",
+            // The VM folder itself, as when unset.
+            "/",
+        ] {
+            assert_eq!(placement_refusal(&into(inside), &caps), None, "{inside}");
+        }
+        for outside in [
+            "banlieue",
+            "banlieue/sandboxes-evil",
+            "banlieue/sandboxesx/a",
+            "banlieue/sandboxes/../prod",
+            "banlieue/sandboxes/./a",
+            "banlieue//sandboxes",
+            "banlieue/sandboxes//a",
+            "Banlieue/sandboxes",
+            "prod",
+        ] {
+            let why = placement_refusal(&into(outside), &caps).expect(outside);
+            assert!(
+                why.starts_with(&format!("spec.folder {outside} is not a VM folder"))
+                    && why.ends_with("(spec.capabilities.vsphere.vmFolders: banlieue/sandboxes)"),
+                "{why}"
+            );
+        }
+        // With none declared, only the VM folder itself.
+        let none = ProviderCapabilities {
+            vsphere: Some(VSphereCapabilities {
+                vm_folders: Vec::new(),
+                ..declared().vsphere.expect("vsphere")
+            }),
+            ..declared()
+        };
+        assert_eq!(placement_refusal(&machine(), &none), None);
+        assert_eq!(placement_refusal(&into("/"), &none), None);
+        assert!(
+            placement_refusal(&into("banlieue/sandboxes"), &none)
+                .is_some_and(|m| m.ends_with("vmFolders: none)"))
+        );
+        // A declared folder that names no folder of its own declares nothing.
+        for nothing in ["/", "a/../banlieue", "banlieue//sandboxes"] {
+            let odd = ProviderCapabilities {
+                vsphere: Some(VSphereCapabilities {
+                    vm_folders: vec![nothing.into()],
+                    ..declared().vsphere.expect("vsphere")
+                }),
+                ..declared()
+            };
+            for folder in ["banlieue/sandboxes", "a", "banlieue"] {
+                assert!(
+                    placement_refusal(&into(folder), &odd).is_some(),
+                    "{nothing} declares {folder}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -132,6 +132,7 @@ mod tests {
                     },
                 ],
                 template_folders: Vec::new(),
+                vm_folders: Vec::new(),
             }),
             resume_reserve: None,
             save_storage: None,

@@ -311,6 +311,51 @@ impl Env {
     fn vm_name(&self, machine: &str) -> String {
         format!("{}-{machine}", self.ns)
     }
+
+    /// `tenant` writes `name`, a copy of web-01 placed as `place` says, which the provider
+    /// refuses as `PlacementNotDeclared` having cloned nothing; the answer is the refusal's
+    /// message, and the machine is deleted.
+    async fn placement_refused(
+        &self,
+        tenant: &kube::Client,
+        name: &str,
+        place: impl FnOnce(&mut VSphereMachineSpec),
+    ) -> String {
+        let mut machine = self.machines().get("web-01").await.expect("get");
+        machine.metadata = kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        machine.status = None;
+        machine.spec.user_data = None;
+        place(&mut machine.spec);
+        Api::<VSphereMachine>::namespaced(tenant.clone(), &self.ns)
+            .create(&PostParams::default(), &machine)
+            .await
+            .expect("the tenant's machine");
+        let refused = self
+            .machine_until(name, "the machine refused", |m| {
+                condition(m, types::READY).is_some_and(|c| {
+                    c.reason == banlieue_api::vsphere::reasons::PLACEMENT_NOT_DECLARED
+                })
+            })
+            .await;
+        let message = condition(&refused, types::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let vc = self.vsphere().await;
+        assert_eq!(
+            vc.vm_by_name(&self.vm_name(name)).await.expect("find"),
+            None,
+            "{name} was cloned"
+        );
+        let _ = vc.logout().await;
+        self.machines()
+            .delete(name, &Default::default())
+            .await
+            .expect("delete");
+        message
+    }
 }
 
 fn condition<'a>(m: &'a VSphereMachine, type_: &str) -> Option<&'a conditions::Condition> {
@@ -318,6 +363,10 @@ fn condition<'a>(m: &'a VSphereMachine, type_: &str) -> Option<&'a conditions::C
         .as_ref()
         .and_then(|s| conditions::find(&s.contract.conditions, type_))
 }
+
+/// The VM folder every Provider here declares. vcsim has no such folder, so no machine here
+/// is placed in it.
+const SANDBOXES: &str = "banlieue/sandboxes";
 
 /// The template every clone here starts from, and a VM beside it that is no template.
 const TEMPLATE: &str = "DC0/vm/DC0_C0_RP0_VM0";
@@ -377,6 +426,7 @@ fn declared(datacenters: &[(&str, &[&str])]) -> VSphereCapabilities {
             .collect(),
         // vcsim's VMs are all in DC0/vm; `setup` makes DC0_C0_RP0_VM0 the one template.
         template_folders: vec!["DC0/vm".into()],
+        vm_folders: vec![SANDBOXES.into()],
     }
 }
 
@@ -597,48 +647,38 @@ async fn a_machine_is_cloned_into_its_cluster_reports_its_guest_and_is_destroyed
         .expect("delete");
     // bob names a cluster vCenter has but the Provider did not declare (DC0_C0, beside the
     // declared DC0_C1): refused naming the fields, and nothing cloned.
-    let mut elsewhere = env.machines().get("web-01").await.expect("get");
-    elsewhere.metadata = kube::api::ObjectMeta {
-        name: Some("elsewhere".into()),
-        ..Default::default()
-    };
-    elsewhere.status = None;
-    elsewhere.spec.cluster = "DC0_C0".into();
-    elsewhere.spec.user_data = None;
-    Api::<VSphereMachine>::namespaced(bob.clone(), &env.ns)
-        .create(&PostParams::default(), &elsewhere)
-        .await
-        .expect("bob's machine");
-    let refused = env
-        .machine_until("elsewhere", "the machine refused", |m| {
-            m.status.as_ref().is_some_and(|s| {
-                conditions::find(&s.contract.conditions, types::READY).is_some_and(|c| {
-                    c.reason == banlieue_api::vsphere::reasons::PLACEMENT_NOT_DECLARED
-                })
-            })
-        })
+    let message = env
+        .placement_refused(&bob, "elsewhere", |spec| spec.cluster = "DC0_C0".into())
         .await;
-    let message = conditions::find(
-        &refused.status.expect("status").contract.conditions,
-        types::READY,
-    )
-    .map(|c| c.message.clone())
-    .unwrap_or_default();
     assert!(
         message.contains("spec.cluster DC0_C0 are not a cluster the Provider declares")
             && message.contains("DC0/DC0_C1"),
         "{message}"
     );
-    assert_eq!(
-        vc.find_by_inventory_path(&format!("DC0/vm/{}", env.vm_name("elsewhere")))
-            .await
-            .expect("find"),
-        None
+    // A datastore no storage class of the Provider targets (vcsim has none such: refused
+    // rather than not found, so vCenter was not asked).
+    let message = env
+        .placement_refused(&bob, "other-datastore", |spec| {
+            spec.datastore = Some("TenantDS".into());
+        })
+        .await;
+    assert!(
+        message.starts_with("spec.datastore TenantDS is not a datastore the Provider declares")
+            && message.contains("LocalDS_0"),
+        "{message}"
     );
-    env.machines()
-        .delete("elsewhere", &Default::default())
-        .await
-        .expect("delete");
+    // A folder beside the declared one, sharing its name as a prefix.
+    let evil = format!("{SANDBOXES}-evil");
+    let message = env
+        .placement_refused(&bob, "other-folder", |spec| {
+            spec.folder = Some(evil.clone())
+        })
+        .await;
+    assert!(
+        message.starts_with(&format!("spec.folder {evil} is not a VM folder"))
+            && message.contains(SANDBOXES),
+        "{message}"
+    );
     let b64 = base64::engine::general_purpose::STANDARD;
     assert_eq!(
         info.extra_config.get("guestinfo.userdata"),

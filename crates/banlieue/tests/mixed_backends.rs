@@ -453,6 +453,7 @@ async fn register_vsphere(admin: &Client, vcsim: &Vcsim) -> Result<(), BoxError>
                         clusters: vec!["DC0_C0".into()],
                     }],
                     template_folders: vec!["DC0/vm".into()],
+                    vm_folders: Vec::new(),
                 }),
                 ..ProviderCapabilities::default()
             },

@@ -265,18 +265,14 @@ async fn clone(
             message: format!("{what} does not exist in vCenter"),
         })
     };
-    // Whoever writes the machine names its cluster: it must be one the Provider declared,
-    // before vCenter is asked anything.
+    // Whoever writes the machine names its cluster, datastore and folder: each must be one
+    // the Provider declared, before vCenter is asked anything about them.
     let providers: Api<Provider> = Api::namespaced(ctx.kube.clone(), &ctx.cfg.namespace);
     let provider = providers
         .get(&ctx.cfg.provider)
         .await
         .map_err(Error::kube(format!("read Provider {}", ctx.cfg.provider)))?;
-    if let Some(why) = vsphere::placement_refusal(
-        &spec.datacenter,
-        &spec.cluster,
-        provider.spec.capabilities.vsphere.as_ref(),
-    ) {
+    if let Some(why) = vsphere::placement_refusal(spec, &provider.spec.capabilities) {
         return Err(Error::Core(Core::Invalid {
             reason: vsphere::reasons::PLACEMENT_NOT_DECLARED,
             message: why,
