@@ -430,10 +430,11 @@ async fn the_controller_grants_providers_only_the_fixed_roles_and_only_where_ena
         .await
         .expect("the controller creates the provider's ServiceAccount");
 
-    // A Role with rules it does not hold (Secrets): refused, there is no `escalate`.
+    // A Role with rules it does not hold (listing Secrets; it may only get them, to grant a
+    // provider its own by name): refused, there is no `escalate`.
     let secrets_role: Role = serde_json::from_value(json!({
         "metadata": { "name": "banlieue-provider-edge", "namespace": ns },
-        "rules": [{ "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"] }]
+        "rules": [{ "apiGroups": [""], "resources": ["secrets"], "verbs": ["list"] }]
     }))
     .unwrap();
     let (code, message) = refusal(
@@ -466,7 +467,16 @@ async fn the_controller_grants_providers_only_the_fixed_roles_and_only_where_ena
         .expect("the controller binds banlieue-provider-base (bind by name)");
     let user = format!("system:serviceaccount:{ns}:banlieue-provider-edge");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !allowed(&admin, &user, "get", "", "secrets", &ns).await {
+    while !allowed(
+        &admin,
+        &user,
+        "watch",
+        "banlieue.io",
+        "libvirtmachines",
+        &ns,
+    )
+    .await
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the binding never took effect"
@@ -505,7 +515,7 @@ fn provider_binding(ns: &str) -> RoleBinding {
 }
 
 #[tokio::test]
-async fn the_provider_base_role_realises_machines_and_reads_secrets_by_name_only() {
+async fn the_provider_base_role_realises_machines_and_reads_no_secret() {
     let cp = control_plane().await;
     let admin = cp.client().expect("admin");
     let ns = cp.fresh_namespace().await.expect("namespace");
@@ -552,11 +562,11 @@ async fn the_provider_base_role_realises_machines_and_reads_secrets_by_name_only
         ("update", b, "libvirtmachines/finalizers", true),
         ("create", b, "libvirtmachines", false),
         ("delete", b, "libvirtmachines", false),
-        // Secrets and ConfigMaps by name; never listed or watched.
-        ("get", "", "secrets", true),
+        // No Secret or ConfigMap: those it reads come by name from its own Role.
+        ("get", "", "secrets", false),
         ("list", "", "secrets", false),
         ("watch", "", "secrets", false),
-        ("get", "", "configmaps", true),
+        ("get", "", "configmaps", false),
         ("watch", "", "configmaps", false),
         ("create", "", "secrets", false),
         ("create", "", "events", true),

@@ -395,14 +395,25 @@ fn pinned(job: &Job, c: &Cluster) -> serde_json::Value {
         "volumes": pod.volumes,
     }))
     .expect("json");
-    // The revision hashes the source, whose class is named after the fresh namespace.
+    // The revision hashes the source, whose class is named after the fresh namespace, and the
+    // volume's id hashes that namespace too: `<image>-<revision>-<id>.raw`.
     let args = pod.containers[0].args.clone().unwrap_or_default();
-    let revision = args
-        .iter()
-        .skip_while(|a| *a != "--revision")
-        .nth(1)
-        .expect("--revision");
+    let arg = |name: &str| {
+        args.iter()
+            .skip_while(|a| *a != name)
+            .nth(1)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let revision = arg("--revision");
+    let volume = arg("--volume");
+    let id = volume
+        .strip_suffix(".raw")
+        .and_then(|v| v.rsplit_once('-'))
+        .map(|(_, id)| id.to_owned())
+        .expect("a volume id");
     let text = text
+        .replace(&format!("-{id}.raw"), "-[id].raw")
         .replace(revision.as_str(), "[revision]")
         .replace(&c.build_ns, "[build-namespace]")
         .replace(&c.ns, "[provider-namespace]");

@@ -1241,15 +1241,7 @@ async fn secrets_by_name(admin: &kube::Client, as_provider: &kube::Client, ns: &
     for machine in ["m-user-data", "m-credentials"] {
         machines.delete(machine, &DeleteParams::default()).await?;
     }
-    poll::until("the machines gone", Duration::from_secs(60), || async {
-        Ok(machines
-            .list(&Default::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    common::none_left(&machines, "the machines gone", 60).await?;
     Api::<Provider>::namespaced(admin.clone(), ns)
         .delete("core", &DeleteParams::default())
         .await?;

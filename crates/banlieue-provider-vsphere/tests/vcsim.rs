@@ -154,7 +154,7 @@ async fn setup(declared: VSphereCapabilities, password: Option<&str>) -> Option<
 }
 
 /// What the operator makes for a Provider's workload, bound to the shipped roles: the
-/// ServiceAccount, the Role on its own Provider, banlieue-provider-base and
+/// ServiceAccount, the Role on its own Provider and connection, banlieue-provider-base and
 /// banlieue-provider-class-vsphere in the Provider's namespace. Admin plays the operator.
 async fn identity(cp: &ControlPlane, admin: &kube::Client, ns: &str) -> Result<kube::Client> {
     let account = format!("banlieue-provider-{PROVIDER}");
@@ -169,6 +169,12 @@ async fn identity(cp: &ControlPlane, admin: &kube::Client, ns: &str) -> Result<k
               "verbs": ["get", "list", "watch"], "resourceNames": [PROVIDER] },
             { "apiGroups": ["banlieue.io"], "resources": ["providers/status"],
               "verbs": ["patch"], "resourceNames": [PROVIDER] },
+            // Its connection's Secret and ConfigMap, by name (no machine here names
+            // user-data by reference).
+            { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+              "resourceNames": ["vc-creds"] },
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+              "resourceNames": ["vc-ca"] },
         ],
     }))?;
     Api::<Role>::namespaced(admin.clone(), ns)
