@@ -110,3 +110,19 @@ pub(super) fn saved_domain() -> Observed {
         standby: StandbySight::Saved,
     }
 }
+
+/// A ready machine whose domain was saved (its status written at second 20), now asked to run
+/// again by a new spec (generation 3).
+pub(super) fn saved_then_asked_to_run() -> LibvirtMachine {
+    let mut m = ready_machine(Some(Standby::Saved));
+    m.status = Some(status_after(
+        &m,
+        "banlieue-system",
+        "edge-7",
+        &Ok(saved_domain()),
+        at(20),
+    ));
+    m.spec.standby = Some(Standby::Running);
+    m.metadata.generation = Some(3);
+    m
+}

@@ -141,22 +141,15 @@ pub(super) fn reports_standby(machine: &LibvirtMachine, old: &LibvirtMachineStat
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{at, condition, immediate, machine, ready_machine, saved_domain};
+    use super::super::fixtures::{
+        at, condition, immediate, machine, ready_machine, saved_domain, saved_then_asked_to_run,
+    };
     use super::super::status::status_after;
     use super::*;
 
     #[test]
     fn a_restore_that_failed_is_reported_once_and_not_booted_afresh_for_the_same_spec() {
-        let mut m = ready_machine(Some(Standby::Saved));
-        m.status = Some(status_after(
-            &m,
-            "banlieue-system",
-            "edge-7",
-            &Ok(saved_domain()),
-            at(20),
-        ));
-        m.spec.standby = Some(Standby::Running);
-        m.metadata.generation = Some(3);
+        let m = saved_then_asked_to_run();
         // A shut-off domain with its image, asked to run: restored.
         assert_eq!(standby_act(&m, false, true, true), StandbyAct::Restore);
         let failed = restore_failed(

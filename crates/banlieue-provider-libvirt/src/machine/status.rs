@@ -230,6 +230,7 @@ pub fn condition_for(e: &Error, generation: Option<i64>) -> Condition {
 mod tests {
     use super::super::fixtures::{
         UUID, at, condition, immediate, machine, ready_machine, running, saved_domain,
+        saved_then_asked_to_run,
     };
     use super::super::standby::{StandbyAct, standby_act, started};
     use super::super::targets::volume_missing;
@@ -387,16 +388,7 @@ mod tests {
 
     #[test]
     fn a_restored_machine_runs_and_says_whether_its_clock_was_set() {
-        let mut m = ready_machine(Some(Standby::Saved));
-        m.status = Some(status_after(
-            &m,
-            "banlieue-system",
-            "edge-7",
-            &Ok(saved_domain()),
-            at(20),
-        ));
-        m.spec.standby = Some(Standby::Running);
-        m.metadata.generation = Some(3);
+        let m = saved_then_asked_to_run();
         let restored = |clock: std::result::Result<(), String>| Observed {
             standby: StandbySight::Restored { clock },
             ..running()
