@@ -95,6 +95,10 @@ pub struct Descriptor {
     pub workload: BackendWorkload,
     /// The CRDs of its machine kind (and of anything else it serves).
     pub crds: fn() -> Vec<CustomResourceDefinition>,
+    /// The ClusterRole the install ships for its ProviderClasses to bind, as YAML, if any:
+    /// `banlieue manifests` copies it to `deploy/rbac/provider-class-<name>-clusterrole.yaml`,
+    /// which every installer applies.
+    pub class_role_manifest: Option<&'static str>,
     /// Starts its reconcilers for one Provider.
     pub run: Run,
 }

@@ -25,6 +25,7 @@ pub fn descriptor_forcing(domain_type: Option<DomainType>) -> Descriptor {
         machine: banlieue_api::machine::libvirt_machine_backend(),
         workload: banlieue_api::machine::libvirt_workload(),
         crds: || vec![banlieue_api::machine::libvirt_machine_crd()],
+        class_role_manifest: Some(include_str!("../class-clusterrole.yaml")),
         run: Arc::new(move |workload| tasks(workload, domain_type)),
     }
 }

@@ -17,6 +17,7 @@ pub fn descriptor() -> Descriptor {
         machine: banlieue_api::vsphere::machine_backend(),
         workload: banlieue_api::vsphere::workload(),
         crds: || vec![banlieue_api::vsphere::crd()],
+        class_role_manifest: Some(include_str!("../class-clusterrole.yaml")),
         run: Arc::new(tasks),
     }
 }

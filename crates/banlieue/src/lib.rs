@@ -11,6 +11,7 @@ pub mod cidata;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
 pub mod login;
+pub mod manifests;
 pub mod observe;
 pub mod roles;
 pub mod supported_kubernetes;

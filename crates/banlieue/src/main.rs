@@ -44,6 +44,16 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Write what deploy/ holds because of this build's backends: each CRD's file, each
+    /// backend's class ClusterRole, and the generated lists in the other manifests.
+    Manifests {
+        /// The directory the kustomize base is in.
+        #[arg(default_value = "deploy", value_name = "DIR")]
+        deploy: PathBuf,
+        /// Write nothing; fail when a file differs from what would be written.
+        #[arg(long)]
+        check: bool,
+    },
     /// Apply the namespaces, CRDs, RBAC and the controller and image builder Deployments to the
     /// current kubeconfig.
     ///
@@ -381,6 +391,40 @@ fn crds(out: Option<PathBuf>) -> Result<(), BoxError> {
     Ok(())
 }
 
+fn manifests(deploy: PathBuf, check: bool) -> Result<(), BoxError> {
+    let hand_written = banlieue::manifests::manifest_paths(&deploy);
+    if hand_written.is_empty() {
+        return Err(format!("{} holds no manifests", deploy.display()).into());
+    }
+    let wanted = banlieue::manifests::wanted(&hand_written, |path| {
+        std::fs::read_to_string(deploy.join(path)).ok()
+    })?;
+    let mut stale = Vec::new();
+    for file in wanted {
+        let path = deploy.join(&file.path);
+        if std::fs::read_to_string(&path).ok().as_ref() == Some(&file.text) {
+            continue;
+        }
+        if check {
+            stale.push(path.display().to_string());
+            continue;
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, file.text)?;
+        println!("wrote {}", path.display());
+    }
+    if !stale.is_empty() {
+        return Err(format!(
+            "differ from the backends (run `banlieue manifests`): {}",
+            stale.join(", ")
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     observe::init_tracing(cli.log.log_format);
@@ -388,6 +432,7 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller(args),
         Command::Provider(command) => provider(command),
         Command::Crds { out } => crds(out),
+        Command::Manifests { deploy, check } => manifests(deploy, check),
         Command::Bootstrap {
             image,
             without_admission,
