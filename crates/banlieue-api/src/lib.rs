@@ -7,6 +7,7 @@
 // A product function stays under clippy.toml's line limit (tests may be longer).
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
+pub mod access;
 pub mod artifacts;
 pub mod backend;
 pub mod common;

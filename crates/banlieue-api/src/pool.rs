@@ -233,6 +233,10 @@ pub struct VirtualMachineClaimSpec {
     /// then the claim. At most ten years: a larger number is a mistake, not a deadline.
     #[schemars(range(min = 1, max = MAX_TTL_SECONDS))]
     pub ttl_seconds: i64,
+    /// The subject's public keys and login, installed in the member's guest after the bind
+    /// (`AccessReady`). Omitted: the claim binds as before and nothing is installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::ClaimAccess>,
 }
 
 /// The identity a member is handed to. Recorded and mirrored, never interpreted.

@@ -556,3 +556,105 @@ async fn an_event_quoting_a_huge_error_is_still_published_bounded() {
     assert!(stored.len() <= conditions::MAX_EVENT_NOTE_BYTES);
     assert!(stored.ends_with(conditions::TRUNCATION_MARKER), "{stored}");
 }
+
+/// An ed25519 public key line: its blob is the type and 32 key bytes (any 32 bytes are a
+/// well-formed key; nothing holds a private half).
+fn ed25519_key(fill: u8, comment: &str) -> String {
+    use base64::Engine;
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&11u32.to_be_bytes());
+    blob.extend_from_slice(b"ssh-ed25519");
+    blob.extend_from_slice(&32u32.to_be_bytes());
+    blob.extend_from_slice(&[fill; 32]);
+    let key = base64::engine::general_purpose::STANDARD.encode(&blob);
+    format!("ssh-ed25519 {key} {comment}")
+}
+
+#[tokio::test]
+async fn a_claims_access_is_public_keys_for_one_posix_login() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let api = claims(&cp.client().expect("client"), &ns);
+    let with_access = |name: &str, access: Value| {
+        let mut object = claim(name, "https://issuer.example.com", "alice");
+        object["spec"]["access"] = access;
+        object
+    };
+
+    // A malformed entry is refused with its index, whatever else the list holds.
+    for (bad, what) in [
+        ("ssh-dss AAAAB3NzaC1kc3M=", "a refused key type"),
+        ("ssh-ed25519 not*base64", "not base64"),
+        ("command=\"id\" ssh-ed25519 AAAA", "options before the key"),
+        (
+            "ssh-ed25519 AAAA one\nssh-rsa AAAA two",
+            "two keys in one entry",
+        ),
+    ] {
+        let access = json!({ "sshAuthorizedKeys": [ed25519_key(1, "laptop"), bad] });
+        let (code, message) = refusal(create(&api, with_access("bad-key", access)).await);
+        assert_eq!(code, 422, "{what}: {message}");
+        assert!(
+            message.contains("spec.access.sshAuthorizedKeys[1]: Invalid value")
+                && !message.contains("sshAuthorizedKeys[0]"),
+            "{what}: {message}"
+        );
+    }
+
+    // Bounded: seventeen keys, or one longer than a key can be, are refused.
+    let many: Vec<String> = (0..17).map(|i| ed25519_key(i, "k")).collect();
+    let (code, message) = refusal(
+        create(
+            &api,
+            with_access("many", json!({ "sshAuthorizedKeys": many })),
+        )
+        .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("must have at most 16 items"), "{message}");
+    let long = format!("{}{}", ed25519_key(1, ""), "x".repeat(8192));
+    let (code, message) = refusal(
+        create(
+            &api,
+            with_access("long", json!({ "sshAuthorizedKeys": [long] })),
+        )
+        .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("Too long"), "{message}");
+
+    // The login is a POSIX user name.
+    for user in ["Alice", "1alice", "al ice", "a".repeat(33).as_str(), ""] {
+        let access = json!({ "sshAuthorizedKeys": [ed25519_key(1, "k")], "user": user });
+        let (code, message) = refusal(create(&api, with_access("bad-user", access)).await);
+        assert_eq!(code, 422, "{user:?}: {message}");
+        assert!(message.contains("spec.access.user"), "{user:?}: {message}");
+    }
+
+    // Good keys and a login are kept as written; the spec, access included, cannot change.
+    let keys = [ed25519_key(1, "alice@laptop"), ed25519_key(2, "")];
+    let access = json!({ "sshAuthorizedKeys": keys, "user": "alice_2" });
+    let created = create(&api, with_access("ok", access))
+        .await
+        .expect("well-formed access is accepted");
+    assert_eq!(
+        created.data["spec"]["access"]["sshAuthorizedKeys"][0],
+        keys[0]
+    );
+    let error = api
+        .patch(
+            "ok",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "access": { "sshAuthorizedKeys": [ed25519_key(9, "mallory")] } } })),
+        )
+        .await
+        .expect_err("access is immutable");
+    let (code, message) = refusal(Err::<DynamicObject, _>(error));
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("spec is immutable"), "{message}");
+
+    // A claim without access is accepted as before.
+    create(&api, claim("plain", "https://issuer.example.com", "alice"))
+        .await
+        .expect("a claim without access");
+}

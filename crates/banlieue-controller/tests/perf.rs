@@ -218,6 +218,7 @@ fn claim_object(name: &str) -> VirtualMachineClaim {
                 id: format!("subject-{name}"),
             },
             ttl_seconds: 3600,
+            access: None,
         },
     )
 }

@@ -425,6 +425,7 @@ pub fn claim() -> VirtualMachineClaim {
                 id: CLAIMANT.into(),
             },
             ttl_seconds: 3600,
+            access: None,
         },
     );
     claim.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

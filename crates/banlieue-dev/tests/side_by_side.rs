@@ -356,6 +356,7 @@ impl ClaimSystem for Banlieue {
                     id: format!("subject-{name}"),
                 },
                 ttl_seconds: 3600,
+                access: None,
             },
         );
         serde_json::from_value(serde_json::to_value(claim).expect("a claim serialises"))
