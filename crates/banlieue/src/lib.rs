@@ -8,6 +8,7 @@ pub mod artifacts_volume;
 pub mod backends;
 pub mod bootstrap;
 pub mod cidata;
+pub mod claim_cli;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
 pub mod login;

@@ -38,6 +38,9 @@ enum Command {
     Controller(ControllerArgs),
     /// Provider roles: `banlieue provider <backend> run`.
     Provider(ProviderCommand),
+    /// A consumer's claims: `create POOL --ttl 1h --ssh-key ~/.ssh/id_ed25519.pub --wait`,
+    /// `list`, `release NAME`. As the kubeconfig's user, in its context's namespace or `-n`.
+    Claim(banlieue::claim_cli::ClaimCommand),
     /// Print every CustomResourceDefinition as YAML, or write one file per CRD.
     Crds {
         /// Write `<name>.yaml` files into this directory instead of printing.
@@ -432,6 +435,11 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller(args),
         Command::Provider(command) => provider(command),
         Command::Crds { out } => crds(out),
+        Command::Claim(command) => block_on(async {
+            banlieue::claim_cli::run(command)
+                .await
+                .map_err(BoxError::from)
+        }),
         Command::Manifests { deploy, check } => manifests(deploy, check),
         Command::Bootstrap {
             image,

@@ -56,10 +56,17 @@ const BACKING_VOLUME: &str = "ubuntu-24.04-server-cloudimg-amd64.qcow2";
 const PROVIDER_GUIDE: &str = "docs/guides/libvirt-provider.md";
 const CLAIMS_GUIDE: &str = "docs/guides/claims.md";
 /// Guide commands that cannot run here, and why.
-const NOT_RUN_HERE: &[(&str, &str)] = &[(
-    "kubectl -n banlieue-system edit configmap banlieue-claim-subject-policy",
-    "opens an editor; the policy ConfigMap of deploy/admission/ already names the examples' issuer",
-)];
+const NOT_RUN_HERE: &[(&str, &str)] = &[
+    (
+        "kubectl -n banlieue-system edit configmap banlieue-claim-subject-policy",
+        "opens an editor; the policy ConfigMap of deploy/admission/ already names the examples' issuer",
+    ),
+    (
+        "banlieue claim ",
+        "the guide's commands run here as the cluster's administrator, and a claim is its \
+         subject's own: tests/claim_cli.rs runs these as the claimant, with her own kubeconfig",
+    ),
+];
 /// The VMImage of examples/10 and the build namespace its import Jobs run in.
 const URL_IMAGE: &str = "kairos-ubuntu-2404";
 const BUILD_NS: &str = "banlieue-imagebuild";
