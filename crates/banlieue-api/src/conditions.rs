@@ -30,6 +30,9 @@ pub mod types {
     /// VirtualMachineClaim of a `standby: Saved` pool: its member runs again (restored, the
     /// guest's clock set, its addresses read again). `status.addresses` is filled only then.
     pub const RESUMED: &str = "Resumed";
+    /// VirtualMachineClaim with `spec.access`, its VirtualMachine and machine: the subject's
+    /// keys are installed in the guest, for the login `status.loginUser` names.
+    pub const ACCESS_READY: &str = "AccessReady";
 }
 
 /// Condition reasons. A reason is CamelCase and stable; the message carries the detail.
@@ -130,6 +133,16 @@ pub mod reasons {
     pub const MEMBER_DELETED: &str = "MemberDeleted";
     pub const EXPIRED: &str = "Expired";
     pub const RELEASING: &str = "Releasing";
+    /// AccessReady=True: the guest installed the subject's keys.
+    pub const ACCESS_INSTALLED: &str = "AccessInstalled";
+    /// AccessReady=False: the keys are on their way (the guest not ready yet, its agent not
+    /// answering, or its layer still installing them); retried.
+    pub const ACCESS_PENDING: &str = "AccessPending";
+    /// AccessReady=False: the guest's layer refused the keys or could not install them (its
+    /// reason in the message); final for the claim, whose member is single-use.
+    pub const ACCESS_REFUSED: &str = "AccessRefused";
+    /// AccessReady=False: the member's backend does not deliver access.
+    pub const ACCESS_NOT_SUPPORTED: &str = "AccessNotSupported";
     /// Resumed=False: the bound member is saved, or its provider has not yet restored it.
     pub const RESUMING: &str = "Resuming";
     /// Resumed=True.

@@ -68,6 +68,11 @@ pub struct VirtualMachineSpec {
     /// reached its pool's readiness.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
+    /// Keys to install in the guest once it is ready: a claim's `spec.access`, which the
+    /// controller writes here when it binds the member (never on a pool's template: a member
+    /// holds no consumer's key before its bind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::ClaimAccess>,
 }
 
 /// Observed state of a VirtualMachine.
@@ -111,6 +116,12 @@ pub struct VirtualMachineStatus {
     /// (ADR-0073).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
+    /// The guest's SSH host public keys (`TYPE BASE64`), mirrored from the machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_host_keys: Vec<String>,
+    /// The login the guest installed `spec.access` for, mirrored from the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<String>,
 }
 
 /// A reference to a provider-specific machine.
@@ -190,6 +201,10 @@ pub struct LibvirtMachineSpec {
     /// restoring a saved one (ADR-0073). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
+    /// Keys the provider installs in the guest through its agent once the guest is ready
+    /// (`AccessReady`). The controller writes it when the member is bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::ClaimAccess>,
 }
 
 /// The OS disk of a LibvirtMachine: exactly one shape (ADR-0040).
@@ -270,6 +285,13 @@ pub struct MachineStatusContract {
     /// order of `tpmEndorsementCertificates`: what SPIRE's TPM attestor keys an agent on.
     #[serde(default)]
     pub tpm_endorsement_key_digests: Vec<String>,
+    /// The guest's SSH host public keys (`TYPE BASE64`, sorted), as its layer published them
+    /// before `ready`: what a consumer pins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_host_keys: Vec<String>,
+    /// The login the guest installed `spec.access` for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<String>,
     /// Ready (and GuestReady when the guest reports it), with messages from the guide's
     /// troubleshooting table.
     #[serde(default)]
@@ -299,6 +321,9 @@ pub struct MachineSpecContract {
     /// the Provider operator grants the machine's provider that Secret by name.
     #[serde(default)]
     pub user_data_secret_ref: Option<SecretKeySelector>,
+    /// Keys to install in the guest (`AccessReady`).
+    #[serde(default)]
+    pub access: Option<crate::access::ClaimAccess>,
 }
 
 /// Cluster API's initialization block.
@@ -399,6 +424,9 @@ pub fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             // Born running: the VirtualMachine reconciler asks for `Saved` once the member
             // has reached its pool's readiness (ADR-0073).
             standby: None,
+            // A member built after its bind (a claim waiting for a placement) carries its
+            // claim's keys from the start; otherwise the bind writes them later.
+            access: input.vm.spec.access.clone(),
         },
     )
 }

@@ -101,7 +101,16 @@ pub struct VirtualMachineTemplate {
     /// Labels and annotations copied onto each member.
     #[serde(default)]
     pub metadata: TemplateMetadata,
-    /// The member's VirtualMachine spec.
+    /// The member's VirtualMachine spec. No `access`: a member holds no consumer's key
+    /// before its bind, which writes the claim's.
+    // These rules replace the spec type's own, so its rule is restated first.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "!(has(self.userData) && has(self.userDataSecretRef))",
+        "message": "set at most one of userData and userDataSecretRef"
+    }, {
+        "rule": "!has(self.access)",
+        "message": "a pool's template carries no access: a claim brings its subject's keys at the bind"
+    }]))]
     pub spec: VirtualMachineSpec,
 }
 
@@ -277,6 +286,13 @@ pub struct VirtualMachineClaimStatus {
     /// order of `tpmEndorsementCertificates`: what SPIRE's TPM attestor keys an agent on.
     #[serde(default)]
     pub tpm_endorsement_key_digests: Vec<String>,
+    /// The member's SSH host public keys (`TYPE BASE64`), as its guest published them: what
+    /// `banlieue claim ssh` pins, so no host is trusted on first use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_host_keys: Vec<String>,
+    /// The login `spec.access` was installed for (AccessReady).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<String>,
     /// Deprecated: no longer minted (ADR-0049, amended). Kept so older claims still parse;
     /// removed in the next API version.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -122,6 +122,10 @@ pub struct VSphereMachineSpec {
     /// powering a suspended one on, which resumes it (ADR-0073). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
+    /// Keys to install in the guest (`AccessReady`). Not delivered on vSphere yet: the
+    /// machine reports `AccessNotSupported`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access::ClaimAccess>,
 }
 
 /// Observed state of a VSphereMachine: the contract every machine kind carries, flattened
@@ -447,6 +451,9 @@ pub fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             // Born running: the VirtualMachine reconciler asks for `Saved` (a suspended VM)
             // once the member has reached its pool's readiness (ADR-0073).
             standby: None,
+            // A member built after its bind (a claim waiting for a placement) carries its
+            // claim's keys from the start; otherwise the bind writes them later.
+            access: input.vm.spec.access.clone(),
         },
     )
 }
@@ -523,6 +530,7 @@ mod tests {
             tpm_enabled: false,
             secure_boot: false,
             standby: None,
+            access: None,
         }
     }
 

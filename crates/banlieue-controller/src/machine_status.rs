@@ -127,9 +127,9 @@ fn set_not_reported(next: &mut VirtualMachineStatus, generation: Option<i64>, no
 /// The message of InfrastructureReady=False before the provider has said anything.
 const NOT_REPORTED: &str = "the provider has not reported yet";
 
-/// The status with the machine's state mirrored: addresses, certificates, guest phase,
-/// InfrastructureReady (= the machine is ready), GuestReady (copied when the provider
-/// publishes it), Ready, and readySince (kept while Ready stays true). It reads only what
+/// The status with the machine's state mirrored: addresses, certificates, guest phase, SSH
+/// host keys and login, InfrastructureReady (= the machine is ready), GuestReady and
+/// AccessReady (copied when the provider publishes them), Ready, and readySince (kept while Ready stays true). It reads only what
 /// every machine kind carries ([`MachineStatusContract`], and `tpmEnabled` from the spec
 /// contract), so it is the same for every backend.
 pub fn mirror_machine(
@@ -180,13 +180,17 @@ pub fn mirror_machine(
         ),
         now.clone(),
     );
-    if let Some(guest) = conditions::find(&machine_status.conditions, types::GUEST_READY) {
-        let mut mirrored = guest.clone();
-        mirrored.observed_generation = generation;
-        // Copied from another writer's object: bound it like every message this writes.
-        mirrored.message =
-            conditions::bounded_message(mirrored.message, conditions::MAX_MESSAGE_BYTES);
-        conditions::set(&mut next.conditions, mirrored, now.clone());
+    next.ssh_host_keys = machine_status.ssh_host_keys.clone();
+    next.login_user = machine_status.login_user.clone();
+    for copied in [types::GUEST_READY, types::ACCESS_READY] {
+        if let Some(condition) = conditions::find(&machine_status.conditions, copied) {
+            let mut mirrored = condition.clone();
+            mirrored.observed_generation = generation;
+            // Copied from another writer's object: bound it like every message this writes.
+            mirrored.message =
+                conditions::bounded_message(mirrored.message, conditions::MAX_MESSAGE_BYTES);
+            conditions::set(&mut next.conditions, mirrored, now.clone());
+        }
     }
     set_ready(
         &mut next,
@@ -332,5 +336,29 @@ mod tests {
         assert_eq!(s.tpm_endorsement_certificates, vec!["PEM".to_owned()]);
         assert_eq!(s.tpm_endorsement_key_digests, vec!["sha256:00".to_owned()]);
         assert_eq!(s.ready_since, Some(at(20)));
+    }
+
+    #[test]
+    fn host_keys_login_and_access_ready_are_mirrored_bounded() {
+        let mut m = machine(true);
+        m.ssh_host_keys = vec!["ssh-ed25519 AAAA".into()];
+        m.login_user = Some("alice".into());
+        m.conditions.push(conditions::new(
+            types::ACCESS_READY,
+            status::FALSE,
+            reasons::ACCESS_REFUSED,
+            "x".repeat(conditions::MAX_MESSAGE_BYTES * 2),
+            Some(7),
+        ));
+        let s = mirror_machine(&Default::default(), &m, false, Some(1), at(10));
+        assert_eq!(s.ssh_host_keys, m.ssh_host_keys);
+        assert_eq!(s.login_user.as_deref(), Some("alice"));
+        let access = conditions::find(&s.conditions, types::ACCESS_READY).unwrap();
+        assert_eq!(access.reason, reasons::ACCESS_REFUSED);
+        assert_eq!(access.observed_generation, Some(1));
+        assert!(access.message.len() <= conditions::MAX_MESSAGE_BYTES);
+        // A machine given no keys reports no AccessReady, and the VirtualMachine none.
+        let s = mirror_machine(&Default::default(), &machine(true), false, Some(1), at(10));
+        assert!(conditions::find(&s.conditions, types::ACCESS_READY).is_none());
     }
 }

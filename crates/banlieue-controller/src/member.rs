@@ -181,6 +181,7 @@ mod tests {
                 user_data: None,
                 user_data_secret_ref: None,
                 standby: None,
+                access: None,
             },
         );
         let mut status = VirtualMachineStatus::default();

@@ -82,6 +82,7 @@ mod tests {
                 user_data: None,
                 user_data_secret_ref: None,
                 standby,
+                access: None,
             },
         );
         let mut labels =

@@ -395,6 +395,7 @@ pub fn pool() -> VirtualMachinePool {
                     user_data: Some("#cloud-config\nhostname: sandbox\n".into()),
                     user_data_secret_ref: None,
                     standby: None,
+                    access: None,
                 },
             },
             readiness: PoolReadiness::InfrastructureReady,

@@ -29,6 +29,7 @@
 // A function longer than clippy.toml's threshold does two things; tests may be long.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
+pub mod access;
 pub mod backoff;
 pub mod credentials;
 pub mod descriptor;

@@ -45,6 +45,10 @@ pub struct Live {
     pub guest_phase: Option<String>,
     /// The EK certificates (PEM) and their key digests to record; `None` keeps those recorded.
     pub endorsement: Option<(Vec<String>, Vec<String>)>,
+    /// The guest's SSH host keys to record; `None` keeps those recorded.
+    pub ssh_host_keys: Option<Vec<String>>,
+    /// The login the guest installed the claim's keys for; `None` keeps the one recorded.
+    pub login_user: Option<String>,
     /// The guest's conditions (GuestReady, and whatever else the backend observes of its
     /// guest), set in this order.
     pub guest_conditions: Vec<Condition>,
@@ -133,6 +137,12 @@ fn fill_live(
         contract.tpm_endorsement_certificates = pems;
         contract.tpm_endorsement_key_digests = digests;
     }
+    if let Some(keys) = live.ssh_host_keys {
+        contract.ssh_host_keys = keys;
+    }
+    if let Some(user) = live.login_user {
+        contract.login_user = Some(user);
+    }
     for condition in live.guest_conditions {
         conditions::set(&mut contract.conditions, condition, now.clone());
     }
@@ -173,6 +183,8 @@ mod tests {
             addresses: vec![],
             guest_phase: Some("ready".into()),
             endorsement: None,
+            ssh_host_keys: None,
+            login_user: None,
             guest_conditions: vec![conditions::new(
                 types::GUEST_READY,
                 status::TRUE,

@@ -263,6 +263,7 @@ fn libvirt_machine(name: &str, provider: &str, finalizers: &[&str]) -> LibvirtMa
             user_data: None,
             user_data_secret_ref: None,
             standby: None,
+            access: None,
         },
     );
     machine.metadata = ObjectMeta {

@@ -110,6 +110,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                     user_data: None,
                     user_data_secret_ref: None,
                     standby: None,
+                    access: None,
                 },
             );
             api.create(&PostParams::default(), &m).await?;

@@ -149,6 +149,7 @@ fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
             user_data: None,
             user_data_secret_ref: None,
             standby: None,
+            access: None,
         },
     )
 }

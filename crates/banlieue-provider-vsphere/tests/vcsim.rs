@@ -290,6 +290,7 @@ impl Env {
                 tpm_enabled: false,
                 secure_boot,
                 standby: None,
+                access: None,
             },
         );
         self.machines()

@@ -1,6 +1,7 @@
 //! A booted guest, read the way an operator would: through its qemu-guest-agent with `virsh
 //! qemu-agent-command`, a client independent of banlieue's own. Files are read with
-//! guest-file-open/read/close; commands run with guest-exec and guest-exec-status.
+//! guest-file-open/read/close and written with guest-file-open/write/close; commands run with
+//! guest-exec and guest-exec-status.
 
 use std::string::FromUtf8Error;
 use std::time::{Duration, Instant};
@@ -26,6 +27,12 @@ pub enum Error {
     NoHandle { path: String },
     #[error("guest-file-read {path}: no buf-b64 in {reply}")]
     NoData { path: String, reply: Value },
+    #[error("guest-file-write {path}: {len} bytes not all written: {reply}")]
+    ShortWrite {
+        path: String,
+        len: usize,
+        reply: Value,
+    },
     #[error("{path} is not UTF-8")]
     NotUtf8 {
         path: String,
@@ -99,6 +106,37 @@ pub async fn read_file(daemon: &Libvirtd, domain: &str, path: &str) -> Result<Ve
         });
     };
     decode(b64)
+}
+
+/// Writes `bytes` to a guest file (created or truncated, as `fopen` mode "w" does) and closes
+/// it. Not atomic: the agent cannot rename, so a reader may see the file empty or part-written
+/// until the close.
+pub async fn write_file(daemon: &Libvirtd, domain: &str, path: &str, bytes: &[u8]) -> Result<()> {
+    let open = json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "w"}});
+    let handle = command(daemon, domain, &open).await?["return"]
+        .as_i64()
+        .ok_or_else(|| Error::NoHandle {
+            path: path.to_owned(),
+        })?;
+    let write = json!({
+        "execute": "guest-file-write",
+        "arguments": {
+            "handle": handle,
+            "buf-b64": base64::engine::general_purpose::STANDARD.encode(bytes)
+        }
+    });
+    let written = command(daemon, domain, &write).await;
+    let close = json!({"execute": "guest-file-close", "arguments": {"handle": handle}});
+    command(daemon, domain, &close).await?;
+    let written = written?;
+    match written["return"]["count"].as_u64() {
+        Some(count) if count == bytes.len() as u64 => Ok(()),
+        _ => Err(Error::ShortWrite {
+            path: path.to_owned(),
+            len: bytes.len(),
+            reply: written,
+        }),
+    }
 }
 
 /// A guest file as UTF-8 text.

@@ -1,5 +1,5 @@
-//! The test guest image: Debian with cloud-init, qemu-guest-agent, tpm2-tools and banlieue's
-//! guest-phase layer (`guest/`), built by `scripts/guest-image` and cached under
+//! The test guest image: Debian with cloud-init, qemu-guest-agent, tpm2-tools, openssh-server
+//! and banlieue's guest-phase layer (`guest/`), built by `scripts/guest-image` and cached under
 //! `~/.cache/banlieue/images/` keyed by the script's and `guest/`'s contents.
 //!
 //! A test that boots a real guest calls [`path`]: it returns at once when the image is
@@ -19,6 +19,12 @@ pub const PHASE_FILE: &str = "/run/banlieue/phase";
 pub const EK_RSA_PEM: &str = "/run/banlieue/ek/rsa.pem";
 /// Where the layer puts the vTPM's ECC EK certificate as PEM (guest/README.md).
 pub const EK_ECC_PEM: &str = "/run/banlieue/ek/ecc.pem";
+/// Where the layer publishes sshd's host keys, `TYPE BASE64` a line (guest/README.md).
+pub const SSH_HOST_KEYS: &str = "/run/banlieue/ssh/host_keys";
+/// Where the host writes an access request for the layer to install (guest/README.md).
+pub const ACCESS_WANTED: &str = "/run/banlieue/access/wanted";
+/// Where the layer answers the access request: `installed USER SHA256` or `failed: <why>`.
+pub const ACCESS_STATE: &str = "/run/banlieue/access/state";
 
 /// Why the test guest image is not there.
 #[derive(thiserror::Error)]

@@ -1,9 +1,11 @@
 //! The test guest image boots on the real libvirtd under TCG, as the provider would run it
 //! (q35, EFI without secure boot, a qcow2 overlay of the image, a NoCloud seed from
 //! banlieue-iso on a virtio-scsi CD-ROM, a vTPM), runs the seed's user-data and reaches the
-//! guest-phase layer's `ready`, with its EK certificates published. Checked twice: from the
-//! serial console log, and through qemu-guest-agent with virsh as an independent client.
-//! Then the same image as a Deferred install medium: the installer CD writes it onto an empty
+//! guest-phase layer's `ready`, with its EK certificates and SSH host keys published. Checked
+//! twice: from the serial console log, and through qemu-guest-agent with virsh as an independent
+//! client. Then an access request written through the agent installs a key for a new user, who
+//! logs in with it over ssh against the published host keys alone.
+//! And the same image as a Deferred install medium: the installer CD writes it onto an empty
 //! disk, reboots, and the installed system reaches `ready` from that disk.
 
 use std::path::Path;
@@ -12,12 +14,23 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use banlieue_iso::NoCloudSeed;
 use banlieue_testenv::guest_agent;
-use banlieue_testenv::guest_image::{self, EK_ECC_PEM, EK_RSA_PEM, PHASE_FILE};
+use banlieue_testenv::guest_image::{
+    self, ACCESS_STATE, ACCESS_WANTED, EK_ECC_PEM, EK_RSA_PEM, PHASE_FILE, SSH_HOST_KEYS,
+};
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use sha2::{Digest, Sha256};
 
 /// From `virsh start` to the phase layer's verdict; ~45 s alone on two cores under TCG.
 const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 const POLL: Duration = Duration::from_millis(500);
+/// From the agent's close of the access request to the layer's answer: a path unit, a
+/// useradd and a few forks, a second or two under TCG.
+const ACCESS_DEADLINE: Duration = Duration::from_secs(30);
+/// For sshd's first answer under TCG (its key exchange is slow there, not its start: it ran
+/// before ready).
+const SSH_DEADLINE: Duration = Duration::from_secs(90);
+/// The login the test's access request names; the image has no such user until it asks.
+const ACCESS_USER: &str = "claimant";
 
 /// The domain both tests boot, as the provider would define it; `boot_order` and the CD-ROMs
 /// (install medium first, then the seed) are what a Deferred machine adds.
@@ -229,12 +242,160 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
         );
     }
 
+    // sshd's host keys, published before ready: the one ed25519 key the layer made at boot (the
+    // image carries none and cloud-init made none), as sshd holds it.
+    let host_keys_said = log
+        .find("banlieue-guest-phase: SSH host keys in")
+        .context("no SSH host keys on the console")?;
+    let ready_said = log
+        .find("banlieue-guest-phase: ready")
+        .context("no ready on the console")?;
+    ensure!(
+        host_keys_said < ready_said,
+        "the host keys were published after ready"
+    );
+    let host_keys = guest_agent::read_text(&daemon, name, SSH_HOST_KEYS).await?;
+    let sshd_key =
+        guest_agent::read_text(&daemon, name, "/etc/ssh/ssh_host_ed25519_key.pub").await?;
+    let sshd_key: Vec<&str> = sshd_key.split_whitespace().take(2).collect();
+    ensure!(
+        host_keys == format!("{}\n", sshd_key.join(" ")) && sshd_key[0] == "ssh-ed25519",
+        "{SSH_HOST_KEYS} holds {host_keys:?}; sshd's ed25519 key is {sshd_key:?}"
+    );
+
+    access_installs_a_key_that_logs_in(&daemon, name, &host_keys).await?;
+
     daemon.virsh(["destroy", name]).await?;
     daemon.virsh(["undefine", name, "--nvram", "--tpm"]).await?;
     for file in [&overlay, &seed, &base, &console] {
         std::fs::remove_file(file).with_context(|| format!("remove {}", file.display()))?;
     }
     Ok(())
+}
+
+/// Writes an access request for a new user through the agent, as the provider does, waits for
+/// the layer's answer, and logs in as that user with the request's key over ssh, trusting no
+/// host key but those the guest published.
+async fn access_installs_a_key_that_logs_in(
+    daemon: &Libvirtd,
+    name: &str,
+    host_keys: &str,
+) -> Result<()> {
+    let keys = tempfile::tempdir()?;
+    let identity = keys.path().join("id_ed25519");
+    let keygen = tokio::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "claimant@test", "-f"])
+        .arg(&identity)
+        .output()
+        .await
+        .context("run ssh-keygen (openssh-client: scripts/setup part 70-guest-image)")?;
+    ensure!(
+        keygen.status.success(),
+        "ssh-keygen: {}",
+        String::from_utf8_lossy(&keygen.stderr)
+    );
+    let public = std::fs::read_to_string(identity.with_extension("pub"))?;
+    let wanted = format!(
+        "banlieue-access 1\nuser {ACCESS_USER}\nkey {}\n",
+        public.trim_end()
+    );
+    let digest: String = Sha256::digest(wanted.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let expected = format!("installed {ACCESS_USER} {digest}\n");
+
+    let written = Instant::now();
+    guest_agent::write_file(daemon, name, ACCESS_WANTED, wanted.as_bytes()).await?;
+    loop {
+        // No file yet is "not yet", as is an answer to another request.
+        let state = guest_agent::read_text(daemon, name, ACCESS_STATE)
+            .await
+            .unwrap_or_default();
+        if state == expected {
+            break;
+        }
+        ensure!(
+            !state.starts_with("failed: "),
+            "{ACCESS_STATE} holds {state:?}"
+        );
+        if written.elapsed() > ACCESS_DEADLINE {
+            bail!(
+                "{ACCESS_STATE} holds {state:?}, not {expected:?}, {ACCESS_DEADLINE:?} after the write"
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    eprintln!("access installed {:.1?} after the write", written.elapsed());
+    // The new account has no password (locked, as useradd leaves it), which sshd with PAM
+    // accepts for a key login.
+    let status = guest_agent::run(daemon, name, "/usr/bin/passwd", &["-S", ACCESS_USER]).await?;
+    let status = String::from_utf8_lossy(&status);
+    ensure!(
+        status.split_whitespace().nth(1) == Some("L"),
+        "passwd -S {ACCESS_USER}: {status}"
+    );
+
+    // The domain's user-mode network reaches the guest from the host only through a forward,
+    // which QEMU adds at run time on the netdev libvirt names hostnet0.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    daemon
+        .virsh([
+            "qemu-monitor-command",
+            name,
+            "--hmp",
+            &format!("hostfwd_add hostnet0 tcp:127.0.0.1:{port}-:22"),
+        ])
+        .await?;
+    let known_hosts = keys.path().join("known_hosts");
+    let pinned: String = host_keys
+        .lines()
+        .map(|line| format!("[127.0.0.1]:{port} {line}\n"))
+        .collect();
+    std::fs::write(&known_hosts, pinned)?;
+    let started = Instant::now();
+    loop {
+        let login = tokio::process::Command::new("ssh")
+            .args(["-F", "/dev/null", "-i"])
+            .arg(&identity)
+            .args(["-p", &port.to_string()])
+            .arg("-o")
+            .arg(format!("UserKnownHostsFile={}", known_hosts.display()))
+            .args([
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "ConnectTimeout=30",
+                &format!("{ACCESS_USER}@127.0.0.1"),
+                "id",
+                "-un",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .context("run ssh")?;
+        if login.status.success() {
+            let who = String::from_utf8_lossy(&login.stdout);
+            ensure!(who.trim() == ACCESS_USER, "logged in as {who:?}");
+            eprintln!("ssh login as {ACCESS_USER}: {:.1?}", started.elapsed());
+            return Ok(());
+        }
+        if started.elapsed() > SSH_DEADLINE {
+            bail!(
+                "ssh {ACCESS_USER}@127.0.0.1:{port}: {}",
+                String::from_utf8_lossy(&login.stderr)
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// Waits for the phase layer's last word on the console: `ready` or `failed: <why>`.

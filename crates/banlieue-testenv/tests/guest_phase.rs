@@ -4,17 +4,21 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use base64::Engine;
+use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 fn script() -> PathBuf {
     banlieue_testenv::repo_path("guest/banlieue-guest-phase")
 }
 
-/// A guest's /run in a temp dir: the layer's directory, cloud-init's and a bin/ for fakes.
+/// A guest's /run in a temp dir: the layer's directory, cloud-init's, an /etc/ssh, a passwd
+/// file and homes, and a bin/ for fakes.
 struct Guest {
     dir: TempDir,
     tpm_devices: String,
@@ -23,15 +27,24 @@ struct Guest {
 impl Guest {
     fn new() -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        fs::create_dir(dir.path().join("bin"))?;
-        Ok(Self {
+        for sub in ["bin", "ssh", "home"] {
+            fs::create_dir(dir.path().join(sub))?;
+        }
+        fs::write(dir.path().join("passwd"), "")?;
+        let guest = Self {
             dir,
             tpm_devices: "/nonexistent/tpm".into(),
-        })
+        };
+        guest.fake_accounts()?;
+        Ok(guest)
     }
 
     fn layer(&self) -> PathBuf {
         self.dir.path().join("banlieue")
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.dir.path().join(relative)
     }
 
     fn cloud_init_result(&self, json: &str) -> Result<()> {
@@ -41,30 +54,107 @@ impl Guest {
         Ok(())
     }
 
+    fn fake(&self, name: &str, body: &str) -> Result<()> {
+        let fake = self.path("bin").join(name);
+        fs::write(&fake, format!("#!/bin/sh\n{body}"))?;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755))?;
+        Ok(())
+    }
+
+    /// `getent passwd`, `useradd` and `setpriv` over the temp dir's passwd file and homes; each
+    /// logs its arguments to `<name>.log`. The fake setpriv runs its command without switching
+    /// ids (the test is not the user), so it logs the ids it was asked for.
+    fn fake_accounts(&self) -> Result<()> {
+        let dir = self.dir.path().display().to_string();
+        self.fake(
+            "getent",
+            &format!(
+                "[ \"$1\" = passwd ] || exit 2\n\
+                 case $2 in\n\
+                 *[!0-9]*) field=1 ;;\n\
+                 *) field=3 ;;\n\
+                 esac\n\
+                 awk -F: -v f=\"$field\" -v k=\"$2\" '$f == k {{ print; found = 1; exit }} \
+                 END {{ exit found ? 0 : 2 }}' {dir}/passwd\n"
+            ),
+        )?;
+        self.fake(
+            "useradd",
+            &format!(
+                "echo \"$*\" >>{dir}/useradd.log\n\
+                 for name; do :; done\n\
+                 uid=$((2000 + $(wc -l <{dir}/passwd)))\n\
+                 mkdir -p {dir}/home/$name\n\
+                 echo \"$name:x:$uid:$uid::{dir}/home/$name:/bin/sh\" >>{dir}/passwd\n"
+            ),
+        )?;
+        self.fake(
+            "setpriv",
+            &format!(
+                "while [ $# -gt 0 ]; do\n\
+                 case $1 in\n\
+                 --) shift; break ;;\n\
+                 --*) echo \"$1\" >>{dir}/setpriv.log; shift ;;\n\
+                 *) break ;;\n\
+                 esac\n\
+                 done\n\
+                 exec \"$@\"\n"
+            ),
+        )
+    }
+
+    /// An account as /etc/passwd would hold it, with its home.
+    fn account(&self, name: &str, uid: u32) -> Result<PathBuf> {
+        let home = self.path("home").join(name);
+        fs::create_dir_all(&home)?;
+        let mut passwd = fs::read_to_string(self.path("passwd"))?;
+        passwd.push_str(&format!(
+            "{name}:x:{uid}:{uid}::{}:/bin/sh\n",
+            home.display()
+        ));
+        fs::write(self.path("passwd"), passwd)?;
+        Ok(home)
+    }
+
+    /// An sshd "installed", and an `ssh-keygen` on PATH that logs its arguments and writes a
+    /// key pair where `-f` says.
+    fn install_sshd(&self) -> Result<()> {
+        fs::write(self.path("sshd"), "")?;
+        self.fake(
+            "ssh-keygen",
+            &format!(
+                "echo \"$*\" >>{}/ssh-keygen.log\n\
+                 while [ $# -gt 1 ]; do [ \"$1\" = -f ] && file=$2; shift; done\n\
+                 echo private >\"$file\"\n\
+                 echo 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGVk root@build' >\"$file.pub\"\n",
+                self.dir.path().display()
+            ),
+        )
+    }
+
     /// A `tpm2_nvread` on PATH that serves `der` at 0x01c00002 and nothing else.
     fn fake_tpm(&mut self, der: &[u8]) -> Result<()> {
         fs::write(self.dir.path().join("ek.der"), der)?;
-        let fake = self.dir.path().join("bin/tpm2_nvread");
-        fs::write(
-            &fake,
-            format!(
-                "#!/bin/sh\n[ \"$1\" = 0x01c00002 ] && [ \"$2\" = -o ] || exit 1\ncp {}/ek.der \"$3\"\n",
+        self.fake(
+            "tpm2_nvread",
+            &format!(
+                "[ \"$1\" = 0x01c00002 ] && [ \"$2\" = -o ] || exit 1\ncp {}/ek.der \"$3\"\n",
                 self.dir.path().display()
             ),
         )?;
-        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755))?;
         // A character device the script takes for a TPM.
         self.tpm_devices = "/dev/null".into();
         Ok(())
     }
 
-    fn run(&self, args: &[&str]) -> Result<Output> {
+    fn command(&self, args: &[&str]) -> Command {
         let path = format!(
             "{}:{}",
             self.dir.path().join("bin").display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .arg(script())
             .args(args)
             .env("BANLIEUE_GUEST_DIR", self.layer())
@@ -73,7 +163,15 @@ impl Guest {
                 self.dir.path().join("cloud-init"),
             )
             .env("BANLIEUE_TPM_DEVICES", &self.tpm_devices)
-            .env("PATH", path)
+            // Always moved: the machine running the tests may have an sshd of its own.
+            .env("BANLIEUE_SSH_DIR", self.path("ssh"))
+            .env("BANLIEUE_SSHD", self.path("sshd"))
+            .env("PATH", path);
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> Result<Output> {
+        self.command(args)
             .output()
             .context("run guest/banlieue-guest-phase")
     }
@@ -90,10 +188,54 @@ impl Guest {
 
     fn phase(&self) -> Result<String> {
         let file = self.layer().join("phase");
-        let mode = fs::metadata(&file)?.permissions().mode() & 0o777;
-        ensure!(mode == 0o644, "phase file mode {mode:o}");
+        ensure!(mode(&file)? == 0o644, "phase file mode {:o}", mode(&file)?);
         Ok(fs::read_to_string(file)?)
     }
+
+    /// Writes `access/wanted` as the host's agent would, then runs `access` as the path unit
+    /// would; returns what it printed.
+    fn request(&self, wanted: &[u8]) -> Result<String> {
+        let dir = self.layer().join("access");
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join("wanted"), wanted)?;
+        self.ok(&["access"])
+    }
+
+    fn access_state(&self) -> Result<String> {
+        let file = self.layer().join("access/state");
+        ensure!(mode(&file)? == 0o644, "state file mode {:o}", mode(&file)?);
+        Ok(fs::read_to_string(file)?)
+    }
+
+    fn log(&self, name: &str) -> String {
+        fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+fn mode(path: &Path) -> Result<u32> {
+    Ok(fs::symlink_metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .permissions()
+        .mode()
+        & 0o777)
+}
+
+/// An ed25519 public key line in OpenSSH's form, `seed` making it differ from the others.
+fn ed25519_key(seed: u8, comment: &str) -> String {
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&11u32.to_be_bytes());
+    blob.extend_from_slice(b"ssh-ed25519");
+    blob.extend_from_slice(&32u32.to_be_bytes());
+    blob.extend_from_slice(&[seed; 32]);
+    let key = base64::engine::general_purpose::STANDARD.encode(&blob);
+    format!("ssh-ed25519 {key} {comment}").trim_end().to_owned()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
@@ -101,8 +243,7 @@ fn boot_says_configuring_once_and_keeps_an_installers_phase() -> Result<()> {
     let guest = Guest::new()?;
     ensure!(guest.ok(&["boot"])? == "banlieue-guest-phase: configuring\n");
     ensure!(guest.phase()? == "configuring\n");
-    let mode = fs::metadata(guest.layer())?.permissions().mode() & 0o777;
-    ensure!(mode == 0o755, "layer directory mode {mode:o}");
+    ensure!(mode(&guest.layer())? == 0o755);
 
     let installer = Guest::new()?;
     installer.ok(&["set", "installing"])?;
@@ -199,5 +340,348 @@ fn finish_is_failed_for_a_tpm_without_ek_certificates() -> Result<()> {
             == "failed: a TPM (/dev/null) without an EK certificate at 0x01c00002 or 0x01c00016\n",
         "{phase:?}"
     );
+    Ok(())
+}
+
+#[test]
+fn boot_makes_the_access_directory_and_a_host_key_only_where_sshd_has_none() -> Result<()> {
+    let without_sshd = Guest::new()?;
+    ensure!(without_sshd.ok(&["boot"])? == "banlieue-guest-phase: configuring\n");
+    ensure!(mode(&without_sshd.layer().join("access"))? == 0o700);
+    ensure!(without_sshd.log("ssh-keygen").is_empty());
+
+    let fresh = Guest::new()?;
+    fresh.install_sshd()?;
+    let out = fresh.ok(&["boot"])?;
+    ensure!(
+        out.ends_with("banlieue-guest-phase: generated an ed25519 SSH host key\n"),
+        "{out}"
+    );
+    let key = fresh.path("ssh/ssh_host_ed25519_key");
+    ensure!(
+        fresh.log("ssh-keygen") == format!("-q -t ed25519 -N  -f {}\n", key.display()),
+        "{}",
+        fresh.log("ssh-keygen")
+    );
+    // A second boot finds the key and makes none.
+    fresh.ok(&["boot"])?;
+    ensure!(fresh.log("ssh-keygen").lines().count() == 1);
+
+    let keyed = Guest::new()?;
+    keyed.install_sshd()?;
+    fs::write(keyed.path("ssh/ssh_host_rsa_key"), "private")?;
+    keyed.ok(&["boot"])?;
+    ensure!(
+        keyed.log("ssh-keygen").is_empty(),
+        "a key was made beside one"
+    );
+    Ok(())
+}
+
+#[test]
+fn finish_publishes_the_host_keys_sorted_without_comments_before_ready() -> Result<()> {
+    let guest = Guest::new()?;
+    guest.install_sshd()?;
+    for (name, line) in [
+        ("rsa", "ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB root@build\n"),
+        (
+            "ed25519",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGVk root@build\n",
+        ),
+        (
+            "ecdsa",
+            "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTY= two words\n",
+        ),
+    ] {
+        fs::write(guest.path(&format!("ssh/ssh_host_{name}_key")), "private")?;
+        fs::write(guest.path(&format!("ssh/ssh_host_{name}_key.pub")), line)?;
+    }
+    let out = guest.ok(&["finish"])?;
+    ensure!(
+        out == "banlieue-guest-phase: SSH host keys in \
+                {dir}/ssh/host_keys: ecdsa-sha2-nistp256 ssh-ed25519 ssh-rsa\n\
+                banlieue-guest-phase: ready\n"
+            .replace("{dir}", &guest.layer().display().to_string()),
+        "{out}"
+    );
+    let file = guest.layer().join("ssh/host_keys");
+    ensure!(mode(&file)? == 0o644 && mode(&guest.layer().join("ssh"))? == 0o755);
+    let published = fs::read_to_string(&file)?;
+    ensure!(
+        published
+            == "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTY=\n\
+                ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGVk\n\
+                ssh-rsa AAAAB3NzaC1yc2EAAAADAQAB\n",
+        "{published}"
+    );
+    ensure!(guest.phase()? == "ready\n");
+    Ok(())
+}
+
+#[test]
+fn finish_without_sshd_or_its_keys_publishes_none_and_is_ready() -> Result<()> {
+    let without = Guest::new()?;
+    fs::write(
+        without.path("ssh/ssh_host_ed25519_key.pub"),
+        "ssh-ed25519 AAAA x\n",
+    )?;
+    ensure!(without.ok(&["finish"])? == "banlieue-guest-phase: ready\n");
+    ensure!(!without.layer().join("ssh").exists());
+
+    let keyless = Guest::new()?;
+    keyless.install_sshd()?;
+    let out = keyless.ok(&["finish"])?;
+    ensure!(
+        out.starts_with("banlieue-guest-phase: no SSH host keys published: no SSH host key in ")
+            && out.ends_with("banlieue-guest-phase: ready\n"),
+        "{out}"
+    );
+    ensure!(!keyless.layer().join("ssh/host_keys").exists());
+    ensure!(keyless.phase()? == "ready\n");
+    Ok(())
+}
+
+#[test]
+fn access_creates_the_named_user_and_installs_exactly_its_keys() -> Result<()> {
+    let guest = Guest::new()?;
+    guest.ok(&["boot"])?;
+    let keys = [ed25519_key(1, "alice@laptop"), ed25519_key(2, "")];
+    let wanted = format!(
+        "banlieue-access 1\nuser alice\nkey {}\nkey {}\n",
+        keys[0], keys[1]
+    );
+    let out = guest.request(wanted.as_bytes())?;
+    ensure!(
+        out == "banlieue-guest-phase: access installed for alice\n",
+        "{out}"
+    );
+    ensure!(guest.log("useradd") == "-m -s /bin/sh alice\n");
+    ensure!(
+        guest.log("setpriv") == "--reuid=2000\n--regid=2000\n--init-groups\n",
+        "the keys were not written as the user: {}",
+        guest.log("setpriv")
+    );
+    let ssh = guest.path("home/alice/.ssh");
+    let authorized = ssh.join("authorized_keys");
+    ensure!(fs::read_to_string(&authorized)? == format!("{}\n{}\n", keys[0], keys[1]));
+    ensure!(mode(&ssh)? == 0o700 && mode(&authorized)? == 0o600);
+    ensure!(
+        fs::read_dir(&ssh)?.count() == 1,
+        "a temp file was left behind"
+    );
+    let state = guest.access_state()?;
+    ensure!(
+        state == format!("installed alice {}\n", sha256_hex(wanted.as_bytes())),
+        "{state}"
+    );
+    ensure!(mode(&guest.layer().join("access"))? == 0o700);
+
+    // The same request again: the same answer, the user made once.
+    guest.ok(&["access"])?;
+    ensure!(guest.access_state()? == state);
+    ensure!(fs::read_to_string(&authorized)? == format!("{}\n{}\n", keys[0], keys[1]));
+    ensure!(guest.log("useradd").lines().count() == 1);
+    Ok(())
+}
+
+#[test]
+fn access_without_a_user_is_for_uid_1000_else_sandbox() -> Result<()> {
+    let key = ed25519_key(3, "c");
+    let wanted = format!("banlieue-access 1\nkey {key}\n");
+
+    let cloud = Guest::new()?;
+    cloud.account("root", 0)?;
+    let home = cloud.account("debian", 1000)?;
+    ensure!(
+        cloud.request(wanted.as_bytes())? == "banlieue-guest-phase: access installed for debian\n"
+    );
+    ensure!(cloud.log("useradd").is_empty());
+    ensure!(fs::read_to_string(home.join(".ssh/authorized_keys"))? == format!("{key}\n"));
+    ensure!(
+        cloud.access_state()? == format!("installed debian {}\n", sha256_hex(wanted.as_bytes()))
+    );
+
+    let bare = Guest::new()?;
+    bare.account("root", 0)?;
+    bare.request(wanted.as_bytes())?;
+    ensure!(bare.log("useradd") == "-m -s /bin/sh sandbox\n");
+    ensure!(
+        fs::read_to_string(bare.path("home/sandbox/.ssh/authorized_keys"))? == format!("{key}\n")
+    );
+    ensure!(bare.access_state()?.starts_with("installed sandbox "));
+    Ok(())
+}
+
+#[test]
+fn access_refuses_a_malformed_request_and_installs_nothing() -> Result<()> {
+    let key = ed25519_key(4, "c");
+    let encoded = key.split(' ').nth(1).context("no base64")?.to_owned();
+    let many: String = (0..17)
+        .map(|i| format!("key {}\n", ed25519_key(i, "")))
+        .collect();
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("empty", String::new(), "the request is empty"),
+        (
+            "bad header",
+            format!("banlieue-access 2\nkey {key}\n"),
+            "line 1 is not \"banlieue-access 1\"",
+        ),
+        (
+            "bad user",
+            format!("banlieue-access 1\nuser Alice\nkey {key}\n"),
+            "line 2: \"Alice\" is not a user name",
+        ),
+        (
+            "long user",
+            format!("banlieue-access 1\nuser {}\nkey {key}\n", "a".repeat(33)),
+            "is not a user name",
+        ),
+        (
+            "user after the keys",
+            format!("banlieue-access 1\nkey {key}\nuser alice\n"),
+            "line 3: a user line is only line 2",
+        ),
+        (
+            "bad key type",
+            format!("banlieue-access 1\nkey ssh-dss {encoded}\n"),
+            "line 2: the key has key type \"ssh-dss\", which is not accepted",
+        ),
+        (
+            "options",
+            format!("banlieue-access 1\nkey command=\"sh\" {key}\n"),
+            "which is not accepted",
+        ),
+        (
+            "type mismatch",
+            format!("banlieue-access 1\nkey ssh-rsa {encoded}\n"),
+            "line 2: the key does not hold a ssh-rsa key",
+        ),
+        (
+            "not base64",
+            "banlieue-access 1\nkey ssh-ed25519 AAAA*AAA\n".into(),
+            "line 2: the key is not base64 after its type",
+        ),
+        (
+            "no key",
+            "banlieue-access 1\nkey ssh-ed25519\n".into(),
+            "line 2: the key has no key after its type",
+        ),
+        (
+            "unknown line",
+            format!("banlieue-access 1\nkey {key}\n\n"),
+            "line 3 is neither",
+        ),
+        (
+            "control character",
+            format!("banlieue-access 1\nkey {key}\tx\n"),
+            "the request holds a control character",
+        ),
+        (
+            "17 keys",
+            format!("banlieue-access 1\n{many}"),
+            "more than 16 keys",
+        ),
+        (
+            "oversize",
+            format!("banlieue-access 1\nkey {key} {}\n", "x".repeat(160 * 1024)),
+            "the request is larger than 163840 bytes",
+        ),
+    ];
+    for (name, wanted, why) in cases {
+        let guest = Guest::new()?;
+        guest.account("alice", 1000)?;
+        let out = guest.request(wanted.as_bytes())?;
+        let state = guest.access_state()?;
+        ensure!(
+            state.starts_with("failed: ") && state.contains(why) && state.lines().count() == 1,
+            "{name}: state {state:?}, not {why:?}"
+        );
+        ensure!(
+            out == format!("banlieue-guest-phase: access {state}"),
+            "{name}: printed {out:?}"
+        );
+        ensure!(
+            guest.log("useradd").is_empty() && guest.log("setpriv").is_empty(),
+            "{name}: an account was touched"
+        );
+        ensure!(
+            !guest.path("home/alice/.ssh").exists(),
+            "{name}: keys were installed"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn access_refuses_a_home_whose_ssh_files_are_symlinks() -> Result<()> {
+    let key = ed25519_key(5, "c");
+    let wanted = format!("banlieue-access 1\nuser alice\nkey {key}\n");
+
+    let guest = Guest::new()?;
+    let home = guest.account("alice", 1000)?;
+    let elsewhere = guest.path("elsewhere");
+    fs::create_dir(&elsewhere)?;
+    std::os::unix::fs::symlink(&elsewhere, home.join(".ssh"))?;
+    guest.request(wanted.as_bytes())?;
+    let state = guest.access_state()?;
+    ensure!(
+        state.starts_with("failed: install the keys for alice in ")
+            && state.ends_with(": ~/.ssh is a symlink\n"),
+        "{state}"
+    );
+    ensure!(fs::read_dir(&elsewhere)?.count() == 0);
+
+    let guest = Guest::new()?;
+    let home = guest.account("alice", 1000)?;
+    fs::create_dir(home.join(".ssh"))?;
+    let target = guest.path("target");
+    fs::write(&target, "untouched\n")?;
+    std::os::unix::fs::symlink(&target, home.join(".ssh/authorized_keys"))?;
+    guest.request(wanted.as_bytes())?;
+    let state = guest.access_state()?;
+    ensure!(
+        state.ends_with(": ~/.ssh/authorized_keys is a symlink\n"),
+        "{state}"
+    );
+    ensure!(fs::read_to_string(&target)? == "untouched\n");
+    Ok(())
+}
+
+#[test]
+fn access_answers_the_request_once_its_writer_has_closed_it() -> Result<()> {
+    // The agent creates the file (which already starts the unit), writes, then closes it.
+    let guest = Guest::new()?;
+    guest.ok(&["boot"])?;
+    let key = ed25519_key(6, "c");
+    let wanted = guest.layer().join("access/wanted");
+    let opened = guest.path("opened");
+    let mut writer = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "exec 3>\"$1\"; : >\"$2\"; printf 'banlieue-access 1\\n' >&3; sleep 1; \
+             printf 'key %s\\n' \"$3\" >&3",
+        )
+        .args([
+            "sh",
+            wanted.to_str().context("path")?,
+            opened.to_str().context("path")?,
+            &key,
+        ])
+        .spawn()?;
+    let started = Instant::now();
+    while !opened.exists() {
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("the writer never opened {}", wanted.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = guest.ok(&["access"])?;
+    ensure!(writer.wait()?.success());
+    ensure!(
+        out == "banlieue-guest-phase: access installed for sandbox\n",
+        "{out}"
+    );
+    let written = fs::read(&wanted)?;
+    ensure!(guest.access_state()? == format!("installed sandbox {}\n", sha256_hex(&written)));
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use banlieue_api::LocalObjectReference;
 use banlieue_api::access::{self, ClaimAccess};
-use banlieue_api::conditions::types;
+use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::{ClaimPhase, ClaimSubject, VirtualMachineClaim, VirtualMachineClaimSpec};
 use futures::TryStreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
@@ -71,6 +71,8 @@ pub enum CliError {
     Io(#[from] std::io::Error),
     #[error("encoding the output: {0}")]
     Encode(String),
+    #[error("ssh exited with status {0}")]
+    Ssh(i32),
 }
 
 impl CliError {
@@ -255,7 +257,43 @@ pub fn progress(claim: &VirtualMachineClaim) -> String {
     {
         line.push_str(&format!(" ({}: {})", bound.reason, bound.message));
     }
+    if let Some(access) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::ACCESS_READY)
+    {
+        line.push_str(&format!(", access {}", access.reason));
+        if access.status != "True" {
+            line.push_str(&format!(" ({})", access.message));
+        }
+    }
     line
+}
+
+/// Whether `claim` is what its consumer waits for: Bound, and with `spec.access` its keys
+/// installed. `Err` says why it never will be (released, failed, its keys refused).
+pub fn usable(claim: Option<&VirtualMachineClaim>) -> Result<bool, String> {
+    let Some(claim) = claim else {
+        return Err("it was deleted".into());
+    };
+    let status = claim.status.clone().unwrap_or_default();
+    match status.phase {
+        Some(ClaimPhase::Bound) => {}
+        Some(ClaimPhase::Failed | ClaimPhase::Releasing) => return Err(progress(claim)),
+        _ => return Ok(false),
+    }
+    if claim.spec.access.is_none() {
+        return Ok(true);
+    }
+    match conditions::find(&status.conditions, types::ACCESS_READY) {
+        Some(c) if c.status == conditions::status::TRUE => Ok(true),
+        Some(c)
+            if c.reason == reasons::ACCESS_REFUSED || c.reason == reasons::ACCESS_NOT_SUPPORTED =>
+        {
+            Err(format!("its keys were not installed: {}", c.message))
+        }
+        _ => Ok(false),
+    }
 }
 
 /// Follows `name` until `done` says it is, printing each change to `log`; gives up after
@@ -316,28 +354,19 @@ async fn follow(
     }
 }
 
-/// Waits until `name` is Bound; fails when it fails or disappears.
-pub async fn wait_bound(
+/// Waits until `name` is [`usable`]; fails when it fails, disappears or its keys are refused.
+pub async fn wait_usable(
     client: &Client,
     namespace: &str,
     name: &str,
     timeout: Duration,
     log: &mut (dyn Write + Send),
 ) -> Result<VirtualMachineClaim, CliError> {
-    let done = |claim: Option<&VirtualMachineClaim>| match claim
-        .and_then(|c| c.status.as_ref())
-        .and_then(|s| s.phase)
-    {
-        _ if claim.is_none() => Err(CliError::Failed {
+    let done = |claim: Option<&VirtualMachineClaim>| {
+        usable(claim).map_err(|why| CliError::Failed {
             name: name.to_owned(),
-            why: "it was deleted".into(),
-        }),
-        Some(ClaimPhase::Bound) => Ok(true),
-        Some(ClaimPhase::Failed | ClaimPhase::Releasing) => Err(CliError::Failed {
-            name: name.to_owned(),
-            why: claim.map(progress).unwrap_or_default(),
-        }),
-        _ => Ok(false),
+            why,
+        })
     };
     follow(client, namespace, name, timeout, log, done)
         .await?
@@ -503,6 +532,17 @@ pub enum ClaimAction {
     },
     /// List the namespace's claims.
     List,
+    /// Log in to a claim's member with the system `ssh` (or run COMMAND there), the member's
+    /// host keys pinned from the claim's `status.sshHostKeys`: no host is trusted on first use.
+    Ssh {
+        name: String,
+        /// The private key to offer (`ssh -i`); the ssh agent's keys otherwise.
+        #[arg(short = 'i', long, value_name = "FILE")]
+        identity: Option<std::path::PathBuf>,
+        /// The command to run, after `--`.
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Release a claim: its member is destroyed.
     Release {
         name: String,
@@ -513,6 +553,103 @@ pub enum ClaimAction {
         #[arg(long, value_parser = parse_duration, default_value = "5m")]
         timeout: Duration,
     },
+}
+
+/// How `banlieue claim ssh` runs the system `ssh` for `claim`: its arguments and the
+/// known_hosts file (written to `known_hosts`) that pins the member's host keys.
+pub fn ssh_invocation(
+    claim: &VirtualMachineClaim,
+    known_hosts: &std::path::Path,
+    identity: Option<&std::path::Path>,
+    command: &[String],
+) -> Result<(Vec<String>, String), CliError> {
+    let name = claim.name_any();
+    let not_ready = |why: String| CliError::Invalid(format!("claim {name}: {why}"));
+    if claim.spec.access.is_none() {
+        return Err(not_ready(
+            "it carries no keys (spec.access): create it with --ssh-key".into(),
+        ));
+    }
+    match usable(Some(claim)) {
+        Ok(true) => {}
+        Ok(false) => return Err(not_ready(format!("not ready yet: {}", progress(claim)))),
+        Err(why) => return Err(not_ready(why)),
+    }
+    let status = claim.status.clone().unwrap_or_default();
+    if status.ssh_host_keys.is_empty() {
+        return Err(not_ready(
+            "its guest published no SSH host keys, so its host cannot be pinned".into(),
+        ));
+    }
+    // The address comes from the member's network or its guest: only an IP address is
+    // passed to ssh, never text that could read as an option.
+    let address = status
+        .addresses
+        .iter()
+        .find_map(|a| a.address.parse::<std::net::IpAddr>().ok())
+        .ok_or_else(|| not_ready("its member has no IP address yet".into()))?;
+    let user = status
+        .login_user
+        .clone()
+        .or_else(|| claim.spec.access.as_ref().and_then(|a| a.user.clone()))
+        .ok_or_else(|| not_ready("no login is recorded for its keys".into()))?;
+    let mut pinned = String::new();
+    for key in &status.ssh_host_keys {
+        let key = access::parse_authorized_key(key)
+            .map_err(|why| not_ready(format!("a host key on the claim {why}")))?;
+        pinned.push_str(&format!("{address} {}\n", key.line()));
+    }
+    let mut args: Vec<String> = [
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        &format!("UserKnownHostsFile={}", known_hosts.display()),
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "UpdateHostKeys=no",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(identity) = identity {
+        args.extend([
+            "-i".to_owned(),
+            identity.display().to_string(),
+            "-o".to_owned(),
+            "IdentitiesOnly=yes".to_owned(),
+        ]);
+    }
+    args.push("--".into());
+    args.push(format!("{user}@{address}"));
+    args.extend(command.iter().cloned());
+    Ok((args, pinned))
+}
+
+/// `banlieue claim ssh`: the system `ssh`, its exit status passed on.
+async fn ssh(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    identity: Option<&std::path::Path>,
+    command: &[String],
+) -> Result<(), CliError> {
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(client.clone(), namespace);
+    let claim = claims.get(name).await.map_err(CliError::from_kube)?;
+    let dir = tempfile::tempdir()?;
+    let known_hosts = dir.path().join("known_hosts");
+    let (args, pinned) = ssh_invocation(&claim, &known_hosts, identity, command)?;
+    std::fs::write(&known_hosts, pinned)?;
+    let status = tokio::process::Command::new("ssh")
+        .args(&args)
+        .status()
+        .await
+        .map_err(|e| CliError::Invalid(format!("running ssh: {e}")))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(code) => Err(CliError::Ssh(code)),
+        None => Err(CliError::Ssh(-1)),
+    }
 }
 
 /// `900`, `900s`, `15m`, `1h`, `2d`.
@@ -605,10 +742,15 @@ pub async fn run(command: ClaimCommand) -> Result<(), CliError> {
             if wait {
                 writeln!(log, "{}", progress(&claim))?;
                 claim =
-                    wait_bound(&client, &namespace, &claim.name_any(), timeout, &mut log).await?;
+                    wait_usable(&client, &namespace, &claim.name_any(), timeout, &mut log).await?;
             }
             out.write_all(render(&[claim], command.output)?.as_bytes())?;
         }
+        ClaimAction::Ssh {
+            name,
+            identity,
+            command,
+        } => ssh(&client, &namespace, &name, identity.as_deref(), &command).await?,
         ClaimAction::List => {
             let claims = list(&client, &namespace).await?;
             out.write_all(render(&claims, command.output)?.as_bytes())?;
@@ -718,5 +860,67 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&render(&[claim], Output::Json).unwrap()).unwrap();
         assert_eq!(json["spec"]["poolRef"]["name"], "sandbox-pool");
+    }
+
+    /// A Bound claim with keys, as `status` (merged into a Bound status) says.
+    fn bound(status: serde_json::Value) -> VirtualMachineClaim {
+        let key =
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+        let mut base = serde_json::json!({
+            "phase": "Bound",
+            "addresses": [{"type": "InternalIP", "address": "192.0.2.41"}],
+            "sshHostKeys": [key],
+            "loginUser": "alice",
+            "conditions": [{"type": "AccessReady", "status": "True", "reason": "AccessInstalled",
+                            "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z"}]
+        });
+        base.as_object_mut()
+            .unwrap()
+            .extend(status.as_object().unwrap().clone());
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"poolRef": {"name": "p"}, "subject": {"issuer": "i", "id": "alice"},
+                     "ttlSeconds": 60, "access": {"sshAuthorizedKeys": [key]}},
+            "status": base
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ssh_pins_the_claims_host_keys_and_takes_no_option_from_it() {
+        let path = std::path::Path::new("/tmp/kh");
+        let command = vec!["uname".to_owned(), "-a".to_owned()];
+        let (args, pinned) =
+            ssh_invocation(&bound(serde_json::json!({})), path, None, &command).unwrap();
+        assert!(args.contains(&"StrictHostKeyChecking=yes".to_owned()));
+        assert!(args.contains(&"UserKnownHostsFile=/tmp/kh".to_owned()));
+        let at = args.iter().position(|a| a == "--").unwrap();
+        assert_eq!(args[at + 1..], ["alice@192.0.2.41", "uname", "-a"]);
+        assert!(
+            pinned.starts_with("192.0.2.41 ssh-ed25519 AAAA"),
+            "{pinned}"
+        );
+
+        // An address that is not an IP address is never passed on.
+        let forged = bound(serde_json::json!({
+            "addresses": [{"type": "InternalIP", "address": "-oProxyCommand=sh"}]
+        }));
+        assert!(ssh_invocation(&forged, path, None, &[]).is_err());
+        // No host keys: nothing to pin, so no login.
+        let unpinned = bound(serde_json::json!({"sshHostKeys": []}));
+        let error = ssh_invocation(&unpinned, path, None, &[]).unwrap_err();
+        assert!(error.to_string().contains("cannot be pinned"), "{error}");
+        // Keys not installed yet, or refused.
+        let pending = bound(serde_json::json!({"conditions": [{"type": "AccessReady",
+            "status": "False", "reason": "AccessPending", "message": "soon",
+            "lastTransitionTime": "2026-12-07T00:00:00Z"}]}));
+        assert_eq!(usable(Some(&pending)), Ok(false));
+        assert!(ssh_invocation(&pending, path, None, &[]).is_err());
+        let refused = bound(serde_json::json!({"conditions": [{"type": "AccessReady",
+            "status": "False", "reason": "AccessRefused", "message": "bad user",
+            "lastTransitionTime": "2026-12-07T00:00:00Z"}]}));
+        assert!(usable(Some(&refused)).unwrap_err().contains("bad user"));
+        assert!(usable(None).is_err());
     }
 }

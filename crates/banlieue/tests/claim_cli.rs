@@ -58,8 +58,9 @@ fn text(bytes: &[u8]) -> String {
 fn refusal(output: &Output) -> String {
     assert!(
         !output.status.success(),
-        "expected a refusal, got: {}",
-        text(&output.stdout)
+        "expected a refusal, got: {}\n{}",
+        text(&output.stdout),
+        text(&output.stderr)
     );
     let stderr = text(&output.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -181,7 +182,7 @@ async fn run(
         "{line}"
     );
 
-    // Her own claim, with her key, binds; --wait follows it and -o json prints the result.
+    // Her own claim binds; --wait follows it and -o json prints the result.
     let create = [
         "create",
         objects::POOL,
@@ -189,8 +190,6 @@ async fn run(
         "15m",
         "--issuer",
         objects::ISSUER,
-        "--ssh-key",
-        public,
         "--wait",
         "--timeout",
         &timeout,
@@ -206,14 +205,50 @@ async fn run(
     let status = claim.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Some(banlieue_api::ClaimPhase::Bound));
     assert_eq!(claim.spec.subject.id, objects::CLAIMANT);
-    assert_eq!(
-        claim.spec.access.map(|a| a.ssh_authorized_keys),
-        Some(vec![ed25519_key("alice@laptop")])
-    );
+    assert_eq!(claim.spec.access, None);
     assert!(
         stderr.contains(&format!("claim {name}: Bound, VM ")),
         "progress: {stderr}"
     );
+
+    // A claim with her key records it; the stand-in members here run no guest, so the keys
+    // stay on their way, and `claim ssh` says so in one line rather than trusting a host.
+    let keyed = [
+        "create",
+        objects::POOL,
+        "--ttl",
+        "15m",
+        "--issuer",
+        objects::ISSUER,
+        "--ssh-key",
+        public,
+        "-o",
+        "name",
+    ];
+    let made = claim_cli(alice, &keyed).await;
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let keyed_name = text(&made.stdout)
+        .trim()
+        .strip_prefix("virtualmachineclaim.banlieue.io/")
+        .ok_or("-o name")?
+        .to_owned();
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let recorded = claims.get(&keyed_name).await?;
+    assert_eq!(
+        recorded.spec.access.map(|a| a.ssh_authorized_keys),
+        Some(vec![ed25519_key("alice@laptop")])
+    );
+    let line = refusal(&claim_cli(alice, &["ssh", &keyed_name, "--", "true"]).await);
+    assert!(
+        line.contains(&format!("claim {keyed_name}: not ready yet")),
+        "{line}"
+    );
+    let released = claim_cli(
+        alice,
+        &["release", &keyed_name, "--wait", "--timeout", &timeout],
+    )
+    .await;
+    assert!(released.status.success(), "{}", text(&released.stderr));
 
     // Listed by name and in the table.
     let listed = claim_cli(alice, &["list", "-o", "name"]).await;
@@ -231,7 +266,6 @@ async fn run(
     // Released and gone.
     let released = claim_cli(alice, &["release", &name, "--wait", "--timeout", &timeout]).await;
     assert!(released.status.success(), "{}", text(&released.stderr));
-    let claims: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     assert!(claims.get_opt(&name).await?.is_none(), "{name} is gone");
     let line = refusal(&claim_cli(alice, &["release", &name]).await);
     assert!(line.contains("not found"), "{line}");

@@ -179,6 +179,41 @@ pub fn resumed(member: &VirtualMachine, generation: Option<i64>) -> Option<condi
     ))
 }
 
+/// The claim's `AccessReady` condition: the member's, once its machine has the claim's keys
+/// to install; `AccessPending` until then. `None` for a claim without `spec.access`.
+pub fn access_ready(
+    claim: &VirtualMachineClaim,
+    member: &VirtualMachine,
+) -> Option<conditions::Condition> {
+    claim.spec.access.as_ref()?;
+    let generation = claim.metadata.generation;
+    let reported = member
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::ACCESS_READY));
+    // The member's condition speaks of the keys only once the bind gave it the claim's.
+    let its_keys = member.spec.access == claim.spec.access;
+    Some(match reported {
+        Some(condition) if its_keys => conditions::new(
+            types::ACCESS_READY,
+            &condition.status,
+            &condition.reason,
+            conditions::bounded_message(condition.message.clone(), conditions::MAX_MESSAGE_BYTES),
+            generation,
+        ),
+        _ => conditions::new(
+            types::ACCESS_READY,
+            conditions::status::FALSE,
+            reasons::ACCESS_PENDING,
+            format!(
+                "member {} has not reported the keys installed yet",
+                member.name_any()
+            ),
+            generation,
+        ),
+    })
+}
+
 /// The claims of `claim`'s subject on its pool that come before it under the pool's
 /// `maxClaimsPerSubject`: those Bound, and those still waiting that were created earlier
 /// (creation time, then name), so the subject's claims bind first created first served and
@@ -522,5 +557,47 @@ mod tests {
             at,
         );
         assert_eq!(start_of(&status), crate::metrics::START_COLD);
+    }
+
+    #[test]
+    fn access_ready_is_the_members_once_it_holds_the_claims_keys() {
+        let claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",
+            "metadata": {"name": "c", "namespace": "ns", "generation": 3},
+            "spec": {"poolRef": {"name": "p"}, "subject": {"issuer": "i", "id": "alice"},
+                     "ttlSeconds": 60,
+                     "access": {"sshAuthorizedKeys": ["ssh-ed25519 AAAA"]}}
+        }))
+        .unwrap();
+        let mut member: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": "web-abc", "namespace": "ns"},
+            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
+                     "storageClassName": "fast", "networkClassName": "prod"}
+        }))
+        .unwrap();
+        let installed = conditions::new(
+            types::ACCESS_READY,
+            conditions::status::TRUE,
+            reasons::ACCESS_INSTALLED,
+            "installed for alice",
+            Some(9),
+        );
+        member.status = Some(banlieue_api::VirtualMachineStatus {
+            conditions: vec![installed],
+            ..Default::default()
+        });
+        // The member's condition is about other keys (or none) until the bind gave it these.
+        let pending = access_ready(&claim, &member).unwrap();
+        assert_eq!(pending.reason, reasons::ACCESS_PENDING);
+        member.spec.access = claim.spec.access.clone();
+        let ready = access_ready(&claim, &member).unwrap();
+        assert_eq!(ready.status, conditions::status::TRUE);
+        assert_eq!(ready.reason, reasons::ACCESS_INSTALLED);
+        assert_eq!(ready.observed_generation, Some(3));
+        // A claim without access has no such condition.
+        let mut plain = claim.clone();
+        plain.spec.access = None;
+        assert_eq!(access_ready(&plain, &member), None);
     }
 }

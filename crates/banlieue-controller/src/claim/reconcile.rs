@@ -272,8 +272,15 @@ pub async fn bind_member(
                 names::ANNOTATION_SUBJECT_ID: claim.spec.subject.id,
                 names::ANNOTATION_BOUND_AT: now.to_string(),
             },
-        }
+        },
     });
+    // The subject's keys travel with the bind, in the same write: the member's machine is
+    // given them next, and the guest installs them (AccessReady). Only when there are keys:
+    // in a merge patch, a `spec` of null would remove the member's whole spec.
+    let mut patch = patch;
+    if let Some(access) = &claim.spec.access {
+        patch["spec"] = json!({ "access": access });
+    }
     vms.patch(member, &PatchParams::default(), &Patch::Merge(&patch))
         .await
 }
@@ -358,7 +365,7 @@ async fn complete_bind(
     next.virtual_machine_ref = Some(LocalObjectReference::new(&member_name));
     next.bound_at = Some(Time(bound_at));
     next.expires_at = Some(Time(expires_at));
-    mirror_member(&mut next, member, this.claim.metadata.generation);
+    mirror_member(&mut next, member, this.claim);
     conditions::set(
         &mut next.conditions,
         conditions::new(
@@ -463,7 +470,7 @@ async fn bound(
         Some(member) if member.metadata.deletion_timestamp.is_none() => {
             delete_extra_members(this, ctx, &vms, &member_name).await?;
             let mut next = status.clone();
-            mirror_member(&mut next, &member, this.claim.metadata.generation);
+            mirror_member(&mut next, &member, this.claim);
             if next != *status {
                 write_status(this, ctx, &next).await?;
                 record_resume(this, ctx, status, &next);
@@ -527,17 +534,24 @@ fn record_resume(
     }
 }
 
-/// Copies what a consumer reads from the member: its addresses and EK certificates, and for a
-/// member of a `standby: Saved` pool whether it runs again (ADR-0073).
+/// Copies what a consumer reads from the member: its addresses, EK certificates and SSH host
+/// keys, for a claim with `spec.access` whether its keys are installed, and for a member of a
+/// `standby: Saved` pool whether it runs again (ADR-0073).
 fn mirror_member(
     next: &mut VirtualMachineClaimStatus,
     member: &VirtualMachine,
-    generation: Option<i64>,
+    claim: &VirtualMachineClaim,
 ) {
+    let generation = claim.metadata.generation;
     let member_status = member.status.clone().unwrap_or_default();
     next.addresses = member_status.addresses.clone();
     next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates.clone();
     next.tpm_endorsement_key_digests = member_status.tpm_endorsement_key_digests.clone();
+    next.ssh_host_keys = member_status.ssh_host_keys.clone();
+    if let Some(access) = decide::access_ready(claim, member) {
+        next.login_user = member_status.login_user.clone();
+        conditions::set(&mut next.conditions, access, Time(Timestamp::now()));
+    }
     if let Some(resumed) = decide::resumed(member, generation) {
         // Addresses of a machine that does not run yet are not an address to connect to.
         if resumed.status != status::TRUE {

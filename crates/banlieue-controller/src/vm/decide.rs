@@ -164,6 +164,17 @@ pub(crate) fn adopted_site(
     }
 }
 
+/// The keys `machine` must be given: the VirtualMachine's `spec.access` when the machine's
+/// differs (the bind wrote them after the machine was built). Never taken away: a member is
+/// single-use, so a guest that has the keys keeps them.
+pub(crate) fn access_to_hand<'a>(
+    vm: &'a VirtualMachine,
+    machine: &Machine,
+) -> Option<&'a banlieue_api::access::ClaimAccess> {
+    let access = vm.spec.access.as_ref()?;
+    (machine.spec.access.as_ref() != Some(access)).then_some(access)
+}
+
 /// What a saved warm member's machine is asked for, and what the VirtualMachine reports
 /// (ADR-0073).
 #[derive(Debug)]
@@ -790,5 +801,18 @@ mod tests {
         );
         own.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         assert_eq!(machine_teardown(&own, "vm-uid"), MachineTeardown::AwaitGone);
+    }
+
+    #[test]
+    fn a_bound_members_keys_are_handed_to_its_machine_once() {
+        let keys = json!({"sshAuthorizedKeys": ["ssh-ed25519 AAAA"], "user": "alice"});
+        let mut bound = vm(None);
+        bound.spec.access = Some(serde_json::from_value(keys.clone()).unwrap());
+        let bare = machine("vm-uid", json!({}));
+        assert_eq!(access_to_hand(&bound, &bare), bound.spec.access.as_ref());
+        let given = machine("vm-uid", json!({"spec": {"access": keys}}));
+        assert_eq!(access_to_hand(&bound, &given), None);
+        // A VirtualMachine without keys takes none from its machine.
+        assert_eq!(access_to_hand(&vm(None), &given), None);
     }
 }

@@ -105,6 +105,7 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     };
     if let Some(machine) = &mirrored {
         next.standby = ask_for_standby(&vm, &next, machine, &ctx, &namespace).await?;
+        hand_access(&vm, machine, &ctx, &namespace).await?;
     }
     if next != current {
         let written = ctx.patch_status(&vms, &name, &next).await?;
@@ -114,6 +115,32 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
         &next,
         ctx.config.resync,
     )))
+}
+
+/// Gives the machine the keys its VirtualMachine's bind brought ([`decide::access_to_hand`]),
+/// for its provider to install in the guest.
+async fn hand_access(
+    vm: &VirtualMachine,
+    machine: &Machine,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<()> {
+    let (Some(access), Some(backend)) = (
+        decide::access_to_hand(vm, machine),
+        ctx.config.machine_backends.get(&machine.kind),
+    ) else {
+        return Ok(());
+    };
+    let patch = serde_json::json!({ "spec": { "access": access } });
+    backend
+        .api(&ctx.client, namespace)
+        .patch(
+            &machine.object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Saved warm members (ADR-0073): carries out [`decide::standby_step`] (`next` is the

@@ -15,6 +15,9 @@ use banlieue_libvirt::Domain;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
+use banlieue_api::access::ClaimAccess;
+use banlieue_provider_kit::access::{self, AccessSight, GuestAccess};
+
 use super::guest::{self, EkReading, GuestSight, MAX_GUEST_FILE_BYTES, Phase};
 
 /// Seconds libvirt waits for one agent reply: a connected agent answers file calls in
@@ -77,6 +80,105 @@ async fn look_unbounded(agent: &impl AgentChannel, read_ek: bool, calls: &Counte
         EkReading::NotRead
     };
     GuestSight::Phase { phase, ek }
+}
+
+/// The guest's SSH host keys ([`access::HOST_KEYS_FILE`]), giving up at `until`: an empty
+/// list when the guest publishes none (no sshd), `Err` when the file or the agent fails.
+pub(super) async fn read_host_keys(
+    agent: &impl AgentChannel,
+    calls: &Counter,
+    until: Instant,
+) -> Result<Vec<String>, String> {
+    let read = tokio::time::timeout_at(until, read_file(agent, access::HOST_KEYS_FILE, calls))
+        .await
+        .unwrap_or_else(|_| Err(deadline_message()))?;
+    match read {
+        None => Ok(Vec::new()),
+        Some(bytes) => access::parse_host_keys(&bytes)
+            .map_err(|why| format!("{} {why}", access::HOST_KEYS_FILE)),
+    }
+}
+
+/// How long one reconcile waits for the guest's layer to answer a delivery; past it the
+/// machine reports AccessPending and looks again soon. The layer answers within tens of
+/// milliseconds; the wait only spares a round through the API server.
+pub(super) const ACCESS_ANSWER_WAIT: Duration = Duration::from_secs(3);
+
+/// How often the layer's state is read while waiting for its answer.
+const ACCESS_POLL: Duration = Duration::from_millis(20);
+
+/// Hands the claim's keys to a ready guest: writes [`access::WANTED_FILE`] unless the layer
+/// already answered for these very bytes, then reads [`access::STATE_FILE`] until the layer
+/// answers, [`ACCESS_ANSWER_WAIT`] passes or `until` comes.
+pub(super) async fn deliver_access(
+    agent: &impl AgentChannel,
+    wanted: &ClaimAccess,
+    calls: &Counter,
+    until: Instant,
+) -> AccessSight {
+    let bytes = access::wanted_file(wanted);
+    let digest = access::digest(&bytes);
+    let answer_by = until.min(Instant::now() + ACCESS_ANSWER_WAIT);
+    let delivery = async {
+        match read_state(agent, &digest, calls).await? {
+            GuestAccess::NotYet => {}
+            answered => return Ok::<_, String>(answered),
+        }
+        write_file(agent, access::WANTED_FILE, &bytes, calls).await?;
+        loop {
+            match read_state(agent, &digest, calls).await? {
+                GuestAccess::NotYet => tokio::time::sleep(ACCESS_POLL).await,
+                answered => return Ok(answered),
+            }
+        }
+    };
+    match tokio::time::timeout_at(answer_by, delivery).await {
+        Ok(Ok(GuestAccess::Installed { user })) => AccessSight::Installed { user },
+        Ok(Ok(GuestAccess::Refused(why))) => AccessSight::Refused(why),
+        Ok(Ok(GuestAccess::NotYet)) | Err(_) => AccessSight::Pending(
+            "the keys are written; the guest's layer has not installed them yet".into(),
+        ),
+        Ok(Err(why)) => AccessSight::Pending(format!(
+            "the keys could not be handed to the guest agent: {why}"
+        )),
+    }
+}
+
+async fn read_state(
+    agent: &impl AgentChannel,
+    digest: &str,
+    calls: &Counter,
+) -> Result<GuestAccess, String> {
+    Ok(match read_file(agent, access::STATE_FILE, calls).await? {
+        None => GuestAccess::NotYet,
+        Some(bytes) => access::parse_state(&bytes, digest),
+    })
+}
+
+/// Writes `bytes` as the whole file at `path`, closing it whatever happened (the layer acts
+/// on the close).
+async fn write_file(
+    agent: &impl AgentChannel,
+    path: &str,
+    bytes: &[u8],
+    calls: &Counter,
+) -> Result<(), String> {
+    calls.inc();
+    let handle = match agent.command(&guest::file_open_for_writing(path)).await {
+        Ok(reply) => guest::parse_open(&reply).map_err(|e| e.to_string())?,
+        Err(e) => return Err(agent_error(&e)),
+    };
+    calls.inc();
+    let written = match agent.command(&guest::file_write(handle, bytes)).await {
+        Ok(reply) => guest::parse_write(&reply, bytes.len()).map_err(|e| e.to_string()),
+        Err(e) => Err(agent_error(&e)),
+    };
+    calls.inc();
+    let closed = agent
+        .command(&guest::file_close(handle))
+        .await
+        .map_err(|e| agent_error(&e));
+    written.and(closed.map(|_| ()))
 }
 
 async fn read_ek_certificates(agent: &impl AgentChannel, calls: &Counter) -> EkReading {
@@ -171,6 +273,8 @@ fn agent_error(e: &banlieue_libvirt::Error) -> String {
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
+
+    use base64::Engine;
 
     use super::*;
 
@@ -269,5 +373,167 @@ mod tests {
             }
         );
         assert_eq!(*guest.0.borrow(), 3, "open, one read, close");
+    }
+
+    /// An open guest file: its path, whether it is being written, its bytes.
+    type OpenFile = (String, bool, Vec<u8>);
+
+    /// A guest whose layer answers the access contract as `answer` says: its files in a map,
+    /// the layer acting when the host closes the wanted file, as its path unit does.
+    struct Layer {
+        answer: fn(&[u8]) -> Option<String>,
+        files: RefCell<std::collections::HashMap<String, Vec<u8>>>,
+        open: RefCell<std::collections::HashMap<i64, OpenFile>>,
+        writes: RefCell<usize>,
+    }
+
+    impl Layer {
+        fn new(answer: fn(&[u8]) -> Option<String>) -> Layer {
+            Layer {
+                answer,
+                files: RefCell::default(),
+                open: RefCell::default(),
+                writes: RefCell::new(0),
+            }
+        }
+    }
+
+    impl AgentChannel for Layer {
+        async fn command(&self, json: &str) -> Result<String, banlieue_libvirt::Error> {
+            let command: serde_json::Value = serde_json::from_str(json).unwrap();
+            let arguments = &command["arguments"];
+            let handle = || arguments["handle"].as_i64().unwrap();
+            Ok(match command["execute"].as_str().unwrap() {
+                "guest-file-open" => {
+                    let path = arguments["path"].as_str().unwrap().to_owned();
+                    let writing = arguments["mode"] == "w";
+                    let content = match self.files.borrow().get(&path) {
+                        Some(content) => content.clone(),
+                        None if writing => Vec::new(),
+                        None => {
+                            return Err(banlieue_libvirt::RemoteError::new(
+                                banlieue_libvirt::ErrorCode::InternalError,
+                                "failed to open file: No such file or directory",
+                            )
+                            .into());
+                        }
+                    };
+                    let id = self.open.borrow().len() as i64 + 1;
+                    let content = if writing { Vec::new() } else { content };
+                    self.open.borrow_mut().insert(id, (path, writing, content));
+                    format!(r#"{{"return": {id}}}"#)
+                }
+                "guest-file-read" => {
+                    let open = self.open.borrow();
+                    let bytes = &open[&handle()].2;
+                    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+                    format!(
+                        r#"{{"return": {{"count": {}, "buf-b64": "{encoded}", "eof": true}}}}"#,
+                        bytes.len()
+                    )
+                }
+                "guest-file-write" => {
+                    *self.writes.borrow_mut() += 1;
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(arguments["buf-b64"].as_str().unwrap())
+                        .unwrap();
+                    let count = bytes.len();
+                    self.open.borrow_mut().get_mut(&handle()).unwrap().2 = bytes;
+                    format!(r#"{{"return": {{"count": {count}, "eof": false}}}}"#)
+                }
+                "guest-file-close" => {
+                    let (path, writing, bytes) = self.open.borrow_mut().remove(&handle()).unwrap();
+                    if writing {
+                        if let Some(state) = (self.answer)(&bytes) {
+                            self.files
+                                .borrow_mut()
+                                .insert(access::STATE_FILE.into(), state.into_bytes());
+                        }
+                        self.files.borrow_mut().insert(path, bytes);
+                    }
+                    r#"{"return": {}}"#.to_owned()
+                }
+                other => panic!("unexpected {other}"),
+            })
+        }
+    }
+
+    fn alices_keys() -> ClaimAccess {
+        ClaimAccess {
+            ssh_authorized_keys: vec![
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+                    .into(),
+            ],
+            user: Some("alice".into()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keys_are_written_once_and_the_layers_answer_for_them_is_read() {
+        let guest =
+            Layer::new(|bytes| Some(format!("installed alice {}\n", access::digest(bytes))));
+        let sight = deliver_access(&guest, &alices_keys(), &Counter::default(), far()).await;
+        assert_eq!(
+            sight,
+            AccessSight::Installed {
+                user: "alice".into()
+            }
+        );
+        assert_eq!(
+            guest.files.borrow()[access::WANTED_FILE],
+            access::wanted_file(&alices_keys())
+        );
+        // Asked again, the answer already there is read: nothing is written twice.
+        let again = deliver_access(&guest, &alices_keys(), &Counter::default(), far()).await;
+        assert_eq!(
+            again,
+            AccessSight::Installed {
+                user: "alice".into()
+            }
+        );
+        assert_eq!(*guest.writes.borrow(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_final_and_silence_or_a_lie_is_pending() {
+        let refusing = Layer::new(|_| Some("failed: useradd: bad name\n".into()));
+        let sight = deliver_access(&refusing, &alices_keys(), &Counter::default(), far()).await;
+        assert_eq!(sight, AccessSight::Refused("useradd: bad name".into()));
+
+        let silent = Layer::new(|_| None);
+        let started = Instant::now();
+        let sight = deliver_access(&silent, &alices_keys(), &Counter::default(), far()).await;
+        assert!(matches!(sight, AccessSight::Pending(_)), "{sight:?}");
+        assert_eq!(started.elapsed(), ACCESS_ANSWER_WAIT);
+
+        // A guest claiming it installed other keys has not installed these.
+        let lying = Layer::new(|_| Some(format!("installed alice {}\n", access::digest(b"other"))));
+        let sight = deliver_access(&lying, &alices_keys(), &Counter::default(), far()).await;
+        assert!(matches!(sight, AccessSight::Pending(_)), "{sight:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn host_keys_are_read_and_checked() {
+        let guest = Layer::new(|_| None);
+        assert_eq!(
+            read_host_keys(&guest, &Counter::default(), far()).await,
+            Ok(vec![])
+        );
+        guest.files.borrow_mut().insert(
+            access::HOST_KEYS_FILE.into(),
+            format!("{} root@guest\n", alices_keys().ssh_authorized_keys[0]).into_bytes(),
+        );
+        assert_eq!(
+            read_host_keys(&guest, &Counter::default(), far()).await,
+            Ok(alices_keys().ssh_authorized_keys)
+        );
+        guest.files.borrow_mut().insert(
+            access::HOST_KEYS_FILE.into(),
+            b"ssh-ed25519 AAAA\n".to_vec(),
+        );
+        let error = read_host_keys(&guest, &Counter::default(), far())
+            .await
+            .unwrap_err();
+        assert!(error.starts_with(access::HOST_KEYS_FILE), "{error}");
     }
 }

@@ -28,6 +28,7 @@ pub(super) fn machine(disk: LibvirtDisk, user_data: Option<&str>) -> LibvirtMach
             user_data: user_data.map(str::to_owned),
             user_data_secret_ref: None,
             standby: None,
+            access: None,
         },
     );
     m.metadata.namespace = Some("banlieue-system".into());
@@ -71,6 +72,8 @@ pub(super) fn running() -> Observed {
             ek: super::guest::EkReading::NotRead,
         },
         standby: StandbySight::Running,
+        host_keys: None,
+        access: None,
     }
 }
 
@@ -108,6 +111,8 @@ pub(super) fn saved_domain() -> Observed {
         addresses_from_guest: false,
         guest: super::guest::GuestSight::NotRunning,
         standby: StandbySight::Saved,
+        host_keys: None,
+        access: None,
     }
 }
 

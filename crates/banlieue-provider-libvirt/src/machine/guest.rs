@@ -35,6 +35,37 @@ pub fn file_open(path: &str) -> String {
         .to_string()
 }
 
+/// `guest-file-open` of `path` for writing, truncating it: the layer's access file, which
+/// the guest's path unit reads once it is closed.
+pub fn file_open_for_writing(path: &str) -> String {
+    serde_json::json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "w"}})
+        .to_string()
+}
+
+/// `guest-file-write` of `bytes` at the handle's position.
+pub fn file_write(handle: i64, bytes: &[u8]) -> String {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    serde_json::json!({"execute": "guest-file-write", "arguments": {"handle": handle, "buf-b64": encoded}})
+        .to_string()
+}
+
+/// The count `guest-file-write` says it wrote, which must be all of `wanted` bytes.
+pub fn parse_write(reply: &str, wanted: usize) -> Result<(), ReplyError> {
+    const COMMAND: &str = "guest-file-write";
+    #[derive(Deserialize)]
+    struct Written {
+        count: usize,
+    }
+    let written: Written = parse(COMMAND, reply)?;
+    if written.count != wanted {
+        return Err(reply_error(
+            COMMAND,
+            format!("wrote {} of {wanted} bytes", written.count),
+        ));
+    }
+    Ok(())
+}
+
 /// `guest-file-read` of up to `count` bytes.
 pub fn file_read(handle: i64, count: usize) -> String {
     serde_json::json!({"execute": "guest-file-read", "arguments": {"handle": handle, "count": count}})
@@ -275,6 +306,25 @@ mod tests {
             file_close(7),
             r#"{"arguments":{"handle":7},"execute":"guest-file-close"}"#
         );
+        assert_eq!(
+            file_open_for_writing("/run/banlieue/access/wanted"),
+            r#"{"arguments":{"mode":"w","path":"/run/banlieue/access/wanted"},"execute":"guest-file-open"}"#
+        );
+        assert_eq!(
+            file_write(7, b"ready\n"),
+            r#"{"arguments":{"buf-b64":"cmVhZHkK","handle":7},"execute":"guest-file-write"}"#
+        );
+    }
+
+    #[test]
+    fn a_write_must_be_whole() {
+        assert_eq!(
+            parse_write(r#"{"return": {"count": 6, "eof": false}}"#, 6),
+            Ok(())
+        );
+        let short = parse_write(r#"{"return": {"count": 2, "eof": false}}"#, 6).unwrap_err();
+        assert_eq!(short.problem, "wrote 2 of 6 bytes");
+        assert!(parse_write(r#"{"error": {"desc": "no"}}"#, 6).is_err());
     }
 
     #[test]

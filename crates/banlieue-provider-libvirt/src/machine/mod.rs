@@ -258,6 +258,8 @@ mod tests {
             addresses_from_guest: false,
             guest: guest::GuestSight::NotRunning,
             standby: standby::StandbySight::Saved,
+            host_keys: None,
+            access: None,
         };
         // A GuestReady still settling when it was saved (a pool that does not wait for it).
         let mut status = LibvirtMachineStatus::default();

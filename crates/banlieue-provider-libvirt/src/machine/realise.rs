@@ -8,6 +8,7 @@ use banlieue_libvirt::stream::TransferOptions;
 use banlieue_libvirt::{
     Client, Domain, DomainState, InterfaceAddressesSource, Network, StoragePool, StorageVol,
 };
+use banlieue_provider_kit::access::{self, AccessSight};
 use banlieue_provider_kit::error::Core;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -15,7 +16,7 @@ use serde_json::json;
 use super::Context;
 use super::agent;
 use super::domain::{self, Existing, MachineNames};
-use super::guest::GuestSight;
+use super::guest::{GuestSight, Phase};
 use super::standby::{self, StandbyAct, StandbySight};
 use super::status::{self, Observed};
 use super::targets;
@@ -108,6 +109,8 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
             addresses_from_guest: false,
             guest: GuestSight::NotRunning,
             standby: sight,
+            host_keys: None,
+            access: access_waiting(machine, &GuestSight::NotRunning),
         });
     }
     let calls = &ctx.metrics.agent_commands;
@@ -124,11 +127,7 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         }
         other => other,
     };
-    let recorded = machine
-        .status
-        .as_ref()
-        .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
-    let guest = agent::look(&domain, machine.spec.tpm_enabled && !recorded, calls, until).await;
+    let (guest, host_keys, access) = talk_to_guest(machine, &domain, calls, until).await;
     let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
     if agent_answers {
         calls.inc();
@@ -141,7 +140,100 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         addresses_from_guest,
         guest,
         standby: sight,
+        host_keys,
+        access,
     })
+}
+
+/// One conversation with a running guest's agent, by `until`: what it says of itself (and,
+/// when due, its EK certificates and SSH host keys), and the claim's keys handed to it once it
+/// is ready.
+async fn talk_to_guest(
+    machine: &LibvirtMachine,
+    domain: &banlieue_libvirt::Domain,
+    calls: &prometheus_client::metrics::counter::Counter,
+    until: tokio::time::Instant,
+) -> (GuestSight, Option<Vec<String>>, Option<AccessSight>) {
+    let recorded = machine
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
+    let guest = agent::look(domain, machine.spec.tpm_enabled && !recorded, calls, until).await;
+    let host_keys = read_host_keys_once(machine, &guest, domain, calls, until).await;
+    let access = match (access_waiting(machine, &guest), &machine.spec.access) {
+        (Some(_), Some(wanted)) if is_ready(&guest) => {
+            Some(agent::deliver_access(domain, wanted, calls, until).await)
+        }
+        (waiting, _) => waiting,
+    };
+    (guest, host_keys, access)
+}
+
+fn is_ready(guest: &GuestSight) -> bool {
+    matches!(
+        guest,
+        GuestSight::Phase {
+            phase: Phase::Ready,
+            ..
+        }
+    )
+}
+
+/// The guest's SSH host keys, read in the reconcile that first sees its guest `ready` (they
+/// are written before it and kept for the boot, and a saved guest resumes with them): `None`
+/// otherwise, or when they could not be read (logged; the next first sight tries again).
+async fn read_host_keys_once(
+    machine: &LibvirtMachine,
+    guest: &GuestSight,
+    domain: &banlieue_libvirt::Domain,
+    calls: &prometheus_client::metrics::counter::Counter,
+    until: tokio::time::Instant,
+) -> Option<Vec<String>> {
+    let was_ready = machine.status.as_ref().is_some_and(|s| {
+        banlieue_api::conditions::is_true(
+            &s.contract.conditions,
+            banlieue_api::conditions::types::GUEST_READY,
+        )
+    });
+    if was_ready || !is_ready(guest) {
+        return None;
+    }
+    match agent::read_host_keys(domain, calls, until).await {
+        Ok(keys) => Some(keys),
+        Err(why) => {
+            tracing::warn!(machine = %machine.name_any(), error = %why, "the guest's SSH host keys");
+            None
+        }
+    }
+}
+
+/// What becomes of the claim's keys while `guest` is not ready to take them: `None` for a
+/// machine given none, or whose guest already installed or refused them; otherwise why
+/// they wait (a ready guest is handed them by [`agent::deliver_access`]).
+fn access_waiting(machine: &LibvirtMachine, guest: &GuestSight) -> Option<AccessSight> {
+    machine.spec.access.as_ref()?;
+    let recorded = machine
+        .status
+        .as_ref()
+        .map(|s| s.contract.conditions.as_slice())
+        .unwrap_or_default();
+    if access::settled(recorded) {
+        return None;
+    }
+    Some(AccessSight::Pending(match guest {
+        GuestSight::NotRunning => "waiting for the domain to run".to_owned(),
+        GuestSight::AgentUnavailable(why) => format!("the guest agent does not answer: {why}"),
+        GuestSight::NoPhaseFile => {
+            "the guest publishes no phase: its image lacks the guest-phase layer, which installs \
+             the keys"
+                .to_owned()
+        }
+        GuestSight::Phase { phase, .. } => match phase {
+            Phase::Ready => "the keys are being handed to the guest".to_owned(),
+            Phase::Failed(why) => format!("the guest failed its boot ({why})"),
+            Phase::Pending(phase) => format!("waiting for the guest to be ready (it is {phase})"),
+        },
+    }))
 }
 
 /// What a saved domain shows: nothing is asked of its guest.
@@ -152,6 +244,8 @@ fn saved() -> Observed {
         addresses_from_guest: false,
         guest: GuestSight::NotRunning,
         standby: StandbySight::Saved,
+        host_keys: None,
+        access: None,
     }
 }
 

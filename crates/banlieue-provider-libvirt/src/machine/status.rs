@@ -5,6 +5,7 @@ use banlieue_api::common::address_type;
 use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::{LibvirtMachine, LibvirtMachineStatus, MachineAddress};
 use banlieue_libvirt::InterfaceAddresses;
+use banlieue_provider_kit::access::AccessSight;
 use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Sight};
 
 use super::domain::MachineNames;
@@ -53,6 +54,12 @@ pub struct Observed {
     pub guest: super::guest::GuestSight,
     /// What became of the domain's standby (ADR-0073).
     pub standby: StandbySight,
+    /// The guest's SSH host keys, read this reconcile (the first that saw it `ready`);
+    /// `None` keeps those recorded.
+    pub host_keys: Option<Vec<String>>,
+    /// What became of the claim's keys, for a machine given some whose guest has not yet
+    /// settled them; `None` otherwise.
+    pub access: Option<AccessSight>,
 }
 
 impl Observed {
@@ -60,7 +67,8 @@ impl Observed {
     /// one, which waits for its spec to change (a watch event) and is never started on a
     /// timer. Only a domain on its way to running is looked at sooner.
     pub fn settled(&self) -> bool {
-        self.running || self.standby == StandbySight::Saved
+        let access_pending = matches!(self.access, Some(AccessSight::Pending(_)));
+        (self.running && !access_pending) || self.standby == StandbySight::Saved
     }
 }
 
@@ -164,12 +172,22 @@ fn sight(
     } else {
         format!("domain {domain} is defined but not running yet")
     };
+    let mut guest_conditions = vec![guest.guest_ready, guest.agent_connected];
+    let mut login_user = None;
+    if let Some(sight) = &observed.access {
+        guest_conditions.push(banlieue_provider_kit::access::condition(sight, generation));
+        if let AccessSight::Installed { user } = sight {
+            login_user = Some(user.clone());
+        }
+    }
     Sight::Live(Live {
         running: observed.running,
         addresses: observed.addresses.clone(),
         guest_phase: guest.guest_phase,
         endorsement: Some((guest.certificates, guest.key_digests)),
-        guest_conditions: vec![guest.guest_ready, guest.agent_connected],
+        ssh_host_keys: observed.host_keys.clone(),
+        login_user,
+        guest_conditions,
         not_saved,
         running_reason: reasons::DOMAIN_RUNNING,
         ready_message,
@@ -258,6 +276,8 @@ mod tests {
                 addresses_from_guest: false,
                 guest: super::super::guest::GuestSight::NoPhaseFile,
                 standby: StandbySight::Running,
+                host_keys: None,
+                access: None,
             }),
             at.clone(),
         );
@@ -274,6 +294,8 @@ mod tests {
                 addresses_from_guest: true,
                 guest: super::super::guest::GuestSight::NoPhaseFile,
                 standby: StandbySight::Running,
+                host_keys: None,
+                access: None,
             }),
             at.clone(),
         );

@@ -28,6 +28,7 @@ pub(super) fn machine() -> VSphereMachine {
             tpm_enabled: false,
             secure_boot: false,
             standby: None,
+            access: None,
         },
     );
     m.metadata.namespace = Some("team-a".into());

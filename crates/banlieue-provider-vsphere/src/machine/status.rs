@@ -215,6 +215,17 @@ fn running(
             o.vm_name, o.moref, o.power_state
         )
     };
+    let mut guest_conditions = vec![guest];
+    // The claim's keys are not delivered on vSphere yet (guestinfo through a reconfigure is
+    // the channel it would use): its claims say so rather than wait.
+    if machine.spec.access.is_some() {
+        guest_conditions.push(banlieue_provider_kit::access::condition(
+            &banlieue_provider_kit::access::AccessSight::NotSupported(
+                "the vSphere provider does not install a claim's keys in its guests yet".into(),
+            ),
+            machine.metadata.generation,
+        ));
+    }
     Live {
         running: o.powered_on,
         addresses: addresses(&o.nics),
@@ -224,7 +235,9 @@ fn running(
             .filter(|_| o.powered_on)
             .map(|p| Phase::parse(p.as_bytes()).as_status()),
         endorsement,
-        guest_conditions: vec![guest],
+        ssh_host_keys: None,
+        login_user: None,
+        guest_conditions,
         not_saved,
         running_reason: vsphere::reasons::POWERED_ON,
         ready_message,
