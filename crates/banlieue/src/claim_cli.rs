@@ -608,6 +608,9 @@ pub fn ssh_invocation(
         "GlobalKnownHostsFile=/dev/null",
         "-o",
         "UpdateHostKeys=no",
+        // banlieue installs keys and nothing else: no password prompt from a sandbox.
+        "-o",
+        "PreferredAuthentications=publickey",
     ]
     .iter()
     .map(|s| (*s).to_owned())

@@ -13,6 +13,11 @@
 //!   different from the other member's;
 //! - cloud-init consumed the seed: the user-data's file exists, the instance-id is the
 //!   domain's UUID, and a replacement member is a new instance;
+//! - a claim carrying its subject's key on a warm member gets `AccessReady` without a cold
+//!   start; `banlieue claim ssh`, as the subject with her own kubeconfig, runs a command there
+//!   over the guests' network with the host key pinned from the claim (the one sshd serves,
+//!   read from inside the guest); another subject's key is refused by that guest, an
+//!   unclaimed member refuses the subject's key, and each member has its own host key;
 //! - the agent going away is reported on the machine and touches nothing bound;
 //! - a guest that answers for its agent and trickles files out is given up on after a few
 //!   reads, and its machine's teardown is not held up;
@@ -710,11 +715,32 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
 
     // A claim against the warm pool, timed from a watch so that the figure compares with the
     // claim benchmark's against InfrastructureReady pools.
-    let warm = create_timed(&claims, &claims_admin, &claim("warm"), false).await?;
+    // It carries alice's key: installed after the bind, with no cold start.
+    let keys = tempfile::tempdir()?;
+    let (alice_key, alice_public) = ssh_key(keys.path(), "alice")?;
+    let (bob_key, _) = ssh_key(keys.path(), "bob")?;
+    let mut keyed = claim("warm");
+    keyed.spec.access = Some(banlieue_api::access::ClaimAccess {
+        ssh_authorized_keys: vec![alice_public],
+        user: Some("alice".into()),
+    });
+    let warm = create_timed(&claims, &claims_admin, &keyed, false).await?;
+    let access_after = warm.access.ok_or("no AccessReady")?;
     eprintln!(
-        "claim against a warm GuestReady pool Bound in {:.3?}",
-        warm.bound
+        "claim against a warm GuestReady pool Bound in {:.3?}, AccessReady in {access_after:.3?} \
+         ({:.3?} after Bound)",
+        warm.bound,
+        access_after.saturating_sub(warm.bound)
     );
+    check_access(
+        control_plane,
+        libvirtd,
+        &claims_admin,
+        &vms,
+        "warm",
+        (&alice_key, &bob_key),
+    )
+    .await?;
 
     // The layerless guests' pool says why it never fills.
     let pools: Api<VirtualMachinePool> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
@@ -1044,6 +1070,136 @@ async fn deferred_install(
 const MARKER: &str = "/var/lib/banlieue-test/seed-marker";
 
 /// The dev guest user-data (an address on the isolated network) plus a file holding `token`.
+/// A key pair made by `ssh-keygen` in `dir`: the private key's path and the public line.
+fn ssh_key(dir: &std::path::Path, who: &str) -> Result<(std::path::PathBuf, String), BoxError> {
+    let path = dir.join(who);
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", who, "-f"])
+        .arg(&path)
+        .status()?;
+    if !made.success() {
+        return Err(format!("ssh-keygen for {who}: {made}").into());
+    }
+    let public = std::fs::read_to_string(path.with_extension("pub"))?;
+    Ok((path, public.trim().to_owned()))
+}
+
+/// `banlieue claim -n SYSTEM_NAMESPACE ssh NAME -i KEY -- ARGS` as alice, with alice's own
+/// kubeconfig.
+async fn claim_ssh(
+    control_plane: &ControlPlane,
+    name: &str,
+    key: &std::path::Path,
+    args: &[&str],
+) -> Result<std::process::Output, BoxError> {
+    let kubeconfig = control_plane
+        .kubeconfig(objects::CLAIMANT)
+        .ok_or("alice's kubeconfig")?
+        .to_owned();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_banlieue"));
+    command
+        .env("KUBECONFIG", kubeconfig)
+        .args(["claim", "-n", SYSTEM_NAMESPACE, "ssh", name, "-i"])
+        .arg(key)
+        .arg("--")
+        .args(args)
+        .stdin(std::process::Stdio::null());
+    Ok(tokio::task::spawn_blocking(move || command.output()).await??)
+}
+
+/// The claim's keys in its guest: the claim names the login and the guest's own host key;
+/// `banlieue claim ssh` runs a command there as alice with that key pinned; bob's key is
+/// refused by the same guest; an unclaimed member, which holds no consumer's key, refuses
+/// alice's; and each member has its own host key.
+async fn check_access(
+    control_plane: &ControlPlane,
+    libvirtd: &Libvirtd,
+    claims: &Api<VirtualMachineClaim>,
+    vms: &Api<VirtualMachine>,
+    name: &str,
+    (alice_key, bob_key): (&std::path::Path, &std::path::Path),
+) -> Result<(), BoxError> {
+    let claim = claims.get(name).await?;
+    let st = claim.status.clone().unwrap_or_default();
+    assert_eq!(st.login_user.as_deref(), Some("alice"));
+    let member = st.virtual_machine_ref.clone().ok_or("no member")?.name;
+    let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
+    // The pinned key is the one sshd serves, read from inside the guest.
+    let served =
+        guest_agent::read_text(libvirtd, &domain, "/etc/ssh/ssh_host_ed25519_key.pub").await?;
+    let served: Vec<&str> = served.split_whitespace().take(2).collect();
+    assert_eq!(st.ssh_host_keys, vec![served.join(" ")], "sshHostKeys");
+
+    let ran = claim_ssh(control_plane, name, alice_key, &["id", "-un"]).await?;
+    assert!(
+        ran.status.success(),
+        "banlieue claim ssh as alice: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ran.stdout).trim(), "alice");
+
+    let refused = claim_ssh(control_plane, name, bob_key, &["true"]).await?;
+    assert!(
+        !refused.status.success(),
+        "bob's key opened alice's sandbox"
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("Permission denied"), "{said}");
+
+    // An unclaimed member: its own host key, and no consumer's key is accepted there.
+    let unclaimed = pool_members(vms, POOL)
+        .await?
+        .into_iter()
+        .find(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
+        .ok_or("an unclaimed ready member")?;
+    let unclaimed_status = unclaimed.status.clone().unwrap_or_default();
+    assert!(!unclaimed_status.ssh_host_keys.is_empty());
+    assert_ne!(
+        unclaimed_status.ssh_host_keys, st.ssh_host_keys,
+        "two members share a host key"
+    );
+    let address = unclaimed_status
+        .addresses
+        .first()
+        .ok_or("the unclaimed member has no address")?
+        .address
+        .clone();
+    let known_hosts = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        known_hosts.path(),
+        unclaimed_status
+            .ssh_host_keys
+            .iter()
+            .map(|k| format!("{address} {k}\n"))
+            .collect::<String>(),
+    )?;
+    let output = std::process::Command::new("ssh")
+        .args([
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+        ])
+        .arg(format!(
+            "UserKnownHostsFile={}",
+            known_hosts.path().display()
+        ))
+        .args(["-o", "IdentitiesOnly=yes", "-i"])
+        .arg(alice_key)
+        .arg(format!("alice@{address}"))
+        .arg("true")
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    assert!(
+        !output.status.success(),
+        "an unclaimed member accepted alice's key"
+    );
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("Permission denied"), "{said}");
+    Ok(())
+}
+
 fn marker_user_data(token: &str) -> String {
     format!(
         "{}write_files:\n  - path: {MARKER}\n    content: \"{token}\\n\"\n",
@@ -1286,6 +1442,8 @@ struct ClaimTimes {
     bound: Duration,
     /// Until `Resumed=True`, when it was waited for.
     resumed: Option<Duration>,
+    /// Until `AccessReady=True`, for a claim with `spec.access`.
+    access: Option<Duration>,
 }
 
 /// Creates `claim` through `claims` (the claimant's client) and times it through `watch` (the
@@ -1308,7 +1466,8 @@ async fn create_timed(
     ) {}
     let made = Instant::now();
     claims.create(&PostParams::default(), claim).await?;
-    let (mut bound, mut resumed) = (None, None);
+    let (mut bound, mut resumed, mut access) = (None, None, None);
+    let wait_access = claim.spec.access.is_some();
     let seen = tokio::time::timeout(DEADLINE, async {
         while let Some(event) = events.try_next().await? {
             let (watcher::Event::Apply(c) | watcher::Event::InitApply(c)) = event else {
@@ -1321,10 +1480,23 @@ async fn create_timed(
             if resumed.is_none() && conditions::is_true(&status.conditions, types::RESUMED) {
                 resumed = Some(made.elapsed());
             }
+            if access.is_none() && conditions::is_true(&status.conditions, types::ACCESS_READY) {
+                access = Some(made.elapsed());
+            }
+            if let Some(refused) = conditions::find(&status.conditions, types::ACCESS_READY)
+                .filter(|c| c.reason == reasons::ACCESS_REFUSED)
+            {
+                return Err(format!("claim {name}: {}", refused.message).into());
+            }
             if let Some(bound) = bound
                 && (resumed.is_some() || !wait_resumed)
+                && (access.is_some() || !wait_access)
             {
-                return Ok::<_, BoxError>(ClaimTimes { bound, resumed });
+                return Ok::<_, BoxError>(ClaimTimes {
+                    bound,
+                    resumed,
+                    access,
+                });
             }
         }
         Err("the watch ended".into())
@@ -1332,8 +1504,9 @@ async fn create_timed(
     .await;
     seen.map_err(|_| {
         format!(
-            "claim {name}: not Bound{} within {DEADLINE:?}",
-            if wait_resumed { " and Resumed" } else { "" }
+            "claim {name}: not Bound{}{} within {DEADLINE:?}",
+            if wait_resumed { " and Resumed" } else { "" },
+            if wait_access { " and AccessReady" } else { "" }
         )
     })?
 }
