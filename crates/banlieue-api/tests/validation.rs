@@ -658,3 +658,36 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
         .await
         .expect("a claim without access");
 }
+
+/// A pool's members hold no consumer's key before their bind: a template carrying `access`
+/// would plant its keys in every later subject's sandbox. The template keeps the spec type's
+/// own rule beside it.
+#[tokio::test]
+async fn a_pool_template_carries_no_access() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VirtualMachinePool>(&());
+    let pools: Api<DynamicObject> =
+        Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
+    let mut keyed = pool("keyed", json!({}));
+    keyed["spec"]["template"]["spec"]["access"] =
+        json!({ "sshAuthorizedKeys": [ed25519_key(3, "planted")] });
+    let (code, message) = refusal(create(&pools, keyed).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("a pool's template carries no access"),
+        "{message}"
+    );
+    let mut both = pool("both", json!({}));
+    both["spec"]["template"]["spec"]["userData"] = json!("#cloud-config\n");
+    both["spec"]["template"]["spec"]["userDataSecretRef"] = json!({ "name": "s", "key": "k" });
+    let (code, message) = refusal(create(&pools, both).await);
+    assert_eq!(code, 422, "{message}");
+    assert!(
+        message.contains("set at most one of userData and userDataSecretRef"),
+        "{message}"
+    );
+    create(&pools, pool("plain", json!({})))
+        .await
+        .expect("a template without access");
+}

@@ -611,6 +611,8 @@ pub fn ssh_invocation(
         // banlieue installs keys and nothing else: no password prompt from a sandbox.
         "-o",
         "PreferredAuthentications=publickey",
+        "-o",
+        "ConnectTimeout=15",
     ]
     .iter()
     .map(|s| (*s).to_owned())

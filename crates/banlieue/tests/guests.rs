@@ -67,6 +67,9 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// How often the waits here ask: less often than the default, since the guests boot under TCG
 /// on the same busy cores as the API server the probes call.
 const GUEST_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The network of the first test's guests (its bridge is this and the process id).
+const GUEST_NETWORK: &str = "bng";
+
 /// The pool of layered guests, and the one whose guests remove the layer at boot.
 const POOL: &str = "guests";
 const NO_LAYER_POOL: &str = "no-layer";
@@ -80,7 +83,7 @@ const QUIET: Duration = Duration::from_secs(65);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn real_guests_through_pools_and_claims() -> Result<(), BoxError> {
     let mut host = DevHost::start().await?;
-    let outcome = match host.set_up("bng", Some(SIGNAL_GRACE)).await {
+    let outcome = match host.set_up(GUEST_NETWORK, Some(SIGNAL_GRACE)).await {
         Ok(()) => scenario(&host).await,
         Err(e) => Err(e),
     };
@@ -1084,6 +1087,39 @@ fn ssh_key(dir: &std::path::Path, who: &str) -> Result<(std::path::PathBuf, Stri
     Ok((path, public.trim().to_owned()))
 }
 
+/// The host's address on the guests' network: the network is isolated (a bridge with no
+/// address, no forwarding, guests without a default route), so the host joins it on its own
+/// bridge to reach the guests' sshd. 198.18.0.0/15 is the guests' (objects::GUEST_USER_DATA);
+/// this end of it is never a guest's.
+const HOST_ON_GUEST_NETWORK: &str = "198.19.255.254/15";
+
+/// Gives the host [`HOST_ON_GUEST_NETWORK`] on `bridge`, and checks that `address` is then
+/// reached through that bridge and nowhere else: nothing a test sends a guest may leave the
+/// machine.
+fn host_on_bridge(bridge: &str, address: &str) -> Result<(), BoxError> {
+    let added = std::process::Command::new("ip")
+        .args(["addr", "replace", HOST_ON_GUEST_NETWORK, "dev", bridge])
+        .status()?;
+    if !added.success() {
+        return Err(
+            format!("ip addr replace {HOST_ON_GUEST_NETWORK} dev {bridge}: {added}").into(),
+        );
+    }
+    let route = std::process::Command::new("ip")
+        .args(["-4", "route", "get", address])
+        .output()?;
+    let route = String::from_utf8_lossy(&route.stdout);
+    if !route
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|w| w == ["dev", bridge])
+    {
+        return Err(format!("{address} is not reached through {bridge}: {route}").into());
+    }
+    Ok(())
+}
+
 /// `banlieue claim -n SYSTEM_NAMESPACE ssh NAME -i KEY -- ARGS` as alice, with alice's own
 /// kubeconfig.
 async fn claim_ssh(
@@ -1124,6 +1160,9 @@ async fn check_access(
     assert_eq!(st.login_user.as_deref(), Some("alice"));
     let member = st.virtual_machine_ref.clone().ok_or("no member")?.name;
     let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
+    let bridge = format!("{GUEST_NETWORK}{}", std::process::id());
+    let address = st.addresses.first().ok_or("no address")?.address.clone();
+    host_on_bridge(&bridge, &address)?;
     // The pinned key is the one sshd serves, read from inside the guest.
     let served =
         guest_agent::read_text(libvirtd, &domain, "/etc/ssh/ssh_host_ed25519_key.pub").await?;
@@ -1164,6 +1203,7 @@ async fn check_access(
         .ok_or("the unclaimed member has no address")?
         .address
         .clone();
+    host_on_bridge(&bridge, &address)?;
     let known_hosts = tempfile::NamedTempFile::new()?;
     std::fs::write(
         known_hosts.path(),
@@ -1179,6 +1219,8 @@ async fn check_access(
             "StrictHostKeyChecking=yes",
             "-o",
             "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=15",
             "-o",
         ])
         .arg(format!(
