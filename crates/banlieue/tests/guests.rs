@@ -735,11 +735,10 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
         warm.bound,
         access_after.saturating_sub(warm.bound)
     );
-    check_access(
+    let claimed_keys = check_access(
         control_plane,
         libvirtd,
         &claims_admin,
-        &vms,
         "warm",
         (&alice_key, &bob_key),
     )
@@ -832,6 +831,7 @@ async fn scenario(host: &DevHost) -> Result<(), BoxError> {
         assert_eq!(id.trim(), domain_uuid(&machines, name).await?);
         assert_ne!(id.trim(), uuid, "a replacement reuses the instance-id");
     }
+    check_unclaimed_refuses(&vms, &refill[0], &claimed_keys, &alice_key).await?;
     eprintln!(
         "guest_ready_seconds over {} guests: {:.1} s on average",
         metric(registry, "guest_ready_seconds_count")?,
@@ -1145,16 +1145,14 @@ async fn claim_ssh(
 
 /// The claim's keys in its guest: the claim names the login and the guest's own host key;
 /// `banlieue claim ssh` runs a command there as alice with that key pinned; bob's key is
-/// refused by the same guest; an unclaimed member, which holds no consumer's key, refuses
-/// alice's; and each member has its own host key.
+/// refused by the same guest. Returns the claim's host keys.
 async fn check_access(
     control_plane: &ControlPlane,
     libvirtd: &Libvirtd,
     claims: &Api<VirtualMachineClaim>,
-    vms: &Api<VirtualMachine>,
     name: &str,
     (alice_key, bob_key): (&std::path::Path, &std::path::Path),
-) -> Result<(), BoxError> {
+) -> Result<Vec<String>, BoxError> {
     let claim = claims.get(name).await?;
     let st = claim.status.clone().unwrap_or_default();
     assert_eq!(st.login_user.as_deref(), Some("alice"));
@@ -1185,16 +1183,24 @@ async fn check_access(
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("Permission denied"), "{said}");
 
+    Ok(st.ssh_host_keys)
+}
+
+/// An unclaimed member (`unclaimed`, ready) has its own host key, not the claimed
+/// `claimed_keys`, and accepts no consumer's key: a member holds none before its bind.
+async fn check_unclaimed_refuses(
+    vms: &Api<VirtualMachine>,
+    unclaimed: &str,
+    claimed_keys: &[String],
+    alice_key: &std::path::Path,
+) -> Result<(), BoxError> {
+    let bridge = format!("{GUEST_NETWORK}{}", std::process::id());
     // An unclaimed member: its own host key, and no consumer's key is accepted there.
-    let unclaimed = pool_members(vms, POOL)
-        .await?
-        .into_iter()
-        .find(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
-        .ok_or("an unclaimed ready member")?;
+    let unclaimed = vms.get(unclaimed).await?;
     let unclaimed_status = unclaimed.status.clone().unwrap_or_default();
     assert!(!unclaimed_status.ssh_host_keys.is_empty());
     assert_ne!(
-        unclaimed_status.ssh_host_keys, st.ssh_host_keys,
+        unclaimed_status.ssh_host_keys, claimed_keys,
         "two members share a host key"
     );
     let address = unclaimed_status
