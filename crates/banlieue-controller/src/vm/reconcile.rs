@@ -131,7 +131,26 @@ async fn hand_access(
     ) else {
         return Ok(());
     };
-    let patch = serde_json::json!({ "spec": { "access": access } });
+    write_machine_spec(
+        backend,
+        machine,
+        ctx,
+        namespace,
+        serde_json::json!({ "access": access }),
+    )
+    .await
+}
+
+/// Merges `spec` into the machine's spec: the fields the controller asks of a machine after
+/// building it (its standby, a bound member's keys).
+async fn write_machine_spec(
+    backend: &MachineBackend,
+    machine: &Machine,
+    ctx: &Context,
+    namespace: &str,
+    spec: serde_json::Value,
+) -> Result<()> {
+    let patch = serde_json::json!({ "spec": spec });
     backend
         .api(&ctx.client, namespace)
         .patch(
@@ -173,15 +192,8 @@ async fn ask_for_standby(
             Ok(None)
         }
         StandbyStep::Ask { backend, standby } => {
-            let patch = serde_json::json!({ "spec": { "standby": standby } });
-            backend
-                .api(&ctx.client, namespace)
-                .patch(
-                    &machine.object.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
+            let spec = serde_json::json!({ "standby": standby });
+            write_machine_spec(backend, machine, ctx, namespace, spec).await?;
             Ok(None)
         }
         StandbyStep::Report(standby) => Ok(standby),
