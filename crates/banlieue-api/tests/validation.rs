@@ -4,6 +4,7 @@
 
 mod common;
 
+use banlieue_testenv::ssh_keys::ed25519_public_key;
 use common::{claim, claims, control_plane, create, refusal};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -557,19 +558,6 @@ async fn an_event_quoting_a_huge_error_is_still_published_bounded() {
     assert!(stored.ends_with(conditions::TRUNCATION_MARKER), "{stored}");
 }
 
-/// An ed25519 public key line: its blob is the type and 32 key bytes (any 32 bytes are a
-/// well-formed key; nothing holds a private half).
-fn ed25519_key(fill: u8, comment: &str) -> String {
-    use base64::Engine;
-    let mut blob = Vec::new();
-    blob.extend_from_slice(&11u32.to_be_bytes());
-    blob.extend_from_slice(b"ssh-ed25519");
-    blob.extend_from_slice(&32u32.to_be_bytes());
-    blob.extend_from_slice(&[fill; 32]);
-    let key = base64::engine::general_purpose::STANDARD.encode(&blob);
-    format!("ssh-ed25519 {key} {comment}")
-}
-
 #[tokio::test]
 async fn a_claims_access_is_public_keys_for_one_posix_login() {
     let cp = control_plane().await;
@@ -591,7 +579,7 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
             "two keys in one entry",
         ),
     ] {
-        let access = json!({ "sshAuthorizedKeys": [ed25519_key(1, "laptop"), bad] });
+        let access = json!({ "sshAuthorizedKeys": [ed25519_public_key(1, "laptop"), bad] });
         let (code, message) = refusal(create(&api, with_access("bad-key", access)).await);
         assert_eq!(code, 422, "{what}: {message}");
         assert!(
@@ -602,7 +590,7 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
     }
 
     // Bounded: seventeen keys, or one longer than a key can be, are refused.
-    let many: Vec<String> = (0..17).map(|i| ed25519_key(i, "k")).collect();
+    let many: Vec<String> = (0..17).map(|i| ed25519_public_key(i, "k")).collect();
     let (code, message) = refusal(
         create(
             &api,
@@ -612,7 +600,7 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
     );
     assert_eq!(code, 422, "{message}");
     assert!(message.contains("must have at most 16 items"), "{message}");
-    let long = format!("{}{}", ed25519_key(1, ""), "x".repeat(8192));
+    let long = format!("{}{}", ed25519_public_key(1, ""), "x".repeat(8192));
     let (code, message) = refusal(
         create(
             &api,
@@ -625,14 +613,17 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
 
     // The login is a POSIX user name.
     for user in ["Alice", "1alice", "al ice", "a".repeat(33).as_str(), ""] {
-        let access = json!({ "sshAuthorizedKeys": [ed25519_key(1, "k")], "user": user });
+        let access = json!({ "sshAuthorizedKeys": [ed25519_public_key(1, "k")], "user": user });
         let (code, message) = refusal(create(&api, with_access("bad-user", access)).await);
         assert_eq!(code, 422, "{user:?}: {message}");
         assert!(message.contains("spec.access.user"), "{user:?}: {message}");
     }
 
     // Good keys and a login are kept as written; the spec, access included, cannot change.
-    let keys = [ed25519_key(1, "alice@laptop"), ed25519_key(2, "")];
+    let keys = [
+        ed25519_public_key(1, "alice@laptop"),
+        ed25519_public_key(2, ""),
+    ];
     let access = json!({ "sshAuthorizedKeys": keys, "user": "alice_2" });
     let created = create(&api, with_access("ok", access))
         .await
@@ -645,7 +636,7 @@ async fn a_claims_access_is_public_keys_for_one_posix_login() {
         .patch(
             "ok",
             &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "access": { "sshAuthorizedKeys": [ed25519_key(9, "mallory")] } } })),
+            &Patch::Merge(json!({ "spec": { "access": { "sshAuthorizedKeys": [ed25519_public_key(9, "mallory")] } } })),
         )
         .await
         .expect_err("access is immutable");
@@ -671,7 +662,7 @@ async fn a_pool_template_carries_no_access() {
         Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
     let mut keyed = pool("keyed", json!({}));
     keyed["spec"]["template"]["spec"]["access"] =
-        json!({ "sshAuthorizedKeys": [ed25519_key(3, "planted")] });
+        json!({ "sshAuthorizedKeys": [ed25519_public_key(3, "planted")] });
     let (code, message) = refusal(create(&pools, keyed).await);
     assert_eq!(code, 422, "{message}");
     assert!(

@@ -22,6 +22,7 @@ pub mod poll;
 mod ports;
 pub mod registry;
 mod spawner;
+pub mod ssh_keys;
 pub mod vcsim;
 
 /// Whether `pid` is a live process. A zombie awaiting its reaper does not count: it holds

@@ -14,6 +14,7 @@ use banlieue_dev::{self as dev, objects};
 use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
+use banlieue_testenv::ssh_keys::ed25519_public_key;
 use kube::api::Api;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
@@ -23,19 +24,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long a wait may take on a busy 2-core machine.
 const DEADLINE: Duration = Duration::from_secs(180);
-
-/// An ed25519 public key line (any 32 bytes are a well-formed key; nothing holds a private
-/// half).
-fn ed25519_key(comment: &str) -> String {
-    use base64::Engine;
-    let mut blob = Vec::new();
-    blob.extend_from_slice(&11u32.to_be_bytes());
-    blob.extend_from_slice(b"ssh-ed25519");
-    blob.extend_from_slice(&32u32.to_be_bytes());
-    blob.extend_from_slice(&[42u8; 32]);
-    let key = base64::engine::general_purpose::STANDARD.encode(&blob);
-    format!("ssh-ed25519 {key} {comment}")
-}
 
 /// `banlieue claim ARGS` as `kubeconfig`'s user, in the system namespace.
 async fn claim_cli(kubeconfig: &Path, args: &[&str]) -> Output {
@@ -137,7 +125,10 @@ async fn run(
         .ok_or("the local control plane gives alice a kubeconfig")?;
     let keys = tempfile::tempdir()?;
     let public = keys.path().join("id_ed25519.pub");
-    std::fs::write(&public, format!("{}\n", ed25519_key("alice@laptop")))?;
+    std::fs::write(
+        &public,
+        format!("{}\n", ed25519_public_key(42, "alice@laptop")),
+    )?;
     let public = public.to_str().ok_or("a UTF-8 path")?;
     let timeout = format!("{}s", DEADLINE.as_secs());
 
@@ -236,7 +227,7 @@ async fn run(
     let recorded = claims.get(&keyed_name).await?;
     assert_eq!(
         recorded.spec.access.map(|a| a.ssh_authorized_keys),
-        Some(vec![ed25519_key("alice@laptop")])
+        Some(vec![ed25519_public_key(42, "alice@laptop")])
     );
     let line = refusal(&claim_cli(alice, &["ssh", &keyed_name, "--", "true"]).await);
     assert!(
