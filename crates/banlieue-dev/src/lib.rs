@@ -503,6 +503,47 @@ pub async fn register_provider(
     Ok(())
 }
 
+/// The local default with stand-in members, for system tests: the cluster bootstrapped with
+/// the shipped admission policies and the claimant admitted, `libvirtd` prepared (its network
+/// on `bridge`), the Provider registered, the controller and the Provider's workload running
+/// in this process as their ServiceAccounts (plain `qemu` domains, which any host runs; its
+/// account made within `deadline`), and the dev image and class applied. The pool is the
+/// caller's. Returns the workers, which stop with `shutdown`.
+pub async fn start_stand_in_default(
+    control_plane: &ControlPlane,
+    libvirtd: &Libvirtd,
+    bridge: &str,
+    deadline: Duration,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, BoxError> {
+    let admin = control_plane.client()?;
+    bootstrap_cluster(&admin).await?;
+    admit_claimant(&admin).await?;
+    prepare_libvirt(libvirtd, bridge).await?;
+    register_provider(
+        &admin,
+        libvirtd,
+        &objects::provider_class(objects::DEV_IMAGE),
+    )
+    .await?;
+    let mut workers = spawn_controller(control_plane, registry, shutdown).await?;
+    workers.extend(
+        spawn_provider_workload(
+            control_plane,
+            objects::PROVIDER,
+            Some(DomainType::Qemu),
+            deadline,
+            registry,
+            shutdown,
+        )
+        .await?,
+    );
+    apply(&admin, &objects::image()).await?;
+    apply(&admin, &objects::class()).await?;
+    Ok(workers)
+}
+
 /// Runs the controller and the Provider operator in this process as the controller's
 /// ServiceAccount, under the shipped RBAC.
 pub async fn spawn_controller(

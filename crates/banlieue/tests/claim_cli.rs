@@ -11,7 +11,6 @@ use std::time::Duration;
 use banlieue_api::VirtualMachineClaim;
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_dev::{self as dev, objects};
-use banlieue_provider_libvirt::domain_xml::DomainType;
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::libvirtd::{Libvirtd, LibvirtdOptions};
 use banlieue_testenv::ssh_keys::ed25519_public_key;
@@ -94,30 +93,18 @@ async fn run(
     workers: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), BoxError> {
     let admin = control_plane.client()?;
-    dev::bootstrap_cluster(&admin).await?;
-    dev::admit_claimant(&admin).await?;
-    dev::prepare_libvirt(libvirtd, bridge).await?;
-    dev::register_provider(
-        &admin,
-        libvirtd,
-        &objects::provider_class(objects::DEV_IMAGE),
-    )
-    .await?;
     let mut registry = Registry::default();
-    workers.extend(dev::spawn_controller(control_plane, &mut registry, shutdown).await?);
     workers.extend(
-        dev::spawn_provider_workload(
+        dev::start_stand_in_default(
             control_plane,
-            objects::PROVIDER,
-            Some(DomainType::Qemu),
+            libvirtd,
+            bridge,
             DEADLINE,
             &mut registry,
             shutdown,
         )
         .await?,
     );
-    dev::apply(&admin, &objects::image()).await?;
-    dev::apply(&admin, &objects::class()).await?;
     dev::apply(&admin, &objects::pool()).await?;
 
     let alice = control_plane

@@ -1039,36 +1039,20 @@ async fn run(
     workers: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), BoxError> {
     let admin = control_plane.client()?;
-    dev::bootstrap_cluster(&admin).await?;
-    dev::admit_claimant(&admin).await?;
-    // Who may make a VirtualMachine a member, as docs/security.md has administrators apply it.
-    control_plane
-        .apply_yaml(banlieue_testenv::repo_path(
-            "deploy/admission/reserved-metadata.yaml",
-        ))
-        .await?;
-    dev::prepare_libvirt(libvirtd, bridge).await?;
-    dev::register_provider(
-        &admin,
-        libvirtd,
-        &dev::objects::provider_class(objects::DEV_IMAGE),
-    )
-    .await?;
+    // The shipped policies (who may make a VirtualMachine a member among them, as
+    // docs/security.md has administrators apply them) are in force before anything runs.
     let mut registry = Registry::default();
-    workers.extend(dev::spawn_controller(control_plane, &mut registry, shutdown).await?);
     workers.extend(
-        dev::spawn_provider_workload(
+        dev::start_stand_in_default(
             control_plane,
-            objects::PROVIDER,
-            Some(DomainType::Qemu),
+            libvirtd,
+            bridge,
             DEADLINE,
             &mut registry,
             shutdown,
         )
         .await?,
     );
-    dev::apply(&admin, &objects::image()).await?;
-    dev::apply(&admin, &objects::class()).await?;
     let mut good_pool = objects::pool();
     good_pool.spec.replicas = REPLICAS;
     dev::apply(&admin, &good_pool).await?;
