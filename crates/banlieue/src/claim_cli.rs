@@ -79,10 +79,9 @@ impl CliError {
     /// The API server's refusal as its message alone (kubectl prints the same).
     fn from_kube(error: kube::Error) -> Self {
         match error {
-            kube::Error::Api(status) if status.code == 403 || status.code == 422 => {
+            kube::Error::Api(status) if matches!(status.code, 403 | 404 | 422) => {
                 Self::Refused(status.message)
             }
-            kube::Error::Api(status) if status.code == 404 => Self::Refused(status.message),
             other => Self::Kube(other),
         }
     }

@@ -187,17 +187,18 @@ pub fn wanted(
         if wanted.iter().any(|w| &w.path == path) {
             continue;
         }
-        let Some(text) = read(path) else { continue };
+        // Only a manifest with a generated list is rendered: nothing else in it changes.
+        let Some(text) = read(path).filter(|text| text.contains(BEGIN)) else {
+            continue;
+        };
         let rendered = render_lists(&text, &lists).map_err(|error| ManifestError::List {
             path: path.clone(),
             error,
         })?;
-        if rendered != text || text.contains(BEGIN) {
-            wanted.push(Wanted {
-                path: path.clone(),
-                text: rendered,
-            });
-        }
+        wanted.push(Wanted {
+            path: path.clone(),
+            text: rendered,
+        });
     }
     Ok(wanted)
 }
