@@ -42,7 +42,7 @@ async fn spec(
 }
 
 #[tokio::test]
-async fn one_holds_the_other_stands_by_and_takes_over_at_once_on_release() -> TestResult {
+async fn one_holds_the_other_stands_by_while_it_renews() -> TestResult {
     let (client, ns) = setup().await?;
     let a = LeaderElector::new(client.clone(), config(&ns, "a"))?
         .acquire()
@@ -62,13 +62,37 @@ async fn one_holds_the_other_stands_by_and_takes_over_at_once_on_release() -> Te
     assert_eq!(renewed.acquire_time, created.acquire_time);
     assert!(renewed.renew_time > created.renew_time);
 
+    a.release().await?;
+    let b = tokio::time::timeout(Duration::from_secs(30), b).await??;
+    let taken = spec(&client, &ns).await?;
+    assert_eq!(taken.holder_identity.as_deref(), Some("b"));
+    assert_eq!(taken.lease_transitions, Some(1));
+    b.release().await?;
+    Ok(())
+}
+
+/// The hand-over on a release does not wait for the lease to expire. The lease here is long
+/// (a minute) so that "before it would have expired" needs no tight clock: b can only get it
+/// within the half-minute timeout because a released it, however slow the API server is.
+#[tokio::test]
+async fn a_release_hands_over_at_once_not_at_expiry() -> TestResult {
+    let (client, ns) = setup().await?;
+    let long = |identity| LeaseConfig {
+        lease_duration: Duration::from_secs(60),
+        ..config(&ns, identity)
+    };
+    let a = LeaderElector::new(client.clone(), long("a"))?
+        .acquire()
+        .await;
+    let b = tokio::spawn(LeaderElector::new(client.clone(), long("b"))?.acquire());
+    // b has read the lease held by a at least once before the release.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!b.is_finished(), "b acquired a lease a holds");
+
     let released = Instant::now();
     a.release().await?;
-    let b = tokio::time::timeout(Duration::from_secs(3), b).await??;
-    let handover = released.elapsed();
-    println!("hand-over after a release: {handover:?}");
-    // Well under the 4 s lease: b did not wait for it to expire.
-    assert!(handover < Duration::from_secs(2), "{handover:?}");
+    let b = tokio::time::timeout(Duration::from_secs(30), b).await??;
+    println!("hand-over after a release: {:?}", released.elapsed());
     let taken = spec(&client, &ns).await?;
     assert_eq!(taken.holder_identity.as_deref(), Some("b"));
     assert_eq!(taken.lease_transitions, Some(1));
@@ -91,9 +115,9 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration() -> TestResult {
     let takeover = abandoned.elapsed();
     println!("takeover of an abandoned lease: {takeover:?}");
     // Not before the lease duration (the last renewal was at most a retry period before the
-    // drop), and soon after it.
+    // drop). How soon after depends on the API server's load, so only the lower bound, which
+    // no load can break, is asserted; the figure is printed.
     assert!(takeover >= Duration::from_millis(3_700), "{takeover:?}");
-    assert!(takeover < Duration::from_secs(8), "{takeover:?}");
     assert_eq!(spec(&client, &ns).await?.lease_transitions, Some(1));
     b.release().await?;
     Ok(())
