@@ -109,9 +109,11 @@ async fn an_abandoned_lease_is_taken_over_after_its_duration() -> TestResult {
     // a dies without releasing: its renewing task is gone with it.
     drop(a);
     let abandoned = Instant::now();
-    let b = LeaderElector::new(client.clone(), config(&ns, "b"))?
-        .acquire()
-        .await;
+    let b = tokio::time::timeout(
+        Duration::from_secs(60),
+        LeaderElector::new(client.clone(), config(&ns, "b"))?.acquire(),
+    )
+    .await?;
     let takeover = abandoned.elapsed();
     println!("takeover of an abandoned lease: {takeover:?}");
     // Not before the lease duration (the last renewal was at most a retry period before the
