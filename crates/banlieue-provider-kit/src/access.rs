@@ -21,7 +21,9 @@ pub const HOST_KEYS_FILE: &str = "/run/banlieue/ssh/host_keys";
 pub const MAX_HOST_KEYS: usize = 8;
 
 /// The bytes of [`WANTED_FILE`] for `access`: a header, the login when one is asked for,
-/// then one `key` line per key.
+/// one `key` line per key, then `end`: the agent creates, writes and closes the file in
+/// separate calls, and the layer, which may see it between them, reads it as complete only
+/// once it ends so.
 pub fn wanted_file(access: &ClaimAccess) -> Vec<u8> {
     let mut text = String::from("banlieue-access 1\n");
     if let Some(user) = &access.user {
@@ -30,6 +32,7 @@ pub fn wanted_file(access: &ClaimAccess) -> Vec<u8> {
     for key in &access.ssh_authorized_keys {
         text.push_str(&format!("key {key}\n"));
     }
+    text.push_str("end\n");
     text.into_bytes()
 }
 
@@ -186,7 +189,7 @@ mod tests {
         assert_eq!(
             text,
             format!(
-                "banlieue-access 1\nuser alice\nkey {} alice@laptop\nkey {}\n",
+                "banlieue-access 1\nuser alice\nkey {} alice@laptop\nkey {}\nend\n",
                 key(1),
                 key(2)
             )

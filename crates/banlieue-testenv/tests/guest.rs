@@ -296,7 +296,7 @@ async fn access_installs_a_key_that_logs_in(
     );
     let public = std::fs::read_to_string(identity.with_extension("pub"))?;
     let wanted = format!(
-        "banlieue-access 1\nuser {ACCESS_USER}\nkey {}\n",
+        "banlieue-access 1\nuser {ACCESS_USER}\nkey {}\nend\n",
         public.trim_end()
     );
     let digest: String = Sha256::digest(wanted.as_bytes())

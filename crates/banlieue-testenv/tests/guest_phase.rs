@@ -61,9 +61,8 @@ impl Guest {
         Ok(())
     }
 
-    /// `getent passwd`, `useradd` and `setpriv` over the temp dir's passwd file and homes; each
-    /// logs its arguments to `<name>.log`. The fake setpriv runs its command without switching
-    /// ids (the test is not the user), so it logs the ids it was asked for.
+    /// `getent passwd` and `useradd` over the temp dir's passwd file and homes; each logs its
+    /// arguments to `<name>.log`.
     fn fake_accounts(&self) -> Result<()> {
         let dir = self.dir.path().display().to_string();
         self.fake(
@@ -86,19 +85,6 @@ impl Guest {
                  uid=$((2000 + $(wc -l <{dir}/passwd)))\n\
                  mkdir -p {dir}/home/$name\n\
                  echo \"$name:x:$uid:$uid::{dir}/home/$name:/bin/sh\" >>{dir}/passwd\n"
-            ),
-        )?;
-        self.fake(
-            "setpriv",
-            &format!(
-                "while [ $# -gt 0 ]; do\n\
-                 case $1 in\n\
-                 --) shift; break ;;\n\
-                 --*) echo \"$1\" >>{dir}/setpriv.log; shift ;;\n\
-                 *) break ;;\n\
-                 esac\n\
-                 done\n\
-                 exec \"$@\"\n"
             ),
         )
     }
@@ -348,6 +334,8 @@ fn boot_makes_the_access_directory_and_a_host_key_only_where_sshd_has_none() -> 
     let without_sshd = Guest::new()?;
     ensure!(without_sshd.ok(&["boot"])? == "banlieue-guest-phase: configuring\n");
     ensure!(mode(&without_sshd.layer().join("access"))? == 0o700);
+    // sshd reads the keys there as the user: traversable by all, written by root alone.
+    ensure!(mode(&without_sshd.layer().join("keys"))? == 0o755);
     ensure!(without_sshd.log("ssh-keygen").is_empty());
 
     let fresh = Guest::new()?;
@@ -441,13 +429,27 @@ fn finish_without_sshd_or_its_keys_publishes_none_and_is_ready() -> Result<()> {
     Ok(())
 }
 
+/// The file sshd reads for `user` (guest/sshd-banlieue.conf), checked to be root's kind of
+/// file: regular, 0644, in the 0755 keys directory.
+fn installed_keys(guest: &Guest, user: &str) -> Result<String> {
+    let file = guest.layer().join("keys").join(user);
+    ensure!(mode(&guest.layer().join("keys"))? == 0o755);
+    ensure!(
+        fs::symlink_metadata(&file)?.file_type().is_file(),
+        "{} is not a regular file",
+        file.display()
+    );
+    ensure!(mode(&file)? == 0o644, "keys file mode {:o}", mode(&file)?);
+    Ok(fs::read_to_string(file)?)
+}
+
 #[test]
 fn access_creates_the_named_user_and_installs_exactly_its_keys() -> Result<()> {
     let guest = Guest::new()?;
     guest.ok(&["boot"])?;
     let keys = [ed25519_key(1, "alice@laptop"), ed25519_key(2, "")];
     let wanted = format!(
-        "banlieue-access 1\nuser alice\nkey {}\nkey {}\n",
+        "banlieue-access 1\nuser alice\nkey {}\nkey {}\nend\n",
         keys[0], keys[1]
     );
     let out = guest.request(wanted.as_bytes())?;
@@ -456,17 +458,15 @@ fn access_creates_the_named_user_and_installs_exactly_its_keys() -> Result<()> {
         "{out}"
     );
     ensure!(guest.log("useradd") == "-m -s /bin/sh alice\n");
+    ensure!(installed_keys(&guest, "alice")? == format!("{}\n{}\n", keys[0], keys[1]));
+    // Nothing is written in the user's home: sshd reads the layer's file for them.
+    ensure!(!guest.path("home/alice/.ssh").exists());
     ensure!(
-        guest.log("setpriv") == "--reuid=2000\n--regid=2000\n--init-groups\n",
-        "the keys were not written as the user: {}",
-        guest.log("setpriv")
-    );
-    let ssh = guest.path("home/alice/.ssh");
-    let authorized = ssh.join("authorized_keys");
-    ensure!(fs::read_to_string(&authorized)? == format!("{}\n{}\n", keys[0], keys[1]));
-    ensure!(mode(&ssh)? == 0o700 && mode(&authorized)? == 0o600);
-    ensure!(
-        fs::read_dir(&ssh)?.count() == 1,
+        fs::read_dir(guest.layer().join("access"))?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<Vec<_>, _>>()?
+            .iter()
+            .all(|name| name == "wanted" || name == "state"),
         "a temp file was left behind"
     );
     let state = guest.access_state()?;
@@ -479,7 +479,7 @@ fn access_creates_the_named_user_and_installs_exactly_its_keys() -> Result<()> {
     // The same request again: the same answer, the user made once.
     guest.ok(&["access"])?;
     ensure!(guest.access_state()? == state);
-    ensure!(fs::read_to_string(&authorized)? == format!("{}\n{}\n", keys[0], keys[1]));
+    ensure!(installed_keys(&guest, "alice")? == format!("{}\n{}\n", keys[0], keys[1]));
     ensure!(guest.log("useradd").lines().count() == 1);
     Ok(())
 }
@@ -487,16 +487,16 @@ fn access_creates_the_named_user_and_installs_exactly_its_keys() -> Result<()> {
 #[test]
 fn access_without_a_user_is_for_uid_1000_else_sandbox() -> Result<()> {
     let key = ed25519_key(3, "c");
-    let wanted = format!("banlieue-access 1\nkey {key}\n");
+    let wanted = format!("banlieue-access 1\nkey {key}\nend\n");
 
     let cloud = Guest::new()?;
     cloud.account("root", 0)?;
-    let home = cloud.account("debian", 1000)?;
+    cloud.account("debian", 1000)?;
     ensure!(
         cloud.request(wanted.as_bytes())? == "banlieue-guest-phase: access installed for debian\n"
     );
     ensure!(cloud.log("useradd").is_empty());
-    ensure!(fs::read_to_string(home.join(".ssh/authorized_keys"))? == format!("{key}\n"));
+    ensure!(installed_keys(&cloud, "debian")? == format!("{key}\n"));
     ensure!(
         cloud.access_state()? == format!("installed debian {}\n", sha256_hex(wanted.as_bytes()))
     );
@@ -505,9 +505,7 @@ fn access_without_a_user_is_for_uid_1000_else_sandbox() -> Result<()> {
     bare.account("root", 0)?;
     bare.request(wanted.as_bytes())?;
     ensure!(bare.log("useradd") == "-m -s /bin/sh sandbox\n");
-    ensure!(
-        fs::read_to_string(bare.path("home/sandbox/.ssh/authorized_keys"))? == format!("{key}\n")
-    );
+    ensure!(installed_keys(&bare, "sandbox")? == format!("{key}\n"));
     ensure!(bare.access_state()?.starts_with("installed sandbox "));
     Ok(())
 }
@@ -520,71 +518,96 @@ fn access_refuses_a_malformed_request_and_installs_nothing() -> Result<()> {
         .map(|i| format!("key {}\n", ed25519_key(i, "")))
         .collect();
     let cases: Vec<(&str, String, &str)> = vec![
-        ("empty", String::new(), "the request is empty"),
         (
             "bad header",
-            format!("banlieue-access 2\nkey {key}\n"),
+            format!("banlieue-access 2\nkey {key}\nend\n"),
             "line 1 is not \"banlieue-access 1\"",
         ),
         (
             "bad user",
-            format!("banlieue-access 1\nuser Alice\nkey {key}\n"),
+            format!("banlieue-access 1\nuser Alice\nkey {key}\nend\n"),
             "line 2: \"Alice\" is not a user name",
         ),
         (
             "long user",
-            format!("banlieue-access 1\nuser {}\nkey {key}\n", "a".repeat(33)),
+            format!(
+                "banlieue-access 1\nuser {}\nkey {key}\nend\n",
+                "a".repeat(33)
+            ),
             "is not a user name",
         ),
         (
             "user after the keys",
-            format!("banlieue-access 1\nkey {key}\nuser alice\n"),
+            format!("banlieue-access 1\nkey {key}\nuser alice\nend\n"),
             "line 3: a user line is only line 2",
         ),
         (
             "bad key type",
-            format!("banlieue-access 1\nkey ssh-dss {encoded}\n"),
+            format!("banlieue-access 1\nkey ssh-dss {encoded}\nend\n"),
             "line 2: the key has key type \"ssh-dss\", which is not accepted",
         ),
         (
             "options",
-            format!("banlieue-access 1\nkey command=\"sh\" {key}\n"),
+            format!("banlieue-access 1\nkey command=\"sh\" {key}\nend\n"),
             "which is not accepted",
         ),
         (
             "type mismatch",
-            format!("banlieue-access 1\nkey ssh-rsa {encoded}\n"),
+            format!("banlieue-access 1\nkey ssh-rsa {encoded}\nend\n"),
             "line 2: the key does not hold a ssh-rsa key",
         ),
         (
+            "ecdsa curve mismatch",
+            format!(
+                "banlieue-access 1\nkey ecdsa-sha2-nistp384 {}\nend\n",
+                blob_key("ecdsa-sha2-nistp256")
+            ),
+            "line 2: the key does not hold a ecdsa-sha2-nistp384 key",
+        ),
+        (
             "not base64",
-            "banlieue-access 1\nkey ssh-ed25519 AAAA*AAA\n".into(),
+            "banlieue-access 1\nkey ssh-ed25519 AAAA*AAA\nend\n".into(),
             "line 2: the key is not base64 after its type",
         ),
         (
             "no key",
-            "banlieue-access 1\nkey ssh-ed25519\n".into(),
+            "banlieue-access 1\nkey ssh-ed25519\nend\n".into(),
             "line 2: the key has no key after its type",
         ),
         (
             "unknown line",
-            format!("banlieue-access 1\nkey {key}\n\n"),
+            format!("banlieue-access 1\nkey {key}\n\nend\n"),
             "line 3 is neither",
         ),
         (
+            "a line after the end",
+            format!("banlieue-access 1\nend\nkey {key}\nend\n"),
+            "line 3 follows the end line",
+        ),
+        (
             "control character",
-            format!("banlieue-access 1\nkey {key}\tx\n"),
+            format!("banlieue-access 1\nkey {key}\tx\nend\n"),
             "the request holds a control character",
         ),
         (
             "17 keys",
-            format!("banlieue-access 1\n{many}"),
+            format!("banlieue-access 1\n{many}end\n"),
             "more than 16 keys",
         ),
         (
             "oversize",
-            format!("banlieue-access 1\nkey {key} {}\n", "x".repeat(160 * 1024)),
+            format!(
+                "banlieue-access 1\nkey {key} {}\nend\n",
+                "x".repeat(160 * 1024)
+            ),
             "the request is larger than 163840 bytes",
+        ),
+        // Answered only after the layer waited for the rest (5 s): what a host that never
+        // finishes its write gets.
+        (
+            "no end line",
+            format!("banlieue-access 1\nkey {key}\n"),
+            "the request has no end line",
         ),
     ];
     for (name, wanted, why) in cases {
@@ -601,71 +624,101 @@ fn access_refuses_a_malformed_request_and_installs_nothing() -> Result<()> {
             "{name}: printed {out:?}"
         );
         ensure!(
-            guest.log("useradd").is_empty() && guest.log("setpriv").is_empty(),
-            "{name}: an account was touched"
+            guest.log("useradd").is_empty(),
+            "{name}: an account was made"
         );
         ensure!(
-            !guest.path("home/alice/.ssh").exists(),
+            !guest.layer().join("keys/alice").exists(),
             "{name}: keys were installed"
         );
     }
     Ok(())
 }
 
-#[test]
-fn access_refuses_a_home_whose_ssh_files_are_symlinks() -> Result<()> {
-    let key = ed25519_key(5, "c");
-    let wanted = format!("banlieue-access 1\nuser alice\nkey {key}\n");
+/// An OpenSSH public key line's base64 whose blob names `key_type`, with made-up key bytes.
+fn blob_key(key_type: &str) -> String {
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&u32::try_from(key_type.len()).unwrap_or(0).to_be_bytes());
+    blob.extend_from_slice(key_type.as_bytes());
+    blob.extend_from_slice(&[7; 40]);
+    base64::engine::general_purpose::STANDARD.encode(&blob)
+}
 
+#[test]
+fn access_accepts_each_key_type_by_its_blob() -> Result<()> {
+    for key_type in [
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    ] {
+        let guest = Guest::new()?;
+        guest.account("alice", 1000)?;
+        let line = format!("{key_type} {} c", blob_key(key_type));
+        let out = guest.request(format!("banlieue-access 1\nkey {line}\nend\n").as_bytes())?;
+        ensure!(
+            out == "banlieue-guest-phase: access installed for alice\n",
+            "{key_type}: {out}"
+        );
+        ensure!(installed_keys(&guest, "alice")? == format!("{line}\n"));
+    }
+    Ok(())
+}
+
+#[test]
+fn access_never_writes_through_a_symlink() -> Result<()> {
+    let key = ed25519_key(5, "c");
+    let wanted = format!("banlieue-access 1\nuser alice\nkey {key}\nend\n");
+
+    // The user's own ~/.ssh pointing elsewhere changes nothing: the home is not written.
     let guest = Guest::new()?;
+    guest.ok(&["boot"])?;
     let home = guest.account("alice", 1000)?;
     let elsewhere = guest.path("elsewhere");
     fs::create_dir(&elsewhere)?;
     std::os::unix::fs::symlink(&elsewhere, home.join(".ssh"))?;
     guest.request(wanted.as_bytes())?;
-    let state = guest.access_state()?;
-    ensure!(
-        state.starts_with("failed: install the keys for alice in ")
-            && state.ends_with(": ~/.ssh is a symlink\n"),
-        "{state}"
-    );
+    ensure!(guest.access_state()?.starts_with("installed alice "));
     ensure!(fs::read_dir(&elsewhere)?.count() == 0);
 
+    // A link where the keys file goes is replaced, not followed.
     let guest = Guest::new()?;
-    let home = guest.account("alice", 1000)?;
-    fs::create_dir(home.join(".ssh"))?;
+    guest.ok(&["boot"])?;
+    guest.account("alice", 1000)?;
     let target = guest.path("target");
     fs::write(&target, "untouched\n")?;
-    std::os::unix::fs::symlink(&target, home.join(".ssh/authorized_keys"))?;
+    std::os::unix::fs::symlink(&target, guest.layer().join("keys/alice"))?;
     guest.request(wanted.as_bytes())?;
-    let state = guest.access_state()?;
-    ensure!(
-        state.ends_with(": ~/.ssh/authorized_keys is a symlink\n"),
-        "{state}"
-    );
+    ensure!(installed_keys(&guest, "alice")? == format!("{key}\n"));
     ensure!(fs::read_to_string(&target)? == "untouched\n");
     Ok(())
 }
 
 #[test]
-fn access_answers_the_request_once_its_writer_has_closed_it() -> Result<()> {
-    // The agent creates the file (which already starts the unit), writes, then closes it.
+fn access_answers_the_request_once_it_is_whole() -> Result<()> {
+    // The agent creates the file (which already starts the unit), writes, then closes it; a
+    // reader may see any prefix of it, here one that ends in the middle of a key.
     let guest = Guest::new()?;
     guest.ok(&["boot"])?;
     let key = ed25519_key(6, "c");
+    let (head, tail) = key.split_at(30);
     let wanted = guest.layer().join("access/wanted");
     let opened = guest.path("opened");
     let mut writer = Command::new("sh")
         .arg("-c")
         .arg(
-            "exec 3>\"$1\"; : >\"$2\"; printf 'banlieue-access 1\\n' >&3; sleep 1; \
-             printf 'key %s\\n' \"$3\" >&3",
+            "exec 3>\"$1\"; printf 'banlieue-access 1\\nkey %s' \"$3\" >&3; : >\"$2\"; sleep 1; \
+             printf '%s\\nend\\n' \"$4\" >&3",
         )
         .args([
             "sh",
             wanted.to_str().context("path")?,
             opened.to_str().context("path")?,
-            &key,
+            head,
+            tail,
         ])
         .spawn()?;
     let started = Instant::now();
@@ -683,5 +736,6 @@ fn access_answers_the_request_once_its_writer_has_closed_it() -> Result<()> {
     );
     let written = fs::read(&wanted)?;
     ensure!(guest.access_state()? == format!("installed sandbox {}\n", sha256_hex(&written)));
+    ensure!(installed_keys(&guest, "sandbox")? == format!("{key}\n"));
     Ok(())
 }
