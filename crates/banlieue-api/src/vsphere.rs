@@ -30,6 +30,17 @@ pub const EXTRA_CONFIG_MACHINE_UID: &str = "banlieue.machineUid";
 /// The extraConfig key a guest-phase layer writes its phase to (ADR-0043).
 pub const GUESTINFO_PHASE: &str = "guestinfo.banlieue.phase";
 
+/// The extraConfig key the provider writes a claim's access request to, base64 (ADR-0076).
+pub const GUESTINFO_ACCESS: &str = "guestinfo.banlieue.access";
+
+/// The extraConfig key a guest-phase layer answers an access request in, one line as the
+/// libvirt layer's `access/state` file holds.
+pub const GUESTINFO_ACCESS_STATE: &str = "guestinfo.banlieue.access.state";
+
+/// The extraConfig key a guest-phase layer publishes its SSH host keys in, base64 of the
+/// libvirt layer's `ssh/host_keys` file.
+pub const GUESTINFO_SSH_HOST_KEYS: &str = "guestinfo.banlieue.ssh.hostKeys";
+
 /// Reasons only the vSphere provider reports.
 pub mod reasons {
     /// The VM is powered on: the machine is Ready.

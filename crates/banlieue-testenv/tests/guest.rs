@@ -327,6 +327,25 @@ async fn access_installs_a_key_that_logs_in(
         tokio::time::sleep(POLL).await;
     }
     eprintln!("access installed {:.1?} after the write", written.elapsed());
+    // The layer's own time, by the guest's clock: from the request's last write to the
+    // answer's (the poll above is far coarser).
+    let times = guest_agent::run(
+        daemon,
+        name,
+        "/usr/bin/stat",
+        &["-c", "%.9Y", ACCESS_WANTED, ACCESS_STATE],
+    )
+    .await?;
+    let times: Vec<f64> = String::from_utf8_lossy(&times)
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    if let [wanted, state] = times[..] {
+        eprintln!(
+            "the guest's layer answered {:.0} ms after the request was written",
+            (state - wanted) * 1000.0
+        );
+    }
     // The new account has no password (locked, as useradd leaves it), which sshd with PAM
     // accepts for a key login.
     let status = guest_agent::run(daemon, name, "/usr/bin/passwd", &["-S", ACCESS_USER]).await?;

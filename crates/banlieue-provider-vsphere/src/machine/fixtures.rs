@@ -57,6 +57,9 @@ pub(super) fn observed() -> Observed {
             ],
         }],
         phase: None,
+        access_written: None,
+        access_state: None,
+        host_keys: None,
         ek_certificates: vec![],
         standby: StandbySight::Running,
     }

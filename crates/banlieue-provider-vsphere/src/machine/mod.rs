@@ -2,6 +2,7 @@
 //! VSphereMachine whose `spec.providerRef` names this Provider becomes a VM cloned from its
 //! template, and is destroyed under the `banlieue.io/vm-protection` finalizer.
 
+pub mod access;
 #[cfg(test)]
 mod fixtures;
 pub mod power;

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use banlieue_api::conditions::reasons;
-use banlieue_api::vsphere::{self, GUESTINFO_PHASE};
+use banlieue_api::vsphere::{
+    self, GUESTINFO_ACCESS, GUESTINFO_ACCESS_STATE, GUESTINFO_PHASE, GUESTINFO_SSH_HOST_KEYS,
+};
 use banlieue_api::{Provider, VSphereMachine};
 use banlieue_provider_kit::error::Core;
 use banlieue_vsphere::{
@@ -13,6 +15,7 @@ use banlieue_vsphere::{
 use kube::{Api, ResourceExt};
 
 use super::Context;
+use super::access;
 use super::power::{self, PowerAct, StandbySight};
 use super::status::Observed;
 use super::vm::{self, Ownership};
@@ -112,13 +115,30 @@ pub(super) async fn run(machine: &VSphereMachine, ctx: &Context) -> Result<Obser
         }
     };
     // Read afresh: a resumed guest's addresses are what VMware Tools reports now.
-    let info = vm_info(&client, &vm).await?;
+    let mut info = vm_info(&client, &vm).await?;
     let instance_uuid = hardware
         .get("config.instanceUuid")
         .and_then(PropertyValue::text)
         .filter(|u| !u.is_empty() && u.len() <= 64)
         .map(str::to_owned);
-    Ok(observed(machine, vm_name, &info, instance_uuid, standby))
+    let mut seen = observed(machine, vm_name, &info, instance_uuid, standby.clone());
+    // The claim's keys, once the guest is ready for them (a saved member's after its resume):
+    // guestinfo changes on a running VM too. The answer comes through the property wait.
+    if let Some(value) = access::to_write(machine.spec.access.as_ref(), &seen) {
+        let spec = ReconfigSpec {
+            extra_config: vec![(GUESTINFO_ACCESS.to_owned(), value)],
+            ..ReconfigSpec::default()
+        };
+        let what = format!("write {GUESTINFO_ACCESS} of VM {path}");
+        let task = client
+            .reconfigure_vm(&vm, &spec)
+            .await
+            .map_err(Error::vsphere(what.clone()))?;
+        wait_task(&client, &task, &what, ctx.cfg.task_timeout).await?;
+        info = vm_info(&client, &vm).await?;
+        seen = observed(machine, seen.vm_name, &info, seen.instance_uuid, standby);
+    }
+    Ok(seen)
 }
 
 /// `efiSecureBootEnabled` of a `config.bootOptions` value; `None` when unset.
@@ -183,6 +203,9 @@ fn observed(
         },
         nics: info.guest_nics.clone(),
         phase: info.extra_config.get(GUESTINFO_PHASE).cloned(),
+        access_written: info.extra_config.get(GUESTINFO_ACCESS).cloned(),
+        access_state: info.extra_config.get(GUESTINFO_ACCESS_STATE).cloned(),
+        host_keys: info.extra_config.get(GUESTINFO_SSH_HOST_KEYS).cloned(),
         ek_certificates: info.tpm_endorsement_certificates.clone(),
         standby,
     }

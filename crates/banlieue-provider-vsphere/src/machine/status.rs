@@ -12,8 +12,10 @@ use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Si
 use banlieue_vsphere::GuestNic;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::access;
 use super::power::{StandbySight, reports_standby};
 use crate::error::Result;
+use banlieue_provider_kit::access::AccessSight;
 
 /// The most addresses published: a guest reports what it likes.
 pub const MAX_ADDRESSES: usize = 32;
@@ -29,6 +31,12 @@ pub struct Observed {
     pub nics: Vec<GuestNic>,
     /// `guestinfo.banlieue.phase`, when set.
     pub phase: Option<String>,
+    /// `guestinfo.banlieue.access`: the access request the VM holds, base64.
+    pub access_written: Option<String>,
+    /// `guestinfo.banlieue.access.state`: the guest's layer's answer to it.
+    pub access_state: Option<String>,
+    /// `guestinfo.banlieue.ssh.hostKeys`: the guest's SSH host keys, base64.
+    pub host_keys: Option<String>,
     /// DER endorsement key certificates of the VM's vTPM.
     pub ek_certificates: Vec<Vec<u8>>,
     /// What became of its standby.
@@ -216,16 +224,21 @@ fn running(
         )
     };
     let mut guest_conditions = vec![guest];
-    // The claim's keys are not delivered on vSphere yet (guestinfo through a reconfigure is
-    // the channel it would use): its claims say so rather than wait.
-    if machine.spec.access.is_some() {
+    let mut login_user = None;
+    if let Some(sight) = access::sight(machine.spec.access.as_ref(), o) {
         guest_conditions.push(banlieue_provider_kit::access::condition(
-            &banlieue_provider_kit::access::AccessSight::NotSupported(
-                "the vSphere provider does not install a claim's keys in its guests yet".into(),
-            ),
+            &sight,
             machine.metadata.generation,
         ));
+        if let AccessSight::Installed { user } = sight {
+            login_user = Some(user);
+        }
     }
+    // A guest's bad host keys are not published; its GuestReady and access stand.
+    let ssh_host_keys = access::host_keys(o).unwrap_or_else(|why| {
+        tracing::warn!(vm = %o.vm_name, %why, "the guest's SSH host keys are not recorded");
+        None
+    });
     Live {
         running: o.powered_on,
         addresses: addresses(&o.nics),
@@ -235,8 +248,8 @@ fn running(
             .filter(|_| o.powered_on)
             .map(|p| Phase::parse(p.as_bytes()).as_status()),
         endorsement,
-        ssh_host_keys: None,
-        login_user: None,
+        ssh_host_keys,
+        login_user,
         guest_conditions,
         not_saved,
         running_reason: vsphere::reasons::POWERED_ON,

@@ -1,6 +1,7 @@
 //! The property wait that wakes machines: one PropertyCollector of the workload's own, one
 //! filter over every VM (a container view) reading the name, `runtime.powerState`,
-//! `guest.net` and `config.extraConfig["guestinfo.banlieue.phase"]`. Each change to a VM named
+//! `guest.net` and what the guest writes in `config.extraConfig` (its phase, its answer to a
+//! claim's keys, its SSH host keys). Each change to a VM named
 //! `<namespace>-<machine>` wakes the machines, whose reconciles read their VMs afresh: the
 //! status is never built from a partial update, and a missed one is caught by the resync.
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use banlieue_api::VSphereMachine;
-use banlieue_api::vsphere::GUESTINFO_PHASE;
+use banlieue_api::vsphere::{GUESTINFO_ACCESS_STATE, GUESTINFO_PHASE, GUESTINFO_SSH_HOST_KEYS};
 use banlieue_provider_kit::pump::{self, Feed};
 use banlieue_vsphere::{
     Client, ObjectUpdateKind, PropertyFilterSpec, PropertyValue, extra_config_path,
@@ -82,12 +83,16 @@ async fn watch(
         .create_container_view(&root, &["VirtualMachine"], true)
         .await
         .map_err(Error::vsphere("create a view of the VMs"))?;
-    let phase = extra_config_path(GUESTINFO_PHASE);
-    let spec = PropertyFilterSpec::container_view(
-        &view,
-        "VirtualMachine",
-        &["name", "runtime.powerState", "guest.net", phase.as_str()],
-    );
+    // What the guest writes: its phase, and its answer to a claim's keys with its host keys.
+    let guest_written = [
+        GUESTINFO_PHASE,
+        GUESTINFO_ACCESS_STATE,
+        GUESTINFO_SSH_HOST_KEYS,
+    ]
+    .map(extra_config_path);
+    let mut paths = vec!["name", "runtime.powerState", "guest.net"];
+    paths.extend(guest_written.iter().map(String::as_str));
+    let spec = PropertyFilterSpec::container_view(&view, "VirtualMachine", &paths);
     client
         .create_filter(collector, &spec, true)
         .await
