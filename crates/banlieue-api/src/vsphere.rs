@@ -133,8 +133,8 @@ pub struct VSphereMachineSpec {
     /// powering a suspended one on, which resumes it (ADR-0073). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<Standby>,
-    /// Keys to install in the guest (`AccessReady`). Not delivered on vSphere yet: the
-    /// machine reports `AccessNotSupported`.
+    /// Keys to install in the guest (`AccessReady`), written to `guestinfo.banlieue.access`
+    /// once the guest says ready (ADR-0076). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::access::ClaimAccess>,
 }

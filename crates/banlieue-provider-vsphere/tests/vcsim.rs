@@ -6,8 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use banlieue_api::access::ClaimAccess;
 use banlieue_api::conditions::{self, reasons, types};
-use banlieue_api::vsphere::{EXTRA_CONFIG_MACHINE_UID, FINALIZER_VM_PROTECTION};
+use banlieue_api::vsphere::{
+    EXTRA_CONFIG_MACHINE_UID, FINALIZER_VM_PROTECTION, GUESTINFO_ACCESS, GUESTINFO_ACCESS_STATE,
+    GUESTINFO_SSH_HOST_KEYS,
+};
 use banlieue_api::{
     KeySelector, LocalObjectReference, Provider, ProviderCapabilities, ProviderConnection,
     ProviderSpec, Standby, StorageClassMapping, StorageTarget, VSphereCapabilities,
@@ -274,7 +278,20 @@ impl Env {
         user_data: Option<&str>,
         secure_boot: bool,
     ) -> VSphereMachine {
-        let machine = VSphereMachine::new(
+        self.create_machine_spec(name, |spec| {
+            spec.user_data = user_data.map(str::to_owned);
+            spec.secure_boot = secure_boot;
+        })
+        .await
+    }
+
+    /// A machine of the usual spec, changed by `edit`.
+    async fn create_machine_spec(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut VSphereMachineSpec),
+    ) -> VSphereMachine {
+        let mut machine = VSphereMachine::new(
             name,
             VSphereMachineSpec {
                 provider_ref: LocalObjectReference::new(PROVIDER),
@@ -285,14 +302,15 @@ impl Env {
                 datastore: Some("LocalDS_0".into()),
                 cpu: 2,
                 memory: Quantity("1Gi".into()),
-                user_data: user_data.map(str::to_owned),
+                user_data: None,
                 user_data_secret_ref: None,
                 tpm_enabled: false,
-                secure_boot,
+                secure_boot: false,
                 standby: None,
                 access: None,
             },
         );
+        edit(&mut machine.spec);
         self.machines()
             .create(&PostParams::default(), &machine)
             .await
@@ -1269,4 +1287,128 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
     tokio::time::sleep(Duration::from_secs(2)).await;
     let other = images.get("other-class").await.expect("get");
     assert!(zones_of(&other).is_none(), "{:?}", other.status);
+}
+
+/// An ed25519 public key line whose key bytes are all `fill`.
+fn ed25519(fill: u8) -> String {
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&11u32.to_be_bytes());
+    blob.extend_from_slice(b"ssh-ed25519");
+    blob.extend_from_slice(&32u32.to_be_bytes());
+    blob.extend_from_slice(&[fill; 32]);
+    format!(
+        "ssh-ed25519 {}",
+        base64::engine::general_purpose::STANDARD.encode(blob)
+    )
+}
+
+#[tokio::test]
+async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is_recorded() {
+    let Some(mut env) = setup(declared(&[("DC0", &["DC0_C1"])]), None).await else {
+        return;
+    };
+    env.start_machines();
+    let access = ClaimAccess {
+        ssh_authorized_keys: vec![format!("{} alice@laptop", ed25519(1))],
+        user: Some("alice".into()),
+    };
+    // Admin stands in for the controller, which alone writes a machine's spec (ADR-0075).
+    let keys = access.clone();
+    env.create_machine_spec("keyed", move |spec| spec.access = Some(keys))
+        .await;
+    let machine = env
+        .machine_until("keyed", "the machine Ready", |m| {
+            m.status.as_ref().is_some_and(|s| s.contract.ready)
+        })
+        .await;
+    let vm_ref = ManagedObjectRef::new(
+        "VirtualMachine",
+        machine
+            .status
+            .clone()
+            .expect("status")
+            .vm_mo_ref
+            .expect("moref"),
+    );
+    let vc = env.vsphere().await;
+    // Until the guest says ready, nothing is written and the claim waits.
+    let pending = condition(&machine, types::ACCESS_READY).expect("AccessReady");
+    assert_eq!(
+        (pending.status.as_str(), pending.reason.as_str()),
+        ("False", reasons::ACCESS_PENDING),
+        "{}",
+        pending.message
+    );
+    let info = vc.vm_info(&vm_ref).await.expect("vm info");
+    assert_eq!(info.extra_config.get(GUESTINFO_ACCESS), None);
+
+    // The guest's layer: ready, its host keys published (as vmware-rpctool info-set would).
+    let host_keys = format!("{} root@keyed\n", ed25519(9));
+    set_extra_config(
+        &vc,
+        &vm_ref,
+        GUESTINFO_SSH_HOST_KEYS,
+        &base64::engine::general_purpose::STANDARD.encode(&host_keys),
+    )
+    .await;
+    set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "ready").await;
+    let written = poll::until(
+        "the request in guestinfo",
+        Duration::from_secs(40),
+        || async {
+            let info = vc.vm_info(&vm_ref).await?;
+            Ok(info.extra_config.get(GUESTINFO_ACCESS).cloned())
+        },
+    )
+    .await
+    .expect("written");
+    let request = base64::engine::general_purpose::STANDARD
+        .decode(&written)
+        .expect("base64");
+    assert_eq!(
+        String::from_utf8(request.clone()).expect("text"),
+        format!(
+            "banlieue-access 1\nuser alice\nkey {} alice@laptop\nend\n",
+            ed25519(1)
+        )
+    );
+    let digest: String = <sha2::Sha256 as sha2::Digest>::digest(&request)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+
+    // An answer about other bytes is not taken.
+    set_extra_config(
+        &vc,
+        &vm_ref,
+        GUESTINFO_ACCESS_STATE,
+        &format!("installed alice {}", "0".repeat(64)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = env.machines().get("keyed").await.expect("get");
+    assert_eq!(
+        condition(&still, types::ACCESS_READY).map(|c| c.reason.as_str()),
+        Some(reasons::ACCESS_PENDING)
+    );
+
+    set_extra_config(
+        &vc,
+        &vm_ref,
+        GUESTINFO_ACCESS_STATE,
+        &format!("installed alice {digest}"),
+    )
+    .await;
+    let installed = env
+        .machine_until("keyed", "AccessReady=True", |m| {
+            condition(m, types::ACCESS_READY).is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(
+        condition(&installed, types::ACCESS_READY).map(|c| c.reason.as_str()),
+        Some(reasons::ACCESS_INSTALLED)
+    );
+    let status = installed.status.expect("status");
+    assert_eq!(status.contract.login_user.as_deref(), Some("alice"));
+    assert_eq!(status.contract.ssh_host_keys, vec![ed25519(9)]);
 }

@@ -346,6 +346,36 @@ async fn access_installs_a_key_that_logs_in(
             (state - wanted) * 1000.0
         );
     }
+    // Of which the step itself, from systemd's record of its last run.
+    let shown = guest_agent::run(
+        daemon,
+        name,
+        "/usr/bin/systemctl",
+        &[
+            "show",
+            "banlieue-guest-access.service",
+            "-p",
+            "ExecMainStartTimestampMonotonic",
+            "-p",
+            "ExecMainExitTimestampMonotonic",
+        ],
+    )
+    .await?;
+    let shown = String::from_utf8_lossy(&shown);
+    let microseconds = |key: &str| {
+        shown
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('=')?.parse::<u64>().ok())
+    };
+    if let (Some(start), Some(exit)) = (
+        microseconds("ExecMainStartTimestampMonotonic"),
+        microseconds("ExecMainExitTimestampMonotonic"),
+    ) {
+        eprintln!(
+            "of which the access step ran {} ms",
+            exit.saturating_sub(start) / 1000
+        );
+    }
     // The new account has no password (locked, as useradd leaves it), which sshd with PAM
     // accepts for a key login.
     let status = guest_agent::run(daemon, name, "/usr/bin/passwd", &["-S", ACCESS_USER]).await?;
