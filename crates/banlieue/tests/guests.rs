@@ -272,9 +272,17 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
     let mut claim = claim("resumed");
     claim.spec.pool_ref.name = SAVED_POOL.into();
+    // With alice's key: delivered once the restored guest's agent answers.
+    let keys = tempfile::tempdir()?;
+    let (_, alice_public) = ssh_key(keys.path(), "alice")?;
+    claim.spec.access = Some(banlieue_api::access::ClaimAccess {
+        ssh_authorized_keys: vec![alice_public.clone()],
+        user: Some("alice".into()),
+    });
     let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
     let times = create_timed(&claims, &claims_admin, &claim, true).await?;
     let (bound_after, resumed_after) = (times.bound, times.resumed.ok_or("resumed")?);
+    let access_after = times.access.ok_or("no AccessReady after the resume")?;
     let resumed = claims_admin
         .get("resumed")
         .await?
@@ -296,6 +304,10 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
         resumed.tpm_endorsement_key_digests, saved_status.tpm_endorsement_key_digests,
         "the claim carries the certificates recorded before the save"
     );
+    // The keys are in the restored guest, in the file sshd reads for alice alone.
+    assert_eq!(resumed.login_user.as_deref(), Some("alice"));
+    let installed = guest_agent::read_text(libvirtd, &domain, "/run/banlieue/keys/alice").await?;
+    assert_eq!(installed, format!("{alice_public}\n"));
     // The same vTPM: the key the restored guest's TPM reports is the one certified.
     let guest_key = guest_ek_public_key_digest(libvirtd, &domain).await?;
     assert_eq!(
@@ -318,12 +330,13 @@ async fn saved_scenario(host: &DevHost) -> Result<(), BoxError> {
         .sum::<u64>();
     eprintln!(
         "saved pool: create → saved {:.1} s, save image {:.0} MiB; claim → Bound {:.2} s, \
-         claim → Resumed {:.2} s; guest processes after the resume hold {:.0} MiB resident; \
-         clock skew after the resume {skew} s",
+         claim → Resumed {:.2} s, → AccessReady {:.2} s; guest processes after the resume \
+         hold {:.0} MiB resident; clock skew after the resume {skew} s",
         saved_after.as_secs_f64(),
         image_bytes as f64 / f64::from(1 << 20),
         bound_after.as_secs_f64(),
         resumed_after.as_secs_f64(),
+        access_after.as_secs_f64(),
         rss as f64 / f64::from(1 << 20),
     );
     eprintln!("saved pool: {}", resume_parts(&host.registry)?);
@@ -532,6 +545,91 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
         );
     }
     eprintln!("saved pool: {}", resume_parts(&host.registry)?);
+    Ok(())
+}
+
+/// The figures of docs/performance.md's "Per-claim access", run by hand (each claim waits for
+/// its pool's refill): `BANLIEUE_ACCESS_BENCH_CLAIMS` claims (default 20), each with its own
+/// key, one after another on a GuestReady pool of `BANLIEUE_ACCESS_BENCH_MEMBERS` members
+/// (default 2), each made once the pool has a ready member, so every claim is warm. Prints
+/// p50/p90/p99 of claim → Bound, claim → AccessReady and the difference, each timed from a
+/// watch opened before the claim's create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark of real guests under TCG: a minute of both cores per claim"]
+async fn access_on_a_warm_pool() -> Result<(), BoxError> {
+    let mut host = DevHost::start().await?;
+    let outcome = match host.set_up("bna", None).await {
+        Ok(()) => access_bench(&host).await,
+        Err(e) => Err(e),
+    };
+    host.finish(outcome).await
+}
+
+async fn access_bench(host: &DevHost) -> Result<(), BoxError> {
+    let knob = |name: &str, default: usize| -> Result<usize, BoxError> {
+        match std::env::var(name) {
+            Ok(v) => Ok(v.parse()?),
+            Err(_) => Ok(default),
+        }
+    };
+    let members = knob("BANLIEUE_ACCESS_BENCH_MEMBERS", 2)?;
+    let rounds = knob("BANLIEUE_ACCESS_BENCH_CLAIMS", 20)?;
+    let control_plane = &host.control_plane;
+    let admin = control_plane.client()?;
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    const POOL: &str = "keyed";
+    dev::apply(
+        &admin,
+        &guest_pool(POOL, members as i32, objects::GUEST_USER_DATA),
+    )
+    .await?;
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let keys = tempfile::tempdir()?;
+    let (mut bound, mut access, mut added) = (vec![], vec![], vec![]);
+    for round in 0..rounds {
+        poll::until_every(
+            "a member to take",
+            POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
+            || async {
+                Ok(pool_members(&vms, POOL)
+                    .await?
+                    .iter()
+                    .any(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
+                    .then_some(()))
+            },
+        )
+        .await?;
+        let name = format!("{POOL}-{round}");
+        let (_, public) = ssh_key(keys.path(), &name)?;
+        let mut c = claim(&name);
+        c.spec.pool_ref.name = POOL.into();
+        c.spec.access = Some(banlieue_api::access::ClaimAccess {
+            ssh_authorized_keys: vec![public],
+            user: None,
+        });
+        let times = create_timed(&claims, &claims_admin, &c, false).await?;
+        let ready = times.access.ok_or("no AccessReady")?;
+        bound.push(times.bound.as_secs_f64());
+        access.push(ready.as_secs_f64());
+        added.push(ready.saturating_sub(times.bound).as_secs_f64());
+        claims_admin.delete(&name, &DeleteParams::default()).await?;
+    }
+    for (what, samples) in [
+        ("claim → Bound", &mut bound),
+        ("claim → AccessReady", &mut access),
+        ("Bound → AccessReady", &mut added),
+    ] {
+        eprintln!(
+            "access on a warm GuestReady pool, {what}: n={} p50 {:.3} s, p90 {:.3} s, p99 {:.3} s",
+            samples.len(),
+            percentile(samples, 0.50),
+            percentile(samples, 0.90),
+            percentile(samples, 0.99)
+        );
+    }
     Ok(())
 }
 
