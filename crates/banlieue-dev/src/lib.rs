@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::names::SYSTEM_NAMESPACE;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
 use banlieue_libvirt::flags::{StoragePoolCreateFlags, StorageVolCreateFlags};
@@ -375,9 +376,20 @@ async fn drive(
     }
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
-    claims
-        .create(&PostParams::default(), &objects::claim())
-        .await?;
+    let mut claim = objects::claim();
+    // A guest with the layer takes alice's key after the bind: the key is dev up's own.
+    let ssh_key = if guest {
+        let key = dev_ssh_key()?;
+        progress.note(&format!("alice's SSH key: {}", key.private.display()));
+        claim.spec.access = Some(banlieue_api::access::ClaimAccess {
+            ssh_authorized_keys: vec![key.public.clone()],
+            user: None,
+        });
+        Some(key)
+    } else {
+        None
+    };
+    claims.create(&PostParams::default(), &claim).await?;
 
     progress.step("waiting for the claim to be Bound");
     let deadline = Duration::from_secs(args.timeout_seconds);
@@ -398,8 +410,9 @@ async fn drive(
     if args.deployed {
         println!("  KUBECONFIG={kubeconfig} {kubectl} get pods -n {SYSTEM_NAMESPACE}");
     }
-    if guest {
+    if let Some(key) = &ssh_key {
         report_guest(&kube, libvirtd).await?;
+        try_ssh(control_plane, &peers.bridge, key, deadline).await?;
     }
     if !args.non_interactive {
         say!("running; Ctrl-C or `banlieue-dev down` tears everything down");
@@ -769,6 +782,128 @@ pub fn swtpm_localca_bundle() -> Result<String, BoxError> {
         );
     }
     Ok(pem)
+}
+
+/// dev up's own SSH key pair for alice's claim, kept beside its PID file so that a second run
+/// reuses it.
+struct DevSshKey {
+    private: PathBuf,
+    public: String,
+}
+
+fn dev_ssh_key() -> Result<DevSshKey, BoxError> {
+    let private = pid_file().with_file_name("id_ed25519");
+    if !private.is_file() {
+        let made = std::process::Command::new("ssh-keygen")
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "alice@banlieue-dev",
+                "-f",
+            ])
+            .arg(&private)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("run ssh-keygen (openssh-client): {e}"))?;
+        if !made.status.success() {
+            return Err(format!(
+                "ssh-keygen: {}",
+                String::from_utf8_lossy(&made.stderr).trim()
+            )
+            .into());
+        }
+    }
+    let public = std::fs::read_to_string(private.with_extension("pub"))?;
+    Ok(DevSshKey {
+        private,
+        public: public.trim().to_owned(),
+    })
+}
+
+/// Waits for the claim's keys in its guest, routes the host to the guest on the isolated
+/// network, then prints the `banlieue claim ssh` line to try and runs it once, so that what
+/// is printed is known to work.
+async fn try_ssh(
+    control_plane: &ControlPlane,
+    bridge: &str,
+    key: &DevSshKey,
+    deadline: Duration,
+) -> Result<(), BoxError> {
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice, SYSTEM_NAMESPACE);
+    let until = Instant::now() + deadline;
+    let status = loop {
+        let status = claims.get(objects::CLAIM).await?.status.unwrap_or_default();
+        match conditions::find(&status.conditions, types::ACCESS_READY) {
+            Some(c) if c.status == "True" => break status,
+            // Final: the member is single-use, its guest will not think again.
+            Some(c) if c.reason == reasons::ACCESS_REFUSED => {
+                return Err(format!("alice's key: {}", c.message).into());
+            }
+            last => {
+                if Instant::now() >= until {
+                    return Err(format!(
+                        "the claim's keys not in its guest within {deadline:?}: {}",
+                        last.map_or("no AccessReady".to_owned(), |c| c.message.clone())
+                    )
+                    .into());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let address = status
+        .addresses
+        .first()
+        .map(|a| a.address.clone())
+        .ok_or("the claim has no address")?;
+    banlieue_testenv::guest_network::route_to_guest(bridge, &address)?;
+    let kubeconfig = control_plane
+        .kubeconfig(objects::CLAIMANT)
+        .ok_or("alice's kubeconfig")?
+        .display()
+        .to_string();
+    // The product's binary, built beside this one (scripts/run builds both).
+    let banlieue = std::env::current_exe()?.with_file_name("banlieue");
+    let line = format!(
+        "KUBECONFIG={kubeconfig} {} claim -n {SYSTEM_NAMESPACE} ssh {} -i {} -- uname -a",
+        banlieue.display(),
+        objects::CLAIM,
+        key.private.display()
+    );
+    println!(
+        "  as alice, over SSH with the host key pinned from the claim (login {}):",
+        status.login_user.as_deref().unwrap_or("?")
+    );
+    println!("  {line}");
+    if !banlieue.is_file() {
+        println!(
+            "  ({} is not built: scripts/run builds it)",
+            banlieue.display()
+        );
+        return Ok(());
+    }
+    let ran = tokio::process::Command::new(&banlieue)
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["claim", "-n", SYSTEM_NAMESPACE, "ssh", objects::CLAIM, "-i"])
+        .arg(&key.private)
+        .args(["--", "uname", "-a"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    if !ran.status.success() {
+        return Err(format!(
+            "banlieue claim ssh: {}",
+            String::from_utf8_lossy(&ran.stderr).trim()
+        )
+        .into());
+    }
+    println!("  ran: {}", String::from_utf8_lossy(&ran.stdout).trim());
+    Ok(())
 }
 
 /// Where swtpm_localca keeps its CA (`/etc/swtpm-localca.conf`).

@@ -12,6 +12,7 @@ pub mod claim_load;
 pub mod control_plane;
 pub mod guest_agent;
 pub mod guest_image;
+pub mod guest_network;
 mod janitor;
 pub mod libvirtd;
 pub mod manifests;

@@ -590,6 +590,11 @@ fn access_refuses_a_malformed_request_and_installs_nothing() -> Result<()> {
             "the request holds a control character",
         ),
         (
+            "NUL",
+            format!("banlieue-access 1\nkey {key}\0\nend\n"),
+            "the request holds a control character",
+        ),
+        (
             "17 keys",
             format!("banlieue-access 1\n{many}end\n"),
             "more than 16 keys",

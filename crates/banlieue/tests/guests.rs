@@ -1185,39 +1185,6 @@ fn ssh_key(dir: &std::path::Path, who: &str) -> Result<(std::path::PathBuf, Stri
     Ok((path, public.trim().to_owned()))
 }
 
-/// The host's address on the guests' network: the network is isolated (a bridge with no
-/// address, no forwarding, guests without a default route), so the host joins it on its own
-/// bridge to reach the guests' sshd. 198.18.0.0/15 is the guests' (objects::GUEST_USER_DATA);
-/// this end of it is never a guest's.
-const HOST_ON_GUEST_NETWORK: &str = "198.19.255.254/15";
-
-/// Gives the host [`HOST_ON_GUEST_NETWORK`] on `bridge`, and checks that `address` is then
-/// reached through that bridge and nowhere else: nothing a test sends a guest may leave the
-/// machine.
-fn host_on_bridge(bridge: &str, address: &str) -> Result<(), BoxError> {
-    let added = std::process::Command::new("ip")
-        .args(["addr", "replace", HOST_ON_GUEST_NETWORK, "dev", bridge])
-        .status()?;
-    if !added.success() {
-        return Err(
-            format!("ip addr replace {HOST_ON_GUEST_NETWORK} dev {bridge}: {added}").into(),
-        );
-    }
-    let route = std::process::Command::new("ip")
-        .args(["-4", "route", "get", address])
-        .output()?;
-    let route = String::from_utf8_lossy(&route.stdout);
-    if !route
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .any(|w| w == ["dev", bridge])
-    {
-        return Err(format!("{address} is not reached through {bridge}: {route}").into());
-    }
-    Ok(())
-}
-
 /// `banlieue claim -n SYSTEM_NAMESPACE ssh NAME -i KEY -- ARGS` as alice, with alice's own
 /// kubeconfig.
 async fn claim_ssh(
@@ -1258,7 +1225,7 @@ async fn check_access(
     let domain = names::domain_name(SYSTEM_NAMESPACE, &member);
     let bridge = format!("{GUEST_NETWORK}{}", std::process::id());
     let address = st.addresses.first().ok_or("no address")?.address.clone();
-    host_on_bridge(&bridge, &address)?;
+    banlieue_testenv::guest_network::route_to_guest(&bridge, &address)?;
     // The pinned key is the one sshd serves, read from inside the guest.
     let served =
         guest_agent::read_text(libvirtd, &domain, "/etc/ssh/ssh_host_ed25519_key.pub").await?;
@@ -1307,7 +1274,7 @@ async fn check_unclaimed_refuses(
         .ok_or("the unclaimed member has no address")?
         .address
         .clone();
-    host_on_bridge(&bridge, &address)?;
+    banlieue_testenv::guest_network::route_to_guest(&bridge, &address)?;
     let known_hosts = tempfile::NamedTempFile::new()?;
     std::fs::write(
         known_hosts.path(),
