@@ -118,6 +118,17 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
         row[4].ends_with('Z'),
         "EXPIRES is an absolute deadline: {view}"
     );
+    // The claim took alice's key, and the `banlieue claim ssh` line printed ran in the guest.
+    assert!(
+        view.lines()
+            .any(|l| l.contains(" claim -n banlieue-system ssh sandbox-for-alice -i ")),
+        "no ssh line: {view}"
+    );
+    assert!(
+        view.lines().any(|l| l.starts_with("  ran: Linux sandbox ")),
+        "the ssh line did not run in the guest: {view}"
+    );
+    assert!(cache.path().join("banlieue/dev/id_ed25519").is_file());
     assert!(
         !cache.path().join("banlieue/dev/dev-up.pid").exists(),
         "the PID file outlived dev up"
