@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real libvirtd the tests run against: libvirt 11.3.0 and QEMU 10.0.2 from bookworm-backports
 # (Debian 12's own libvirt 9.0 / QEMU 7.2 conflict with the newer qemu-utils some machines carry),
-# plus swtpm and OVMF for EFI + vTPM guests, virsh as an independent client, the Wireshark
-# dissector for wire cross-checks and the C client's Python binding for benchmarks.
+# plus swtpm and OVMF for EFI + vTPM guests (and tpm2-tools, to drive a host swtpm as a TPM),
+# virsh as an independent client, the Wireshark dissector for wire cross-checks and the C
+# client's Python binding for benchmarks.
 #
 # Only src:libvirt, src:qemu and src:seabios are taken from backports; everything else stays
 # on the machine's own suites. The backports entry lives in a private apt state directory
@@ -21,7 +22,7 @@ libvirt_version=11.3.0
 qemu_version=10.0.2
 packages=(
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-daemon-system libvirt-clients
-    qemu-system-x86 qemu-utils swtpm swtpm-tools gnutls-bin ovmf
+    qemu-system-x86 qemu-utils swtpm swtpm-tools tpm2-tools gnutls-bin ovmf
     libvirt-wireshark tshark
     python3-libvirt
 )

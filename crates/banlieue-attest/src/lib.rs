@@ -1,0 +1,45 @@
+//! The consumer's side of banlieue's attested handover (issue: the subject proves which VM it
+//! got): everything here runs where the claim's subject runs, trusts nothing banlieue's
+//! controller or provider says, and depends on no part of the operator.
+//!
+//! - [`public`]: TPM 2.0 public areas as a guest's TPM marshals them (TPM2B_PUBLIC), parsed
+//!   strictly: an endorsement key's, an attestation key's, and the Name that identifies each.
+//! - [`kdf`]: the TPM's key derivation functions, KDFa (HMAC counter mode) and KDFe (the
+//!   ECDH one).
+//! - [`credential`]: `TPM2_MakeCredential`'s computation, done here rather than by a TPM: a
+//!   secret only the TPM holding the endorsement key can release, and only to the attestation
+//!   key named. The proof that an AK lives in the TPM whose EK certificate was vouched for.
+//!
+//! Sans-io: bytes in, bytes out; the randomness is the caller's.
+
+pub mod credential;
+pub mod kdf;
+pub mod public;
+
+pub use credential::{Credential, make_credential};
+pub use public::{Public, PublicKey};
+/// The randomness [`make_credential`] takes (`rand_core::OsRng`).
+pub use rsa::rand_core;
+
+/// Why an input was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    /// The bytes end before the structure does.
+    #[error("{what} is cut short at byte {at}")]
+    Truncated { what: &'static str, at: usize },
+    /// Bytes follow a complete structure.
+    #[error("{what} has {extra} bytes after its end")]
+    Trailing { what: &'static str, extra: usize },
+    /// A field holds a value this crate does not handle (an algorithm, a curve, a size).
+    #[error("{what}: {why}")]
+    Unsupported { what: &'static str, why: String },
+    /// The key's attributes are not those its role requires.
+    #[error("{0}")]
+    Attributes(String),
+    /// A cryptographic operation failed (a key that does not encrypt).
+    #[error("{0}")]
+    Crypto(String),
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

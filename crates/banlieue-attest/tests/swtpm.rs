@@ -1,0 +1,181 @@
+//! The credential made in Rust against a real TPM: a host swtpm (the TPM emulator libvirt
+//! gives guests), driven by tpm2-tools over a Unix socket. The TPM makes an EK and an AK;
+//! this crate reads their public areas, computes the AK's Name (checked against the TPM's),
+//! makes a credential, and `tpm2_activatecredential` must release the secret, for RSA and ECC
+//! EKs alike. A credential for another key's Name, or one with a flipped byte, must not open.
+//! No guest boot: the TPM is the peer.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use banlieue_attest::rand_core::OsRng;
+use banlieue_attest::{Credential, Public, make_credential};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// A swtpm on a Unix socket in a temp dir, stopped (by its PID, as our child) on drop.
+struct Swtpm {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Swtpm {
+    fn start() -> Result<Swtpm> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("tpm.sock");
+        // The swtpm TCTI finds the control channel beside the data socket, as `<path>.ctrl`.
+        let ctrl = dir.path().join("tpm.sock.ctrl");
+        let child = Command::new("swtpm")
+            .args(["socket", "--tpm2", "--flags", "not-need-init,startup-clear"])
+            .arg("--server")
+            .arg(format!("type=unixio,path={}", socket.display()))
+            .arg("--ctrl")
+            .arg(format!("type=unixio,path={}", ctrl.display()))
+            .arg("--tpmstate")
+            .arg(format!("dir={}", dir.path().display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("start swtpm (scripts/setup part 30-libvirtd): {e}"))?;
+        let tpm = Swtpm { dir, child };
+        let started = Instant::now();
+        while !(socket.exists() && ctrl.exists()) {
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err("swtpm made no socket within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(tpm)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs a tpm2-tools command against this TPM in its directory; its stdout, or why not.
+    fn tool(&self, tool: &str, args: &[&str]) -> Result<String> {
+        let out = Command::new(tool)
+            .args(args)
+            .current_dir(self.dir.path())
+            .env(
+                "TPM2TOOLS_TCTI",
+                format!("swtpm:path={}", self.path("tpm.sock").display()),
+            )
+            .output()
+            .map_err(|e| format!("run {tool} (tpm2-tools: scripts/setup part 30-libvirtd): {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{tool} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+            .into());
+        }
+        // Without a resource manager, transient objects stay loaded until flushed.
+        if tool != "tpm2_flushcontext" {
+            self.tool("tpm2_flushcontext", &["-t"])?;
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// An EK of `kind` (`rsa` or `ecc`) and an AK under it; their public areas and the AK's
+    /// Name as the TPM reports it.
+    fn keys(&self, kind: &str) -> Result<(Public, Public, Vec<u8>)> {
+        self.tool(
+            "tpm2_createek",
+            &["-c", "ek.ctx", "-G", kind, "-u", "ek.pub"],
+        )?;
+        let scheme = if kind == "rsa" { "rsassa" } else { "ecdsa" };
+        self.tool(
+            "tpm2_createak",
+            &[
+                "-C", "ek.ctx", "-c", "ak.ctx", "-G", kind, "-g", "sha256", "-s", scheme, "-u",
+                "ak.pub", "-n", "ak.name",
+            ],
+        )?;
+        let ek = Public::from_tpm2b(&std::fs::read(self.path("ek.pub"))?)?;
+        let ak = Public::from_tpm2b(&std::fs::read(self.path("ak.pub"))?)?;
+        Ok((ek, ak, std::fs::read(self.path("ak.name"))?))
+    }
+
+    /// `tpm2_activatecredential` of `credential` by the AK, through the EK's policy (its
+    /// PolicySecret on the endorsement hierarchy): the secret, or the TPM's refusal.
+    fn activate(&self, credential: &Credential) -> Result<Vec<u8>> {
+        std::fs::write(self.path("cred.in"), credential.tpm2_tools_file())?;
+        let _ = std::fs::remove_file(self.path("secret.out"));
+        self.tool(
+            "tpm2_startauthsession",
+            &["--policy-session", "-S", "session.ctx"],
+        )?;
+        let activated = self
+            .tool("tpm2_policysecret", &["-S", "session.ctx", "-c", "e"])
+            .and_then(|_| {
+                self.tool(
+                    "tpm2_activatecredential",
+                    &[
+                        "-c",
+                        "ak.ctx",
+                        "-C",
+                        "ek.ctx",
+                        "-i",
+                        "cred.in",
+                        "-o",
+                        "secret.out",
+                        "-P",
+                        "session:session.ctx",
+                    ],
+                )
+            });
+        // A failed activation leaves the session loaded; flush it either way.
+        let _ = self.tool("tpm2_flushcontext", &["session.ctx"]);
+        activated?;
+        Ok(std::fs::read(self.path("secret.out"))?)
+    }
+}
+
+impl Drop for Swtpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn handover(kind: &str) -> Result {
+    let tpm = Swtpm::start()?;
+    let (ek, ak, tpm_name) = tpm.keys(kind)?;
+    ek.check_endorsement_key()?;
+    ak.check_attestation_key()?;
+    assert_eq!(ak.name(), tpm_name, "the AK's Name as the TPM computes it");
+
+    let secret = b"a challenge of 32 bytes, random!";
+    let credential = make_credential(&ek, &ak.name(), secret, &mut OsRng)?;
+    assert_eq!(tpm.activate(&credential)?, secret);
+
+    // Made for another key's Name (here the EK's own): the TPM refuses it.
+    let elsewhere = make_credential(&ek, &ek.name(), secret, &mut OsRng)?;
+    let refused = tpm
+        .activate(&elsewhere)
+        .expect_err("activated for another Name");
+    assert!(
+        refused.to_string().contains("tpm2_activatecredential"),
+        "{refused}"
+    );
+
+    // One flipped byte of the ciphertext: the HMAC no longer matches.
+    let mut flipped = credential.clone();
+    let last = flipped.id_object.len() - 1;
+    flipped.id_object[last] ^= 0x01;
+    assert!(tpm.activate(&flipped).is_err(), "a flipped byte activated");
+    Ok(())
+}
+
+#[test]
+fn an_rsa_eks_tpm_releases_the_secret_only_to_the_named_ak() -> Result {
+    handover("rsa")
+}
+
+#[test]
+fn an_ecc_eks_tpm_releases_the_secret_only_to_the_named_ak() -> Result {
+    handover("ecc")
+}
