@@ -9,15 +9,19 @@
 //! - [`credential`]: `TPM2_MakeCredential`'s computation, done here rather than by a TPM: a
 //!   secret only the TPM holding the endorsement key can release, and only to the attestation
 //!   key named. The proof that an AK lives in the TPM whose EK certificate was vouched for.
+//! - [`quote`]: a `TPM2_Quote` by that AK checked: its signature, the verifier's own extra
+//!   data in it (fresh, this claim's), and the PCR values it covers.
 //!
 //! Sans-io: bytes in, bytes out; the randomness is the caller's.
 
 pub mod credential;
 pub mod kdf;
 pub mod public;
+pub mod quote;
 
 pub use credential::{Credential, make_credential};
 pub use public::{Public, PublicKey};
+pub use quote::{Quote, QuoteError, extra_data, verify_quote};
 /// The randomness [`make_credential`] takes (`rand_core::OsRng`).
 pub use rsa::rand_core;
 

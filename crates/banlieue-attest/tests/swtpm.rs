@@ -3,14 +3,16 @@
 //! this crate reads their public areas, computes the AK's Name (checked against the TPM's),
 //! makes a credential, and `tpm2_activatecredential` must release the secret, for RSA and ECC
 //! EKs alike. A credential for another key's Name, or one with a flipped byte, must not open.
-//! No guest boot: the TPM is the peer.
+//! Then the AK quotes PCRs with a challenge's extra data, and the quote is checked: a replay
+//! for another challenge, another AK, a flipped byte or PCR values that were not quoted are
+//! each refused by name. No guest boot: the TPM is the peer.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use banlieue_attest::rand_core::OsRng;
-use banlieue_attest::{Credential, Public, make_credential};
+use banlieue_attest::{Credential, Public, QuoteError, extra_data, make_credential, verify_quote};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -99,6 +101,55 @@ impl Swtpm {
         Ok((ek, ak, std::fs::read(self.path("ak.name"))?))
     }
 
+    /// A quote by the AK of PCRs 0-7 (SHA-256) carrying `extra`: the TPMS_ATTEST, the
+    /// TPMT_SIGNATURE and the PCR values, read separately.
+    fn quote(&self, extra: &[u8]) -> Result<(Vec<u8>, Vec<u8>, Vec<Vec<u8>>)> {
+        let hex: String = extra.iter().map(|b| format!("{b:02x}")).collect();
+        self.tool(
+            "tpm2_quote",
+            &[
+                "-c",
+                "ak.ctx",
+                "-l",
+                "sha256:0,1,2,3,4,5,6,7",
+                "-q",
+                &hex,
+                "-m",
+                "quote.msg",
+                "-s",
+                "quote.sig",
+                "-g",
+                "sha256",
+            ],
+        )?;
+        self.tool(
+            "tpm2_pcrread",
+            &["sha256:0,1,2,3,4,5,6,7", "-o", "pcrs.bin"],
+        )?;
+        let values = std::fs::read(self.path("pcrs.bin"))?
+            .chunks(32)
+            .map(<[u8]>::to_vec)
+            .collect();
+        Ok((
+            std::fs::read(self.path("quote.msg"))?,
+            std::fs::read(self.path("quote.sig"))?,
+            values,
+        ))
+    }
+
+    /// A second AK under the same EK: what a provider swapping keys would show.
+    fn another_ak(&self, kind: &str) -> Result<Public> {
+        let scheme = if kind == "rsa" { "rsassa" } else { "ecdsa" };
+        self.tool(
+            "tpm2_createak",
+            &[
+                "-C", "ek.ctx", "-c", "ak2.ctx", "-G", kind, "-g", "sha256", "-s", scheme, "-u",
+                "ak2.pub",
+            ],
+        )?;
+        Ok(Public::from_tpm2b(&std::fs::read(self.path("ak2.pub"))?)?)
+    }
+
     /// `tpm2_activatecredential` of `credential` by the AK, through the EK's policy (its
     /// PolicySecret on the endorsement hierarchy): the secret, or the TPM's refusal.
     fn activate(&self, credential: &Credential) -> Result<Vec<u8>> {
@@ -167,6 +218,55 @@ fn handover(kind: &str) -> Result {
     let last = flipped.id_object.len() - 1;
     flipped.id_object[last] ^= 0x01;
     assert!(tpm.activate(&flipped).is_err(), "a flipped byte activated");
+
+    // A PCR changed before the quote, so that the digest is of values other than the start's.
+    tpm.tool(
+        "tpm2_pcrextend",
+        &[&format!("7:sha256={}", "ab".repeat(32))],
+    )?;
+    let challenge = extra_data(
+        b"nonce-1",
+        "claim-uid",
+        "alice",
+        &["ssh-ed25519 AAAA".into()],
+    );
+    let (attest, signature, pcrs) = tpm.quote(&challenge)?;
+    let quote = verify_quote(&ak, &attest, &signature, &challenge, Some(&pcrs))?;
+    assert_eq!(quote.pcr_selection, vec![(0x000B, (0..8).collect())]);
+    // A replay: the same quote for another challenge.
+    let other = extra_data(
+        b"nonce-2",
+        "claim-uid",
+        "alice",
+        &["ssh-ed25519 AAAA".into()],
+    );
+    assert_eq!(
+        verify_quote(&ak, &attest, &signature, &other, None),
+        Err(QuoteError::WrongExtraData)
+    );
+    // Another key (the provider swapped the AK): the signature does not verify.
+    assert!(matches!(
+        verify_quote(
+            &tpm.another_ak(kind)?,
+            &attest,
+            &signature,
+            &challenge,
+            None
+        ),
+        Err(QuoteError::BadSignature(_))
+    ));
+    let mut flipped = attest.clone();
+    flipped[10] ^= 1;
+    assert!(matches!(
+        verify_quote(&ak, &flipped, &signature, &challenge, None),
+        Err(QuoteError::BadSignature(_))
+    ));
+    let mut shown = pcrs.clone();
+    shown[7][0] ^= 1;
+    assert_eq!(
+        verify_quote(&ak, &attest, &signature, &challenge, Some(&shown)),
+        Err(QuoteError::PcrMismatch)
+    );
     Ok(())
 }
 
