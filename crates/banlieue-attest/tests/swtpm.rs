@@ -103,7 +103,7 @@ impl Swtpm {
 
     /// A quote by the AK of PCRs 0-7 (SHA-256) carrying `extra`: the TPMS_ATTEST, the
     /// TPMT_SIGNATURE and the PCR values, read separately.
-    fn quote(&self, extra: &[u8]) -> Result<(Vec<u8>, Vec<u8>, Vec<Vec<u8>>)> {
+    fn quote(&self, extra: &[u8]) -> Result<Quoted> {
         let hex: String = extra.iter().map(|b| format!("{b:02x}")).collect();
         self.tool(
             "tpm2_quote",
@@ -130,11 +130,11 @@ impl Swtpm {
             .chunks(32)
             .map(<[u8]>::to_vec)
             .collect();
-        Ok((
-            std::fs::read(self.path("quote.msg"))?,
-            std::fs::read(self.path("quote.sig"))?,
-            values,
-        ))
+        Ok(Quoted {
+            attest: std::fs::read(self.path("quote.msg"))?,
+            signature: std::fs::read(self.path("quote.sig"))?,
+            pcrs: values,
+        })
     }
 
     /// A second AK under the same EK: what a provider swapping keys would show.
@@ -185,6 +185,16 @@ impl Swtpm {
     }
 }
 
+/// What `tpm2_quote` and `tpm2_pcrread` wrote.
+struct Quoted {
+    /// TPMS_ATTEST.
+    attest: Vec<u8>,
+    /// TPMT_SIGNATURE.
+    signature: Vec<u8>,
+    /// The SHA-256 PCRs 0-7.
+    pcrs: Vec<Vec<u8>>,
+}
+
 impl Drop for Swtpm {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -230,7 +240,11 @@ fn handover(kind: &str) -> Result {
         "alice",
         &["ssh-ed25519 AAAA".into()],
     );
-    let (attest, signature, pcrs) = tpm.quote(&challenge)?;
+    let Quoted {
+        attest,
+        signature,
+        pcrs,
+    } = tpm.quote(&challenge)?;
     let quote = verify_quote(&ak, &attest, &signature, &challenge, Some(&pcrs))?;
     assert_eq!(quote.pcr_selection, vec![(0x000B, (0..8).collect())]);
     // A replay: the same quote for another challenge.
