@@ -31,6 +31,12 @@ const ACCESS_DEADLINE: Duration = Duration::from_secs(30);
 const SSH_DEADLINE: Duration = Duration::from_secs(90);
 /// The login the test's access request names; the image has no such user until it asks.
 const ACCESS_USER: &str = "claimant";
+/// The layer's attestation files (guest/README.md).
+const ATTEST_EK: &str = "/run/banlieue/attest/ek.pub";
+const ATTEST_AK: &str = "/run/banlieue/attest/ak.pub";
+const ATTEST_CHALLENGE: &str = "/run/banlieue/attest/challenge";
+const ATTEST_ACTIVATE: &str = "/run/banlieue/attest/activate";
+const ATTEST_ANSWER: &str = "/run/banlieue/attest/answer";
 
 /// The domain both tests boot, as the provider would define it; `boot_order` and the CD-ROMs
 /// (install medium first, then the seed) are what a Deferred machine adds.
@@ -264,6 +270,7 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
     );
 
     access_installs_a_key_that_logs_in(&daemon, name, &host_keys).await?;
+    a_credential_opens_only_in_this_guests_tpm(&daemon, name).await?;
 
     daemon.virsh(["destroy", name]).await?;
     daemon.virsh(["undefine", name, "--nvram", "--tpm"]).await?;
@@ -271,6 +278,86 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
         std::fs::remove_file(file).with_context(|| format!("remove {}", file.display()))?;
     }
     Ok(())
+}
+
+/// The guest's attestation key, proven to sit in the TPM its EK certificate certifies: the
+/// EK public area the layer published is the certificate's key; a credential made in Rust
+/// (banlieue-attest) for the AK's Name, relayed as the provider would, is activated by the
+/// guest's TPM and answered with the secret; one made for another Name is refused by it.
+async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &str) -> Result<()> {
+    use banlieue_attest::rand_core::{OsRng, RngCore};
+    use banlieue_attest::{Public, PublicKey, make_credential};
+
+    let ek = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_EK).await?)?;
+    let ak = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_AK).await?)?;
+    ek.check_endorsement_key()?;
+    ak.check_attestation_key()?;
+    let PublicKey::Rsa { modulus, .. } = &ek.key else {
+        bail!("the EK the layer published is not RSA");
+    };
+    let certified = openssl_x509(
+        &guest_agent::read_text(daemon, name, EK_RSA_PEM).await?,
+        "-modulus",
+    )?;
+    let published: String = modulus.iter().map(|b| format!("{b:02X}")).collect();
+    ensure!(
+        certified == format!("Modulus={published}"),
+        "the published EK is not the key of {EK_RSA_PEM}"
+    );
+
+    let mut secret = [0u8; 32];
+    OsRng.fill_bytes(&mut secret);
+    let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
+    let started = Instant::now();
+    let answer = challenge(daemon, name, &credential.tpm2_tools_file()).await?;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    ensure!(
+        answer.split_whitespace().nth(2) == Some(hex.as_str()),
+        "the guest answered {answer:?}, not the secret"
+    );
+    eprintln!(
+        "credential activated in the guest {:.1?} after the relay",
+        started.elapsed()
+    );
+
+    // Made for another key (the EK's own Name): the TPM will not release it to the AK.
+    let elsewhere = make_credential(&ek, &ek.name(), &secret, &mut OsRng)?;
+    let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file()).await?;
+    ensure!(
+        answer.starts_with("failed: ") && !answer.contains(&hex),
+        "a credential for another Name: {answer:?}"
+    );
+    Ok(())
+}
+
+/// Relays `file` as the provider would (attest/challenge, then attest/activate naming its
+/// SHA-256) and waits for the layer's answer about these very bytes.
+async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8]) -> Result<String> {
+    let digest: String = Sha256::digest(file)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    guest_agent::write_file(daemon, name, ATTEST_CHALLENGE, file).await?;
+    guest_agent::write_file(
+        daemon,
+        name,
+        ATTEST_ACTIVATE,
+        format!("{digest}\n").as_bytes(),
+    )
+    .await?;
+    let started = Instant::now();
+    loop {
+        let answer = guest_agent::read_text(daemon, name, ATTEST_ANSWER)
+            .await
+            .unwrap_or_default();
+        if answer.starts_with(&format!("activated {digest} ")) || answer.starts_with("failed: ") {
+            return Ok(answer.trim_end().to_owned());
+        }
+        if started.elapsed() > ACCESS_DEADLINE {
+            bail!("{ATTEST_ANSWER} holds {answer:?} {ACCESS_DEADLINE:?} after the challenge");
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// Writes an access request for a new user through the agent, as the provider does, waits for
@@ -482,9 +569,14 @@ async fn wait_for_phase_within(
 }
 
 fn openssl_issuer(pem: &str) -> Result<String> {
+    openssl_x509(pem, "-issuer")
+}
+
+/// `openssl x509 -noout FIELD` of `pem`: what openssl, an independent reader, prints.
+fn openssl_x509(pem: &str, field: &str) -> Result<String> {
     use std::io::Write;
     let mut child = std::process::Command::new("openssl")
-        .args(["x509", "-noout", "-issuer"])
+        .args(["x509", "-noout", field])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()

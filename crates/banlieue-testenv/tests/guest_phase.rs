@@ -130,7 +130,50 @@ impl Guest {
         )?;
         // A character device the script takes for a TPM.
         self.tpm_devices = "/dev/null".into();
-        Ok(())
+        // The key tools write what their -u, -n and -c name, and log their arguments and the
+        // TCTI they were given.
+        let log = self.dir.path().display().to_string();
+        let writer = |name: &str| {
+            format!(
+                "echo \"$TPM2TOOLS_TCTI $*\" >>{log}/{name}.log\n\
+                 while [ $# -gt 1 ]; do\n\
+                 case $1 in -u) echo \"{name} public\" >\"$2\" ;; -n) echo name >\"$2\" ;; \
+                 -c) echo context >\"$2\" ;; esac\n\
+                 shift\n\
+                 done\n"
+            )
+        };
+        self.fake("tpm2_createek", &writer("tpm2_createek"))?;
+        self.fake("tpm2_createak", &writer("tpm2_createak"))
+    }
+
+    /// The tools `activate` runs: the TPM releases `secret` for a challenge file holding
+    /// "for this ak", and refuses anything else as a TPM would.
+    fn fake_activation(&self, secret: &[u8]) -> Result<()> {
+        fs::write(self.dir.path().join("secret"), secret)?;
+        let dir = self.dir.path().display().to_string();
+        for tool in [
+            "tpm2_startauthsession",
+            "tpm2_policysecret",
+            "tpm2_flushcontext",
+        ] {
+            self.fake(tool, &format!("echo \"$*\" >>{dir}/{tool}.log\n"))?;
+        }
+        self.fake(
+            "tpm2_activatecredential",
+            &format!(
+                "echo \"$*\" >>{dir}/tpm2_activatecredential.log\n\
+                 while [ $# -gt 1 ]; do\n\
+                 case $1 in -i) challenge=$2 ;; -o) out=$2 ;; esac\n\
+                 shift\n\
+                 done\n\
+                 if [ \"$(cat \"$challenge\")\" != \"for this ak\" ]; then\n\
+                 echo 'ERROR: Esys_ActivateCredential(0x922) - tpm:parameter(1):integrity check failed' >&2\n\
+                 exit 1\n\
+                 fi\n\
+                 cp {dir}/secret \"$out\"\n"
+            ),
+        )
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -311,6 +354,103 @@ fn finish_publishes_the_ek_certificate_as_pem_before_ready() -> Result<()> {
     ensure!(
         !guest.layer().join("ek/ecc.pem").exists(),
         "an index the TPM does not hold has no file"
+    );
+    // An attestation key under the EK, made through the TPM's device, before ready.
+    ensure!(
+        out.contains("banlieue-guest-phase: attestation key in "),
+        "{out}"
+    );
+    let attest = guest.layer().join("attest");
+    ensure!(mode(&attest)? == 0o700);
+    for file in ["ek.pub", "ak.pub", "ak.name"] {
+        ensure!(mode(&attest.join(file))? == 0o644, "{file}");
+    }
+    ensure!(fs::read_to_string(attest.join("ak.pub"))? == "tpm2_createak public\n");
+    ensure!(
+        guest.log("tpm2_createak")
+            == "device:/dev/null -C ek.ctx -c ak.ctx -G rsa -g sha256 -s rsassa -u ak.pub -n ak.name\n",
+        "{}",
+        guest.log("tpm2_createak")
+    );
+    Ok(())
+}
+
+#[test]
+fn finish_is_failed_when_no_attestation_key_can_be_made() -> Result<()> {
+    let mut guest = Guest::new()?;
+    guest.fake_tpm(b"der")?;
+    guest.fake(
+        "tpm2_createak",
+        "echo 'ERROR: Esys_CreateLoaded(0x2C4) - tpm:handle(2)' >&2\nexit 1\n",
+    )?;
+    guest.ok(&["finish"])?;
+    let phase = guest.phase()?;
+    ensure!(
+        phase.starts_with("failed: no attestation key: ERROR: Esys_CreateLoaded"),
+        "{phase:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()> {
+    let mut guest = Guest::new()?;
+    guest.fake_tpm(b"der")?;
+    guest.ok(&["finish"])?;
+    guest.fake_activation(&[0xde, 0xad, 0x01])?;
+    let attest = guest.layer().join("attest");
+    let challenge = b"for this ak";
+    fs::write(attest.join("challenge"), challenge)?;
+    fs::write(
+        attest.join("activate"),
+        format!("{}\n", sha256_hex(challenge)),
+    )?;
+    let out = guest.ok(&["activate"])?;
+    ensure!(
+        out == "banlieue-guest-phase: activated the host's credential\n",
+        "{out}"
+    );
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    ensure!(
+        answer == format!("activated {} dead01\n", sha256_hex(challenge)),
+        "{answer}"
+    );
+    ensure!(mode(&attest.join("answer"))? == 0o644);
+    ensure!(
+        guest
+            .log("tpm2_activatecredential")
+            .starts_with("-c ak.ctx -C ek.ctx -i challenge -o "),
+        "{}",
+        guest.log("tpm2_activatecredential")
+    );
+    ensure!(
+        fs::read_dir(&attest)?
+            .filter_map(|e| e.ok())
+            .all(|e| !e.file_name().to_string_lossy().starts_with('.')),
+        "the session or the secret was left behind"
+    );
+
+    // A credential the TPM refuses (made for another key): its reason, no secret.
+    fs::write(attest.join("challenge"), b"for another ak")?;
+    fs::write(
+        attest.join("activate"),
+        format!("{}\n", sha256_hex(b"for another ak")),
+    )?;
+    guest.ok(&["activate"])?;
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    ensure!(
+        answer.starts_with("failed: ERROR: Esys_ActivateCredential(0x922)"),
+        "{answer}"
+    );
+
+    // activate naming other bytes than the challenge's (still being written, or a lie): after
+    // waiting for the rest, a refusal.
+    fs::write(attest.join("activate"), format!("{}\n", "0".repeat(64)))?;
+    guest.ok(&["activate"])?;
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    ensure!(
+        answer == "failed: attest/activate does not name the challenge's SHA-256\n",
+        "{answer}"
     );
     Ok(())
 }
