@@ -21,6 +21,7 @@ use banlieue_provider_vsphere::machine::{ProviderConfig, run_provider};
 use banlieue_provider_vsphere::provider_status::{StatusConfig, run_status};
 use banlieue_testenv::control_plane::ControlPlane;
 use banlieue_testenv::poll;
+use banlieue_testenv::ssh_keys::ed25519_public_key;
 use banlieue_testenv::vcsim::{Vcsim, VcsimOptions};
 use banlieue_vsphere::{
     Client, CloneSpec, Credentials, ManagedObjectRef, PowerState, PropertyValue, ReconfigSpec,
@@ -1289,19 +1290,6 @@ async fn a_template_image_is_ready_where_vcenter_has_the_template_and_names_a_mi
     assert!(zones_of(&other).is_none(), "{:?}", other.status);
 }
 
-/// An ed25519 public key line whose key bytes are all `fill`.
-fn ed25519(fill: u8) -> String {
-    let mut blob = Vec::new();
-    blob.extend_from_slice(&11u32.to_be_bytes());
-    blob.extend_from_slice(b"ssh-ed25519");
-    blob.extend_from_slice(&32u32.to_be_bytes());
-    blob.extend_from_slice(&[fill; 32]);
-    format!(
-        "ssh-ed25519 {}",
-        base64::engine::general_purpose::STANDARD.encode(blob)
-    )
-}
-
 #[tokio::test]
 async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is_recorded() {
     let Some(mut env) = setup(declared(&[("DC0", &["DC0_C1"])]), None).await else {
@@ -1309,7 +1297,7 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
     };
     env.start_machines();
     let access = ClaimAccess {
-        ssh_authorized_keys: vec![format!("{} alice@laptop", ed25519(1))],
+        ssh_authorized_keys: vec![format!("{} alice@laptop", ed25519_public_key(1, ""))],
         user: Some("alice".into()),
     };
     // Admin stands in for the controller, which alone writes a machine's spec (ADR-0075).
@@ -1343,7 +1331,7 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
     assert_eq!(info.extra_config.get(GUESTINFO_ACCESS), None);
 
     // The guest's layer: ready, its host keys published (as vmware-rpctool info-set would).
-    let host_keys = format!("{} root@keyed\n", ed25519(9));
+    let host_keys = format!("{} root@keyed\n", ed25519_public_key(9, ""));
     set_extra_config(
         &vc,
         &vm_ref,
@@ -1369,7 +1357,7 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
         String::from_utf8(request.clone()).expect("text"),
         format!(
             "banlieue-access 1\nuser alice\nkey {} alice@laptop\nend\n",
-            ed25519(1)
+            ed25519_public_key(1, "")
         )
     );
     let digest: String = <sha2::Sha256 as sha2::Digest>::digest(&request)
@@ -1410,5 +1398,8 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
     );
     let status = installed.status.expect("status");
     assert_eq!(status.contract.login_user.as_deref(), Some("alice"));
-    assert_eq!(status.contract.ssh_host_keys, vec![ed25519(9)]);
+    assert_eq!(
+        status.contract.ssh_host_keys,
+        vec![ed25519_public_key(9, "")]
+    );
 }

@@ -388,14 +388,8 @@ async fn saved_and_running_pools_side_by_side() -> Result<(), BoxError> {
 }
 
 async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
-    let knob = |name: &str, default: usize| -> Result<usize, BoxError> {
-        match std::env::var(name) {
-            Ok(v) => Ok(v.parse()?),
-            Err(_) => Ok(default),
-        }
-    };
-    let members = knob("BANLIEUE_SAVED_BENCH_MEMBERS", 2)?;
-    let rounds = knob("BANLIEUE_SAVED_BENCH_CLAIMS", 20)?;
+    let members = bench_knob("BANLIEUE_SAVED_BENCH_MEMBERS", 2)?;
+    let rounds = bench_knob("BANLIEUE_SAVED_BENCH_CLAIMS", 20)?;
     let (control_plane, libvirtd) = (&host.control_plane, &host.libvirtd);
     let admin = control_plane.client()?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
@@ -527,23 +521,18 @@ async fn side_by_side(host: &DevHost) -> Result<(), BoxError> {
             claims_admin.delete(&name, &DeleteParams::default()).await?;
         }
     }
-    for (what, samples) in [
-        ("running pool (GuestReady), claim → Bound", &mut warm_bound),
-        (
-            "running pool (InfrastructureReady), claim → Bound",
-            &mut infrastructure_bound,
-        ),
-        ("saved pool, claim → Bound", &mut saved_bound),
-        ("saved pool, claim → Resumed", &mut saved_resumed),
-    ] {
-        eprintln!(
-            "{what}: n={} p50 {:.2} s, p90 {:.2} s, p99 {:.2} s",
-            samples.len(),
-            percentile(samples, 0.50),
-            percentile(samples, 0.90),
-            percentile(samples, 0.99)
-        );
-    }
+    print_percentiles(
+        "",
+        [
+            ("running pool (GuestReady), claim → Bound", &mut warm_bound),
+            (
+                "running pool (InfrastructureReady), claim → Bound",
+                &mut infrastructure_bound,
+            ),
+            ("saved pool, claim → Bound", &mut saved_bound),
+            ("saved pool, claim → Resumed", &mut saved_resumed),
+        ],
+    );
     eprintln!("saved pool: {}", resume_parts(&host.registry)?);
     Ok(())
 }
@@ -566,14 +555,8 @@ async fn access_on_a_warm_pool() -> Result<(), BoxError> {
 }
 
 async fn access_bench(host: &DevHost) -> Result<(), BoxError> {
-    let knob = |name: &str, default: usize| -> Result<usize, BoxError> {
-        match std::env::var(name) {
-            Ok(v) => Ok(v.parse()?),
-            Err(_) => Ok(default),
-        }
-    };
-    let members = knob("BANLIEUE_ACCESS_BENCH_MEMBERS", 2)?;
-    let rounds = knob("BANLIEUE_ACCESS_BENCH_CLAIMS", 20)?;
+    let members = bench_knob("BANLIEUE_ACCESS_BENCH_MEMBERS", 2)?;
+    let rounds = bench_knob("BANLIEUE_ACCESS_BENCH_CLAIMS", 20)?;
     let control_plane = &host.control_plane;
     let admin = control_plane.client()?;
     let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
@@ -617,20 +600,36 @@ async fn access_bench(host: &DevHost) -> Result<(), BoxError> {
         added.push(ready.saturating_sub(times.bound).as_secs_f64());
         claims_admin.delete(&name, &DeleteParams::default()).await?;
     }
-    for (what, samples) in [
-        ("claim → Bound", &mut bound),
-        ("claim → AccessReady", &mut access),
-        ("Bound → AccessReady", &mut added),
-    ] {
+    print_percentiles(
+        "access on a warm GuestReady pool, ",
+        [
+            ("claim → Bound", &mut bound),
+            ("claim → AccessReady", &mut access),
+            ("Bound → AccessReady", &mut added),
+        ],
+    );
+    Ok(())
+}
+
+/// A benchmark's setting from the environment, `default` when unset.
+fn bench_knob(name: &str, default: usize) -> Result<usize, BoxError> {
+    match std::env::var(name) {
+        Ok(v) => Ok(v.parse()?),
+        Err(_) => Ok(default),
+    }
+}
+
+/// One line per figure: its count and p50, p90 and p99 in seconds.
+fn print_percentiles<const N: usize>(prefix: &str, rows: [(&str, &mut Vec<f64>); N]) {
+    for (what, samples) in rows {
         eprintln!(
-            "access on a warm GuestReady pool, {what}: n={} p50 {:.3} s, p90 {:.3} s, p99 {:.3} s",
+            "{prefix}{what}: n={} p50 {:.3} s, p90 {:.3} s, p99 {:.3} s",
             samples.len(),
             percentile(samples, 0.50),
             percentile(samples, 0.90),
             percentile(samples, 0.99)
         );
     }
-    Ok(())
 }
 
 /// The `p`-quantile (nearest rank) of `samples`.

@@ -89,21 +89,13 @@ pub fn host_keys(o: &Observed) -> Result<Option<Vec<String>>, String> {
 mod tests {
     use super::super::fixtures::observed;
     use super::*;
+    use banlieue_testenv::ssh_keys::ed25519_public_key;
 
     fn alice() -> ClaimAccess {
         ClaimAccess {
-            ssh_authorized_keys: vec![ed25519(1)],
+            ssh_authorized_keys: vec![ed25519_public_key(1, "")],
             user: Some("alice".into()),
         }
-    }
-
-    fn ed25519(fill: u8) -> String {
-        let mut blob = Vec::new();
-        blob.extend_from_slice(&11u32.to_be_bytes());
-        blob.extend_from_slice(b"ssh-ed25519");
-        blob.extend_from_slice(&32u32.to_be_bytes());
-        blob.extend_from_slice(&[fill; 32]);
-        format!("ssh-ed25519 {}", BASE64.encode(blob))
     }
 
     fn ready() -> Observed {
@@ -199,10 +191,17 @@ mod tests {
             ..ready()
         };
         assert_eq!(host_keys(&observed()), Ok(None));
-        let file = format!("{} root@guest\n{}\n", ed25519(2), ed25519(1));
+        let file = format!(
+            "{} root@guest\n{}\n",
+            ed25519_public_key(2, ""),
+            ed25519_public_key(1, "")
+        );
         assert_eq!(
             host_keys(&with(&BASE64.encode(&file))),
-            Ok(Some(vec![ed25519(1), ed25519(2)])),
+            Ok(Some(vec![
+                ed25519_public_key(1, ""),
+                ed25519_public_key(2, "")
+            ])),
             "sorted, without comments"
         );
         assert!(
