@@ -7,10 +7,12 @@ use std::time::Duration;
 use banlieue_api::conditions::{self, reasons, types};
 use banlieue_api::{
     ClaimPhase, Standby, VirtualMachine, VirtualMachineClaim, VirtualMachineClaimStatus,
+    VirtualMachinePool,
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
+use crate::hosts::HostState;
 use crate::member::MemberView;
 
 /// Orders candidates for a bind: current revision first, then longest available (the member
@@ -73,9 +75,44 @@ pub fn expires_at(bound_at: Timestamp, ttl_seconds: i64) -> Timestamp {
         .unwrap_or(Timestamp::MAX)
 }
 
-/// The message of `Bound=False, NoMemberAvailable`: the pool's own diagnosis in parentheses.
-pub fn no_member_message(pool: &str, pool_reason: &str, pool_message: &str) -> String {
-    format!("no Ready, unclaimed member in pool {pool} (pool: {pool_reason}: {pool_message})")
+/// The message of `Bound=False, NoMemberAvailable`: the pool's own diagnosis in parentheses,
+/// then how many unclaimed members are held back because their Provider is not Ready (the
+/// pool's count may still include them: it is written on the pool's own schedule).
+pub fn no_member_message(
+    pool: &str,
+    pool_reason: &str,
+    pool_message: &str,
+    on_unready_hosts: usize,
+) -> String {
+    let mut message =
+        format!("no Ready, unclaimed member in pool {pool} (pool: {pool_reason}: {pool_message})");
+    if on_unready_hosts > 0 {
+        message.push_str(&format!(
+            "; {on_unready_hosts} unclaimed member(s) on a Provider that is not Ready"
+        ));
+    }
+    message
+}
+
+/// [`no_member_message`] for `pool` and its unclaimed `members`, quoting the pool's Ready
+/// condition (or that it has not reported yet).
+pub fn no_member_message_of(pool: &VirtualMachinePool, members: &[MemberView]) -> String {
+    let (reason, message) = pool
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::READY))
+        .map_or((reasons::FILLING, "the pool has not reported yet"), |c| {
+            (c.reason.as_str(), c.message.as_str())
+        });
+    no_member_message(&pool.name_any(), reason, message, on_unready_hosts(members))
+}
+
+/// How many of `members` are neither deleting nor failed but on a host that is not Ready.
+pub fn on_unready_hosts(members: &[MemberView]) -> usize {
+    members
+        .iter()
+        .filter(|m| !m.deleting && !m.failed && m.host != HostState::Ready)
+        .count()
 }
 
 /// The least time between two status writes of one waiting claim that change only the count
@@ -345,6 +382,16 @@ mod tests {
         }
     }
 
+    #[test]
+    fn members_held_back_by_their_host_are_counted_for_the_message() {
+        let ready = member("a", "r1", Some(1));
+        let unready = member("b", "r1", Some(1)).on_host(HostState::Unready);
+        let mut gone = member("c", "r1", Some(1)).on_host(HostState::Unready);
+        gone.deleting = true;
+        assert_eq!(on_unready_hosts(&[ready.clone(), unready.clone(), gone]), 1);
+        assert!(candidates(&[ready, unready], "r1", |_| false).len() == 1);
+    }
+
     fn names(list: Vec<&MemberView>) -> Vec<&str> {
         list.into_iter().map(|m| m.name.as_str()).collect()
     }
@@ -431,9 +478,15 @@ mod tests {
             no_member_message(
                 "sandbox-pool",
                 "ReadinessSignalAbsent",
-                r#"no member has published the "GuestReady" condition"#
+                r#"no member has published the "GuestReady" condition"#,
+                0
             ),
             r#"no Ready, unclaimed member in pool sandbox-pool (pool: ReadinessSignalAbsent: no member has published the "GuestReady" condition)"#
+        );
+        assert_eq!(
+            no_member_message("p", "AtCapacity", "1/1 members available", 1),
+            "no Ready, unclaimed member in pool p (pool: AtCapacity: 1/1 members available); \
+             1 unclaimed member(s) on a Provider that is not Ready"
         );
         assert_eq!(
             pool_not_found_message("sandbox-pool"),
@@ -448,7 +501,7 @@ mod tests {
                 types::BOUND,
                 conditions::status::FALSE,
                 reasons::NO_MEMBER_AVAILABLE,
-                no_member_message("p", pool_reason, pool_message),
+                no_member_message("p", pool_reason, pool_message, 0),
                 Some(1),
             )],
             ..Default::default()
@@ -501,7 +554,7 @@ mod tests {
 
     #[test]
     fn the_quoted_pool_reason_is_read_back_from_the_message() {
-        let message = no_member_message("a-pool", "Filling", "waiting: 3 of 5: soon");
+        let message = no_member_message("a-pool", "Filling", "waiting: 3 of 5: soon", 2);
         assert_eq!(quoted_pool_reason(&message), Some("Filling"));
         assert_eq!(quoted_pool_reason(&pool_not_found_message("a-pool")), None);
         assert_eq!(quoted_pool_reason(""), None);

@@ -170,23 +170,12 @@ async fn pending(
             let held = ctx.reservations.try_bind(&this.namespace, &m.name)?;
             Some((m, held))
         }) else {
-            let (pool_reason, pool_message) = pool
-                .status
-                .as_ref()
-                .and_then(|s| conditions::find(&s.conditions, types::READY))
-                .map(|c| (c.reason.clone(), c.message.clone()))
-                .unwrap_or_else(|| {
-                    (
-                        reasons::FILLING.to_owned(),
-                        "the pool has not reported yet".to_owned(),
-                    )
-                });
             let delay = write_pending(
                 this,
                 ctx,
                 status,
                 reasons::NO_MEMBER_AVAILABLE,
-                decide::no_member_message(&pool_name, &pool_reason, &pool_message),
+                decide::no_member_message_of(&pool, &views),
             )
             .await?;
             return Ok(requeue_waiting(ctx, delay));
