@@ -1330,15 +1330,7 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
     let info = vc.vm_info(&vm_ref).await.expect("vm info");
     assert_eq!(info.extra_config.get(GUESTINFO_ACCESS), None);
 
-    // The guest's layer: ready, its host keys published (as vmware-rpctool info-set would).
-    let host_keys = format!("{} root@keyed\n", ed25519_public_key(9, ""));
-    set_extra_config(
-        &vc,
-        &vm_ref,
-        GUESTINFO_SSH_HOST_KEYS,
-        &base64::engine::general_purpose::STANDARD.encode(&host_keys),
-    )
-    .await;
+    // The guest's layer says ready (as vmware-rpctool info-set would).
     set_extra_config(&vc, &vm_ref, "guestinfo.banlieue.phase", "ready").await;
     let written = poll::until(
         "the request in guestinfo",
@@ -1365,7 +1357,9 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
         .map(|b| format!("{b:02x}"))
         .collect();
 
-    // An answer about other bytes is not taken.
+    // An answer about other bytes is not taken. The host keys the guest publishes after it
+    // show that a reconcile has read that answer: once they are recorded, the keys must still
+    // be pending.
     set_extra_config(
         &vc,
         &vm_ref,
@@ -1373,11 +1367,25 @@ async fn a_claims_keys_go_to_guestinfo_once_the_guest_is_ready_and_its_answer_is
         &format!("installed alice {}", "0".repeat(64)),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let still = env.machines().get("keyed").await.expect("get");
+    let host_keys = format!("{} root@keyed\n", ed25519_public_key(9, ""));
+    set_extra_config(
+        &vc,
+        &vm_ref,
+        GUESTINFO_SSH_HOST_KEYS,
+        &base64::engine::general_purpose::STANDARD.encode(&host_keys),
+    )
+    .await;
+    let still = env
+        .machine_until("keyed", "the host keys recorded", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| !s.contract.ssh_host_keys.is_empty())
+        })
+        .await;
     assert_eq!(
         condition(&still, types::ACCESS_READY).map(|c| c.reason.as_str()),
-        Some(reasons::ACCESS_PENDING)
+        Some(reasons::ACCESS_PENDING),
+        "an answer about other bytes was taken"
     );
 
     set_extra_config(
