@@ -73,6 +73,10 @@ pub struct VirtualMachineSpec {
     /// holds no consumer's key before its bind).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::access::ClaimAccess>,
+    /// The claim's challenge to the guest's TPM (ADR-0077), copied by the controller from
+    /// the bound claim's `spec.handover` whenever the subject writes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<crate::handover::HandoverChallenge>,
 }
 
 /// Observed state of a VirtualMachine.
@@ -122,6 +126,10 @@ pub struct VirtualMachineStatus {
     /// The login the guest installed `spec.access` for, mirrored from the machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub login_user: Option<String>,
+    /// The guest's attestation key and its answer to `spec.handover`, mirrored from the
+    /// machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<crate::handover::Attestation>,
 }
 
 /// A reference to a provider-specific machine.
@@ -205,6 +213,10 @@ pub struct LibvirtMachineSpec {
     /// (`AccessReady`). The controller writes it when the member is bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::access::ClaimAccess>,
+    /// A challenge the provider relays into the guest's TPM (ADR-0077). The controller
+    /// writes it from the bound claim's `spec.handover`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<crate::handover::HandoverChallenge>,
 }
 
 /// The OS disk of a LibvirtMachine: exactly one shape (ADR-0040).
@@ -292,6 +304,10 @@ pub struct MachineStatusContract {
     /// The login the guest installed `spec.access` for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub login_user: Option<String>,
+    /// The guest's attestation key, read when it is first seen ready, and its TPM's answer
+    /// to `spec.handover`, relayed unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<crate::handover::Attestation>,
     /// Ready (and GuestReady when the guest reports it), with messages from the guide's
     /// troubleshooting table.
     #[serde(default)]
@@ -324,6 +340,9 @@ pub struct MachineSpecContract {
     /// Keys to install in the guest (`AccessReady`).
     #[serde(default)]
     pub access: Option<crate::access::ClaimAccess>,
+    /// A challenge to relay into the guest's TPM.
+    #[serde(default)]
+    pub handover: Option<crate::handover::HandoverChallenge>,
 }
 
 /// Cluster API's initialization block.
@@ -427,6 +446,7 @@ pub fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             // A member built after its bind (a claim waiting for a placement) carries its
             // claim's keys from the start; otherwise the bind writes them later.
             access: input.vm.spec.access.clone(),
+            handover: input.vm.spec.handover.clone(),
         },
     )
 }

@@ -229,9 +229,11 @@ pub const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 60 * 60;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// Everything but `handover` is immutable: the subject writes a new challenge whenever it
+// verifies its VM (ADR-0077). Spelt field by field: CEL has no "equal but for one field".
 #[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "self == oldSelf",
-    "message": "spec is immutable: a claim records who a sandbox was handed to"
+    "rule": "self.poolRef == oldSelf.poolRef && self.subject == oldSelf.subject && self.ttlSeconds == oldSelf.ttlSeconds && has(self.access) == has(oldSelf.access) && (!has(self.access) || self.access == oldSelf.access)",
+    "message": "spec is immutable but for spec.handover: a claim records who a sandbox was handed to"
 }]))]
 pub struct VirtualMachineClaimSpec {
     /// The pool (same namespace) to take a member from.
@@ -246,6 +248,12 @@ pub struct VirtualMachineClaimSpec {
     /// (`AccessReady`). Omitted: the claim binds as before and nothing is installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::access::ClaimAccess>,
+    /// The subject's challenge to its VM's TPM (ADR-0077), written after the bind by
+    /// `banlieue claim verify`: the member's provider relays it into the guest and the answer
+    /// appears in `status.attestation`. Only the claim's subject may write it (admission);
+    /// a new challenge replaces the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<crate::handover::HandoverChallenge>,
 }
 
 /// The identity a member is handed to. Recorded and mirrored, never interpreted.
@@ -293,6 +301,10 @@ pub struct VirtualMachineClaimStatus {
     /// The login `spec.access` was installed for (AccessReady).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub login_user: Option<String>,
+    /// The member's attestation key and its TPM's answer to `spec.handover`, as relayed:
+    /// proof only once the subject has checked it (`banlieue claim verify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<crate::handover::Attestation>,
     /// Deprecated: no longer minted (ADR-0049, amended). Kept so older claims still parse;
     /// removed in the next API version.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -137,6 +137,11 @@ pub struct VSphereMachineSpec {
     /// once the guest says ready (ADR-0076). The controller writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access: Option<crate::access::ClaimAccess>,
+    /// A claim's challenge to the guest's TPM (ADR-0077), as the controller copies it to
+    /// every kind. Kept but not relayed: the vSphere provider publishes no EK certificate,
+    /// so a claim on it has nothing to verify against (`banlieue claim verify` says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<crate::handover::HandoverChallenge>,
 }
 
 /// Observed state of a VSphereMachine: the contract every machine kind carries, flattened
@@ -465,6 +470,7 @@ pub fn vsphere_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             // A member built after its bind (a claim waiting for a placement) carries its
             // claim's keys from the start; otherwise the bind writes them later.
             access: input.vm.spec.access.clone(),
+            handover: input.vm.spec.handover.clone(),
         },
     )
 }
@@ -542,6 +548,7 @@ mod tests {
             secure_boot: false,
             standby: None,
             access: None,
+            handover: None,
         }
     }
 

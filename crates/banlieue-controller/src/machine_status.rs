@@ -182,6 +182,7 @@ pub fn mirror_machine(
     );
     next.ssh_host_keys = machine_status.ssh_host_keys.clone();
     next.login_user = machine_status.login_user.clone();
+    next.attestation = machine_status.attestation.clone();
     for copied in [types::GUEST_READY, types::ACCESS_READY] {
         if let Some(condition) = conditions::find(&machine_status.conditions, copied) {
             let mut mirrored = condition.clone();
@@ -339,10 +340,14 @@ mod tests {
     }
 
     #[test]
-    fn host_keys_login_and_access_ready_are_mirrored_bounded() {
+    fn host_keys_login_attestation_and_access_ready_are_mirrored_bounded() {
         let mut m = machine(true);
         m.ssh_host_keys = vec!["ssh-ed25519 AAAA".into()];
         m.login_user = Some("alice".into());
+        m.attestation = Some(banlieue_api::handover::Attestation {
+            attestation_key: Some("AAEC".into()),
+            answer: None,
+        });
         m.conditions.push(conditions::new(
             types::ACCESS_READY,
             status::FALSE,
@@ -353,6 +358,7 @@ mod tests {
         let s = mirror_machine(&Default::default(), &m, false, Some(1), at(10));
         assert_eq!(s.ssh_host_keys, m.ssh_host_keys);
         assert_eq!(s.login_user.as_deref(), Some("alice"));
+        assert_eq!(s.attestation, m.attestation);
         let access = conditions::find(&s.conditions, types::ACCESS_READY).unwrap();
         assert_eq!(access.reason, reasons::ACCESS_REFUSED);
         assert_eq!(access.observed_generation, Some(1));

@@ -182,6 +182,7 @@ mod tests {
                 user_data_secret_ref: None,
                 standby: None,
                 access: None,
+                handover: None,
             },
         );
         let mut status = VirtualMachineStatus::default();

@@ -83,6 +83,7 @@ mod tests {
                 user_data_secret_ref: None,
                 standby,
                 access: None,
+                handover: None,
             },
         );
         let mut labels =

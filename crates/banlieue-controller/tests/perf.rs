@@ -219,6 +219,7 @@ fn claim_object(name: &str) -> VirtualMachineClaim {
             },
             ttl_seconds: 3600,
             access: None,
+            handover: None,
         },
     )
 }

@@ -396,6 +396,7 @@ pub fn pool() -> VirtualMachinePool {
                     user_data_secret_ref: None,
                     standby: None,
                     access: None,
+                    handover: None,
                 },
             },
             readiness: PoolReadiness::InfrastructureReady,
@@ -427,6 +428,7 @@ pub fn claim() -> VirtualMachineClaim {
             },
             ttl_seconds: 3600,
             access: None,
+            handover: None,
         },
     );
     claim.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

@@ -357,6 +357,7 @@ impl ClaimSystem for Banlieue {
                 },
                 ttl_seconds: 3600,
                 access: None,
+                handover: None,
             },
         );
         serde_json::from_value(serde_json::to_value(claim).expect("a claim serialises"))

@@ -35,6 +35,7 @@ pub mod credentials;
 pub mod descriptor;
 pub mod error;
 pub mod guest;
+pub mod handover;
 pub mod image_zones;
 pub mod import_settings;
 pub mod machine;

@@ -33,7 +33,7 @@ pub enum Sight {
         ready_message: String,
     },
     /// Running, or on its way to running.
-    Live(Live),
+    Live(Box<Live>),
 }
 
 /// A machine that is not saved, read afresh.
@@ -49,6 +49,10 @@ pub struct Live {
     pub ssh_host_keys: Option<Vec<String>>,
     /// The login the guest installed the claim's keys for; `None` keeps the one recorded.
     pub login_user: Option<String>,
+    /// The guest's attestation key (TPM2B_PUBLIC, base64); `None` keeps the one recorded.
+    pub attestation_key: Option<String>,
+    /// The guest's answer to the machine's handover challenge; `None` keeps the one recorded.
+    pub handover_answer: Option<banlieue_api::handover::HandoverAnswer>,
     /// The guest's conditions (GuestReady, and whatever else the backend observes of its
     /// guest), set in this order.
     pub guest_conditions: Vec<Condition>,
@@ -106,7 +110,7 @@ pub fn fill(
                         generation,
                     )
                 }
-                Sight::Live(live) => fill_live(contract, live, generation, &now),
+                Sight::Live(live) => fill_live(contract, *live, generation, &now),
             }
         }
         Err(failure) => {
@@ -142,6 +146,15 @@ fn fill_live(
     }
     if let Some(user) = live.login_user {
         contract.login_user = Some(user);
+    }
+    if live.attestation_key.is_some() || live.handover_answer.is_some() {
+        let attestation = contract.attestation.get_or_insert_default();
+        if let Some(key) = live.attestation_key {
+            attestation.attestation_key = Some(key);
+        }
+        if let Some(answer) = live.handover_answer {
+            attestation.answer = Some(answer);
+        }
     }
     for condition in live.guest_conditions {
         conditions::set(&mut contract.conditions, condition, now.clone());
@@ -185,6 +198,8 @@ mod tests {
             endorsement: None,
             ssh_host_keys: None,
             login_user: None,
+            attestation_key: None,
+            handover_answer: None,
             guest_conditions: vec![conditions::new(
                 types::GUEST_READY,
                 status::TRUE,
@@ -207,7 +222,7 @@ mod tests {
         };
         fill(
             &mut contract,
-            Ok(observed(Sight::Live(live(true)))),
+            Ok(observed(Sight::Live(Box::new(live(true))))),
             true,
             Some(1),
             at(0),

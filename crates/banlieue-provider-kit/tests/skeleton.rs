@@ -264,6 +264,7 @@ fn libvirt_machine(name: &str, provider: &str, finalizers: &[&str]) -> LibvirtMa
             user_data_secret_ref: None,
             standby: None,
             access: None,
+            handover: None,
         },
     );
     machine.metadata = ObjectMeta {

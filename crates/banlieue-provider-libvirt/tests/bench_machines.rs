@@ -111,6 +111,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                     user_data_secret_ref: None,
                     standby: None,
                     access: None,
+                    handover: None,
                 },
             );
             api.create(&PostParams::default(), &m).await?;

@@ -150,6 +150,7 @@ fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
             user_data_secret_ref: None,
             standby: None,
             access: None,
+            handover: None,
         },
     )
 }

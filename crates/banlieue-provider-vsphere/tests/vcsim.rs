@@ -309,6 +309,7 @@ impl Env {
                 secure_boot: false,
                 standby: None,
                 access: None,
+                handover: None,
             },
         );
         edit(&mut machine.spec);

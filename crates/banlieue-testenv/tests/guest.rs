@@ -283,10 +283,11 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
 /// The guest's attestation key, proven to sit in the TPM its EK certificate certifies: the
 /// EK public area the layer published is the certificate's key; a credential made in Rust
 /// (banlieue-attest) for the AK's Name, relayed as the provider would, is activated by the
-/// guest's TPM and answered with the secret; one made for another Name is refused by it.
+/// guest's TPM and answered with the secret and a quote by the AK carrying the relayed extra
+/// data, over the PCR values it shows; one made for another Name is refused by it.
 async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &str) -> Result<()> {
     use banlieue_attest::rand_core::{OsRng, RngCore};
-    use banlieue_attest::{Public, PublicKey, make_credential};
+    use banlieue_attest::{Public, PublicKey, make_credential, verify_quote};
 
     let ek = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_EK).await?)?;
     let ak = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_AK).await?)?;
@@ -307,42 +308,59 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 
     let mut secret = [0u8; 32];
     OsRng.fill_bytes(&mut secret);
+    let mut extra = [0u8; 32];
+    OsRng.fill_bytes(&mut extra);
     let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
     let started = Instant::now();
-    let answer = challenge(daemon, name, &credential.tpm2_tools_file()).await?;
+    let answer = challenge(daemon, name, &credential.tpm2_tools_file(), &extra).await?;
+    let relayed = started.elapsed();
+    let field = |key: &str| -> Result<Vec<u8>> {
+        use base64::Engine;
+        let value = answer
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} ")))
+            .with_context(|| format!("no {key} line in {answer:?}"))?;
+        Ok(base64::engine::general_purpose::STANDARD.decode(value)?)
+    };
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     ensure!(
         answer.split_whitespace().nth(2) == Some(hex.as_str()),
         "the guest answered {answer:?}, not the secret"
     );
-    eprintln!(
-        "credential activated in the guest {:.1?} after the relay",
-        started.elapsed()
-    );
+    let pcrs: Vec<Vec<u8>> = field("pcrs")?.chunks(32).map(<[u8]>::to_vec).collect();
+    ensure!(pcrs.len() == 8, "{} PCR values, not PCRs 0-7", pcrs.len());
+    let quote = verify_quote(
+        &ak,
+        &field("quote")?,
+        &field("signature")?,
+        &extra,
+        Some(&pcrs),
+    )?;
+    ensure!(quote.pcr_selection.len() == 1, "{:?}", quote.pcr_selection);
+    eprintln!("credential activated and quoted in the guest {relayed:.1?} after the relay");
 
     // Made for another key (the EK's own Name): the TPM will not release it to the AK.
     let elsewhere = make_credential(&ek, &ek.name(), &secret, &mut OsRng)?;
-    let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file()).await?;
+    let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file(), &extra).await?;
     ensure!(
-        answer.starts_with("failed: ") && !answer.contains(&hex),
+        answer.starts_with("failed ") && !answer.contains(&hex) && !answer.contains("quote"),
         "a credential for another Name: {answer:?}"
     );
     Ok(())
 }
 
 /// Relays `file` as the provider would (attest/challenge, then attest/activate naming its
-/// SHA-256) and waits for the layer's answer about these very bytes.
-async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8]) -> Result<String> {
-    let digest: String = Sha256::digest(file)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+/// SHA-256 and the quote's extra data) and waits for the layer's answer about these very
+/// bytes.
+async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], extra: &[u8]) -> Result<String> {
+    let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    let digest = hex(&Sha256::digest(file));
     guest_agent::write_file(daemon, name, ATTEST_CHALLENGE, file).await?;
     guest_agent::write_file(
         daemon,
         name,
         ATTEST_ACTIVATE,
-        format!("{digest}\n").as_bytes(),
+        format!("{digest} {}\n", hex(extra)).as_bytes(),
     )
     .await?;
     let started = Instant::now();
@@ -350,7 +368,9 @@ async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8]) -> Result<String>
         let answer = guest_agent::read_text(daemon, name, ATTEST_ANSWER)
             .await
             .unwrap_or_default();
-        if answer.starts_with(&format!("activated {digest} ")) || answer.starts_with("failed: ") {
+        if answer.starts_with(&format!("activated {digest} "))
+            || answer.starts_with(&format!("failed {digest} "))
+        {
             return Ok(answer.trim_end().to_owned());
         }
         if started.elapsed() > ACCESS_DEADLINE {

@@ -193,6 +193,7 @@ pub fn claim_for(
             },
             ttl_seconds,
             access,
+            handover: None,
         },
         status: None,
     })

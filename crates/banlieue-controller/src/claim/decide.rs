@@ -216,6 +216,17 @@ pub fn resumed(member: &VirtualMachine, generation: Option<i64>) -> Option<condi
     ))
 }
 
+/// The challenge to copy to the bound `member`: the claim's `spec.handover` when the
+/// member's differs. A claim that withdraws its challenge leaves the member's as it is: the
+/// guest answered it already, or will, and nothing is gained by unsaying it.
+pub fn handover_to_relay<'a>(
+    claim: &'a VirtualMachineClaim,
+    member: &VirtualMachine,
+) -> Option<&'a banlieue_api::handover::HandoverChallenge> {
+    let challenge = claim.spec.handover.as_ref()?;
+    (member.spec.handover.as_ref() != Some(challenge)).then_some(challenge)
+}
+
 /// The claim's `AccessReady` condition: the member's, once its machine has the claim's keys
 /// to install; `AccessPending` until then. `None` for a claim without `spec.access`.
 pub fn access_ready(
@@ -652,5 +663,43 @@ mod tests {
         let mut plain = claim.clone();
         plain.spec.access = None;
         assert_eq!(access_ready(&plain, &member), None);
+    }
+
+    #[test]
+    fn the_subjects_latest_challenge_is_relayed_and_a_withdrawn_one_is_not_unsaid() {
+        let challenge = |credential: &str| banlieue_api::handover::HandoverChallenge {
+            credential: credential.into(),
+            qualifying_data: "0".repeat(64),
+        };
+        let mut claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"poolRef": {"name": "p"}, "subject": {"issuer": "i", "id": "alice"},
+                     "ttlSeconds": 60}
+        }))
+        .unwrap();
+        let mut member: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": "web-abc", "namespace": "ns"},
+            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
+                     "storageClassName": "fast", "networkClassName": "prod"}
+        }))
+        .unwrap();
+        assert_eq!(handover_to_relay(&claim, &member), None);
+        claim.spec.handover = Some(challenge("AAAA"));
+        assert_eq!(
+            handover_to_relay(&claim, &member),
+            claim.spec.handover.as_ref()
+        );
+        member.spec.handover = claim.spec.handover.clone();
+        assert_eq!(handover_to_relay(&claim, &member), None);
+        // A new challenge replaces the last.
+        claim.spec.handover = Some(challenge("BBBB"));
+        assert_eq!(
+            handover_to_relay(&claim, &member),
+            claim.spec.handover.as_ref()
+        );
+        claim.spec.handover = None;
+        assert_eq!(handover_to_relay(&claim, &member), None);
     }
 }

@@ -458,6 +458,7 @@ async fn bound(
     match member {
         Some(member) if member.metadata.deletion_timestamp.is_none() => {
             delete_extra_members(this, ctx, &vms, &member_name).await?;
+            relay_handover(this.claim, &member, &vms).await?;
             let mut next = status.clone();
             mirror_member(&mut next, &member, this.claim);
             if next != *status {
@@ -499,6 +500,27 @@ async fn bound(
     }
 }
 
+/// Copies the subject's latest challenge to its member (ADR-0077), which hands it to its
+/// machine: a subject may write a new one whenever it verifies. Relayed as written; the
+/// controller checks nothing in it, since nothing it could check would make it trusted.
+async fn relay_handover(
+    claim: &VirtualMachineClaim,
+    member: &VirtualMachine,
+    vms: &Api<VirtualMachine>,
+) -> Result<()> {
+    let Some(challenge) = decide::handover_to_relay(claim, member) else {
+        return Ok(());
+    };
+    let patch = json!({ "spec": { "handover": challenge } });
+    vms.patch(
+        &member.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Records the resume latency when `next` is the first status to say `Resumed=True`.
 fn record_resume(
     this: &ClaimRef<'_>,
@@ -523,8 +545,8 @@ fn record_resume(
     }
 }
 
-/// Copies what a consumer reads from the member: its addresses, EK certificates and SSH host
-/// keys, for a claim with `spec.access` whether its keys are installed, and for a member of a
+/// Copies what a consumer reads from the member: its addresses, EK certificates, SSH host
+/// keys and attestation (relayed as is: the subject checks it), for a claim with `spec.access` whether its keys are installed, and for a member of a
 /// `standby: Saved` pool whether it runs again (ADR-0073).
 fn mirror_member(
     next: &mut VirtualMachineClaimStatus,
@@ -537,6 +559,7 @@ fn mirror_member(
     next.tpm_endorsement_certificates = member_status.tpm_endorsement_certificates.clone();
     next.tpm_endorsement_key_digests = member_status.tpm_endorsement_key_digests.clone();
     next.ssh_host_keys = member_status.ssh_host_keys.clone();
+    next.attestation = member_status.attestation.clone();
     if let Some(access) = decide::access_ready(claim, member) {
         next.login_user = member_status.login_user.clone();
         conditions::set(&mut next.conditions, access, Time(Timestamp::now()));

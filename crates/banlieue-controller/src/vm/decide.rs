@@ -175,6 +175,16 @@ pub(crate) fn access_to_hand<'a>(
     (machine.spec.access.as_ref() != Some(access)).then_some(access)
 }
 
+/// The challenge `machine` must be given: the VirtualMachine's `spec.handover` when the
+/// machine's differs (ADR-0077). Like keys, never taken away.
+pub(crate) fn handover_to_hand<'a>(
+    vm: &'a VirtualMachine,
+    machine: &Machine,
+) -> Option<&'a banlieue_api::handover::HandoverChallenge> {
+    let challenge = vm.spec.handover.as_ref()?;
+    (machine.spec.handover.as_ref() != Some(challenge)).then_some(challenge)
+}
+
 /// What a saved warm member's machine is asked for, and what the VirtualMachine reports
 /// (ADR-0073).
 #[derive(Debug)]

@@ -105,7 +105,7 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     };
     if let Some(machine) = &mirrored {
         next.standby = ask_for_standby(&vm, &next, machine, &ctx, &namespace).await?;
-        hand_access(&vm, machine, &ctx, &namespace).await?;
+        hand_claims_requests(&vm, machine, &ctx, &namespace).await?;
     }
     if next != current {
         let written = ctx.patch_status(&vms, &name, &next).await?;
@@ -117,28 +117,29 @@ pub(crate) async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Res
     )))
 }
 
-/// Gives the machine the keys its VirtualMachine's bind brought ([`decide::access_to_hand`]),
-/// for its provider to install in the guest.
-async fn hand_access(
+/// Gives the machine what the claim brought for its guest: the keys of the bind
+/// ([`decide::access_to_hand`]) and the subject's latest challenge to its TPM
+/// ([`decide::handover_to_hand`]), in one write, for its provider to relay.
+async fn hand_claims_requests(
     vm: &VirtualMachine,
     machine: &Machine,
     ctx: &Context,
     namespace: &str,
 ) -> Result<()> {
-    let (Some(access), Some(backend)) = (
-        decide::access_to_hand(vm, machine),
-        ctx.config.machine_backends.get(&machine.kind),
-    ) else {
+    let Some(backend) = ctx.config.machine_backends.get(&machine.kind) else {
         return Ok(());
     };
-    write_machine_spec(
-        backend,
-        machine,
-        ctx,
-        namespace,
-        serde_json::json!({ "access": access }),
-    )
-    .await
+    let mut spec = serde_json::Map::new();
+    if let Some(access) = decide::access_to_hand(vm, machine) {
+        spec.insert("access".into(), serde_json::json!(access));
+    }
+    if let Some(challenge) = decide::handover_to_hand(vm, machine) {
+        spec.insert("handover".into(), serde_json::json!(challenge));
+    }
+    if spec.is_empty() {
+        return Ok(());
+    }
+    write_machine_spec(backend, machine, ctx, namespace, spec.into()).await
 }
 
 /// Merges `spec` into the machine's spec: the fields the controller asks of a machine after

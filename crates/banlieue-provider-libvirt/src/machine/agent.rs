@@ -16,7 +16,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use banlieue_api::access::ClaimAccess;
+use banlieue_api::handover::{self, HandoverAnswer, HandoverChallenge};
 use banlieue_provider_kit::access::{self, AccessSight, GuestAccess};
+use banlieue_provider_kit::handover::HandoverSight;
 
 use super::guest::{self, EkReading, GuestSight, MAX_GUEST_FILE_BYTES, Phase};
 
@@ -142,6 +144,106 @@ pub(super) async fn deliver_access(
             "the keys could not be handed to the guest agent: {why}"
         )),
     }
+}
+
+/// How long one reconcile waits for the guest's TPM to answer a challenge: activating the
+/// credential and quoting take the layer about a second under TCG. Past it the machine looks
+/// again soon, and the next reconcile reads the answer.
+pub(super) const HANDOVER_ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// How often the layer's answer is read while waiting for it.
+const HANDOVER_POLL: Duration = Duration::from_millis(50);
+
+/// The guest's attestation key ([`handover::AK_PUBLIC_FILE`], base64 for the status): `None`
+/// when the guest published none.
+pub(super) async fn read_attestation_key(
+    agent: &impl AgentChannel,
+    calls: &Counter,
+    until: Instant,
+) -> Result<Option<String>, String> {
+    use base64::Engine;
+    let read = tokio::time::timeout_at(until, read_file(agent, handover::AK_PUBLIC_FILE, calls))
+        .await
+        .map_err(|_| deadline_message())??;
+    match read {
+        None => Ok(None),
+        Some(bytes) if bytes.len() * 4 / 3 + 4 > handover::MAX_AK_PUBLIC_LENGTH => Err(format!(
+            "{} is larger than an attestation key's public area",
+            handover::AK_PUBLIC_FILE
+        )),
+        Some(bytes) => Ok(Some(
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        )),
+    }
+}
+
+/// Relays the subject's challenge to a ready guest: writes the credential to
+/// [`handover::CHALLENGE_FILE`] and the line that starts its activation to
+/// [`handover::ACTIVATE_FILE`] unless the layer already answered this very challenge, then
+/// reads [`handover::ANSWER_FILE`] until the layer answers it, [`HANDOVER_ANSWER_WAIT`]
+/// passes or `until` comes. Nothing in the answer is checked but its bounds: the subject
+/// checks it.
+pub(super) async fn relay_handover(
+    agent: &impl AgentChannel,
+    challenge: &HandoverChallenge,
+    calls: &Counter,
+    until: Instant,
+) -> HandoverSight {
+    let (credential, digest, line) = match (
+        challenge.credential_bytes(),
+        challenge.digest(),
+        challenge.activate_line(),
+    ) {
+        (Ok(credential), Ok(digest), Ok(line)) => (credential, digest, line),
+        // [`banlieue_provider_kit::handover::unrelayable`] answers these without the guest.
+        _ => return HandoverSight::Pending("the challenge is malformed".into()),
+    };
+    let answer_by = until.min(Instant::now() + HANDOVER_ANSWER_WAIT);
+    let relay = async {
+        if let Some(answer) = read_answer(agent, &digest, calls).await? {
+            return Ok::<_, String>(answer);
+        }
+        write_file(agent, handover::CHALLENGE_FILE, &credential, calls).await?;
+        write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
+        loop {
+            match read_answer(agent, &digest, calls).await? {
+                Some(answer) => return Ok(answer),
+                None => tokio::time::sleep(HANDOVER_POLL).await,
+            }
+        }
+    };
+    match tokio::time::timeout_at(answer_by, relay).await {
+        Ok(Ok(answer)) => HandoverSight::Answered(answer),
+        Ok(Err(why)) => {
+            HandoverSight::Pending(format!("the challenge could not be relayed: {why}"))
+        }
+        Err(_) => HandoverSight::Pending(
+            "the challenge is relayed; the guest's TPM has not answered yet".into(),
+        ),
+    }
+}
+
+/// The layer's answer to the challenge `digest`; `None` while it has none for it (no answer
+/// yet, or one to an earlier challenge). A malformed answer is the guest's: it is recorded as
+/// this challenge's failure, in words, and the subject's verify refuses it.
+async fn read_answer(
+    agent: &impl AgentChannel,
+    digest: &str,
+    calls: &Counter,
+) -> Result<Option<HandoverAnswer>, String> {
+    Ok(
+        match read_file(agent, handover::ANSWER_FILE, calls).await? {
+            None => None,
+            Some(bytes) => match handover::parse_answer(&bytes, digest) {
+                Ok(answer) => answer,
+                Err(why) => Some(HandoverAnswer {
+                    challenge: digest.to_owned(),
+                    failure: Some(why.to_string()),
+                    ..HandoverAnswer::default()
+                }),
+            },
+        },
+    )
 }
 
 async fn read_state(
@@ -378,10 +480,12 @@ mod tests {
     /// An open guest file: its path, whether it is being written, its bytes.
     type OpenFile = (String, bool, Vec<u8>);
 
-    /// A guest whose layer answers the access contract as `answer` says: its files in a map,
-    /// the layer acting when the host closes the wanted file, as its path unit does.
+    /// A guest whose layer answers the access contract as `answer` says, and the handover's
+    /// as `attest` says (given the activate line): its files in a map, the layer acting when
+    /// the host closes the wanted or the activate file, as its path units do.
     struct Layer {
         answer: fn(&[u8]) -> Option<String>,
+        attest: fn(&str) -> Option<String>,
         files: RefCell<std::collections::HashMap<String, Vec<u8>>>,
         open: RefCell<std::collections::HashMap<i64, OpenFile>>,
         writes: RefCell<usize>,
@@ -391,6 +495,7 @@ mod tests {
         fn new(answer: fn(&[u8]) -> Option<String>) -> Layer {
             Layer {
                 answer,
+                attest: |_| None,
                 files: RefCell::default(),
                 open: RefCell::default(),
                 writes: RefCell::new(0),
@@ -443,12 +548,23 @@ mod tests {
                 }
                 "guest-file-close" => {
                     let (path, writing, bytes) = self.open.borrow_mut().remove(&handle()).unwrap();
-                    if writing {
-                        if let Some(state) = (self.answer)(&bytes) {
-                            self.files
-                                .borrow_mut()
-                                .insert(access::STATE_FILE.into(), state.into_bytes());
+                    let acted = match path.as_str() {
+                        _ if !writing => None,
+                        access::WANTED_FILE => {
+                            (self.answer)(&bytes).map(|state| (access::STATE_FILE, state))
                         }
+                        handover::ACTIVATE_FILE => {
+                            let line = String::from_utf8(bytes.clone()).unwrap();
+                            (self.attest)(&line).map(|answer| (handover::ANSWER_FILE, answer))
+                        }
+                        _ => None,
+                    };
+                    if let Some((file, content)) = acted {
+                        self.files
+                            .borrow_mut()
+                            .insert(file.into(), content.into_bytes());
+                    }
+                    if writing {
                         self.files.borrow_mut().insert(path, bytes);
                     }
                     r#"{"return": {}}"#.to_owned()
@@ -535,5 +651,67 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error.starts_with(access::HOST_KEYS_FILE), "{error}");
+    }
+
+    fn challenge() -> HandoverChallenge {
+        HandoverChallenge {
+            credential: "AAECAw==".into(),
+            qualifying_data: "ab".repeat(32),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_challenge_is_relayed_once_and_its_answer_read_unjudged() {
+        let mut guest = Layer::new(|_| None);
+        guest.attest = |line| {
+            let digest = line.split(' ').next().unwrap();
+            Some(format!(
+                "activated {digest} 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\n"
+            ))
+        };
+        let sight = relay_handover(&guest, &challenge(), &Counter::default(), far()).await;
+        let HandoverSight::Answered(answer) = sight else {
+            panic!("{sight:?}");
+        };
+        assert_eq!(answer.challenge, challenge().digest().unwrap());
+        assert_eq!(answer.activated.as_deref(), Some("0a0b"));
+        assert_eq!(answer.quote.as_deref(), Some("AAAA"));
+        let files = guest.files.borrow().clone();
+        assert_eq!(files[handover::CHALLENGE_FILE], vec![0u8, 1, 2, 3]);
+        assert_eq!(
+            files[handover::ACTIVATE_FILE],
+            challenge().activate_line().unwrap().into_bytes()
+        );
+        // Answered already (a reconcile after a crash): read, not written again.
+        let writes = *guest.writes.borrow();
+        relay_handover(&guest, &challenge(), &Counter::default(), far()).await;
+        assert_eq!(*guest.writes.borrow(), writes);
+    }
+
+    #[tokio::test]
+    async fn an_older_answer_is_not_this_challenges_and_garbage_is_recorded_as_a_failure() {
+        // The guest keeps the last challenge's answer and never gets to this one.
+        let stale = Layer::new(|_| None);
+        stale.files.borrow_mut().insert(
+            handover::ANSWER_FILE.into(),
+            format!("activated {} 0a\n", "0".repeat(64)).into_bytes(),
+        );
+        let until = Instant::now() + Duration::from_millis(300);
+        let sight = relay_handover(&stale, &challenge(), &Counter::default(), until).await;
+        assert!(matches!(sight, HandoverSight::Pending(_)), "{sight:?}");
+        // A guest that answers what no layer writes: recorded as this challenge's failure.
+        let mut lying = Layer::new(|_| None);
+        lying.attest = |_| Some("activated\nrm -rf /\n".into());
+        let sight = relay_handover(&lying, &challenge(), &Counter::default(), far()).await;
+        let HandoverSight::Answered(answer) = sight else {
+            panic!("{sight:?}");
+        };
+        assert_eq!(answer.activated, None);
+        assert!(
+            answer
+                .failure
+                .unwrap()
+                .contains("not one this contract defines")
+        );
     }
 }

@@ -29,6 +29,7 @@ pub(super) fn machine(disk: LibvirtDisk, user_data: Option<&str>) -> LibvirtMach
             user_data_secret_ref: None,
             standby: None,
             access: None,
+            handover: None,
         },
     );
     m.metadata.namespace = Some("banlieue-system".into());
@@ -73,7 +74,9 @@ pub(super) fn running() -> Observed {
         },
         standby: StandbySight::Running,
         host_keys: None,
+        attestation_key: None,
         access: None,
+        handover: None,
     }
 }
 
@@ -112,7 +115,9 @@ pub(super) fn saved_domain() -> Observed {
         guest: super::guest::GuestSight::NotRunning,
         standby: StandbySight::Saved,
         host_keys: None,
+        attestation_key: None,
         access: None,
+        handover: None,
     }
 }
 

@@ -259,7 +259,9 @@ mod tests {
             guest: guest::GuestSight::NotRunning,
             standby: standby::StandbySight::Saved,
             host_keys: None,
+            attestation_key: None,
             access: None,
+            handover: None,
         };
         // A GuestReady still settling when it was saved (a pool that does not wait for it).
         let mut status = LibvirtMachineStatus::default();

@@ -10,6 +10,7 @@ use banlieue_libvirt::{
 };
 use banlieue_provider_kit::access::{self, AccessSight};
 use banlieue_provider_kit::error::Core;
+use banlieue_provider_kit::handover::{self, HandoverSight};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -110,7 +111,9 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
             guest: GuestSight::NotRunning,
             standby: sight,
             host_keys: None,
+            attestation_key: None,
             access: access_waiting(machine, &GuestSight::NotRunning),
+            handover: None,
         });
     }
     let calls = &ctx.metrics.agent_commands;
@@ -127,8 +130,8 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         }
         other => other,
     };
-    let (guest, host_keys, access) = talk_to_guest(machine, &domain, calls, until).await;
-    let agent_answers = !matches!(guest, GuestSight::AgentUnavailable(_));
+    let talk = talk_to_guest(machine, &domain, calls, until).await;
+    let agent_answers = !matches!(talk.guest, GuestSight::AgentUnavailable(_));
     if agent_answers {
         calls.inc();
     }
@@ -138,35 +141,92 @@ pub(super) async fn run(machine: &LibvirtMachine, uuid: &str, ctx: &Context) -> 
         running,
         addresses,
         addresses_from_guest,
-        guest,
+        guest: talk.guest,
         standby: sight,
-        host_keys,
-        access,
+        host_keys: talk.host_keys,
+        attestation_key: talk.attestation_key,
+        access: talk.access,
+        handover: talk.handover,
     })
 }
 
+/// What one conversation with a running guest's agent brought back.
+struct Talk {
+    guest: GuestSight,
+    host_keys: Option<Vec<String>>,
+    attestation_key: Option<String>,
+    access: Option<AccessSight>,
+    handover: Option<HandoverSight>,
+}
+
 /// One conversation with a running guest's agent, by `until`: what it says of itself (and,
-/// when due, its EK certificates and SSH host keys), and the claim's keys handed to it once it
-/// is ready.
+/// when due, its EK certificates, SSH host keys and attestation key), the claim's keys handed
+/// to it once it is ready, and the subject's handover challenge relayed to it.
 async fn talk_to_guest(
     machine: &LibvirtMachine,
     domain: &banlieue_libvirt::Domain,
     calls: &prometheus_client::metrics::counter::Counter,
     until: tokio::time::Instant,
-) -> (GuestSight, Option<Vec<String>>, Option<AccessSight>) {
+) -> Talk {
     let recorded = machine
         .status
         .as_ref()
         .is_some_and(|s| !s.contract.tpm_endorsement_certificates.is_empty());
     let guest = agent::look(domain, machine.spec.tpm_enabled && !recorded, calls, until).await;
-    let host_keys = read_host_keys_once(machine, &guest, domain, calls, until).await;
+    let first_ready = is_first_ready(machine, &guest);
+    let host_keys = if first_ready {
+        read_host_keys(machine, domain, calls, until).await
+    } else {
+        None
+    };
+    let attestation_key = if first_ready && machine.spec.tpm_enabled {
+        read_attestation_key(machine, domain, calls, until).await
+    } else {
+        None
+    };
     let access = match (access_waiting(machine, &guest), &machine.spec.access) {
         (Some(_), Some(wanted)) if is_ready(&guest) => {
             Some(agent::deliver_access(domain, wanted, calls, until).await)
         }
         (waiting, _) => waiting,
     };
-    (guest, host_keys, access)
+    let recorded_attestation = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.contract.attestation.as_ref());
+    let handover = match handover::to_relay(machine.spec.handover.as_ref(), recorded_attestation) {
+        None => None,
+        Some(challenge) => Some(match handover::unrelayable(challenge) {
+            Some(answer) => HandoverSight::Answered(answer),
+            None if is_ready(&guest) => {
+                agent::relay_handover(domain, challenge, calls, until).await
+            }
+            None => HandoverSight::Pending(format!(
+                "waiting for the guest to be ready to take the challenge ({})",
+                guest_state(&guest)
+            )),
+        }),
+    };
+    Talk {
+        guest,
+        host_keys,
+        attestation_key,
+        access,
+        handover,
+    }
+}
+
+/// Whether this reconcile is the first to see the guest `ready`: what the layer published
+/// before it (SSH host keys, the attestation key) is read then, and kept for the boot (a
+/// saved guest resumes with them).
+fn is_first_ready(machine: &LibvirtMachine, guest: &GuestSight) -> bool {
+    let was_ready = machine.status.as_ref().is_some_and(|s| {
+        banlieue_api::conditions::is_true(
+            &s.contract.conditions,
+            banlieue_api::conditions::types::GUEST_READY,
+        )
+    });
+    !was_ready && is_ready(guest)
 }
 
 fn is_ready(guest: &GuestSight) -> bool {
@@ -179,29 +239,35 @@ fn is_ready(guest: &GuestSight) -> bool {
     )
 }
 
-/// The guest's SSH host keys, read in the reconcile that first sees its guest `ready` (they
-/// are written before it and kept for the boot, and a saved guest resumes with them): `None`
-/// otherwise, or when they could not be read (logged; the next first sight tries again).
-async fn read_host_keys_once(
+/// The guest's SSH host keys, read in the reconcile that first sees its guest `ready`: `None`
+/// when they could not be read (logged; the next first sight tries again).
+async fn read_host_keys(
     machine: &LibvirtMachine,
-    guest: &GuestSight,
     domain: &banlieue_libvirt::Domain,
     calls: &prometheus_client::metrics::counter::Counter,
     until: tokio::time::Instant,
 ) -> Option<Vec<String>> {
-    let was_ready = machine.status.as_ref().is_some_and(|s| {
-        banlieue_api::conditions::is_true(
-            &s.contract.conditions,
-            banlieue_api::conditions::types::GUEST_READY,
-        )
-    });
-    if was_ready || !is_ready(guest) {
-        return None;
-    }
     match agent::read_host_keys(domain, calls, until).await {
         Ok(keys) => Some(keys),
         Err(why) => {
             tracing::warn!(machine = %machine.name_any(), error = %why, "the guest's SSH host keys");
+            None
+        }
+    }
+}
+
+/// The guest's attestation key, read with its host keys: `None` when the guest published
+/// none (an image without the layer's attestation step) or it could not be read (logged).
+async fn read_attestation_key(
+    machine: &LibvirtMachine,
+    domain: &banlieue_libvirt::Domain,
+    calls: &prometheus_client::metrics::counter::Counter,
+    until: tokio::time::Instant,
+) -> Option<String> {
+    match agent::read_attestation_key(domain, calls, until).await {
+        Ok(key) => key,
+        Err(why) => {
+            tracing::warn!(machine = %machine.name_any(), error = %why, "the guest's attestation key");
             None
         }
     }
@@ -221,19 +287,28 @@ fn access_waiting(machine: &LibvirtMachine, guest: &GuestSight) -> Option<Access
         return None;
     }
     Some(AccessSight::Pending(match guest {
+        GuestSight::Phase {
+            phase: Phase::Ready,
+            ..
+        } => "the keys are being handed to the guest".to_owned(),
+        other => guest_state(other),
+    }))
+}
+
+/// Why a guest that is not ready cannot take what a claim sends it.
+fn guest_state(guest: &GuestSight) -> String {
+    match guest {
         GuestSight::NotRunning => "waiting for the domain to run".to_owned(),
         GuestSight::AgentUnavailable(why) => format!("the guest agent does not answer: {why}"),
-        GuestSight::NoPhaseFile => {
-            "the guest publishes no phase: its image lacks the guest-phase layer, which installs \
-             the keys"
-                .to_owned()
-        }
+        GuestSight::NoPhaseFile => "the guest publishes no phase: its image lacks the \
+                                    guest-phase layer, which takes what a claim sends"
+            .to_owned(),
         GuestSight::Phase { phase, .. } => match phase {
-            Phase::Ready => "the keys are being handed to the guest".to_owned(),
+            Phase::Ready => "the guest is ready".to_owned(),
             Phase::Failed(why) => format!("the guest failed its boot ({why})"),
             Phase::Pending(phase) => format!("waiting for the guest to be ready (it is {phase})"),
         },
-    }))
+    }
 }
 
 /// What a saved domain shows: nothing is asked of its guest.
@@ -245,7 +320,9 @@ fn saved() -> Observed {
         guest: GuestSight::NotRunning,
         standby: StandbySight::Saved,
         host_keys: None,
+        attestation_key: None,
         access: None,
+        handover: None,
     }
 }
 

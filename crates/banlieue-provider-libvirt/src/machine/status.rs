@@ -6,6 +6,7 @@ use banlieue_api::conditions::{self, Condition, reasons, status, types};
 use banlieue_api::{LibvirtMachine, LibvirtMachineStatus, MachineAddress};
 use banlieue_libvirt::InterfaceAddresses;
 use banlieue_provider_kit::access::AccessSight;
+use banlieue_provider_kit::handover::HandoverSight;
 use banlieue_provider_kit::machine_status::{self, Failure, Live, Observation, Sight};
 
 use super::domain::MachineNames;
@@ -60,6 +61,11 @@ pub struct Observed {
     /// What became of the claim's keys, for a machine given some whose guest has not yet
     /// settled them; `None` otherwise.
     pub access: Option<AccessSight>,
+    /// The guest's attestation key, read this reconcile (the first that saw it `ready`);
+    /// `None` keeps the one recorded.
+    pub attestation_key: Option<String>,
+    /// What became of a handover challenge not yet answered; `None` when there is none.
+    pub handover: Option<HandoverSight>,
 }
 
 impl Observed {
@@ -68,7 +74,9 @@ impl Observed {
     /// timer. Only a domain on its way to running is looked at sooner.
     pub fn settled(&self) -> bool {
         let access_pending = matches!(self.access, Some(AccessSight::Pending(_)));
-        (self.running && !access_pending) || self.standby == StandbySight::Saved
+        let handover_pending = matches!(self.handover, Some(HandoverSight::Pending(_)));
+        (self.running && !access_pending && !handover_pending)
+            || self.standby == StandbySight::Saved
     }
 }
 
@@ -180,18 +188,23 @@ fn sight(
             login_user = Some(user.clone());
         }
     }
-    Sight::Live(Live {
+    Sight::Live(Box::new(Live {
         running: observed.running,
         addresses: observed.addresses.clone(),
         guest_phase: guest.guest_phase,
         endorsement: Some((guest.certificates, guest.key_digests)),
         ssh_host_keys: observed.host_keys.clone(),
         login_user,
+        attestation_key: observed.attestation_key.clone(),
+        handover_answer: match &observed.handover {
+            Some(HandoverSight::Answered(answer)) => Some(answer.clone()),
+            _ => None,
+        },
         guest_conditions,
         not_saved,
         running_reason: reasons::DOMAIN_RUNNING,
         ready_message,
-    })
+    }))
 }
 
 /// What a restore in this reconcile did, for the Ready message.
@@ -277,7 +290,9 @@ mod tests {
                 guest: super::super::guest::GuestSight::NoPhaseFile,
                 standby: StandbySight::Running,
                 host_keys: None,
+                attestation_key: None,
                 access: None,
+                handover: None,
             }),
             at.clone(),
         );
@@ -295,7 +310,9 @@ mod tests {
                 guest: super::super::guest::GuestSight::NoPhaseFile,
                 standby: StandbySight::Running,
                 host_keys: None,
+                attestation_key: None,
                 access: None,
+                handover: None,
             }),
             at.clone(),
         );

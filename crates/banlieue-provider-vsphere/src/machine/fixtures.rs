@@ -29,6 +29,7 @@ pub(super) fn machine() -> VSphereMachine {
             secure_boot: false,
             standby: None,
             access: None,
+            handover: None,
         },
     );
     m.metadata.namespace = Some("team-a".into());

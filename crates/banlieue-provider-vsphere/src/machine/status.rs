@@ -142,7 +142,7 @@ pub fn status_after(
                 sight: if o.standby == StandbySight::Suspended {
                     suspended(o)
                 } else {
-                    Sight::Live(running(machine, &new, o, standby))
+                    Sight::Live(Box::new(running(machine, &new, o, standby)))
                 },
             })
         }
@@ -250,6 +250,9 @@ fn running(
         endorsement,
         ssh_host_keys,
         login_user,
+        // No handover on vSphere (ADR-0077): its machines publish no EK certificate.
+        attestation_key: None,
+        handover_answer: None,
         guest_conditions,
         not_saved,
         running_reason: vsphere::reasons::POWERED_ON,
