@@ -137,10 +137,17 @@ async fn a_saved_member_is_available_and_a_claim_waits_for_its_resume() -> TestR
         "banlieue_controller_claim_resume_latency_seconds_count{{namespace=\"{}\",pool=\"p\"}} 1",
         h.namespace
     );
-    let metrics = controller.encoded_metrics()?;
+    // Recorded once the status write that says Resumed has returned to the controller, which
+    // may be just after this test's read of the claim shows it.
+    let recorded = wait_for("the resume latency recorded", DEADLINE, || async {
+        let metrics = controller.encoded_metrics().unwrap_or_default();
+        Ok(metrics.contains(&series).then_some(()))
+    })
+    .await;
     assert!(
-        metrics.contains(&series),
-        "{series} missing from:\n{metrics}"
+        recorded.is_ok(),
+        "{series} missing from:\n{}",
+        controller.encoded_metrics()?
     );
 
     // The refill is saved in its turn.
