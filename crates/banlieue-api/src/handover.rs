@@ -2,7 +2,8 @@
 //! writes a challenge on its claim (`spec.handover`): a TPM credential made for the guest's
 //! attestation key under the EK its certificate names, and the extra data a quote must carry.
 //! The controller copies it to the member's machine, whose provider relays it into the guest;
-//! the guest's TPM activates it and quotes, and the answer comes back the same way
+//! the guest's TPM activates it and quotes (over the binding and its own SSH host keys), and
+//! the answer comes back the same way
 //! (`status.attestation`). Nothing here is trusted: the subject checks every byte itself
 //! (`banlieue claim verify`, the `banlieue-attest` crate).
 //!
@@ -34,8 +35,8 @@ pub const MAX_AK_PUBLIC_LENGTH: usize = 2048;
 
 /// What the CRD accepts as a credential: standard base64.
 pub const BASE64_PATTERN: &str = "^[A-Za-z0-9+/]+={0,2}$";
-/// What the CRD accepts as extra data: a SHA-256, in lower-case hex.
-pub const QUALIFYING_DATA_PATTERN: &str = "^[0-9a-f]{64}$";
+/// What the CRD accepts as a binding: a SHA-256, in lower-case hex.
+pub const BINDING_PATTERN: &str = "^[0-9a-f]{64}$";
 
 /// A subject's challenge to its claimed VM (`VirtualMachineClaim.spec.handover`), copied by
 /// the controller to the member and its machine. Only the claim's subject may write it; it
@@ -47,11 +48,11 @@ pub struct HandoverChallenge {
     /// the claim's EK certificate (TPM2_MakeCredential; tpm2-tools' credential file, base64).
     #[schemars(length(min = 1, max = MAX_CREDENTIAL_LENGTH), regex(pattern = BASE64_PATTERN))]
     pub credential: String,
-    /// The extra data the guest's quote must carry (hex SHA-256): the verifier's nonce, the
-    /// claim's UID, its subject and the guest's SSH host keys, hashed (banlieue-attest's
-    /// `extra_data`).
-    #[schemars(length(min = 64, max = 64), regex(pattern = QUALIFYING_DATA_PATTERN))]
-    pub qualifying_data: String,
+    /// The verifier's binding of this challenge to its claim (hex SHA-256 of its nonce, the
+    /// claim's UID and its subject: banlieue-attest's `binding`). The guest's quote carries
+    /// a hash of it and the guest's own SSH host keys.
+    #[schemars(length(min = 64, max = 64), regex(pattern = BINDING_PATTERN))]
+    pub binding: String,
 }
 
 impl HandoverChallenge {
@@ -76,15 +77,15 @@ impl HandoverChallenge {
 
     /// What the host writes to [`ACTIVATE_FILE`] once the credential is in place.
     pub fn activate_line(&self) -> Result<String, String> {
-        if self.qualifying_data.len() != 64
+        if self.binding.len() != 64
             || !self
-                .qualifying_data
+                .binding
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
-            return Err("the qualifying data is not a hex SHA-256".into());
+            return Err("the binding is not a hex SHA-256".into());
         }
-        Ok(format!("{} {}\n", self.digest()?, self.qualifying_data))
+        Ok(format!("{} {}\n", self.digest()?, self.binding))
     }
 }
 
@@ -126,6 +127,10 @@ pub struct HandoverAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_ANSWER_FIELD_LENGTH))]
     pub pcr_values: Option<String>,
+    /// The guest's SSH host-keys file, as it hashed it into the quote's extra data (base64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_ANSWER_FIELD_LENGTH))]
+    pub host_keys: Option<String>,
     /// Why the guest could not answer, in its own words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
@@ -149,7 +154,7 @@ pub enum AnswerError {
 pub const MAX_ANSWER_BYTES: usize = 4 * MAX_ANSWER_FIELD_LENGTH;
 
 /// Reads the guest's answer file: `activated DIGEST SECRET_HEX` or `failed DIGEST WHY` first,
-/// then `quote B64`, `signature B64` and `pcrs B64` lines. `None` when it answers another
+/// then `quote B64`, `signature B64`, `pcrs B64` and `hostkeys B64` lines. `None` when it answers another
 /// challenge than `digest` (an older one: the guest has not got to this one yet). Fields are
 /// kept as given (the verifier decodes and checks them), only bounded.
 pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>, AnswerError> {
@@ -194,6 +199,7 @@ pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>
             "quote" => answer.quote = field(value)?,
             "signature" => answer.signature = field(value)?,
             "pcrs" => answer.pcr_values = field(value)?,
+            "hostkeys" => answer.host_keys = field(value)?,
             _ => return Err(AnswerError::UnknownLine(bounded(line))),
         }
     }
@@ -226,7 +232,7 @@ mod tests {
     fn challenge() -> HandoverChallenge {
         HandoverChallenge {
             credential: "AAECAw==".into(),
-            qualifying_data: "ab".repeat(32),
+            binding: "ab".repeat(32),
         }
     }
 
@@ -240,7 +246,7 @@ mod tests {
             format!("{digest} {}\n", "ab".repeat(32))
         );
         let bad = HandoverChallenge {
-            qualifying_data: "AB".repeat(32),
+            binding: "AB".repeat(32),
             ..challenge()
         };
         assert!(bad.activate_line().is_err());
@@ -253,13 +259,14 @@ mod tests {
 
     #[test]
     fn an_answer_is_this_challenges_or_none() {
-        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\n";
+        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\nhostkeys DDDD\n";
         let parsed = parse_answer(answer, "d1").unwrap().unwrap();
         assert_eq!(parsed.challenge, "d1");
         assert_eq!(parsed.activated.as_deref(), Some("0a0b"));
         assert_eq!(parsed.quote.as_deref(), Some("AAAA"));
         assert_eq!(parsed.signature.as_deref(), Some("BBBB"));
         assert_eq!(parsed.pcr_values.as_deref(), Some("CCCC"));
+        assert_eq!(parsed.host_keys.as_deref(), Some("DDDD"));
         // An older challenge's answer is not this one's.
         assert_eq!(parse_answer(answer, "d2").unwrap(), None);
         let failed = parse_answer(b"failed d2 no TPM\n", "d2").unwrap().unwrap();

@@ -11,6 +11,8 @@
 //!   key named. The proof that an AK lives in the TPM whose EK certificate was vouched for.
 //! - [`quote`]: a `TPM2_Quote` by that AK checked: its signature, the verifier's own extra
 //!   data in it (fresh, this claim's), and the PCR values it covers.
+//! - [`verify`]: the whole handover as the subject checks it from its claim: the EK
+//!   certificate's chain to the trust bundle, the challenge, and the answer.
 //!
 //! Sans-io: bytes in, bytes out; the randomness is the caller's.
 
@@ -18,12 +20,14 @@ pub mod credential;
 pub mod kdf;
 pub mod public;
 pub mod quote;
+pub mod verify;
 
 pub use credential::{Credential, make_credential};
 pub use public::{Public, PublicKey};
-pub use quote::{Quote, QuoteError, extra_data, verify_quote};
+pub use quote::{Quote, QuoteError, binding, extra_data, verify_quote};
 /// The randomness [`make_credential`] takes (`rand_core::OsRng`).
 pub use rsa::rand_core;
+pub use verify::{AnswerView, Challenge, ClaimView, Verified, VerifyError};
 
 /// Why an input was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

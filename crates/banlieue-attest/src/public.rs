@@ -153,6 +153,48 @@ impl Public {
         })
     }
 
+    /// The endorsement key an RSA 2048 EK certificate certifies, as the TPM makes it from the
+    /// TCG's default template (EK Credential Profile, template L-1: a restricted decryption
+    /// key under PolicySecret(endorsement), AES-128 CFB), given the certificate's modulus and
+    /// exponent: what a credential for the TPM holding it is made under. A verifier takes the
+    /// key from the certificate, never from what the guest says.
+    pub fn rsa_endorsement_key(modulus: &[u8], exponent: u32) -> Result<Public> {
+        /// PolicySecret(TPM_RH_ENDORSEMENT), the default EK's authPolicy.
+        const EK_POLICY: [u8; 32] = [
+            0x83, 0x71, 0x97, 0x67, 0x44, 0x84, 0xb3, 0xf8, 0x1a, 0x90, 0xcc, 0x8d, 0x46, 0xa5,
+            0xd7, 0x24, 0xfd, 0x52, 0xd7, 0x6e, 0x06, 0x52, 0x0b, 0x64, 0xf2, 0xa1, 0xda, 0x1b,
+            0x33, 0x14, 0x69, 0xaa,
+        ];
+        use attributes::*;
+        let attributes = FIXED_TPM
+            | FIXED_PARENT
+            | SENSITIVE_DATA_ORIGIN
+            | ADMIN_WITH_POLICY
+            | RESTRICTED
+            | DECRYPT;
+        // The template writes 0 for the default exponent, as the TPM reports it.
+        let exponent = if exponent == 65_537 { 0 } else { exponent };
+        let mut t = Vec::with_capacity(320);
+        t.extend_from_slice(&ALG_RSA.to_be_bytes());
+        t.extend_from_slice(&ALG_SHA256.to_be_bytes());
+        t.extend_from_slice(&attributes.to_be_bytes());
+        t.extend_from_slice(&(EK_POLICY.len() as u16).to_be_bytes());
+        t.extend_from_slice(&EK_POLICY);
+        t.extend_from_slice(&ALG_AES.to_be_bytes());
+        t.extend_from_slice(&128u16.to_be_bytes());
+        t.extend_from_slice(&ALG_CFB.to_be_bytes());
+        t.extend_from_slice(&ALG_NULL.to_be_bytes());
+        t.extend_from_slice(&2048u16.to_be_bytes());
+        t.extend_from_slice(&exponent.to_be_bytes());
+        let modulus = match modulus {
+            [0, rest @ ..] => rest,
+            all => all,
+        };
+        t.extend_from_slice(&(modulus.len() as u16).to_be_bytes());
+        t.extend_from_slice(modulus);
+        Public::from_tpmt(&t)
+    }
+
     /// The key's Name: its name algorithm, then the SHA-256 of its TPMT_PUBLIC.
     pub fn name(&self) -> Vec<u8> {
         let mut name = ALG_SHA256.to_be_bytes().to_vec();

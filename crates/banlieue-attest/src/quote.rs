@@ -29,7 +29,9 @@ pub enum QuoteError {
     NotAQuote(u16),
     #[error("the signature does not verify with the attestation key: {0}")]
     BadSignature(String),
-    #[error("the quote's extra data is not this challenge's: a replayed or another claim's quote")]
+    #[error(
+        "the quote's extra data is not this challenge's over the host keys shown: a replayed or another claim's quote, or host keys the guest does not hold"
+    )]
     WrongExtraData,
     #[error("the PCR values shown do not match the quoted digest")]
     PcrMismatch,
@@ -51,22 +53,44 @@ pub struct Quote {
     pub pcr_digest: Vec<u8>,
 }
 
-/// The extra data a challenge asks a quote to carry: SHA-256 over the verifier's nonce, the
-/// claim's UID, its subject and the guest's SSH host public keys, each preceded by its length
-/// (a u32, big-endian) so that no two different inputs give the same bytes.
-pub fn extra_data(nonce: &[u8], claim_uid: &str, subject: &str, host_keys: &[String]) -> Vec<u8> {
+/// The verifier's binding of a challenge to its claim: SHA-256 over the verifier's nonce, the
+/// claim's UID and its subject, each preceded by its length (a u32, big-endian) so that no
+/// two different inputs give the same bytes. Sent to the guest as is.
+pub fn binding(nonce: &[u8], claim_uid: &str, subject: &str) -> [u8; 32] {
     let mut h = Sha256::new();
-    let mut part = |bytes: &[u8]| {
-        h.update((bytes.len() as u32).to_be_bytes());
-        h.update(bytes);
-    };
-    part(nonce);
-    part(claim_uid.as_bytes());
-    part(subject.as_bytes());
-    for key in host_keys {
-        part(key.as_bytes());
+    for part in [nonce, claim_uid.as_bytes(), subject.as_bytes()] {
+        h.update((part.len() as u32).to_be_bytes());
+        h.update(part);
     }
-    h.finalize().to_vec()
+    h.finalize().into()
+}
+
+/// The extra data the guest's quote carries: SHA-256 over a header line, the binding (hex) and
+/// the guest's own SSH host public keys (`TYPE BASE64`, sorted bytewise, each ending in a line
+/// feed), as the guest layer hashes its own host-keys file. The guest adds its keys itself,
+/// so a quote over the keys a claim shows proves the guest holds those keys' TPM; a relay
+/// that swapped them cannot make the quote match. `None` when a key holds a line break (no
+/// guest writes one).
+pub fn extra_data(binding: &[u8; 32], host_keys: &[String]) -> Option<Vec<u8>> {
+    let mut keys: Vec<&String> = host_keys.iter().collect();
+    keys.sort();
+    let mut h = Sha256::new();
+    h.update(b"banlieue handover v1\nbinding ");
+    h.update(hex(binding));
+    h.update(b"\n");
+    for key in keys {
+        if key.contains(['\n', '\r']) {
+            return None;
+        }
+        h.update(key.as_bytes());
+        h.update(b"\n");
+    }
+    Some(h.finalize().to_vec())
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Checks `attest` (a TPMS_ATTEST) and `signature` (a TPMT_SIGNATURE) as a quote by `ak`
@@ -222,18 +246,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extra_data_tells_its_parts_apart() {
-        let a = extra_data(b"n", "uid", "alice", &["ssh-ed25519 AAAA".into()]);
-        assert_eq!(a.len(), 32);
-        assert_ne!(
-            a,
-            extra_data(b"n", "ui", "dalice", &["ssh-ed25519 AAAA".into()])
+    fn the_binding_tells_its_parts_apart() {
+        let a = binding(b"n", "uid", "alice");
+        assert_ne!(a, binding(b"n", "ui", "dalice"));
+        assert_ne!(a, binding(b"nu", "id", "alice"));
+        assert_eq!(a, binding(b"n", "uid", "alice"));
+    }
+
+    #[test]
+    fn the_extra_data_is_the_guests_hash_of_its_own_host_keys_file() {
+        let b = binding(b"n", "uid", "alice");
+        let keys = ["ssh-rsa BBBB".to_owned(), "ssh-ed25519 AAAA".to_owned()];
+        // What the layer hashes: the header, the binding, then its host-keys file (sorted
+        // lines, each ending in a line feed).
+        let text = format!(
+            "banlieue handover v1\nbinding {}\nssh-ed25519 AAAA\nssh-rsa BBBB\n",
+            hex(&b)
         );
-        assert_ne!(a, extra_data(b"n", "uid", "alice", &[]));
-        assert_eq!(
-            a,
-            extra_data(b"n", "uid", "alice", &["ssh-ed25519 AAAA".into()])
-        );
+        let expected = Sha256::digest(text.as_bytes()).to_vec();
+        assert_eq!(extra_data(&b, &keys), Some(expected.clone()));
+        let reversed = [keys[1].clone(), keys[0].clone()];
+        assert_eq!(extra_data(&b, &reversed), Some(expected.clone()));
+        assert_ne!(extra_data(&b, &keys[..1]), Some(expected.clone()));
+        let no_keys = Sha256::digest(format!("banlieue handover v1\nbinding {}\n", hex(&b)));
+        assert_eq!(extra_data(&b, &[]), Some(no_keys.to_vec()));
+        assert_eq!(extra_data(&b, &["ssh-ed25519 A\nssh-rsa B".into()]), None);
     }
 
     #[test]

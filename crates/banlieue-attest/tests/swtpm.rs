@@ -5,14 +5,19 @@
 //! EKs alike. A credential for another key's Name, or one with a flipped byte, must not open.
 //! Then the AK quotes PCRs with a challenge's extra data, and the quote is checked: a replay
 //! for another challenge, another AK, a flipped byte or PCR values that were not quoted are
-//! each refused by name. No guest boot: the TPM is the peer.
+//! each refused by name. Last, the subject's whole verification (`verify`) against an EK
+//! certificate from a CA of the test's own, with this TPM as the guest and the test as the
+//! relay: honest, and then lying in each way a provider could, each lie refused by the check
+//! it names. No guest boot: the TPM is the peer.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use banlieue_attest::rand_core::OsRng;
-use banlieue_attest::{Credential, Public, QuoteError, extra_data, make_credential, verify_quote};
+use banlieue_attest::{
+    Credential, Public, QuoteError, binding, extra_data, make_credential, verify_quote,
+};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -153,7 +158,12 @@ impl Swtpm {
     /// `tpm2_activatecredential` of `credential` by the AK, through the EK's policy (its
     /// PolicySecret on the endorsement hierarchy): the secret, or the TPM's refusal.
     fn activate(&self, credential: &Credential) -> Result<Vec<u8>> {
-        std::fs::write(self.path("cred.in"), credential.tpm2_tools_file())?;
+        self.activate_file(&credential.tpm2_tools_file())
+    }
+
+    /// As [`Swtpm::activate`], of tpm2-tools' credential file.
+    fn activate_file(&self, file: &[u8]) -> Result<Vec<u8>> {
+        std::fs::write(self.path("cred.in"), file)?;
         let _ = std::fs::remove_file(self.path("secret.out"));
         self.tool(
             "tpm2_startauthsession",
@@ -208,6 +218,13 @@ fn handover(kind: &str) -> Result {
     ek.check_endorsement_key()?;
     ak.check_attestation_key()?;
     assert_eq!(ak.name(), tpm_name, "the AK's Name as the TPM computes it");
+    if let banlieue_attest::PublicKey::Rsa { modulus, exponent } = &ek.key {
+        // What a verifier builds from the EK certificate's key is the key the TPM made.
+        let from_certificate = Public::rsa_endorsement_key(modulus, *exponent)?;
+        assert_eq!(from_certificate, ek, "the default template, byte for byte");
+        let padded = [&[0u8][..], modulus].concat();
+        assert_eq!(Public::rsa_endorsement_key(&padded, 65_537)?, ek);
+    }
 
     let secret = b"a challenge of 32 bytes, random!";
     let credential = make_credential(&ek, &ak.name(), secret, &mut OsRng)?;
@@ -235,11 +252,10 @@ fn handover(kind: &str) -> Result {
         &[&format!("7:sha256={}", "ab".repeat(32))],
     )?;
     let challenge = extra_data(
-        b"nonce-1",
-        "claim-uid",
-        "alice",
+        &binding(b"nonce-1", "claim-uid", "alice"),
         &["ssh-ed25519 AAAA".into()],
-    );
+    )
+    .expect("one-line keys");
     let Quoted {
         attest,
         signature,
@@ -249,11 +265,10 @@ fn handover(kind: &str) -> Result {
     assert_eq!(quote.pcr_selection, vec![(0x000B, (0..8).collect())]);
     // A replay: the same quote for another challenge.
     let other = extra_data(
-        b"nonce-2",
-        "claim-uid",
-        "alice",
+        &binding(b"nonce-2", "claim-uid", "alice"),
         &["ssh-ed25519 AAAA".into()],
-    );
+    )
+    .expect("one-line keys");
     assert_eq!(
         verify_quote(&ak, &attest, &signature, &other, None),
         Err(QuoteError::WrongExtraData)
@@ -292,4 +307,247 @@ fn an_rsa_eks_tpm_releases_the_secret_only_to_the_named_ak() -> Result {
 #[test]
 fn an_ecc_eks_tpm_releases_the_secret_only_to_the_named_ak() -> Result {
     handover("ecc")
+}
+
+/// Runs `openssl` in `dir`; its stdout, or why not.
+fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A CA of the test's own (`name`), in `dir`: its certificate (PEM), and an EK certificate it
+/// issues for the TPM's RSA EK, as swtpm-localca does for a guest's.
+fn ek_certificate(tpm: &Swtpm, dir: &std::path::Path, name: &str) -> Result<(String, String)> {
+    tpm.tool(
+        "tpm2_readpublic",
+        &["-c", "ek.ctx", "-f", "pem", "-o", "ek.pem"],
+    )?;
+    std::fs::copy(tpm.path("ek.pem"), dir.join("ek.pem"))?;
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign",
+        ],
+    )?;
+    // A request of any key: the certificate carries the EK's, as a TPM's EK certificate does.
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "ek.csr",
+            "-subj",
+            "/CN=ek",
+        ],
+    )?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "ek.csr",
+            "-force_pubkey",
+            "ek.pem",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "ek-cert.pem",
+        ],
+    )?;
+    Ok((
+        std::fs::read_to_string(dir.join("ca.pem"))?,
+        std::fs::read_to_string(dir.join("ek-cert.pem"))?,
+    ))
+}
+
+/// This TPM as an honest guest: activates the challenge and quotes over the binding and its
+/// host keys, as the guest layer does; the answer as the claim would show it.
+fn guest_answers(
+    tpm: &Swtpm,
+    challenge: &banlieue_attest::Challenge,
+    guest_keys: &[String],
+) -> Result<banlieue_attest::AnswerView> {
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let file = base64::engine::general_purpose::STANDARD.decode(challenge.credential_base64())?;
+    let secret = tpm.activate_file(&file)?;
+    let binding: [u8; 32] = (0..32)
+        .map(|i| u8::from_str_radix(&challenge.binding_hex()[2 * i..2 * i + 2], 16))
+        .collect::<std::result::Result<Vec<u8>, _>>()?
+        .try_into()
+        .map_err(|_| "32 bytes")?;
+    let extra = extra_data(&binding, guest_keys).ok_or("one-line keys")?;
+    let quoted = tpm.quote(&extra)?;
+    let mut keys = guest_keys.to_vec();
+    keys.sort();
+    let keys_file: String = keys.iter().map(|k| format!("{k}\n")).collect();
+    Ok(banlieue_attest::AnswerView {
+        challenge: challenge.digest(),
+        activated: Some(secret.iter().map(|b| format!("{b:02x}")).collect()),
+        quote: Some(b64(&quoted.attest)),
+        signature: Some(b64(&quoted.signature)),
+        pcr_values: Some(b64(&quoted.pcrs.concat())),
+        host_keys: Some(b64(keys_file.as_bytes())),
+        failure: None,
+    })
+}
+
+#[test]
+fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result {
+    use banlieue_attest::{Challenge, ClaimView, VerifyError};
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    // A minute on: every certificate below is made after this line, and valid for days.
+    let now = std::time::SystemTime::now() + Duration::from_secs(60);
+    let tpm = Swtpm::start()?;
+    let (_, _, _) = tpm.keys("rsa")?;
+    let ca_dir = tempfile::tempdir()?;
+    let (bundle, certificate) = ek_certificate(&tpm, ca_dir.path(), "banlieue test EK CA")?;
+    let host_keys = vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGuest".to_owned()];
+    let claim = ClaimView {
+        uid: "0b6f3c9e-claim".into(),
+        subject_issuer: "https://issuer.example".into(),
+        subject_id: "alice".into(),
+        ek_certificates: vec![certificate.clone()],
+        attestation_key: Some(b64(&std::fs::read(tpm.path("ak.pub"))?)),
+        ssh_host_keys: host_keys.clone(),
+    };
+
+    // Honest: every step checks.
+    let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
+    let answer = guest_answers(&tpm, &challenge, &host_keys)?;
+    let verified = challenge.check(&answer)?;
+    assert_eq!(verified.pcr_values.len(), 8);
+    assert!(
+        verified.steps.iter().any(|s| s.starts_with("host keys:")),
+        "{:?}",
+        verified.steps
+    );
+
+    // A certificate from a CA the subject does not trust.
+    let other_dir = tempfile::tempdir()?;
+    let (other_bundle, _) = ek_certificate(&tpm, other_dir.path(), "another CA")?;
+    match Challenge::new(&claim, &other_bundle, now, &mut OsRng) {
+        Err(VerifyError::Untrusted(why)) => assert!(why.contains("issuer"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+
+    // A replayed quote: the last challenge's, relayed as the answer to a new one whose
+    // secret the relay did have the TPM release.
+    let next = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
+    let fresh = guest_answers(&tpm, &next, &host_keys)?;
+    let replayed = banlieue_attest::AnswerView {
+        quote: answer.quote.clone(),
+        signature: answer.signature.clone(),
+        ..fresh.clone()
+    };
+    assert_eq!(
+        next.check(&replayed),
+        Err(VerifyError::Quote(QuoteError::WrongExtraData))
+    );
+    assert!(next.check(&fresh).is_ok());
+
+    // The provider swaps the AK for a key of another TPM, which it controls: the credential
+    // is for that key, which this guest's TPM does not hold; the relay invents a secret.
+    let elsewhere = Swtpm::start()?;
+    elsewhere.keys("rsa")?;
+    let swapped = ClaimView {
+        attestation_key: Some(b64(&std::fs::read(elsewhere.path("ak.pub"))?)),
+        ..claim.clone()
+    };
+    let challenge = Challenge::new(&swapped, &bundle, now, &mut OsRng)?;
+    let file = base64::engine::general_purpose::STANDARD.decode(challenge.credential_base64())?;
+    assert!(
+        tpm.activate_file(&file).is_err(),
+        "the guest's TPM released a credential made for another TPM's key"
+    );
+    // Nor can the other TPM open it: it was made under this guest's EK.
+    assert!(elsewhere.activate_file(&file).is_err());
+    let invented = banlieue_attest::AnswerView {
+        challenge: challenge.digest(),
+        activated: Some("00".repeat(32)),
+        ..Default::default()
+    };
+    assert_eq!(challenge.check(&invented), Err(VerifyError::NotActivated));
+
+    // The blob relayed into another guest: its TPM refuses it, and says so.
+    let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
+    let refused = banlieue_attest::AnswerView {
+        challenge: challenge.digest(),
+        failure: Some("tpm2_activatecredential: integrity check failed".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        challenge.check(&refused),
+        Err(VerifyError::Refused(_))
+    ));
+
+    // A forged host key on the claim: the guest quotes the keys it holds, and they are not
+    // the claim's; relayed with the forged keys in place of the guest's, the quote no longer
+    // matches.
+    let forged = ClaimView {
+        ssh_host_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForged".into()],
+        ..claim.clone()
+    };
+    let challenge = Challenge::new(&forged, &bundle, now, &mut OsRng)?;
+    let honest = guest_answers(&tpm, &challenge, &host_keys)?;
+    assert!(matches!(
+        challenge.check(&honest),
+        Err(VerifyError::HostKeys { .. })
+    ));
+    let doctored = banlieue_attest::AnswerView {
+        host_keys: Some(b64(b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForged\n")),
+        ..honest
+    };
+    assert_eq!(
+        challenge.check(&doctored),
+        Err(VerifyError::Quote(QuoteError::WrongExtraData))
+    );
+
+    // An answer to another challenge is not this one's.
+    let other = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
+    assert!(matches!(
+        other.check(&fresh),
+        Err(VerifyError::OtherChallenge(_))
+    ));
+    Ok(())
 }

@@ -52,7 +52,7 @@ mod tests {
     fn challenge(credential: &str) -> HandoverChallenge {
         HandoverChallenge {
             credential: credential.into(),
-            qualifying_data: "0".repeat(64),
+            binding: "0".repeat(64),
         }
     }
 

@@ -287,7 +287,7 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
 /// data, over the PCR values it shows; one made for another Name is refused by it.
 async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &str) -> Result<()> {
     use banlieue_attest::rand_core::{OsRng, RngCore};
-    use banlieue_attest::{Public, PublicKey, make_credential, verify_quote};
+    use banlieue_attest::{Public, PublicKey, extra_data, make_credential, verify_quote};
 
     let ek = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_EK).await?)?;
     let ak = Public::from_tpm2b(&guest_agent::read_file(daemon, name, ATTEST_AK).await?)?;
@@ -308,11 +308,11 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 
     let mut secret = [0u8; 32];
     OsRng.fill_bytes(&mut secret);
-    let mut extra = [0u8; 32];
-    OsRng.fill_bytes(&mut extra);
+    let mut binding = [0u8; 32];
+    OsRng.fill_bytes(&mut binding);
     let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
     let started = Instant::now();
-    let answer = challenge(daemon, name, &credential.tpm2_tools_file(), &extra).await?;
+    let answer = challenge(daemon, name, &credential.tpm2_tools_file(), &binding).await?;
     let relayed = started.elapsed();
     let field = |key: &str| -> Result<Vec<u8>> {
         use base64::Engine;
@@ -329,6 +329,14 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
     );
     let pcrs: Vec<Vec<u8>> = field("pcrs")?.chunks(32).map(<[u8]>::to_vec).collect();
     ensure!(pcrs.len() == 8, "{} PCR values, not PCRs 0-7", pcrs.len());
+    // The guest hashed its own host keys into the quote: those it published.
+    let published = guest_agent::read_text(daemon, name, SSH_HOST_KEYS).await?;
+    ensure!(
+        field("hostkeys")? == published.as_bytes(),
+        "hostkeys is not {SSH_HOST_KEYS}"
+    );
+    let keys: Vec<String> = published.lines().map(str::to_owned).collect();
+    let extra = extra_data(&binding, &keys).context("one-line host keys")?;
     let quote = verify_quote(
         &ak,
         &field("quote")?,
@@ -341,7 +349,7 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 
     // Made for another key (the EK's own Name): the TPM will not release it to the AK.
     let elsewhere = make_credential(&ek, &ek.name(), &secret, &mut OsRng)?;
-    let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file(), &extra).await?;
+    let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file(), &binding).await?;
     ensure!(
         answer.starts_with("failed ") && !answer.contains(&hex) && !answer.contains("quote"),
         "a credential for another Name: {answer:?}"
@@ -350,9 +358,9 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 }
 
 /// Relays `file` as the provider would (attest/challenge, then attest/activate naming its
-/// SHA-256 and the quote's extra data) and waits for the layer's answer about these very
+/// SHA-256 and the subject's binding) and waits for the layer's answer about these very
 /// bytes.
-async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], extra: &[u8]) -> Result<String> {
+async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], binding: &[u8]) -> Result<String> {
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let digest = hex(&Sha256::digest(file));
     guest_agent::write_file(daemon, name, ATTEST_CHALLENGE, file).await?;
@@ -360,7 +368,7 @@ async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], extra: &[u8]) -> 
         daemon,
         name,
         ATTEST_ACTIVATE,
-        format!("{digest} {}\n", hex(extra)).as_bytes(),
+        format!("{digest} {}\n", hex(binding)).as_bytes(),
     )
     .await?;
     let started = Instant::now();

@@ -669,7 +669,7 @@ mod tests {
     fn the_subjects_latest_challenge_is_relayed_and_a_withdrawn_one_is_not_unsaid() {
         let challenge = |credential: &str| banlieue_api::handover::HandoverChallenge {
             credential: credential.into(),
-            qualifying_data: "0".repeat(64),
+            binding: "0".repeat(64),
         };
         let mut claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",

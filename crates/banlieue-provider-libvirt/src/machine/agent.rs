@@ -656,7 +656,7 @@ mod tests {
     fn challenge() -> HandoverChallenge {
         HandoverChallenge {
             credential: "AAECAw==".into(),
-            qualifying_data: "ab".repeat(32),
+            binding: "ab".repeat(32),
         }
     }
 
