@@ -417,6 +417,48 @@ async fn the_subject_policy_ties_a_claim_to_its_creator() {
             .await
             .unwrap_or_else(|e| panic!("the broker may name {id}: {e}"));
     }
+    // spec.handover is the subject's challenge to its VM (ADR-0077): alice writes hers, and
+    // not even a listed broker, who may otherwise change her claim, may write it.
+    let challenge = |credential: &str, binding: &str| json!({ "spec": { "handover": { "credential": credential, "binding": binding.repeat(64) } } });
+    try_patch(&alice, "mine", challenge("AAAA", "0"))
+        .await
+        .expect("the subject writes her challenge");
+    try_patch(
+        &broker,
+        "mine",
+        json!({ "metadata": { "labels": { "brokered": "yes" } } }),
+    )
+    .await
+    .expect("a broker changes a claim");
+    let message = forbidden(try_patch(&broker, "mine", challenge("BBBB", "1")).await);
+    assert!(
+        message.contains(&format!(
+            "spec.handover of VirtualMachineClaim mine is the challenge of its subject, alice at \
+             {ISSUER}, to its VM: only that subject may write it, and you are broker"
+        )),
+        "{message}"
+    );
+    let message =
+        forbidden(try_patch(&broker, "mine", json!({ "spec": { "handover": null } })).await);
+    assert!(
+        message.contains("only that subject may write it"),
+        "{message}"
+    );
+    // Her challenge stands; the rest of her spec stays as created.
+    let (code, message) = refusal(
+        alice
+            .patch(
+                "mine",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "ttlSeconds": 7200 } })),
+            )
+            .await,
+    );
+    assert!(code == 422 || code == 403, "{code}: {message}");
+    assert!(
+        message.contains("spec is immutable but for spec.handover"),
+        "{message}"
+    );
     try_claim(&alice, "https://login.example.org", "alice")
         .await
         .expect("the second, comma-separated issuer is accepted");

@@ -134,13 +134,13 @@ impl Challenge {
         rng: &mut impl CryptoRngCore,
     ) -> Result<Challenge, VerifyError> {
         let mut steps = Vec::new();
+        if claim.ek_certificates.is_empty() {
+            return Err(VerifyError::NoCertificate);
+        }
         let bundle = pem_certificates(trust_bundle.as_bytes())
             .map_err(|why| VerifyError::EmptyBundle(why.to_string()))?;
         if bundle.is_empty() {
             return Err(VerifyError::EmptyBundle("no PEM certificate in it".into()));
-        }
-        if claim.ek_certificates.is_empty() {
-            return Err(VerifyError::NoCertificate);
         }
         let at = now
             .duration_since(UNIX_EPOCH)

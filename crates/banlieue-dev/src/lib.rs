@@ -869,14 +869,19 @@ async fn try_ssh(
         .to_string();
     // The product's binary, built beside this one (scripts/run builds both).
     let banlieue = std::env::current_exe()?.with_file_name("banlieue");
+    // What alice's administrator gives her: the Provider's EK trust bundle, to prove the VM
+    // with before its host key is trusted (ADR-0077).
+    let bundle = pid_file().with_file_name("ek-trust-bundle.pem");
+    std::fs::write(&bundle, swtpm_localca_bundle()?)?;
     let line = format!(
-        "KUBECONFIG={kubeconfig} {} claim -n {SYSTEM_NAMESPACE} ssh {} -i {} -- uname -a",
+        "KUBECONFIG={kubeconfig} {} claim -n {SYSTEM_NAMESPACE} ssh {} -i {} --trust-bundle {} -- uname -a",
         banlieue.display(),
         objects::CLAIM,
-        key.private.display()
+        key.private.display(),
+        bundle.display()
     );
     println!(
-        "  as alice, over SSH with the host key pinned from the claim (login {}):",
+        "  as alice, over SSH once her VM is verified, the host key it quoted pinned (login {}):",
         status.login_user.as_deref().unwrap_or("?")
     );
     println!("  {line}");
@@ -891,6 +896,8 @@ async fn try_ssh(
         .env("KUBECONFIG", &kubeconfig)
         .args(["claim", "-n", SYSTEM_NAMESPACE, "ssh", objects::CLAIM, "-i"])
         .arg(&key.private)
+        .arg("--trust-bundle")
+        .arg(&bundle)
         .args(["--", "uname", "-a"])
         .stdin(std::process::Stdio::null())
         .output()
@@ -901,6 +908,10 @@ async fn try_ssh(
             String::from_utf8_lossy(&ran.stderr).trim()
         )
         .into());
+    }
+    // The verifier's steps, as it printed them.
+    for step in String::from_utf8_lossy(&ran.stderr).lines() {
+        println!("  {}", step.trim_start());
     }
     println!("  ran: {}", String::from_utf8_lossy(&ran.stdout).trim());
     Ok(())

@@ -128,6 +128,18 @@ fn dev_up_binds_a_claim_and_dev_down_tears_it_down() {
         view.lines().any(|l| l.starts_with("  ran: Linux sandbox ")),
         "the ssh line did not run in the guest: {view}"
     );
+    // Only once alice proved the VM: her challenge answered by its TPM, the host key quoted.
+    assert!(
+        view.lines()
+            .any(|l| l.starts_with("  claim sandbox-for-alice: verified in ")),
+        "the VM was not verified before the login: {view}"
+    );
+    assert!(
+        cache
+            .path()
+            .join("banlieue/dev/ek-trust-bundle.pem")
+            .is_file()
+    );
     assert!(cache.path().join("banlieue/dev/id_ed25519").is_file());
     assert!(
         !cache.path().join("banlieue/dev/dev-up.pid").exists(),

@@ -77,7 +77,7 @@ pub enum CliError {
 
 impl CliError {
     /// The API server's refusal as its message alone (kubectl prints the same).
-    fn from_kube(error: kube::Error) -> Self {
+    pub(crate) fn from_kube(error: kube::Error) -> Self {
         match error {
             kube::Error::Api(status) if matches!(status.code, 403 | 404 | 422) => {
                 Self::Refused(status.message)
@@ -532,13 +532,33 @@ pub enum ClaimAction {
     },
     /// List the namespace's claims.
     List,
-    /// Log in to a claim's member with the system `ssh` (or run COMMAND there), the member's
-    /// host keys pinned from the claim's `status.sshHostKeys`: no host is trusted on first use.
+    /// Prove which VM the claim holds: its TPM, certified by the EK trust bundle you hold,
+    /// answers a fresh challenge for this claim, and quotes the SSH host keys the claim shows.
+    /// Each check is printed; nothing banlieue says is taken on trust.
+    Verify {
+        name: String,
+        /// The PEM bundle the claim's EK certificate must chain to: the Provider's
+        /// `ekTrustBundle`, as your administrator gave it to you.
+        #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
+        trust_bundle: std::path::PathBuf,
+        /// How long to wait for the VM's answer.
+        #[arg(long, value_parser = parse_duration, default_value = "1m")]
+        timeout: Duration,
+    },
+    /// Log in to a claim's member with the system `ssh` (or run COMMAND there), once `verify`
+    /// proved the VM, with the member's host keys pinned from the claim's
+    /// `status.sshHostKeys`: no host is trusted on first use.
     Ssh {
         name: String,
         /// The private key to offer (`ssh -i`); the ssh agent's keys otherwise.
         #[arg(short = 'i', long, value_name = "FILE")]
         identity: Option<std::path::PathBuf>,
+        /// The EK trust bundle to verify the VM with first (as for `verify`).
+        #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
+        trust_bundle: Option<std::path::PathBuf>,
+        /// Pin the claim's host keys without verifying the VM first: trust the relay.
+        #[arg(long, conflicts_with = "trust_bundle")]
+        no_verify: bool,
         /// The command to run, after `--`.
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
@@ -631,19 +651,40 @@ pub fn ssh_invocation(
     Ok((args, pinned))
 }
 
+/// How `banlieue claim ssh` logs in.
+struct SshLogin<'a> {
+    identity: Option<&'a std::path::Path>,
+    /// The EK trust bundle to verify the VM with before its host keys are pinned; `None`
+    /// trusts the relay (`--no-verify`).
+    verify_with: Option<&'a str>,
+    command: &'a [String],
+}
+
+/// How long `banlieue claim ssh` waits for the VM's answer to its challenge.
+const SSH_VERIFY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// `banlieue claim ssh`: the system `ssh`, its exit status passed on.
 async fn ssh(
     client: &Client,
     namespace: &str,
     name: &str,
-    identity: Option<&std::path::Path>,
-    command: &[String],
+    login: &SshLogin<'_>,
+    log: &mut impl Write,
 ) -> Result<(), CliError> {
     let claims: Api<VirtualMachineClaim> = Api::namespaced(client.clone(), namespace);
     let claim = claims.get(name).await.map_err(CliError::from_kube)?;
     let dir = tempfile::tempdir()?;
     let known_hosts = dir.path().join("known_hosts");
-    let (args, pinned) = ssh_invocation(&claim, &known_hosts, identity, command)?;
+    // A claim not ready for a login is said to be so before any challenge is made.
+    let (mut args, mut pinned) =
+        ssh_invocation(&claim, &known_hosts, login.identity, login.command)?;
+    if let Some(bundle) = login.verify_with {
+        let (verified, _) =
+            crate::claim_verify::verify(client, namespace, name, bundle, SSH_VERIFY_TIMEOUT, log)
+                .await?;
+        // The host keys pinned are those the verified quote covered.
+        (args, pinned) = ssh_invocation(&verified, &known_hosts, login.identity, login.command)?;
+    }
     std::fs::write(&known_hosts, pinned)?;
     let status = tokio::process::Command::new("ssh")
         .args(&args)
@@ -751,11 +792,42 @@ pub async fn run(command: ClaimCommand) -> Result<(), CliError> {
             }
             out.write_all(render(&[claim], command.output)?.as_bytes())?;
         }
+        ClaimAction::Verify {
+            name,
+            trust_bundle,
+            timeout,
+        } => {
+            let bundle = crate::claim_verify::read_trust_bundle(&trust_bundle)?;
+            crate::claim_verify::verify(&client, &namespace, &name, &bundle, timeout, &mut log)
+                .await?;
+            writeln!(out, "virtualmachineclaim.banlieue.io/{name} verified")?;
+        }
         ClaimAction::Ssh {
             name,
             identity,
+            trust_bundle,
+            no_verify,
             command,
-        } => ssh(&client, &namespace, &name, identity.as_deref(), &command).await?,
+        } => {
+            let verify_with = match (trust_bundle, no_verify) {
+                (Some(path), _) => Some(crate::claim_verify::read_trust_bundle(&path)?),
+                (None, true) => None,
+                (None, false) => {
+                    return Err(CliError::Invalid(
+                        "claim ssh proves the VM before it trusts its host keys: pass \
+                         --trust-bundle FILE (the Provider's EK trust bundle; or set \
+                         BANLIEUE_EK_TRUST_BUNDLE), or --no-verify to trust the relay"
+                            .into(),
+                    ));
+                }
+            };
+            let login = SshLogin {
+                identity: identity.as_deref(),
+                verify_with: verify_with.as_deref(),
+                command: &command,
+            };
+            ssh(&client, &namespace, &name, &login, &mut log).await?
+        }
         ClaimAction::List => {
             let claims = list(&client, &namespace).await?;
             out.write_all(render(&claims, command.output)?.as_bytes())?;

@@ -9,6 +9,7 @@ pub mod backends;
 pub mod bootstrap;
 pub mod cidata;
 pub mod claim_cli;
+pub mod claim_verify;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
 pub mod login;

@@ -30,6 +30,7 @@ async fn claim_cli(kubeconfig: &Path, args: &[&str]) -> Output {
     command
         .env("KUBECONFIG", kubeconfig)
         .env_remove("BANLIEUE_ISSUER")
+        .env_remove("BANLIEUE_EK_TRUST_BUNDLE")
         .args(["claim", "-n", SYSTEM_NAMESPACE])
         .args(args);
     tokio::task::spawn_blocking(move || command.output().expect("run banlieue"))
@@ -216,9 +217,38 @@ async fn run(
         recorded.spec.access.map(|a| a.ssh_authorized_keys),
         Some(vec![ed25519_public_key(42, "alice@laptop")])
     );
-    let line = refusal(&claim_cli(alice, &["ssh", &keyed_name, "--", "true"]).await);
+    let line = refusal(&claim_cli(alice, &["ssh", &keyed_name, "--no-verify", "--", "true"]).await);
     assert!(
         line.contains(&format!("claim {keyed_name}: not ready yet")),
+        "{line}"
+    );
+    // Without a trust bundle to prove the VM with, or --no-verify, no host key is trusted.
+    let line = refusal(&claim_cli(alice, &["ssh", &keyed_name, "--", "true"]).await);
+    assert!(
+        line.contains(
+            "claim ssh proves the VM before it trusts its host keys: pass --trust-bundle"
+        ),
+        "{line}"
+    );
+    // A stand-in member has no TPM: verify says so rather than trusting anything.
+    let bundle = tempfile::NamedTempFile::new()?;
+    let line = refusal(
+        &claim_cli(
+            alice,
+            &[
+                "verify",
+                &keyed_name,
+                "--trust-bundle",
+                &bundle.path().display().to_string(),
+            ],
+        )
+        .await,
+    );
+    assert!(
+        line.contains(&format!(
+            "claim {keyed_name}: not verified: the claim carries no EK certificate: its VM has \
+             no TPM to attest"
+        )),
         "{line}"
     );
     let released = claim_cli(

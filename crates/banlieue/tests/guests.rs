@@ -1185,11 +1185,13 @@ fn ssh_key(dir: &std::path::Path, who: &str) -> Result<(std::path::PathBuf, Stri
 }
 
 /// `banlieue claim -n SYSTEM_NAMESPACE ssh NAME -i KEY -- ARGS` as alice, with alice's own
-/// kubeconfig.
+/// kubeconfig: the VM verified first with the EK trust bundle at `trust_bundle`, or not
+/// (`--no-verify`).
 async fn claim_ssh(
     control_plane: &ControlPlane,
     name: &str,
     key: &std::path::Path,
+    trust_bundle: Option<&std::path::Path>,
     args: &[&str],
 ) -> Result<std::process::Output, BoxError> {
     let kubeconfig = control_plane
@@ -1200,7 +1202,12 @@ async fn claim_ssh(
     command
         .env("KUBECONFIG", kubeconfig)
         .args(["claim", "-n", SYSTEM_NAMESPACE, "ssh", name, "-i"])
-        .arg(key)
+        .arg(key);
+    match trust_bundle {
+        Some(bundle) => command.arg("--trust-bundle").arg(bundle),
+        None => command.arg("--no-verify"),
+    };
+    command
         .arg("--")
         .args(args)
         .stdin(std::process::Stdio::null());
@@ -1231,15 +1238,45 @@ async fn check_access(
     let served: Vec<&str> = served.split_whitespace().take(2).collect();
     assert_eq!(st.ssh_host_keys, vec![served.join(" ")], "sshHostKeys");
 
-    let ran = claim_ssh(control_plane, name, alice_key, &["id", "-un"]).await?;
-    assert!(
-        ran.status.success(),
-        "banlieue claim ssh as alice: {}",
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    // Verified first (ADR-0077): the guest's TPM, certified by swtpm-localca, answers alice's
+    // challenge and quotes the host key that is then pinned.
+    let bundle = tempfile::NamedTempFile::new()?;
+    std::fs::write(bundle.path(), dev::swtpm_localca_bundle()?)?;
+    let ran = claim_ssh(
+        control_plane,
+        name,
+        alice_key,
+        Some(bundle.path()),
+        &["id", "-un"],
+    )
+    .await?;
+    let said = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "banlieue claim ssh as alice: {said}");
     assert_eq!(String::from_utf8_lossy(&ran.stdout).trim(), "alice");
+    for step in [
+        "ok  EK certificate 0",
+        "ok  activation: the guest's TPM released the credential's secret",
+        "ok  quote: signed by the attestation key",
+        "ok  host keys: the claim's 1 SSH host key(s) are those the quoted guest holds",
+        &format!("claim {name}: verified in "),
+    ] {
+        assert!(said.contains(step), "{step:?} not in:\n{said}");
+    }
+    let answered = claims
+        .get(name)
+        .await?
+        .status
+        .unwrap_or_default()
+        .attestation;
+    assert!(
+        answered
+            .and_then(|a| a.answer)
+            .and_then(|a| a.quote)
+            .is_some(),
+        "the relayed answer is on the claim"
+    );
 
-    let refused = claim_ssh(control_plane, name, bob_key, &["true"]).await?;
+    let refused = claim_ssh(control_plane, name, bob_key, None, &["true"]).await?;
     assert!(
         !refused.status.success(),
         "bob's key opened alice's sandbox"

@@ -1,0 +1,149 @@
+//! `banlieue claim verify`: the subject proves which VM it got (ADR-0077). Everything is
+//! checked here, by the subject, from what it reads on its claim and the EK trust bundle it
+//! holds (banlieue-attest's [`Challenge`]); the controller and the provider only relay the
+//! challenge written to `spec.handover` and the answer in `status.attestation`.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
+
+use banlieue_api::handover::HandoverChallenge;
+use banlieue_api::{ClaimPhase, VirtualMachineClaim};
+use banlieue_attest::rand_core::OsRng;
+use banlieue_attest::{AnswerView, Challenge, ClaimView, Verified};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use crate::claim_cli::CliError;
+
+/// The longest trust bundle read: a few CA certificates, not a directory.
+const MAX_BUNDLE_BYTES: u64 = 256 * 1024;
+
+/// How often the claim is read while the answer is on its way.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The trust bundle at `path` (PEM): the Provider's `ekTrustBundle`, as the subject obtained
+/// it from its administrator.
+pub fn read_trust_bundle(path: &Path) -> Result<String, CliError> {
+    let invalid = |why: String| CliError::Invalid(format!("{}: {why}", path.display()));
+    let metadata = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    if metadata.len() > MAX_BUNDLE_BYTES {
+        return Err(invalid(format!(
+            "{} bytes is not a certificate bundle",
+            metadata.len()
+        )));
+    }
+    std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))
+}
+
+/// What the claim shows, for the verifier.
+pub fn claim_view(claim: &VirtualMachineClaim) -> ClaimView {
+    let status = claim.status.clone().unwrap_or_default();
+    ClaimView {
+        uid: claim.uid().unwrap_or_default(),
+        subject_issuer: claim.spec.subject.issuer.clone(),
+        subject_id: claim.spec.subject.id.clone(),
+        ek_certificates: status.tpm_endorsement_certificates,
+        attestation_key: status.attestation.and_then(|a| a.attestation_key),
+        ssh_host_keys: status.ssh_host_keys,
+    }
+}
+
+/// The answer the claim shows, if any.
+fn answer_view(claim: &VirtualMachineClaim) -> Option<AnswerView> {
+    let answer = claim
+        .status
+        .as_ref()?
+        .attestation
+        .as_ref()?
+        .answer
+        .clone()?;
+    Some(AnswerView {
+        challenge: answer.challenge,
+        activated: answer.activated,
+        quote: answer.quote,
+        signature: answer.signature,
+        pcr_values: answer.pcr_values,
+        host_keys: answer.host_keys,
+        failure: answer.failure,
+    })
+}
+
+/// Verifies claim `name`'s VM as its subject: makes a challenge from the claim, writes it
+/// to `spec.handover`, waits up to `timeout` for the relayed answer, and checks it, printing
+/// each step to `log`. Returns the claim as it was read for the challenge (the host keys it
+/// shows are those the verified quote covers: pin these, not a later read's) and the proof.
+pub async fn verify(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    trust_bundle: &str,
+    timeout: Duration,
+    log: &mut impl Write,
+) -> Result<(VirtualMachineClaim, Verified), CliError> {
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(client.clone(), namespace);
+    let claim = claims.get(name).await.map_err(CliError::from_kube)?;
+    let phase = claim.status.as_ref().and_then(|s| s.phase);
+    if phase != Some(ClaimPhase::Bound) {
+        return Err(CliError::Invalid(format!(
+            "claim {name} is not Bound ({}): there is no VM to verify",
+            phase.map_or("no phase".to_owned(), |p| format!("{p:?}"))
+        )));
+    }
+    let started = Instant::now();
+    let challenge = Challenge::new(
+        &claim_view(&claim),
+        trust_bundle,
+        SystemTime::now(),
+        &mut OsRng,
+    )
+    .map_err(|e| CliError::Refused(format!("claim {name}: not verified: {e}")))?;
+    for step in challenge.steps() {
+        writeln!(log, "  ok  {step}")?;
+    }
+    let handover = HandoverChallenge {
+        credential: challenge.credential_base64(),
+        binding: challenge.binding_hex(),
+    };
+    claims
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({ "spec": { "handover": handover } })),
+        )
+        .await
+        .map_err(CliError::from_kube)?;
+    writeln!(
+        log,
+        "  ..  challenge written to spec.handover; waiting for the VM's answer"
+    )?;
+
+    let digest = challenge.digest();
+    loop {
+        let now = claims.get(name).await.map_err(CliError::from_kube)?;
+        match answer_view(&now) {
+            Some(answer) if answer.challenge == digest => {
+                let verified = challenge
+                    .check(&answer)
+                    .map_err(|e| CliError::Refused(format!("claim {name}: not verified: {e}")))?;
+                for step in &verified.steps[challenge.steps().len()..] {
+                    writeln!(log, "  ok  {step}")?;
+                }
+                writeln!(
+                    log,
+                    "claim {name}: verified in {:.2} s",
+                    started.elapsed().as_secs_f64()
+                )?;
+                return Ok((claim, verified));
+            }
+            _ if started.elapsed() >= timeout => {
+                return Err(CliError::TimedOut {
+                    name: name.to_owned(),
+                    after: timeout,
+                    last: "no answer to this challenge on the claim yet".into(),
+                });
+            }
+            _ => tokio::time::sleep(POLL).await,
+        }
+    }
+}
