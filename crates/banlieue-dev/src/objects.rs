@@ -118,14 +118,16 @@ pub fn claim_policy_configmap() -> ConfigMap {
     }
 }
 
-/// Lets the claimant create and read claims in the system namespace, nothing else.
+/// Lets the claimant create, read, release and patch claims in the system namespace (a patch
+/// writes her challenge, `spec.handover`; admission keeps the rest of a claim as created),
+/// nothing else.
 pub fn claimant_rbac() -> (Role, RoleBinding) {
     let role = Role {
         metadata: meta(CLAIMANT_ROLE),
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec!["banlieue.io".into()]),
             resources: Some(vec!["virtualmachineclaims".into()]),
-            verbs: ["create", "get", "list", "watch", "delete"]
+            verbs: ["create", "get", "list", "watch", "patch", "delete"]
                 .map(String::from)
                 .to_vec(),
             ..PolicyRule::default()

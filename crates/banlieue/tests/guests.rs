@@ -611,6 +611,82 @@ async fn access_bench(host: &DevHost) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `BANLIEUE_HANDOVER_BENCH_CLAIMS` claims (default 20) on a pool of
+/// `BANLIEUE_HANDOVER_BENCH_MEMBERS` (default 2), each made once the pool has a ready member;
+/// each claim's subject verifies its VM as `banlieue claim verify` does, the moment its claim
+/// is Bound. Prints p50/p90/p99 of claim → Bound and Bound → verified (challenge made, written,
+/// relayed, activated and quoted in the guest's vTPM, relayed back, checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark of real guests under TCG: a minute of both cores per claim"]
+async fn handover_on_a_warm_pool() -> Result<(), BoxError> {
+    let mut host = DevHost::start().await?;
+    let outcome = match host.set_up("bnh", None).await {
+        Ok(()) => handover_bench(&host).await,
+        Err(e) => Err(e),
+    };
+    host.finish(outcome).await
+}
+
+async fn handover_bench(host: &DevHost) -> Result<(), BoxError> {
+    let members = bench_knob("BANLIEUE_HANDOVER_BENCH_MEMBERS", 2)?;
+    let rounds = bench_knob("BANLIEUE_HANDOVER_BENCH_CLAIMS", 20)?;
+    let control_plane = &host.control_plane;
+    let admin = control_plane.client()?;
+    let vms: Api<VirtualMachine> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    const POOL: &str = "attested";
+    dev::apply(
+        &admin,
+        &guest_pool(POOL, members as i32, objects::GUEST_USER_DATA),
+    )
+    .await?;
+    let alice = control_plane.client_as(objects::CLAIMANT).await?;
+    let claims: Api<VirtualMachineClaim> = Api::namespaced(alice.clone(), SYSTEM_NAMESPACE);
+    let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
+    let bundle = dev::swtpm_localca_bundle()?;
+    let (mut bound, mut verified) = (vec![], vec![]);
+    for round in 0..rounds {
+        poll::until_every(
+            "a member to take",
+            POOL_BOOT_DEADLINE,
+            GUEST_POLL_INTERVAL,
+            || async {
+                Ok(pool_members(&vms, POOL)
+                    .await?
+                    .iter()
+                    .any(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
+                    .then_some(()))
+            },
+        )
+        .await?;
+        let name = format!("{POOL}-{round}");
+        let mut c = claim(&name);
+        c.spec.pool_ref.name = POOL.into();
+        let times = create_timed(&claims, &claims_admin, &c, false).await?;
+        let started = Instant::now();
+        let mut steps = Vec::new();
+        banlieue::claim_verify::verify(
+            &alice,
+            SYSTEM_NAMESPACE,
+            &name,
+            &bundle,
+            DEADLINE,
+            &mut steps,
+        )
+        .await?;
+        bound.push(times.bound.as_secs_f64());
+        verified.push(started.elapsed().as_secs_f64());
+        claims_admin.delete(&name, &DeleteParams::default()).await?;
+    }
+    print_percentiles(
+        "handover on a warm GuestReady pool, ",
+        [
+            ("claim → Bound", &mut bound),
+            ("Bound → verified", &mut verified),
+        ],
+    );
+    Ok(())
+}
+
 /// A benchmark's setting from the environment, `default` when unset.
 fn bench_knob(name: &str, default: usize) -> Result<usize, BoxError> {
     match std::env::var(name) {
