@@ -572,19 +572,7 @@ async fn access_bench(host: &DevHost) -> Result<(), BoxError> {
     let keys = tempfile::tempdir()?;
     let (mut bound, mut access, mut added) = (vec![], vec![], vec![]);
     for round in 0..rounds {
-        poll::until_every(
-            "a member to take",
-            POOL_BOOT_DEADLINE,
-            GUEST_POLL_INTERVAL,
-            || async {
-                Ok(pool_members(&vms, POOL)
-                    .await?
-                    .iter()
-                    .any(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
-                    .then_some(()))
-            },
-        )
-        .await?;
+        an_unclaimed_ready_member(&vms, POOL).await?;
         let name = format!("{POOL}-{round}");
         let (_, public) = ssh_key(keys.path(), &name)?;
         let mut c = claim(&name);
@@ -645,19 +633,7 @@ async fn handover_bench(host: &DevHost) -> Result<(), BoxError> {
     let bundle = dev::swtpm_localca_bundle()?;
     let (mut bound, mut verified) = (vec![], vec![]);
     for round in 0..rounds {
-        poll::until_every(
-            "a member to take",
-            POOL_BOOT_DEADLINE,
-            GUEST_POLL_INTERVAL,
-            || async {
-                Ok(pool_members(&vms, POOL)
-                    .await?
-                    .iter()
-                    .any(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
-                    .then_some(()))
-            },
-        )
-        .await?;
+        an_unclaimed_ready_member(&vms, POOL).await?;
         let name = format!("{POOL}-{round}");
         let mut c = claim(&name);
         c.spec.pool_ref.name = POOL.into();
@@ -684,6 +660,24 @@ async fn handover_bench(host: &DevHost) -> Result<(), BoxError> {
             ("Bound → verified", &mut verified),
         ],
     );
+    Ok(())
+}
+
+/// Waits until `pool` has a GuestReady member no claim holds: a claim made then is warm.
+async fn an_unclaimed_ready_member(vms: &Api<VirtualMachine>, pool: &str) -> Result<(), BoxError> {
+    poll::until_every(
+        "a member to take",
+        POOL_BOOT_DEADLINE,
+        GUEST_POLL_INTERVAL,
+        || async {
+            Ok(pool_members(vms, pool)
+                .await?
+                .iter()
+                .any(|vm| !vm.labels().contains_key(names::LABEL_CLAIM) && guest_ready(vm))
+                .then_some(()))
+        },
+    )
+    .await?;
     Ok(())
 }
 

@@ -623,6 +623,17 @@ mod tests {
         assert_eq!(start_of(&status), crate::metrics::START_COLD);
     }
 
+    /// A member as the pool made it: no claim's keys or challenge yet.
+    fn unbound_member() -> VirtualMachine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
+            "metadata": {"name": "web-abc", "namespace": "ns"},
+            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
+                     "storageClassName": "fast", "networkClassName": "prod"}
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn access_ready_is_the_members_once_it_holds_the_claims_keys() {
         let claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
@@ -633,13 +644,7 @@ mod tests {
                      "access": {"sshAuthorizedKeys": ["ssh-ed25519 AAAA"]}}
         }))
         .unwrap();
-        let mut member: VirtualMachine = serde_json::from_value(serde_json::json!({
-            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
-            "metadata": {"name": "web-abc", "namespace": "ns"},
-            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
-                     "storageClassName": "fast", "networkClassName": "prod"}
-        }))
-        .unwrap();
+        let mut member = unbound_member();
         let installed = conditions::new(
             types::ACCESS_READY,
             conditions::status::TRUE,
@@ -678,13 +683,7 @@ mod tests {
                      "ttlSeconds": 60}
         }))
         .unwrap();
-        let mut member: VirtualMachine = serde_json::from_value(serde_json::json!({
-            "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachine",
-            "metadata": {"name": "web-abc", "namespace": "ns"},
-            "spec": {"classRef": {"name": "small"}, "imageRef": {"name": "img"},
-                     "storageClassName": "fast", "networkClassName": "prod"}
-        }))
-        .unwrap();
+        let mut member = unbound_member();
         assert_eq!(handover_to_relay(&claim, &member), None);
         claim.spec.handover = Some(challenge("AAAA"));
         assert_eq!(
