@@ -24,6 +24,15 @@ pub const CHALLENGE_FILE: &str = "/run/banlieue/attest/challenge";
 pub const ACTIVATE_FILE: &str = "/run/banlieue/attest/activate";
 /// The layer's answer.
 pub const ANSWER_FILE: &str = "/run/banlieue/attest/answer";
+/// Where the host writes a sealed payload, before the activate line that names its SHA-256.
+pub const SEALED_FILE: &str = "/run/banlieue/attest/sealed";
+/// Where the guest puts a payload it opened: readable by the claim's login alone (root when
+/// the claim has no access).
+pub const OPENED_FILE: &str = "/run/banlieue/sealed/payload";
+
+/// The longest sealed payload, in base64: 32 KiB of payload and its IV and tag. A secret to
+/// hand over (a token, a key), not a file system.
+pub const MAX_SEALED_LENGTH: usize = 44_000;
 
 /// The longest credential accepted, in base64: an RSA 4096 EK's encrypted seed (512 bytes)
 /// and the identity object fit in well under half of it.
@@ -53,6 +62,13 @@ pub struct HandoverChallenge {
     /// a hash of it and the guest's own SSH host keys.
     #[schemars(length(min = 64, max = 64), regex(pattern = BINDING_PATTERN))]
     pub binding: String,
+    /// A payload sealed to the credential's secret (`banlieue claim seal`: AES-256-CTR and
+    /// HMAC-SHA256 under keys derived from it; base64 of IV, ciphertext and tag). Only the
+    /// TPM that activates the credential can open it; the guest writes it to
+    /// `/run/banlieue/sealed/payload` for the claim's login alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_SEALED_LENGTH), regex(pattern = BASE64_PATTERN))]
+    pub sealed: Option<String>,
 }
 
 impl HandoverChallenge {
@@ -75,7 +91,25 @@ impl HandoverChallenge {
         Ok(hex(&Sha256::digest(self.credential_bytes()?)))
     }
 
-    /// What the host writes to [`ACTIVATE_FILE`] once the credential is in place.
+    /// The sealed payload's bytes, if any, or why they are not base64.
+    pub fn sealed_bytes(&self) -> Result<Option<Vec<u8>>, String> {
+        use base64::Engine;
+        let Some(sealed) = &self.sealed else {
+            return Ok(None);
+        };
+        if sealed.len() > MAX_SEALED_LENGTH {
+            return Err(format!(
+                "the sealed payload is longer than {MAX_SEALED_LENGTH} characters"
+            ));
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(sealed)
+            .map(Some)
+            .map_err(|e| format!("the sealed payload is not base64: {e}"))
+    }
+
+    /// What the host writes to [`ACTIVATE_FILE`] once the credential (and the sealed payload,
+    /// if any) is in place: `DIGEST BINDING`, then the payload's SHA-256 when there is one.
     pub fn activate_line(&self) -> Result<String, String> {
         if self.binding.len() != 64
             || !self
@@ -85,7 +119,11 @@ impl HandoverChallenge {
         {
             return Err("the binding is not a hex SHA-256".into());
         }
-        Ok(format!("{} {}\n", self.digest()?, self.binding))
+        let sealed = match self.sealed_bytes()? {
+            Some(bytes) => format!(" {}", hex(&Sha256::digest(bytes))),
+            None => String::new(),
+        };
+        Ok(format!("{} {}{sealed}\n", self.digest()?, self.binding))
     }
 }
 
@@ -111,10 +149,16 @@ pub struct HandoverAnswer {
     /// The SHA-256 (hex) of the credential answered.
     #[schemars(length(max = 64))]
     pub challenge: String,
-    /// The secret the TPM released (hex), absent when the activation failed.
+    /// Proof that the TPM released the credential's secret: SHA-256 (hex) of
+    /// `banlieue handover proof` and the secret; absent when the activation failed. Never the
+    /// secret itself, which may be a sealed payload's key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub activated: Option<String>,
+    /// Where the guest wrote the sealed payload it opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub opened: Option<String>,
     /// The quote by the attestation key (TPMS_ATTEST, base64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_ANSWER_FIELD_LENGTH))]
@@ -153,8 +197,9 @@ pub enum AnswerError {
 /// The longest answer file read.
 pub const MAX_ANSWER_BYTES: usize = 4 * MAX_ANSWER_FIELD_LENGTH;
 
-/// Reads the guest's answer file: `activated DIGEST SECRET_HEX` or `failed DIGEST WHY` first,
-/// then `quote B64`, `signature B64`, `pcrs B64` and `hostkeys B64` lines. `None` when it answers another
+/// Reads the guest's answer file: `activated DIGEST PROOF_HEX` or `failed DIGEST WHY` first,
+/// then `quote B64`, `signature B64`, `pcrs B64` and `hostkeys B64` lines, and `opened PATH`
+/// for a sealed payload. `None` when it answers another
 /// challenge than `digest` (an older one: the guest has not got to this one yet). Fields are
 /// kept as given (the verifier decodes and checks them), only bounded.
 pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>, AnswerError> {
@@ -200,6 +245,9 @@ pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>
             "signature" => answer.signature = field(value)?,
             "pcrs" => answer.pcr_values = field(value)?,
             "hostkeys" => answer.host_keys = field(value)?,
+            "opened" if value.starts_with('/') && !value.contains(char::is_control) => {
+                answer.opened = Some(bounded(value));
+            }
             _ => return Err(AnswerError::UnknownLine(bounded(line))),
         }
     }
@@ -233,6 +281,7 @@ mod tests {
         HandoverChallenge {
             credential: "AAECAw==".into(),
             binding: "ab".repeat(32),
+            sealed: None,
         }
     }
 
@@ -255,11 +304,23 @@ mod tests {
             ..challenge()
         };
         assert!(not_base64.digest().unwrap_err().contains("not base64"));
+        let sealed = HandoverChallenge {
+            sealed: Some("AAEC".into()),
+            ..challenge()
+        };
+        assert_eq!(
+            sealed.activate_line().unwrap(),
+            format!(
+                "{digest} {} {}\n",
+                "ab".repeat(32),
+                hex(&Sha256::digest([0u8, 1, 2]))
+            )
+        );
     }
 
     #[test]
     fn an_answer_is_this_challenges_or_none() {
-        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\nhostkeys DDDD\n";
+        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\nhostkeys DDDD\nopened /run/banlieue/sealed/payload\n";
         let parsed = parse_answer(answer, "d1").unwrap().unwrap();
         assert_eq!(parsed.challenge, "d1");
         assert_eq!(parsed.activated.as_deref(), Some("0a0b"));
@@ -267,6 +328,7 @@ mod tests {
         assert_eq!(parsed.signature.as_deref(), Some("BBBB"));
         assert_eq!(parsed.pcr_values.as_deref(), Some("CCCC"));
         assert_eq!(parsed.host_keys.as_deref(), Some("DDDD"));
+        assert_eq!(parsed.opened.as_deref(), Some(OPENED_FILE));
         // An older challenge's answer is not this one's.
         assert_eq!(parse_answer(answer, "d2").unwrap(), None);
         let failed = parse_answer(b"failed d2 no TPM\n", "d2").unwrap().unwrap();

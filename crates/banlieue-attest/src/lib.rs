@@ -11,6 +11,8 @@
 //!   key named. The proof that an AK lives in the TPM whose EK certificate was vouched for.
 //! - [`quote`]: a `TPM2_Quote` by that AK checked: its signature, the verifier's own extra
 //!   data in it (fresh, this claim's), and the PCR values it covers.
+//! - [`seal`]: a payload sealed to a credential's secret, so that only the VM whose TPM
+//!   activates it can open it.
 //! - [`verify`]: the whole handover as the subject checks it from its claim: the EK
 //!   certificate's chain to the trust bundle, the challenge, and the answer.
 //!
@@ -20,6 +22,7 @@ pub mod credential;
 pub mod kdf;
 pub mod public;
 pub mod quote;
+pub mod seal;
 pub mod verify;
 
 pub use credential::{Credential, make_credential};

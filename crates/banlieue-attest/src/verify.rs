@@ -54,6 +54,8 @@ pub struct AnswerView {
     pub signature: Option<String>,
     pub pcr_values: Option<String>,
     pub host_keys: Option<String>,
+    /// Where the guest wrote the sealed payload it opened.
+    pub opened: Option<String>,
     pub failure: Option<String>,
 }
 
@@ -82,6 +84,10 @@ pub enum VerifyError {
         "the secret released is not the credential's: the attestation key on the claim is not in the TPM whose EK certificate the claim carries"
     )]
     NotActivated,
+    #[error("the guest did not say where it put the sealed payload")]
+    NotOpened,
+    #[error("the payload cannot be sealed: {0}")]
+    Seal(crate::seal::SealError),
     #[error("the answer cannot be read: {0}")]
     Malformed(String),
     #[error("quote: {0}")]
@@ -97,6 +103,8 @@ pub struct Challenge {
     credential: Vec<u8>,
     binding: [u8; 32],
     secret: [u8; 32],
+    /// A payload sealed to the secret, for the guest to open.
+    sealed: Option<Vec<u8>>,
     ak: Public,
     host_keys: Vec<String>,
     steps: Vec<String>,
@@ -119,6 +127,8 @@ pub struct Verified {
     pub pcr_values: Vec<Vec<u8>>,
     /// The TPM's reset count at the quote: a verifier can tell a TPM reset between quotes.
     pub reset_count: u32,
+    /// Where the guest put the sealed payload, for a sealing challenge.
+    pub opened: Option<String>,
     /// Each check, in words.
     pub steps: Vec<String>,
 }
@@ -131,6 +141,29 @@ impl Challenge {
         claim: &ClaimView,
         trust_bundle: &str,
         now: SystemTime,
+        rng: &mut impl CryptoRngCore,
+    ) -> Result<Challenge, VerifyError> {
+        Challenge::make(claim, trust_bundle, now, None, rng)
+    }
+
+    /// As [`Challenge::new`], with `payload` sealed to the credential's secret: only the TPM
+    /// that activates the credential, that of the certified EK holding the claimed AK, can
+    /// give the guest the key that opens it.
+    pub fn sealing(
+        claim: &ClaimView,
+        trust_bundle: &str,
+        now: SystemTime,
+        payload: &[u8],
+        rng: &mut impl CryptoRngCore,
+    ) -> Result<Challenge, VerifyError> {
+        Challenge::make(claim, trust_bundle, now, Some(payload), rng)
+    }
+
+    fn make(
+        claim: &ClaimView,
+        trust_bundle: &str,
+        now: SystemTime,
+        payload: Option<&[u8]>,
         rng: &mut impl CryptoRngCore,
     ) -> Result<Challenge, VerifyError> {
         let mut steps = Vec::new();
@@ -174,6 +207,19 @@ impl Challenge {
         let binding = binding(&nonce, &claim.uid, &subject);
         let mut secret = [0u8; 32];
         rng.fill_bytes(&mut secret);
+        let sealed = match payload {
+            None => None,
+            Some(payload) => {
+                let mut iv = [0u8; 16];
+                rng.fill_bytes(&mut iv);
+                let sealed = crate::seal::seal(&secret, payload, iv).map_err(VerifyError::Seal)?;
+                steps.push(format!(
+                    "sealed: {} bytes to the credential's secret (AES-256-CTR, HMAC-SHA256)",
+                    payload.len()
+                ));
+                Some(sealed)
+            }
+        };
         let credential = make_credential(&ek, &ak.name(), &secret, rng)
             .map_err(|e| VerifyError::Certificate(format!("no credential for its key: {e}")))?
             .tpm2_tools_file();
@@ -185,6 +231,7 @@ impl Challenge {
             credential,
             binding,
             secret,
+            sealed,
             ak,
             host_keys: claim.ssh_host_keys.clone(),
             steps,
@@ -195,6 +242,13 @@ impl Challenge {
     pub fn credential_base64(&self) -> String {
         use base64::Engine;
         base64::engine::general_purpose::STANDARD.encode(&self.credential)
+    }
+
+    /// The sealed payload, base64, for `spec.handover.sealed`.
+    pub fn sealed_base64(&self) -> Option<String> {
+        use base64::Engine;
+        let sealed = self.sealed.as_ref()?;
+        Some(base64::engine::general_purpose::STANDARD.encode(sealed))
     }
 
     /// The binding, hex, for `spec.handover.binding`.
@@ -222,8 +276,9 @@ impl Challenge {
             return Err(VerifyError::Refused(why.clone()));
         }
         let released = answer.activated.as_deref().unwrap_or_default();
-        // Compared whole: a released secret is as long as ours or it is not ours.
-        if !bool::from(subtle_eq(released.as_bytes(), hex(&self.secret).as_bytes())) {
+        // Compared whole: a proof is as long as ours or it is not ours.
+        let proof = crate::seal::proof(&self.secret);
+        if !bool::from(subtle_eq(released.as_bytes(), proof.as_bytes())) {
             return Err(VerifyError::NotActivated);
         }
         steps.push(
@@ -273,9 +328,20 @@ impl Challenge {
             "host keys: the claim's {} SSH host key(s) are those the quoted guest holds",
             claimed.len()
         ));
+        let opened = match &self.sealed {
+            None => None,
+            Some(_) => {
+                let opened = answer.opened.clone().ok_or(VerifyError::NotOpened)?;
+                steps.push(format!(
+                    "sealed payload: opened by the verified guest, at {opened}"
+                ));
+                Some(opened)
+            }
+        };
         Ok(Verified {
             pcr_values,
             reset_count: quote.reset_count,
+            opened,
             steps,
         })
     }

@@ -399,13 +399,22 @@ fn ek_certificate(tpm: &Swtpm, dir: &std::path::Path, name: &str) -> Result<(Str
     ))
 }
 
-/// This TPM as an honest guest: activates the challenge and quotes over the binding and its
-/// host keys, as the guest layer does; the answer as the claim would show it.
+/// This TPM as an honest guest: activates the challenge, opens its sealed payload if any, and
+/// quotes over the binding and its host keys, as the guest layer does; the answer as the claim
+/// would show it, and the payload opened.
 fn guest_answers(
     tpm: &Swtpm,
     challenge: &banlieue_attest::Challenge,
     guest_keys: &[String],
 ) -> Result<banlieue_attest::AnswerView> {
+    Ok(guest_opens(tpm, challenge, guest_keys)?.0)
+}
+
+fn guest_opens(
+    tpm: &Swtpm,
+    challenge: &banlieue_attest::Challenge,
+    guest_keys: &[String],
+) -> Result<(banlieue_attest::AnswerView, Option<Vec<u8>>)> {
     use base64::Engine;
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     let file = base64::engine::general_purpose::STANDARD.decode(challenge.credential_base64())?;
@@ -420,15 +429,26 @@ fn guest_answers(
     let mut keys = guest_keys.to_vec();
     keys.sort();
     let keys_file: String = keys.iter().map(|k| format!("{k}\n")).collect();
-    Ok(banlieue_attest::AnswerView {
+    let payload = match challenge.sealed_base64() {
+        Some(sealed) => Some(banlieue_attest::seal::open(
+            &secret,
+            &base64::engine::general_purpose::STANDARD.decode(sealed)?,
+        )?),
+        None => None,
+    };
+    let answer = banlieue_attest::AnswerView {
         challenge: challenge.digest(),
-        activated: Some(secret.iter().map(|b| format!("{b:02x}")).collect()),
+        activated: Some(banlieue_attest::seal::proof(&secret)),
         quote: Some(b64(&quoted.attest)),
         signature: Some(b64(&quoted.signature)),
         pcr_values: Some(b64(&quoted.pcrs.concat())),
         host_keys: Some(b64(keys_file.as_bytes())),
+        opened: payload
+            .as_ref()
+            .map(|_| "/run/banlieue/sealed/payload".to_owned()),
         failure: None,
-    })
+    };
+    Ok((answer, payload))
 }
 
 #[test]
@@ -542,6 +562,33 @@ fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result
         challenge.check(&doctored),
         Err(VerifyError::Quote(QuoteError::WrongExtraData))
     );
+
+    // A sealed payload: only this TPM recovers the key that opens it; the answer proves the
+    // activation without giving the key away; the sealed bytes show nothing of it.
+    let token = b"deploy token 6f1c2e: for alice's sandbox alone";
+    let sealing = Challenge::sealing(&claim, &bundle, now, token, &mut OsRng)?;
+    let sealed = base64::engine::general_purpose::STANDARD
+        .decode(sealing.sealed_base64().ok_or("sealed")?)?;
+    assert!(!sealed.windows(11).any(|w| w == b"deploy toke"));
+    let (answer, opened) = guest_opens(&tpm, &sealing, &host_keys)?;
+    assert_eq!(opened.as_deref(), Some(&token[..]));
+    assert!(
+        sealing
+            .check(&answer)?
+            .steps
+            .iter()
+            .any(|s| s.starts_with("sealed payload: opened"))
+    );
+    let file = base64::engine::general_purpose::STANDARD.decode(sealing.credential_base64())?;
+    assert!(
+        elsewhere.activate_file(&file).is_err(),
+        "another TPM opened the credential that carries the payload's key"
+    );
+    let silent = banlieue_attest::AnswerView {
+        opened: None,
+        ..answer
+    };
+    assert_eq!(sealing.check(&silent), Err(VerifyError::NotOpened));
 
     // An answer to another challenge is not this one's.
     let other = Challenge::new(&claim, &bundle, now, &mut OsRng)?;

@@ -53,6 +53,7 @@ mod tests {
         HandoverChallenge {
             credential: credential.into(),
             binding: "0".repeat(64),
+            sealed: None,
         }
     }
 

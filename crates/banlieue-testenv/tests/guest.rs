@@ -37,6 +37,9 @@ const ATTEST_AK: &str = "/run/banlieue/attest/ak.pub";
 const ATTEST_CHALLENGE: &str = "/run/banlieue/attest/challenge";
 const ATTEST_ACTIVATE: &str = "/run/banlieue/attest/activate";
 const ATTEST_ANSWER: &str = "/run/banlieue/attest/answer";
+const ATTEST_SEALED: &str = "/run/banlieue/attest/sealed";
+/// Where the layer opens a sealed payload.
+const SEALED_PAYLOAD: &str = "/run/banlieue/sealed/payload";
 
 /// The domain both tests boot, as the provider would define it; `boot_order` and the CD-ROMs
 /// (install medium first, then the seed) are what a Deferred machine adds.
@@ -324,9 +327,10 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
     };
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     ensure!(
-        answer.split_whitespace().nth(2) == Some(hex.as_str()),
-        "the guest answered {answer:?}, not the secret"
+        answer.split_whitespace().nth(2) == Some(banlieue_attest::seal::proof(&secret).as_str()),
+        "the guest answered {answer:?}, not the proof of the secret"
     );
+    ensure!(!answer.contains(&hex), "the answer gives the secret away");
     let pcrs: Vec<Vec<u8>> = field("pcrs")?.chunks(32).map(<[u8]>::to_vec).collect();
     ensure!(pcrs.len() == 8, "{} PCR values, not PCRs 0-7", pcrs.len());
     // The guest hashed its own host keys into the quote: those it published.
@@ -347,6 +351,61 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
     ensure!(quote.pcr_selection.len() == 1, "{:?}", quote.pcr_selection);
     eprintln!("credential activated and quoted in the guest {relayed:.1?} after the relay");
 
+    // A payload sealed to a new credential's secret: the layer opens it for the login the
+    // access step installed keys for, alone; one flipped byte and it refuses it.
+    let payload = format!("deploy token for {name}: {}", hex);
+    OsRng.fill_bytes(&mut secret);
+    let mut iv = [0u8; 16];
+    OsRng.fill_bytes(&mut iv);
+    let sealed = banlieue_attest::seal::seal(&secret, payload.as_bytes(), iv)?;
+    let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
+    let answer = challenge_sealed(
+        daemon,
+        name,
+        &credential.tpm2_tools_file(),
+        &binding,
+        Some(&sealed),
+    )
+    .await?;
+    ensure!(
+        answer
+            .lines()
+            .any(|l| l == format!("opened {SEALED_PAYLOAD}")),
+        "the sealed payload was not opened: {answer:?}"
+    );
+    ensure!(
+        guest_agent::read_text(daemon, name, SEALED_PAYLOAD).await? == payload,
+        "{SEALED_PAYLOAD} is not the payload"
+    );
+    let mode = guest_agent::run(
+        daemon,
+        name,
+        "/usr/bin/stat",
+        &["-c", "%a %U", SEALED_PAYLOAD],
+    )
+    .await?;
+    let mode = String::from_utf8_lossy(&mode);
+    ensure!(
+        mode.trim() == format!("600 {ACCESS_USER}"),
+        "{SEALED_PAYLOAD} is {mode:?}, not the login's alone"
+    );
+    let mut flipped = sealed.clone();
+    flipped[20] ^= 1;
+    OsRng.fill_bytes(&mut secret);
+    let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
+    let answer = challenge_sealed(
+        daemon,
+        name,
+        &credential.tpm2_tools_file(),
+        &binding,
+        Some(&flipped),
+    )
+    .await?;
+    ensure!(
+        answer.starts_with("failed ") && answer.contains("MAC does not match"),
+        "a flipped byte: {answer:?}"
+    );
+
     // Made for another key (the EK's own Name): the TPM will not release it to the AK.
     let elsewhere = make_credential(&ek, &ek.name(), &secret, &mut OsRng)?;
     let answer = challenge(daemon, name, &elsewhere.tpm2_tools_file(), &binding).await?;
@@ -361,14 +420,30 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 /// SHA-256 and the subject's binding) and waits for the layer's answer about these very
 /// bytes.
 async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], binding: &[u8]) -> Result<String> {
+    challenge_sealed(daemon, name, file, binding, None).await
+}
+
+/// As [`challenge`], with a sealed payload written to attest/sealed and named third.
+async fn challenge_sealed(
+    daemon: &Libvirtd,
+    name: &str,
+    file: &[u8],
+    binding: &[u8],
+    sealed: Option<&[u8]>,
+) -> Result<String> {
     let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
     let digest = hex(&Sha256::digest(file));
     guest_agent::write_file(daemon, name, ATTEST_CHALLENGE, file).await?;
+    let mut line = format!("{digest} {}", hex(binding));
+    if let Some(sealed) = sealed {
+        guest_agent::write_file(daemon, name, ATTEST_SEALED, sealed).await?;
+        line = format!("{line} {}", hex(&Sha256::digest(sealed)));
+    }
     guest_agent::write_file(
         daemon,
         name,
         ATTEST_ACTIVATE,
-        format!("{digest} {}\n", hex(binding)).as_bytes(),
+        format!("{line}\n").as_bytes(),
     )
     .await?;
     let started = Instant::now();

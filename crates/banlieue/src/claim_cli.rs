@@ -545,6 +545,21 @@ pub enum ClaimAction {
         #[arg(long, value_parser = parse_duration, default_value = "1m")]
         timeout: Duration,
     },
+    /// Hand the claim's VM a secret only it can open: the payload of FILE is sealed to a
+    /// challenge as `verify` makes it, and the verified guest's TPM alone releases the key;
+    /// the guest puts it at /run/banlieue/sealed/payload, for the claim's login alone.
+    Seal {
+        name: String,
+        /// The payload (at most 32 KiB): a token, a key.
+        #[arg(long, value_name = "FILE")]
+        from_file: std::path::PathBuf,
+        /// The EK trust bundle (as for `verify`).
+        #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
+        trust_bundle: std::path::PathBuf,
+        /// How long to wait for the VM's answer.
+        #[arg(long, value_parser = parse_duration, default_value = "1m")]
+        timeout: Duration,
+    },
     /// Log in to a claim's member with the system `ssh` (or run COMMAND there), once `verify`
     /// proved the VM, with the member's host keys pinned from the claim's
     /// `status.sshHostKeys`: no host is trusted on first use.
@@ -801,6 +816,24 @@ pub async fn run(command: ClaimCommand) -> Result<(), CliError> {
             crate::claim_verify::verify(&client, &namespace, &name, &bundle, timeout, &mut log)
                 .await?;
             writeln!(out, "virtualmachineclaim.banlieue.io/{name} verified")?;
+        }
+        ClaimAction::Seal {
+            name,
+            from_file,
+            trust_bundle,
+            timeout,
+        } => {
+            let bundle = crate::claim_verify::read_trust_bundle(&trust_bundle)?;
+            let payload = crate::claim_verify::read_payload(&from_file)?;
+            let (_, verified) = crate::claim_verify::seal(
+                &client, &namespace, &name, &bundle, &payload, timeout, &mut log,
+            )
+            .await?;
+            let opened = verified.opened.unwrap_or_default();
+            writeln!(
+                out,
+                "virtualmachineclaim.banlieue.io/{name} sealed payload opened at {opened}"
+            )?;
         }
         ClaimAction::Ssh {
             name,

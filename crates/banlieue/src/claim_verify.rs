@@ -36,6 +36,20 @@ pub fn read_trust_bundle(path: &Path) -> Result<String, CliError> {
     std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))
 }
 
+/// The payload at `path`, for `seal`: at most banlieue-attest's limit.
+pub fn read_payload(path: &Path) -> Result<Vec<u8>, CliError> {
+    let invalid = |why: String| CliError::Invalid(format!("{}: {why}", path.display()));
+    let metadata = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    let limit = banlieue_attest::seal::MAX_PAYLOAD_BYTES;
+    if metadata.len() > limit as u64 {
+        return Err(invalid(format!(
+            "{} bytes: a sealed payload is at most {limit} bytes",
+            metadata.len()
+        )));
+    }
+    std::fs::read(path).map_err(|e| invalid(e.to_string()))
+}
+
 /// What the claim shows, for the verifier.
 pub fn claim_view(claim: &VirtualMachineClaim) -> ClaimView {
     let status = claim.status.clone().unwrap_or_default();
@@ -65,6 +79,7 @@ fn answer_view(claim: &VirtualMachineClaim) -> Option<AnswerView> {
         signature: answer.signature,
         pcr_values: answer.pcr_values,
         host_keys: answer.host_keys,
+        opened: answer.opened,
         failure: answer.failure,
     })
 }
@@ -81,6 +96,42 @@ pub async fn verify(
     timeout: Duration,
     log: &mut impl Write,
 ) -> Result<(VirtualMachineClaim, Verified), CliError> {
+    hand_over(client, namespace, name, trust_bundle, None, timeout, log).await
+}
+
+/// `banlieue claim seal`: as [`verify`], with `payload` sealed to the challenge's secret, so
+/// that only the verified VM's TPM can give its guest the key that opens it; the guest puts
+/// it where the answer says (`/run/banlieue/sealed/payload`, for the claim's login alone).
+pub async fn seal(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    trust_bundle: &str,
+    payload: &[u8],
+    timeout: Duration,
+    log: &mut impl Write,
+) -> Result<(VirtualMachineClaim, Verified), CliError> {
+    hand_over(
+        client,
+        namespace,
+        name,
+        trust_bundle,
+        Some(payload),
+        timeout,
+        log,
+    )
+    .await
+}
+
+async fn hand_over(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    trust_bundle: &str,
+    payload: Option<&[u8]>,
+    timeout: Duration,
+    log: &mut impl Write,
+) -> Result<(VirtualMachineClaim, Verified), CliError> {
     let claims: Api<VirtualMachineClaim> = Api::namespaced(client.clone(), namespace);
     let claim = claims.get(name).await.map_err(CliError::from_kube)?;
     let phase = claim.status.as_ref().and_then(|s| s.phase);
@@ -91,12 +142,12 @@ pub async fn verify(
         )));
     }
     let started = Instant::now();
-    let challenge = Challenge::new(
-        &claim_view(&claim),
-        trust_bundle,
-        SystemTime::now(),
-        &mut OsRng,
-    )
+    let view = claim_view(&claim);
+    let now = SystemTime::now();
+    let challenge = match payload {
+        None => Challenge::new(&view, trust_bundle, now, &mut OsRng),
+        Some(payload) => Challenge::sealing(&view, trust_bundle, now, payload, &mut OsRng),
+    }
     .map_err(|e| CliError::Refused(format!("claim {name}: not verified: {e}")))?;
     for step in challenge.steps() {
         writeln!(log, "  ok  {step}")?;
@@ -104,6 +155,7 @@ pub async fn verify(
     let handover = HandoverChallenge {
         credential: challenge.credential_base64(),
         binding: challenge.binding_hex(),
+        sealed: challenge.sealed_base64(),
     };
     claims
         .patch(

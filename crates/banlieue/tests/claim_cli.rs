@@ -251,6 +251,29 @@ async fn run(
         )),
         "{line}"
     );
+    // Nor is a secret sealed to a VM that cannot prove itself.
+    let payload = tempfile::NamedTempFile::new()?;
+    std::fs::write(payload.path(), "a token")?;
+    let line = refusal(
+        &claim_cli(
+            alice,
+            &[
+                "seal",
+                &keyed_name,
+                "--from-file",
+                &payload.path().display().to_string(),
+                "--trust-bundle",
+                &bundle.path().display().to_string(),
+            ],
+        )
+        .await,
+    );
+    assert!(
+        line.contains(&format!(
+            "claim {keyed_name}: not verified: the claim carries no EK"
+        )),
+        "{line}"
+    );
     let released = claim_cli(
         alice,
         &["release", &keyed_name, "--wait", "--timeout", &timeout],

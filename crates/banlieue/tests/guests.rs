@@ -1264,6 +1264,23 @@ async fn claim_ssh(
     trust_bundle: Option<&std::path::Path>,
     args: &[&str],
 ) -> Result<std::process::Output, BoxError> {
+    let key = key.display().to_string();
+    let bundle = trust_bundle.map(|b| b.display().to_string());
+    let mut line = vec!["ssh", name, "-i", &key];
+    match &bundle {
+        Some(bundle) => line.extend(["--trust-bundle", bundle]),
+        None => line.push("--no-verify"),
+    }
+    line.push("--");
+    line.extend(args);
+    claim_cli_as_alice(control_plane, &line).await
+}
+
+/// `banlieue claim -n SYSTEM_NAMESPACE ARGS` as alice, with alice's own kubeconfig.
+async fn claim_cli_as_alice(
+    control_plane: &ControlPlane,
+    args: &[&str],
+) -> Result<std::process::Output, BoxError> {
     let kubeconfig = control_plane
         .kubeconfig(objects::CLAIMANT)
         .ok_or("alice's kubeconfig")?
@@ -1271,17 +1288,114 @@ async fn claim_ssh(
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_banlieue"));
     command
         .env("KUBECONFIG", kubeconfig)
-        .args(["claim", "-n", SYSTEM_NAMESPACE, "ssh", name, "-i"])
-        .arg(key);
-    match trust_bundle {
-        Some(bundle) => command.arg("--trust-bundle").arg(bundle),
-        None => command.arg("--no-verify"),
-    };
-    command
-        .arg("--")
+        .env_remove("BANLIEUE_EK_TRUST_BUNDLE")
+        .args(["claim", "-n", SYSTEM_NAMESPACE])
         .args(args)
         .stdin(std::process::Stdio::null());
     Ok(tokio::task::spawn_blocking(move || command.output()).await??)
+}
+
+/// A secret only alice's VM can open (ADR-0077): sealed by her with `banlieue claim seal`,
+/// opened by her verified guest for her login alone, and nowhere in the API server's store,
+/// where the sealed bytes are (read from etcd's own files: its WAL and database).
+async fn check_seal(
+    control_plane: &ControlPlane,
+    libvirtd: &Libvirtd,
+    name: &str,
+    domain: &str,
+    bundle: &std::path::Path,
+) -> Result<(), BoxError> {
+    use banlieue_attest::rand_core::{OsRng, RngCore};
+    let mut nonce = [0u8; 12];
+    OsRng.fill_bytes(&mut nonce);
+    let token = format!("alice's deploy token {}", hex(&nonce));
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), &token)?;
+    let file_arg = file.path().display().to_string();
+    let bundle_arg = bundle.display().to_string();
+    let sealed = claim_cli_as_alice(
+        control_plane,
+        &[
+            "seal",
+            name,
+            "--from-file",
+            &file_arg,
+            "--trust-bundle",
+            &bundle_arg,
+        ],
+    )
+    .await?;
+    let said = String::from_utf8_lossy(&sealed.stderr);
+    assert!(sealed.status.success(), "banlieue claim seal: {said}");
+    assert!(
+        String::from_utf8_lossy(&sealed.stdout)
+            .contains("sealed payload opened at /run/banlieue/sealed/payload"),
+        "{}",
+        String::from_utf8_lossy(&sealed.stdout)
+    );
+    assert!(
+        said.contains("ok  sealed payload: opened by the verified guest"),
+        "{said}"
+    );
+    let opened = guest_agent::read_text(libvirtd, domain, "/run/banlieue/sealed/payload").await?;
+    assert_eq!(opened, token, "the payload her guest opened");
+    let mode = guest_agent::run(
+        libvirtd,
+        domain,
+        "/usr/bin/stat",
+        &["-c", "%a %U", "/run/banlieue/sealed/payload"],
+    )
+    .await?;
+    assert_eq!(String::from_utf8_lossy(&mode).trim(), "600 alice");
+
+    let store = control_plane
+        .state_dir()
+        .ok_or("a local control plane")?
+        .join("etcd");
+    let stored = claims_sealed(control_plane, name).await?;
+    let (mut sealed_seen, mut token_seen) = (false, false);
+    for path in files_under(&store)? {
+        let bytes = std::fs::read(&path)?;
+        sealed_seen |= contains(&bytes, stored.as_bytes());
+        token_seen |= contains(&bytes, token.as_bytes());
+    }
+    assert!(
+        sealed_seen,
+        "the sealed bytes are not in {}: the wrong store",
+        store.display()
+    );
+    assert!(!token_seen, "alice's payload is in the API server's store");
+    Ok(())
+}
+
+/// The claim's `spec.handover.sealed`, as the API server stores it.
+async fn claims_sealed(control_plane: &ControlPlane, name: &str) -> Result<String, BoxError> {
+    let claims: Api<VirtualMachineClaim> =
+        Api::namespaced(control_plane.client()?, SYSTEM_NAMESPACE);
+    Ok(claims
+        .get(name)
+        .await?
+        .spec
+        .handover
+        .and_then(|h| h.sealed)
+        .ok_or("no sealed payload on the claim")?)
+}
+
+fn files_under(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, BoxError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(files_under(&path)?);
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The claim's keys in its guest: the claim names the login and the guest's own host key;
@@ -1345,6 +1459,8 @@ async fn check_access(
             .is_some(),
         "the relayed answer is on the claim"
     );
+
+    check_seal(control_plane, libvirtd, name, &domain, bundle.path()).await?;
 
     let refused = claim_ssh(control_plane, name, bob_key, None, &["true"]).await?;
     assert!(

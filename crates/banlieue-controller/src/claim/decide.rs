@@ -675,6 +675,7 @@ mod tests {
         let challenge = |credential: &str| banlieue_api::handover::HandoverChallenge {
             credential: credential.into(),
             binding: "0".repeat(64),
+            sealed: None,
         };
         let mut claim: VirtualMachineClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "banlieue.io/v1alpha1", "kind": "VirtualMachineClaim",

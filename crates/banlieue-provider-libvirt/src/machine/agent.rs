@@ -178,7 +178,8 @@ pub(super) async fn read_attestation_key(
 }
 
 /// Relays the subject's challenge to a ready guest: writes the credential to
-/// [`handover::CHALLENGE_FILE`] and the line that starts its activation to
+/// [`handover::CHALLENGE_FILE`], a sealed payload to [`handover::SEALED_FILE`], and the line
+/// that starts its activation to
 /// [`handover::ACTIVATE_FILE`] unless the layer already answered this very challenge, then
 /// reads [`handover::ANSWER_FILE`] until the layer answers it, [`HANDOVER_ANSWER_WAIT`]
 /// passes or `until` comes. Nothing in the answer is checked but its bounds: the subject
@@ -189,12 +190,13 @@ pub(super) async fn relay_handover(
     calls: &Counter,
     until: Instant,
 ) -> HandoverSight {
-    let (credential, digest, line) = match (
+    let (credential, digest, line, sealed) = match (
         challenge.credential_bytes(),
         challenge.digest(),
         challenge.activate_line(),
+        challenge.sealed_bytes(),
     ) {
-        (Ok(credential), Ok(digest), Ok(line)) => (credential, digest, line),
+        (Ok(credential), Ok(digest), Ok(line), Ok(sealed)) => (credential, digest, line, sealed),
         // [`banlieue_provider_kit::handover::unrelayable`] answers these without the guest.
         _ => return HandoverSight::Pending("the challenge is malformed".into()),
     };
@@ -204,6 +206,9 @@ pub(super) async fn relay_handover(
             return Ok::<_, String>(answer);
         }
         write_file(agent, handover::CHALLENGE_FILE, &credential, calls).await?;
+        if let Some(sealed) = &sealed {
+            write_file(agent, handover::SEALED_FILE, sealed, calls).await?;
+        }
         write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
         loop {
             match read_answer(agent, &digest, calls).await? {
@@ -657,6 +662,7 @@ mod tests {
         HandoverChallenge {
             credential: "AAECAw==".into(),
             binding: "ab".repeat(32),
+            sealed: None,
         }
     }
 
