@@ -349,6 +349,11 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
         Some(&pcrs),
     )?;
     ensure!(quote.pcr_selection.len() == 1, "{:?}", quote.pcr_selection);
+    // What a boot of the test image measures, for docs/performance.md's comparison of boots.
+    for (index, value) in pcrs.iter().enumerate() {
+        let value: String = value.iter().map(|b| format!("{b:02x}")).collect();
+        eprintln!("PCR {index} (sha256) after boot: {value}");
+    }
     eprintln!("credential activated and quoted in the guest {relayed:.1?} after the relay");
 
     // A payload sealed to a new credential's secret: the layer opens it for the login the
