@@ -65,8 +65,9 @@ const NOT_RUN_HERE: &[(&str, &str)] = &[
         "banlieue claim ",
         "the guide's commands run here as the cluster's administrator, and a claim is its \
          subject's own: tests/claim_cli.rs runs these as the claimant, with her own kubeconfig; \
-         `claim ssh` needs a guest with sshd, and runs against the test guest in tests/guests.rs \
-         and in `dev up` (scripts/run), which prints the line and runs it once",
+         `claim verify`, `ssh` and `seal` need a guest with a vTPM and sshd, and run against the \
+         test guest in tests/guests.rs, and `ssh` in `dev up` (scripts/run), which prints the \
+         line and runs it once",
     ),
 ];
 /// The VMImage of examples/10 and the build namespace its import Jobs run in.
