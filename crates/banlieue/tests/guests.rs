@@ -1446,6 +1446,9 @@ async fn check_access(
     ] {
         assert!(said.contains(step), "{step:?} not in:\n{said}");
     }
+    if let Some(line) = said.lines().find(|l| l.contains(": verified in ")) {
+        eprintln!("banlieue claim ssh as alice: {line}");
+    }
     let answered = claims
         .get(name)
         .await?
