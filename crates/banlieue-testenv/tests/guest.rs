@@ -363,15 +363,14 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
     let mut iv = [0u8; 16];
     OsRng.fill_bytes(&mut iv);
     let sealed = banlieue_attest::seal::seal(&secret, payload.as_bytes(), iv)?;
-    let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
-    let answer = challenge_sealed(
-        daemon,
-        name,
-        &credential.tpm2_tools_file(),
-        &binding,
-        Some(&sealed),
-    )
-    .await?;
+    let relay = |sealed: Vec<u8>, secret: [u8; 32]| {
+        let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng);
+        async move {
+            let file = credential?.tpm2_tools_file();
+            challenge_sealed(daemon, name, &file, &binding, Some(&sealed)).await
+        }
+    };
+    let answer = relay(sealed.clone(), secret).await?;
     ensure!(
         answer
             .lines()
@@ -397,15 +396,7 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
     let mut flipped = sealed.clone();
     flipped[20] ^= 1;
     OsRng.fill_bytes(&mut secret);
-    let credential = make_credential(&ek, &ak.name(), &secret, &mut OsRng)?;
-    let answer = challenge_sealed(
-        daemon,
-        name,
-        &credential.tpm2_tools_file(),
-        &binding,
-        Some(&flipped),
-    )
-    .await?;
+    let answer = relay(flipped, secret).await?;
     ensure!(
         answer.starts_with("failed ") && answer.contains("MAC does not match"),
         "a flipped byte: {answer:?}"
