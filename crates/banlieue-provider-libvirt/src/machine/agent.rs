@@ -179,10 +179,10 @@ pub(super) async fn read_attestation_key(
 
 /// Relays the subject's challenge to a ready guest: writes the credential to
 /// [`handover::CHALLENGE_FILE`], a sealed payload to [`handover::SEALED_FILE`], and the line
-/// that starts its activation to
-/// [`handover::ACTIVATE_FILE`] unless the layer already answered this very challenge, then
-/// reads [`handover::ANSWER_FILE`] until the layer answers it, [`HANDOVER_ANSWER_WAIT`]
-/// passes or `until` comes. Nothing in the answer is checked but its bounds: the subject
+/// that starts its activation to [`handover::ACTIVATE_FILE`], unless the layer already
+/// answered this very challenge or that line is there already (a relay an earlier reconcile
+/// stopped waiting for is not started over); then reads [`handover::ANSWER_FILE`] until the
+/// layer answers it, [`HANDOVER_ANSWER_WAIT`] passes or `until` comes. Nothing in the answer is checked but its bounds: the subject
 /// checks it.
 pub(super) async fn relay_handover(
     agent: &impl AgentChannel,
@@ -205,11 +205,16 @@ pub(super) async fn relay_handover(
         if let Some(answer) = read_answer(agent, &digest, calls).await? {
             return Ok::<_, String>(answer);
         }
-        write_file(agent, handover::CHALLENGE_FILE, &credential, calls).await?;
-        if let Some(sealed) = &sealed {
-            write_file(agent, handover::SEALED_FILE, sealed, calls).await?;
+        // Relayed already, by an earlier reconcile that stopped waiting: the guest is at it,
+        // and writing again would only start it over.
+        let asked = read_file(agent, handover::ACTIVATE_FILE, calls).await?;
+        if asked.as_deref() != Some(line.as_bytes()) {
+            write_file(agent, handover::CHALLENGE_FILE, &credential, calls).await?;
+            if let Some(sealed) = &sealed {
+                write_file(agent, handover::SEALED_FILE, sealed, calls).await?;
+            }
+            write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
         }
-        write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
         loop {
             match read_answer(agent, &digest, calls).await? {
                 Some(answer) => return Ok(answer),
@@ -692,6 +697,20 @@ mod tests {
         let writes = *guest.writes.borrow();
         relay_handover(&guest, &challenge(), &Counter::default(), far()).await;
         assert_eq!(*guest.writes.borrow(), writes);
+    }
+
+    #[tokio::test]
+    async fn a_relay_the_guest_is_still_working_on_is_not_written_again() {
+        // The last reconcile wrote the challenge and stopped waiting; the guest is at it.
+        let busy = Layer::new(|_| None);
+        busy.files.borrow_mut().insert(
+            handover::ACTIVATE_FILE.into(),
+            challenge().activate_line().unwrap().into_bytes(),
+        );
+        let until = Instant::now() + Duration::from_millis(300);
+        let sight = relay_handover(&busy, &challenge(), &Counter::default(), until).await;
+        assert!(matches!(sight, HandoverSight::Pending(_)), "{sight:?}");
+        assert_eq!(*busy.writes.borrow(), 0, "the challenge was written again");
     }
 
     #[tokio::test]
