@@ -148,8 +148,33 @@ impl Guest {
     }
 
     /// The tools `activate` runs: the TPM releases `secret` for a challenge file holding
-    /// "for this ak", and refuses anything else as a TPM would.
+    /// "for this ak", and refuses anything else as a TPM would; the quote's tools write their
+    /// files (the quote carries the extra data it was given, so a test can read it back).
     fn fake_activation(&self, secret: &[u8]) -> Result<()> {
+        let dir = self.dir.path().display().to_string();
+        self.fake(
+            "tpm2_quote",
+            &format!(
+                "echo \"$*\" >>{dir}/tpm2_quote.log\n\
+                 while [ $# -gt 1 ]; do\n\
+                 case $1 in -q) extra=$2 ;; -m) msg=$2 ;; -s) sig=$2 ;; esac\n\
+                 shift\n\
+                 done\n\
+                 printf 'quote over %s' \"$extra\" >\"$msg\"\n\
+                 printf 'signature' >\"$sig\"\n"
+            ),
+        )?;
+        self.fake(
+            "tpm2_pcrread",
+            &format!(
+                "echo \"$*\" >>{dir}/tpm2_pcrread.log\n\
+                 printf 'pcr values' >\"$3\"\n"
+            ),
+        )?;
+        self.fake_release(secret)
+    }
+
+    fn fake_release(&self, secret: &[u8]) -> Result<()> {
         fs::write(self.dir.path().join("secret"), secret)?;
         let dir = self.dir.path().display().to_string();
         for tool in [
@@ -394,32 +419,49 @@ fn finish_is_failed_when_no_attestation_key_can_be_made() -> Result<()> {
 
 #[test]
 fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()> {
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     let mut guest = Guest::new()?;
     guest.fake_tpm(b"der")?;
     guest.ok(&["finish"])?;
-    guest.fake_activation(&[0xde, 0xad, 0x01])?;
+    let secret = [0xde, 0xad, 0x01];
+    guest.fake_activation(&secret)?;
     let attest = guest.layer().join("attest");
     let challenge = b"for this ak";
+    let binding = "ab".repeat(32);
+    let digest = sha256_hex(challenge);
     fs::write(attest.join("challenge"), challenge)?;
-    fs::write(
-        attest.join("activate"),
-        format!("{}\n", sha256_hex(challenge)),
-    )?;
+    fs::write(attest.join("activate"), format!("{digest} {binding}\n"))?;
     let out = guest.ok(&["activate"])?;
     ensure!(
-        out == "banlieue-guest-phase: activated the host's credential\n",
+        out == "banlieue-guest-phase: activated the host's credential and quoted \
+                sha256:0,1,2,3,4,5,6,7\n",
         "{out}"
     );
+    // The proof of the secret, never the secret; the quote over the guest's own extra data
+    // (this guest has no host keys: the header and the binding alone).
     let answer = fs::read_to_string(attest.join("answer"))?;
+    let proof = banlieue_attest::seal::proof(&secret);
+    let extra = sha256_hex(format!("banlieue handover v1\nbinding {binding}\n").as_bytes());
     ensure!(
-        answer == format!("activated {} dead01\n", sha256_hex(challenge)),
+        answer
+            == format!(
+                "activated {digest} {proof}\nquote {}\nsignature {}\npcrs {}\nhostkeys \n",
+                b64(format!("quote over {extra}").as_bytes()),
+                b64(b"signature"),
+                b64(b"pcr values")
+            ),
         "{answer}"
+    );
+    ensure!(
+        !answer.contains("dead01"),
+        "the answer gives the secret away"
     );
     ensure!(mode(&attest.join("answer"))? == 0o644);
     ensure!(
         guest
             .log("tpm2_activatecredential")
-            .starts_with("-c ak.ctx -C ek.ctx -i challenge -o "),
+            .starts_with("-c ak.ctx -C ek.ctx -i "),
         "{}",
         guest.log("tpm2_activatecredential")
     );
@@ -427,29 +469,75 @@ fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()>
         fs::read_dir(&attest)?
             .filter_map(|e| e.ok())
             .all(|e| !e.file_name().to_string_lossy().starts_with('.')),
-        "the session or the secret was left behind"
+        "the session, the secret or a private copy was left behind"
     );
 
-    // A credential the TPM refuses (made for another key): its reason, no secret.
-    fs::write(attest.join("challenge"), b"for another ak")?;
+    // A sealed payload: opened with keys from the released secret, for root here (no access
+    // installed), 0600; one flipped byte and it is refused, nothing written.
+    let payload = b"a deploy token";
+    let sealed = banlieue_attest::seal::seal(&secret, payload, [7; 16])?;
+    fs::write(attest.join("sealed"), &sealed)?;
     fs::write(
         attest.join("activate"),
-        format!("{}\n", sha256_hex(b"for another ak")),
+        format!("{digest} {binding} {}\n", sha256_hex(&sealed)),
+    )?;
+    guest.ok(&["activate"])?;
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    let opened = guest.layer().join("sealed/payload");
+    ensure!(
+        answer.ends_with(&format!("\nopened {}\n", opened.display())),
+        "{answer}"
+    );
+    ensure!(fs::read(&opened)? == payload);
+    ensure!(mode(&opened)? == 0o600);
+    fs::remove_file(&opened)?;
+    let mut flipped = sealed.clone();
+    flipped[17] ^= 1;
+    fs::write(attest.join("sealed"), &flipped)?;
+    fs::write(
+        attest.join("activate"),
+        format!("{digest} {binding} {}\n", sha256_hex(&flipped)),
     )?;
     guest.ok(&["activate"])?;
     let answer = fs::read_to_string(attest.join("answer"))?;
     ensure!(
-        answer.starts_with("failed: ERROR: Esys_ActivateCredential(0x922)"),
+        answer.starts_with(&format!(
+            "failed {digest} the sealed payload's MAC does not match"
+        )),
+        "{answer}"
+    );
+    ensure!(!opened.exists(), "a refused payload was written");
+
+    // A credential the TPM refuses (made for another key): its reason, no secret.
+    fs::write(attest.join("challenge"), b"for another ak")?;
+    let other = sha256_hex(b"for another ak");
+    fs::write(attest.join("activate"), format!("{other} {binding}\n"))?;
+    guest.ok(&["activate"])?;
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    ensure!(
+        answer.starts_with(&format!(
+            "failed {other} ERROR: Esys_ActivateCredential(0x922)"
+        )),
         "{answer}"
     );
 
     // activate naming other bytes than the challenge's (still being written, or a lie): after
-    // waiting for the rest, a refusal.
-    fs::write(attest.join("activate"), format!("{}\n", "0".repeat(64)))?;
+    // waiting for the rest, a refusal naming what it was asked.
+    let wrong = "0".repeat(64);
+    fs::write(attest.join("activate"), format!("{wrong} {binding}\n"))?;
     guest.ok(&["activate"])?;
     let answer = fs::read_to_string(attest.join("answer"))?;
     ensure!(
-        answer == "failed: attest/activate does not name the challenge's SHA-256\n",
+        answer == format!("failed {wrong} attest/activate does not name the challenge's SHA-256\n"),
+        "{answer}"
+    );
+    // A binding that is not a digest.
+    fs::write(attest.join("challenge"), challenge)?;
+    fs::write(attest.join("activate"), format!("{digest} not-hex\n"))?;
+    guest.ok(&["activate"])?;
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    ensure!(
+        answer == format!("failed {digest} the binding is not a hex SHA-256\n"),
         "{answer}"
     );
     Ok(())

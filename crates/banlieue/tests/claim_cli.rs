@@ -230,14 +230,15 @@ async fn run(
         ),
         "{line}"
     );
-    // A stand-in member has no TPM: verify says so rather than trusting anything.
+    // Her Bound claim's stand-in member has no TPM: verify says so rather than trusting
+    // anything.
     let bundle = tempfile::NamedTempFile::new()?;
     let line = refusal(
         &claim_cli(
             alice,
             &[
                 "verify",
-                &keyed_name,
+                &name,
                 "--trust-bundle",
                 &bundle.path().display().to_string(),
             ],
@@ -246,8 +247,8 @@ async fn run(
     );
     assert!(
         line.contains(&format!(
-            "claim {keyed_name}: not verified: the claim carries no EK certificate: its VM has \
-             no TPM to attest"
+            "claim {name}: not verified: the claim carries no EK certificate: its VM has no TPM \
+             to attest"
         )),
         "{line}"
     );
@@ -259,7 +260,7 @@ async fn run(
             alice,
             &[
                 "seal",
-                &keyed_name,
+                &name,
                 "--from-file",
                 &payload.path().display().to_string(),
                 "--trust-bundle",
@@ -270,7 +271,7 @@ async fn run(
     );
     assert!(
         line.contains(&format!(
-            "claim {keyed_name}: not verified: the claim carries no EK"
+            "claim {name}: not verified: the claim carries no EK"
         )),
         "{line}"
     );
