@@ -276,9 +276,12 @@ impl Challenge {
             return Err(VerifyError::Refused(why.clone()));
         }
         let released = answer.activated.as_deref().unwrap_or_default();
-        // Compared whole: a proof is as long as ours or it is not ours.
         let proof = crate::seal::proof(&self.secret);
-        if !bool::from(subtle_eq(released.as_bytes(), proof.as_bytes())) {
+        // In time independent of where they differ (slices of other lengths are unequal).
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            released.as_bytes(),
+            proof.as_bytes(),
+        )) {
             return Err(VerifyError::NotActivated);
         }
         steps.push(
@@ -505,13 +508,4 @@ fn describe_selection(selection: &[(u16, Vec<u8>)]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Equality in time independent of where the bytes differ.
-fn subtle_eq(a: &[u8], b: &[u8]) -> subtle::Choice {
-    use subtle::ConstantTimeEq;
-    if a.len() != b.len() {
-        return subtle::Choice::from(0);
-    }
-    a.ct_eq(b)
 }
