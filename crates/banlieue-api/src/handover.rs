@@ -39,6 +39,9 @@ pub const MAX_SEALED_LENGTH: usize = 44_000;
 pub const MAX_CREDENTIAL_LENGTH: usize = 2048;
 /// The longest quote, signature or PCR list an answer carries, in base64.
 pub const MAX_ANSWER_FIELD_LENGTH: usize = 8192;
+/// The longest firmware event log an answer carries, in base64: a 36 KiB log (OVMF's for the
+/// test image is under 5 KiB; Secure Boot's key databases add a few more).
+pub const MAX_EVENT_LOG_LENGTH: usize = 48 * 1024;
 /// The longest attestation key public area, in base64 (an RSA 4096 key's is about 600 bytes).
 pub const MAX_AK_PUBLIC_LENGTH: usize = 2048;
 
@@ -175,6 +178,12 @@ pub struct HandoverAnswer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_ANSWER_FIELD_LENGTH))]
     pub host_keys: Option<String>,
+    /// The firmware's event log of the guest's boot (TCG crypto-agile format, base64), where
+    /// the firmware keeps one: what was measured into each quoted PCR. The subject replays it
+    /// against the quoted values; nothing else reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_EVENT_LOG_LENGTH))]
+    pub event_log: Option<String>,
     /// Why the guest could not answer, in its own words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
@@ -194,12 +203,13 @@ pub enum AnswerError {
     NoVerdict,
 }
 
-/// The longest answer file read.
-pub const MAX_ANSWER_BYTES: usize = 4 * MAX_ANSWER_FIELD_LENGTH;
+/// The longest answer file read: its four quote fields and an event log, with room for the
+/// rest.
+pub const MAX_ANSWER_BYTES: usize = 5 * MAX_ANSWER_FIELD_LENGTH + MAX_EVENT_LOG_LENGTH;
 
 /// Reads the guest's answer file: `activated DIGEST PROOF_HEX` or `failed DIGEST WHY` first,
-/// then `quote B64`, `signature B64`, `pcrs B64` and `hostkeys B64` lines, and `opened PATH`
-/// for a sealed payload. `None` when it answers another
+/// then `quote B64`, `signature B64`, `pcrs B64`, `hostkeys B64` and (where the firmware keeps
+/// one) `eventlog B64` lines, and `opened PATH` for a sealed payload. `None` when it answers another
 /// challenge than `digest` (an older one: the guest has not got to this one yet). Fields are
 /// kept as given (the verifier decodes and checks them), only bounded.
 pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>, AnswerError> {
@@ -211,8 +221,13 @@ pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>
     let mut verdict = false;
     for line in text.lines().filter(|l| !l.is_empty()) {
         let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+        let longest = if key == "eventlog" {
+            MAX_EVENT_LOG_LENGTH
+        } else {
+            MAX_ANSWER_FIELD_LENGTH
+        };
         let field = |value: &str| -> Result<Option<String>, AnswerError> {
-            if value.len() > MAX_ANSWER_FIELD_LENGTH || !value.bytes().all(is_base64_byte) {
+            if value.len() > longest || !value.bytes().all(is_base64_byte) {
                 return Err(AnswerError::UnknownLine(bounded(line)));
             }
             Ok(Some(value.to_owned()))
@@ -245,6 +260,7 @@ pub fn parse_answer(bytes: &[u8], digest: &str) -> Result<Option<HandoverAnswer>
             "signature" => answer.signature = field(value)?,
             "pcrs" => answer.pcr_values = field(value)?,
             "hostkeys" => answer.host_keys = field(value)?,
+            "eventlog" => answer.event_log = field(value)?,
             "opened" if value.starts_with('/') && !value.contains(char::is_control) => {
                 answer.opened = Some(bounded(value));
             }
@@ -320,7 +336,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_this_challenges_or_none() {
-        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\nhostkeys DDDD\nopened /run/banlieue/sealed/payload\n";
+        let answer = b"activated d1 0a0b\nquote AAAA\nsignature BBBB\npcrs CCCC\nhostkeys DDDD\neventlog EEEE\nopened /run/banlieue/sealed/payload\n";
         let parsed = parse_answer(answer, "d1").unwrap().unwrap();
         assert_eq!(parsed.challenge, "d1");
         assert_eq!(parsed.activated.as_deref(), Some("0a0b"));
@@ -328,6 +344,7 @@ mod tests {
         assert_eq!(parsed.signature.as_deref(), Some("BBBB"));
         assert_eq!(parsed.pcr_values.as_deref(), Some("CCCC"));
         assert_eq!(parsed.host_keys.as_deref(), Some("DDDD"));
+        assert_eq!(parsed.event_log.as_deref(), Some("EEEE"));
         assert_eq!(parsed.opened.as_deref(), Some(OPENED_FILE));
         // An older challenge's answer is not this one's.
         assert_eq!(parse_answer(answer, "d2").unwrap(), None);
@@ -354,6 +371,23 @@ mod tests {
         ));
         assert!(matches!(
             parse_answer(b"activated d 0a\nquote {\"x\":1}\n", "d"),
+            Err(AnswerError::UnknownLine(_))
+        ));
+        // An event log may be longer than a quote, to its own bound; no field is unbounded.
+        let log = "A".repeat(MAX_EVENT_LOG_LENGTH);
+        let answer = format!("activated d 0a\neventlog {log}\n");
+        assert!(parse_answer(answer.as_bytes(), "d").unwrap().is_some());
+        let answer = format!("activated d 0a\neventlog {log}A\n");
+        assert!(matches!(
+            parse_answer(answer.as_bytes(), "d"),
+            Err(AnswerError::UnknownLine(_))
+        ));
+        let answer = format!(
+            "activated d 0a\nquote {}\n",
+            &log[..MAX_ANSWER_FIELD_LENGTH + 1]
+        );
+        assert!(matches!(
+            parse_answer(answer.as_bytes(), "d"),
             Err(AnswerError::UnknownLine(_))
         ));
         let long = vec![b'a'; MAX_ANSWER_BYTES + 1];

@@ -19,6 +19,7 @@
 //! Sans-io: bytes in, bytes out; the randomness is the caller's.
 
 pub mod credential;
+pub mod event_log;
 pub mod kdf;
 pub mod public;
 pub mod quote;
@@ -30,7 +31,7 @@ pub use public::{Public, PublicKey};
 pub use quote::{Quote, QuoteError, binding, extra_data, verify_quote};
 /// The randomness [`make_credential`] takes (`rand_core::OsRng`).
 pub use rsa::rand_core;
-pub use verify::{AnswerView, Challenge, ClaimView, Verified, VerifyError};
+pub use verify::{AnswerView, Challenge, ClaimView, PcrReferences, Verified, VerifyError};
 
 /// Why an input was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -300,6 +300,21 @@ impl<'a> Reader<'a> {
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    /// Little-endian, as firmware writes its event log.
+    pub(crate) fn u16_le(&mut self) -> Result<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    pub(crate) fn u32_le(&mut self) -> Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+
     /// A TPM2B: a u16 size, then that many bytes.
     pub(crate) fn sized(&mut self) -> Result<&'a [u8]> {
         let n = self.u16()?;

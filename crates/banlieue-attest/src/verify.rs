@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::public_key::PublicKey as SpkiKey;
 
+use crate::event_log::{EventLog, EventLogError};
 use crate::make_credential;
 use crate::public::{Public, PublicKey};
 use crate::quote::{QuoteError, binding, extra_data, hex, verify_quote};
@@ -56,6 +57,8 @@ pub struct AnswerView {
     pub host_keys: Option<String>,
     /// Where the guest wrote the sealed payload it opened.
     pub opened: Option<String>,
+    /// The firmware's event log of the guest's boot (base64), where the firmware keeps one.
+    pub event_log: Option<String>,
     pub failure: Option<String>,
 }
 
@@ -92,10 +95,82 @@ pub enum VerifyError {
     Malformed(String),
     #[error("quote: {0}")]
     Quote(QuoteError),
+    #[error("event log: {0}")]
+    EventLog(EventLogError),
+    #[error("PCR {pcr} is {quoted}, not the reference value {reference} declared for the image")]
+    Reference {
+        pcr: u32,
+        quoted: String,
+        reference: String,
+    },
     #[error(
         "the guest's TPM quoted host keys other than the claim's: the claim shows [{claim}], the quoted guest holds [{quoted}]"
     )]
     HostKeys { claim: String, quoted: String },
+}
+
+/// PCR reference values (SHA-256 bank): what a boot of an image measures on its hosts, as
+/// whoever publishes the image declares it. Written one PCR a line, `PCR HEX` (`#` begins a
+/// comment), the form [`PcrReferences::render`] writes from a verified handover.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PcrReferences(pub Vec<(u32, [u8; 32])>);
+
+impl PcrReferences {
+    /// The most lines a reference file may have.
+    const MAX_LINES: usize = 256;
+
+    /// Parses the text form; a PCR named twice, out of 0-23 or a value not 64 hex digits is
+    /// refused with its line number.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut out: Vec<(u32, [u8; 32])> = Vec::new();
+        for (number, line) in text.lines().enumerate().take(Self::MAX_LINES + 1) {
+            if number == Self::MAX_LINES {
+                return Err(format!("over {} lines", Self::MAX_LINES));
+            }
+            let line = line.split('#').next().unwrap_or_default().trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at = number + 1;
+            let mut fields = line.split_whitespace();
+            let (Some(pcr), Some(value), None) = (fields.next(), fields.next(), fields.next())
+            else {
+                return Err(format!("line {at}: not `PCR SHA256-HEX`"));
+            };
+            let pcr: u32 = pcr
+                .parse()
+                .ok()
+                .filter(|p| *p < 24)
+                .ok_or_else(|| format!("line {at}: {pcr:?} is not a PCR 0-23"))?;
+            let value = parse_hex32(value)
+                .ok_or_else(|| format!("line {at}: the value is not 64 hex digits"))?;
+            if out.iter().any(|(p, _)| *p == pcr) {
+                return Err(format!("line {at}: PCR {pcr} is named twice"));
+            }
+            out.push((pcr, value));
+        }
+        Ok(PcrReferences(out))
+    }
+
+    /// The text form of `values` (PCRs 0, 1, … in order), as `parse` reads it.
+    pub fn render(values: &[Vec<u8>]) -> String {
+        values
+            .iter()
+            .enumerate()
+            .map(|(pcr, value)| format!("{pcr} {}\n", hex(value)))
+            .collect()
+    }
+}
+
+fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 /// A challenge made for one claim, kept by the subject until the answer comes.
@@ -107,6 +182,8 @@ pub struct Challenge {
     sealed: Option<Vec<u8>>,
     ak: Public,
     host_keys: Vec<String>,
+    /// The values the quoted PCRs must hold, where the subject has them for the image.
+    references: PcrReferences,
     steps: Vec<String>,
 }
 
@@ -129,6 +206,8 @@ pub struct Verified {
     pub reset_count: u32,
     /// Where the guest put the sealed payload, for a sealing challenge.
     pub opened: Option<String>,
+    /// The firmware's event log, replayed to the quoted values: what each PCR measured.
+    pub event_log: Option<EventLog>,
     /// Each check, in words.
     pub steps: Vec<String>,
 }
@@ -234,8 +313,16 @@ impl Challenge {
             sealed,
             ak,
             host_keys: claim.ssh_host_keys.clone(),
+            references: PcrReferences::default(),
             steps,
         })
+    }
+
+    /// The PCR values the quote must show (the image's reference values, as the subject
+    /// obtained them): checked once the quote is, each refusal naming the PCR.
+    pub fn with_references(mut self, references: PcrReferences) -> Self {
+        self.references = references;
+        self
     }
 
     /// The credential, base64, for `spec.handover.credential`.
@@ -317,6 +404,63 @@ impl Challenge {
             describe_selection(&quote.pcr_selection),
             quote.reset_count
         ));
+        // The quoted SHA-256 values by PCR, in the selection's order.
+        let mut quoted_pcrs: Vec<(u32, &[u8])> = Vec::new();
+        let mut values = pcr_values.iter();
+        for (hash, pcrs) in &quote.pcr_selection {
+            for pcr in pcrs {
+                let Some(value) = values.next() else { break };
+                if *hash == crate::public::ALG_SHA256 {
+                    quoted_pcrs.push((u32::from(*pcr), value));
+                }
+            }
+        }
+        let event_log = match answer.event_log.as_deref() {
+            None => {
+                steps.push(
+                    "event log: none relayed (the guest's firmware keeps none): the PCR values stand as quoted".into(),
+                );
+                None
+            }
+            Some(log) => {
+                let bytes = decode(log)
+                    .map_err(|why| VerifyError::Malformed(format!("event log: {why}")))?;
+                let log = EventLog::parse(&bytes).map_err(VerifyError::EventLog)?;
+                log.check(&quoted_pcrs).map_err(VerifyError::EventLog)?;
+                let per_pcr: Vec<String> = quoted_pcrs
+                    .iter()
+                    .map(|(pcr, _)| format!("{pcr}: {}", log.events_in(*pcr)))
+                    .collect();
+                steps.push(format!(
+                    "event log: the firmware's {} events replay to the quoted values (events per PCR {})",
+                    log.events.len(),
+                    per_pcr.join(", ")
+                ));
+                Some(log)
+            }
+        };
+        if !self.references.0.is_empty() {
+            for (pcr, reference) in &self.references.0 {
+                let quoted = quoted_pcrs.iter().find(|(p, _)| p == pcr).map(|(_, v)| *v);
+                if quoted != Some(reference.as_slice()) {
+                    return Err(VerifyError::Reference {
+                        pcr: *pcr,
+                        quoted: quoted.map_or_else(|| "not quoted".into(), hex),
+                        reference: hex(reference),
+                    });
+                }
+            }
+            let list: Vec<String> = self
+                .references
+                .0
+                .iter()
+                .map(|(p, _)| p.to_string())
+                .collect();
+            steps.push(format!(
+                "reference values: PCRs {} hold the values declared for the image",
+                list.join(",")
+            ));
+        }
         let mut claimed = self.host_keys.clone();
         claimed.sort();
         let mut quoted = quoted_keys;
@@ -345,6 +489,7 @@ impl Challenge {
             pcr_values,
             reset_count: quote.reset_count,
             opened,
+            event_log,
             steps,
         })
     }
@@ -508,4 +653,40 @@ fn describe_selection(selection: &[(u16, Vec<u8>)]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_values_round_trip_and_bad_lines_are_named() {
+        let values = vec![vec![0x11; 32], vec![0x22; 32]];
+        let text = PcrReferences::render(&values);
+        let parsed = PcrReferences::parse(&format!("# the test image\n{text}\n")).unwrap();
+        assert_eq!(parsed.0, vec![(0, [0x11; 32]), (1, [0x22; 32])]);
+        for (bad, why) in [
+            (
+                "24 ".to_owned() + &"00".repeat(32),
+                "line 1: \"24\" is not a PCR 0-23",
+            ),
+            ("4 abc".into(), "line 1: the value is not 64 hex digits"),
+            ("4".into(), "line 1: not `PCR SHA256-HEX`"),
+            (
+                format!("\n4 {0}\n4 {0}", "00".repeat(32)),
+                "line 3: PCR 4 is named twice",
+            ),
+            (
+                format!("4 {}", "zz".repeat(32)),
+                "line 1: the value is not 64 hex digits",
+            ),
+        ] {
+            assert_eq!(PcrReferences::parse(&bad).unwrap_err(), why, "{bad:?}");
+        }
+        assert!(
+            PcrReferences::parse(&"\n".repeat(300))
+                .unwrap_err()
+                .contains("over 256 lines")
+        );
+    }
 }

@@ -25,6 +25,8 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 struct Swtpm {
     dir: tempfile::TempDir,
     child: Child,
+    /// The log of what [`Swtpm::boot`] measured, as firmware would hand it to the kernel.
+    event_log: Option<Vec<u8>>,
 }
 
 impl Swtpm {
@@ -45,7 +47,11 @@ impl Swtpm {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("start swtpm (scripts/setup part 30-libvirtd): {e}"))?;
-        let tpm = Swtpm { dir, child };
+        let tpm = Swtpm {
+            dir,
+            child,
+            event_log: None,
+        };
         let started = Instant::now();
         while !(socket.exists() && ctrl.exists()) {
             if started.elapsed() > Duration::from_secs(10) {
@@ -140,6 +146,42 @@ impl Swtpm {
             signature: std::fs::read(self.path("quote.sig"))?,
             pcrs: values,
         })
+    }
+
+    /// Measures `events` (`pcr`, event type, data) as firmware does at boot, extending each
+    /// PCR's SHA-256 bank with the hash of the data, and keeps their crypto-agile log.
+    fn boot(&mut self, events: &[(u32, u32, &[u8])]) -> Result {
+        use sha2::{Digest, Sha256};
+        let hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+        // The log's header: the Spec ID event (SHA-256 the one bank), in the SHA-1 form.
+        let mut spec = b"Spec ID Event03\0".to_vec();
+        spec.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 2]);
+        spec.extend_from_slice(&1u32.to_le_bytes());
+        spec.extend_from_slice(&0x000bu16.to_le_bytes());
+        spec.extend_from_slice(&32u16.to_le_bytes());
+        spec.push(0);
+        let mut log = Vec::new();
+        log.extend_from_slice(&0u32.to_le_bytes());
+        log.extend_from_slice(&3u32.to_le_bytes());
+        log.extend_from_slice(&[0; 20]);
+        log.extend_from_slice(&(spec.len() as u32).to_le_bytes());
+        log.extend_from_slice(&spec);
+        for (pcr, event_type, data) in events {
+            let digest = Sha256::digest(data);
+            self.tool(
+                "tpm2_pcrextend",
+                &[&format!("{pcr}:sha256={}", hex(&digest))],
+            )?;
+            log.extend_from_slice(&pcr.to_le_bytes());
+            log.extend_from_slice(&event_type.to_le_bytes());
+            log.extend_from_slice(&1u32.to_le_bytes());
+            log.extend_from_slice(&0x000bu16.to_le_bytes());
+            log.extend_from_slice(&digest);
+            log.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            log.extend_from_slice(data);
+        }
+        self.event_log = Some(log);
+        Ok(())
     }
 
     /// A second AK under the same EK: what a provider swapping keys would show.
@@ -446,6 +488,7 @@ fn guest_opens(
         opened: payload
             .as_ref()
             .map(|_| "/run/banlieue/sealed/payload".to_owned()),
+        event_log: tpm.event_log.as_deref().map(b64),
         failure: None,
     };
     Ok((answer, payload))
@@ -453,12 +496,20 @@ fn guest_opens(
 
 #[test]
 fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result {
-    use banlieue_attest::{Challenge, ClaimView, VerifyError};
+    use banlieue_attest::event_log::EventLogError;
+    use banlieue_attest::{Challenge, ClaimView, PcrReferences, VerifyError};
     use base64::Engine;
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     // A minute on: every certificate below is made after this line, and valid for days.
     let now = std::time::SystemTime::now() + Duration::from_secs(60);
-    let tpm = Swtpm::start()?;
+    let mut tpm = Swtpm::start()?;
+    // A boot's measurements: the firmware, an EFI application, the separators.
+    tpm.boot(&[
+        (0, 0x8000_0008, b"firmware volume"),
+        (4, 0x8000_0007, b"Calling EFI Application from Boot Option"),
+        (4, 0x8000_0003, b"shimx64.efi"),
+        (7, 0x4, &[0; 4]),
+    ])?;
     let (_, _, _) = tpm.keys("rsa")?;
     let ca_dir = tempfile::tempdir()?;
     let (bundle, certificate) = ek_certificate(&tpm, ca_dir.path(), "banlieue test EK CA")?;
@@ -482,6 +533,58 @@ fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result
         "{:?}",
         verified.steps
     );
+
+    // The firmware's log replays to the quoted PCRs; one event rewritten (with its digest,
+    // as a liar would) no longer does.
+    let log = verified.event_log.as_ref().ok_or("no event log verified")?;
+    assert_eq!(log.events.len(), 4);
+    assert!(
+        verified
+            .steps
+            .iter()
+            .any(|s| s.starts_with("event log: the firmware's 4 events")),
+        "{:?}",
+        verified.steps
+    );
+    let mut lying_log = tpm.event_log.clone().ok_or("a log")?;
+    let at = lying_log
+        .windows(11)
+        .position(|w| w == b"shimx64.efi")
+        .ok_or("shim's event")?;
+    lying_log[at..at + 4].copy_from_slice(b"evil");
+    let digest_at = at - 4 - 32;
+    use sha2::Digest;
+    lying_log[digest_at..digest_at + 32].copy_from_slice(&sha2::Sha256::digest(b"evilx64.efi"));
+    let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
+    let honest = guest_answers(&tpm, &challenge, &host_keys)?;
+    let relogged = banlieue_attest::AnswerView {
+        event_log: Some(b64(&lying_log)),
+        ..honest.clone()
+    };
+    match challenge.check(&relogged) {
+        Err(VerifyError::EventLog(EventLogError::Mismatch { pcr: 4, .. })) => {}
+        other => panic!("a rewritten event log: {other:?}"),
+    }
+    // PCR reference values for the image: those of the boot pass; any other is refused
+    // naming the PCR.
+    let references = PcrReferences::render(&verified.pcr_values);
+    let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?
+        .with_references(PcrReferences::parse(&references)?);
+    let answer_now = guest_answers(&tpm, &challenge, &host_keys)?;
+    assert!(
+        challenge
+            .check(&answer_now)?
+            .steps
+            .iter()
+            .any(|s| s.starts_with("reference values: PCRs 0,1,2,3,4,5,6,7"))
+    );
+    let other_boot = PcrReferences::parse(&format!("4 {}\n", "ab".repeat(32)))?;
+    let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?.with_references(other_boot);
+    let answer_now = guest_answers(&tpm, &challenge, &host_keys)?;
+    match challenge.check(&answer_now) {
+        Err(VerifyError::Reference { pcr: 4, .. }) => {}
+        other => panic!("a PCR 4 unlike the reference: {other:?}"),
+    }
 
     // A certificate from a CA the subject does not trust.
     let other_dir = tempfile::tempdir()?;

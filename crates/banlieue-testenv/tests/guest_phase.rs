@@ -157,18 +157,12 @@ impl Guest {
             &format!(
                 "echo \"$*\" >>{dir}/tpm2_quote.log\n\
                  while [ $# -gt 1 ]; do\n\
-                 case $1 in -q) extra=$2 ;; -m) msg=$2 ;; -s) sig=$2 ;; esac\n\
+                 case $1 in -q) extra=$2 ;; -m) msg=$2 ;; -s) sig=$2 ;; -o) pcrs=$2 ;; esac\n\
                  shift\n\
                  done\n\
                  printf 'quote over %s' \"$extra\" >\"$msg\"\n\
-                 printf 'signature' >\"$sig\"\n"
-            ),
-        )?;
-        self.fake(
-            "tpm2_pcrread",
-            &format!(
-                "echo \"$*\" >>{dir}/tpm2_pcrread.log\n\
-                 printf 'pcr values' >\"$3\"\n"
+                 printf 'signature' >\"$sig\"\n\
+                 printf 'pcr values' >\"$pcrs\"\n"
             ),
         )?;
         self.fake_release(secret)

@@ -541,6 +541,13 @@ pub enum ClaimAction {
         /// `ekTrustBundle`, as your administrator gave it to you.
         #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
         trust_bundle: std::path::PathBuf,
+        /// The PCR values a boot of the claim's image must quote (`PCR SHA256-HEX` lines, as
+        /// `verify --write-pcrs` writes them), from whoever publishes the image.
+        #[arg(long, env = "BANLIEUE_PCR_REFERENCES", value_name = "FILE")]
+        pcr_references: Option<std::path::PathBuf>,
+        /// Write the verified PCR values to FILE, in the form `--pcr-references` reads.
+        #[arg(long, value_name = "FILE")]
+        write_pcrs: Option<std::path::PathBuf>,
         /// How long to wait for the VM's answer.
         #[arg(long, value_parser = parse_duration, default_value = "1m")]
         timeout: Duration,
@@ -556,6 +563,10 @@ pub enum ClaimAction {
         /// The EK trust bundle (as for `verify`).
         #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
         trust_bundle: std::path::PathBuf,
+        /// The PCR values a boot of the claim's image must quote (`PCR SHA256-HEX` lines, as
+        /// `verify --write-pcrs` writes them), from whoever publishes the image.
+        #[arg(long, env = "BANLIEUE_PCR_REFERENCES", value_name = "FILE")]
+        pcr_references: Option<std::path::PathBuf>,
         /// How long to wait for the VM's answer.
         #[arg(long, value_parser = parse_duration, default_value = "1m")]
         timeout: Duration,
@@ -571,6 +582,15 @@ pub enum ClaimAction {
         /// The EK trust bundle to verify the VM with first (as for `verify`).
         #[arg(long, env = "BANLIEUE_EK_TRUST_BUNDLE", value_name = "FILE")]
         trust_bundle: Option<std::path::PathBuf>,
+        /// The PCR values a boot of the claim's image must quote (`PCR SHA256-HEX` lines, as
+        /// `verify --write-pcrs` writes them), from whoever publishes the image.
+        #[arg(
+            long,
+            requires = "trust_bundle",
+            env = "BANLIEUE_PCR_REFERENCES",
+            value_name = "FILE"
+        )]
+        pcr_references: Option<std::path::PathBuf>,
         /// Pin the claim's host keys without verifying the VM first: trust the relay.
         #[arg(long, conflicts_with = "trust_bundle")]
         no_verify: bool,
@@ -671,7 +691,7 @@ struct SshLogin<'a> {
     identity: Option<&'a std::path::Path>,
     /// The EK trust bundle to verify the VM with before its host keys are pinned; `None`
     /// trusts the relay (`--no-verify`).
-    verify_with: Option<&'a str>,
+    verify_with: Option<&'a crate::claim_verify::Trust>,
     command: &'a [String],
 }
 
@@ -693,9 +713,9 @@ async fn ssh(
     // A claim not ready for a login is said to be so before any challenge is made.
     let (mut args, mut pinned) =
         ssh_invocation(&claim, &known_hosts, login.identity, login.command)?;
-    if let Some(bundle) = login.verify_with {
+    if let Some(trust) = login.verify_with {
         let (verified, _) =
-            crate::claim_verify::verify(client, namespace, name, bundle, SSH_VERIFY_TIMEOUT, log)
+            crate::claim_verify::verify(client, namespace, name, trust, SSH_VERIFY_TIMEOUT, log)
                 .await?;
         // The host keys pinned are those the verified quote covered.
         (args, pinned) = ssh_invocation(&verified, &known_hosts, login.identity, login.command)?;
@@ -711,6 +731,54 @@ async fn ssh(
         Some(code) => Err(CliError::Ssh(code)),
         None => Err(CliError::Ssh(-1)),
     }
+}
+
+/// `claim verify` and `claim seal`: a handover to the claim's VM, checked here.
+async fn hand_over(
+    client: &Client,
+    namespace: &str,
+    action: ClaimAction,
+    out: &mut impl Write,
+    log: &mut impl Write,
+) -> Result<(), CliError> {
+    match action {
+        ClaimAction::Verify {
+            name,
+            trust_bundle,
+            pcr_references,
+            write_pcrs,
+            timeout,
+        } => {
+            let trust = crate::claim_verify::read_trust(&trust_bundle, pcr_references.as_deref())?;
+            let (_, verified) =
+                crate::claim_verify::verify(client, namespace, &name, &trust, timeout, log).await?;
+            if let Some(path) = write_pcrs {
+                crate::claim_verify::write_pcrs(&path, &verified)?;
+            }
+            writeln!(out, "virtualmachineclaim.banlieue.io/{name} verified")?;
+        }
+        ClaimAction::Seal {
+            name,
+            from_file,
+            trust_bundle,
+            pcr_references,
+            timeout,
+        } => {
+            let trust = crate::claim_verify::read_trust(&trust_bundle, pcr_references.as_deref())?;
+            let payload = crate::claim_verify::read_payload(&from_file)?;
+            let (_, verified) =
+                crate::claim_verify::seal(client, namespace, &name, &trust, &payload, timeout, log)
+                    .await?;
+            let opened = verified.opened.unwrap_or_default();
+            writeln!(
+                out,
+                "virtualmachineclaim.banlieue.io/{name} sealed payload opened at {opened}"
+            )?;
+        }
+        // `run` hands only these two here.
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `900`, `900s`, `15m`, `1h`, `2d`.
@@ -807,43 +875,22 @@ pub async fn run(command: ClaimCommand) -> Result<(), CliError> {
             }
             out.write_all(render(&[claim], command.output)?.as_bytes())?;
         }
-        ClaimAction::Verify {
-            name,
-            trust_bundle,
-            timeout,
-        } => {
-            let bundle = crate::claim_verify::read_trust_bundle(&trust_bundle)?;
-            crate::claim_verify::verify(&client, &namespace, &name, &bundle, timeout, &mut log)
-                .await?;
-            writeln!(out, "virtualmachineclaim.banlieue.io/{name} verified")?;
-        }
-        ClaimAction::Seal {
-            name,
-            from_file,
-            trust_bundle,
-            timeout,
-        } => {
-            let bundle = crate::claim_verify::read_trust_bundle(&trust_bundle)?;
-            let payload = crate::claim_verify::read_payload(&from_file)?;
-            let (_, verified) = crate::claim_verify::seal(
-                &client, &namespace, &name, &bundle, &payload, timeout, &mut log,
-            )
-            .await?;
-            let opened = verified.opened.unwrap_or_default();
-            writeln!(
-                out,
-                "virtualmachineclaim.banlieue.io/{name} sealed payload opened at {opened}"
-            )?;
+        action @ (ClaimAction::Verify { .. } | ClaimAction::Seal { .. }) => {
+            hand_over(&client, &namespace, action, &mut out, &mut log).await?;
         }
         ClaimAction::Ssh {
             name,
             identity,
             trust_bundle,
+            pcr_references,
             no_verify,
             command,
         } => {
             let verify_with = match (trust_bundle, no_verify) {
-                (Some(path), _) => Some(crate::claim_verify::read_trust_bundle(&path)?),
+                (Some(path), _) => Some(crate::claim_verify::read_trust(
+                    &path,
+                    pcr_references.as_deref(),
+                )?),
                 (None, true) => None,
                 (None, false) => {
                     return Err(CliError::Invalid(
@@ -856,7 +903,7 @@ pub async fn run(command: ClaimCommand) -> Result<(), CliError> {
             };
             let login = SshLogin {
                 identity: identity.as_deref(),
-                verify_with: verify_with.as_deref(),
+                verify_with: verify_with.as_ref(),
                 command: &command,
             };
             ssh(&client, &namespace, &name, &login, &mut log).await?

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use banlieue_api::handover::HandoverChallenge;
 use banlieue_api::{ClaimPhase, VirtualMachineClaim};
 use banlieue_attest::rand_core::OsRng;
-use banlieue_attest::{AnswerView, Challenge, ClaimView, Verified};
+use banlieue_attest::{AnswerView, Challenge, ClaimView, PcrReferences, Verified};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
@@ -22,18 +22,41 @@ const MAX_BUNDLE_BYTES: u64 = 256 * 1024;
 /// How often the claim is read while the answer is on its way.
 const POLL: Duration = Duration::from_millis(50);
 
-/// The trust bundle at `path` (PEM): the Provider's `ekTrustBundle`, as the subject obtained
-/// it from its administrator.
-pub fn read_trust_bundle(path: &Path) -> Result<String, CliError> {
+/// What the subject trusts, obtained from its administrator and the image's publisher, never
+/// from the claim: the EK trust bundle, and the PCR values a boot of the image must show
+/// (none: the quoted values are shown, not judged).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    pub bundle: String,
+    pub references: PcrReferences,
+}
+
+/// The trust bundle at `bundle` (PEM: the Provider's `ekTrustBundle`) and the PCR reference
+/// values at `references` (`PCR HEX` lines, as `claim verify --write-pcrs` writes them).
+pub fn read_trust(bundle: &Path, references: Option<&Path>) -> Result<Trust, CliError> {
+    let bundle = read_bounded(bundle, "a certificate bundle")?;
+    let references = match references {
+        None => PcrReferences::default(),
+        Some(path) => PcrReferences::parse(&read_bounded(path, "a PCR reference file")?)
+            .map_err(|why| CliError::Invalid(format!("{}: {why}", path.display())))?,
+    };
+    Ok(Trust { bundle, references })
+}
+
+fn read_bounded(path: &Path, what: &str) -> Result<String, CliError> {
     let invalid = |why: String| CliError::Invalid(format!("{}: {why}", path.display()));
     let metadata = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
     if metadata.len() > MAX_BUNDLE_BYTES {
-        return Err(invalid(format!(
-            "{} bytes is not a certificate bundle",
-            metadata.len()
-        )));
+        return Err(invalid(format!("{} bytes is not {what}", metadata.len())));
     }
     std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))
+}
+
+/// `claim verify --write-pcrs`: the verified PCR values, in the reference form, for whoever
+/// publishes the image's reference values from a boot they trust.
+pub fn write_pcrs(path: &Path, verified: &Verified) -> Result<(), CliError> {
+    std::fs::write(path, PcrReferences::render(&verified.pcr_values))
+        .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// The payload at `path`, for `seal`: at most banlieue-attest's limit.
@@ -80,6 +103,7 @@ fn answer_view(claim: &VirtualMachineClaim) -> Option<AnswerView> {
         pcr_values: answer.pcr_values,
         host_keys: answer.host_keys,
         opened: answer.opened,
+        event_log: answer.event_log,
         failure: answer.failure,
     })
 }
@@ -92,11 +116,11 @@ pub async fn verify(
     client: &Client,
     namespace: &str,
     name: &str,
-    trust_bundle: &str,
+    trust: &Trust,
     timeout: Duration,
     log: &mut impl Write,
 ) -> Result<(VirtualMachineClaim, Verified), CliError> {
-    hand_over(client, namespace, name, trust_bundle, None, timeout, log).await
+    hand_over(client, namespace, name, trust, None, timeout, log).await
 }
 
 /// `banlieue claim seal`: as [`verify`], with `payload` sealed to the challenge's secret, so
@@ -106,28 +130,19 @@ pub async fn seal(
     client: &Client,
     namespace: &str,
     name: &str,
-    trust_bundle: &str,
+    trust: &Trust,
     payload: &[u8],
     timeout: Duration,
     log: &mut impl Write,
 ) -> Result<(VirtualMachineClaim, Verified), CliError> {
-    hand_over(
-        client,
-        namespace,
-        name,
-        trust_bundle,
-        Some(payload),
-        timeout,
-        log,
-    )
-    .await
+    hand_over(client, namespace, name, trust, Some(payload), timeout, log).await
 }
 
 async fn hand_over(
     client: &Client,
     namespace: &str,
     name: &str,
-    trust_bundle: &str,
+    trust: &Trust,
     payload: Option<&[u8]>,
     timeout: Duration,
     log: &mut impl Write,
@@ -145,10 +160,11 @@ async fn hand_over(
     let view = claim_view(&claim);
     let now = SystemTime::now();
     let challenge = match payload {
-        None => Challenge::new(&view, trust_bundle, now, &mut OsRng),
-        Some(payload) => Challenge::sealing(&view, trust_bundle, now, payload, &mut OsRng),
+        None => Challenge::new(&view, &trust.bundle, now, &mut OsRng),
+        Some(payload) => Challenge::sealing(&view, &trust.bundle, now, payload, &mut OsRng),
     }
-    .map_err(|e| CliError::Refused(format!("claim {name}: not verified: {e}")))?;
+    .map_err(|e| CliError::Refused(format!("claim {name}: not verified: {e}")))?
+    .with_references(trust.references.clone());
     for step in challenge.steps() {
         writeln!(log, "  ok  {step}")?;
     }

@@ -252,6 +252,34 @@ async fn run(
         )),
         "{line}"
     );
+    // Reference values that are not `PCR SHA256-HEX` lines are refused by line, before
+    // anything is read or written.
+    let references = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        references.path(),
+        format!("# image 7\n24 {}\n", "00".repeat(32)),
+    )?;
+    let line = refusal(
+        &claim_cli(
+            alice,
+            &[
+                "verify",
+                &name,
+                "--trust-bundle",
+                &bundle.path().display().to_string(),
+                "--pcr-references",
+                &references.path().display().to_string(),
+            ],
+        )
+        .await,
+    );
+    assert!(
+        line.contains(&format!(
+            "{}: line 2: \"24\" is not a PCR 0-23",
+            references.path().display()
+        )),
+        "{line}"
+    );
     // Nor is a secret sealed to a VM that cannot prove itself.
     let payload = tempfile::NamedTempFile::new()?;
     std::fs::write(payload.path(), "a token")?;

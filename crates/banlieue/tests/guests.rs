@@ -630,7 +630,10 @@ async fn handover_bench(host: &DevHost) -> Result<(), BoxError> {
     let alice = control_plane.client_as(objects::CLAIMANT).await?;
     let claims: Api<VirtualMachineClaim> = Api::namespaced(alice.clone(), SYSTEM_NAMESPACE);
     let claims_admin: Api<VirtualMachineClaim> = Api::namespaced(admin.clone(), SYSTEM_NAMESPACE);
-    let bundle = dev::swtpm_localca_bundle()?;
+    let trust = banlieue::claim_verify::Trust {
+        bundle: dev::swtpm_localca_bundle()?,
+        ..Default::default()
+    };
     let (mut bound, mut verified) = (vec![], vec![]);
     for round in 0..rounds {
         an_unclaimed_ready_member(&vms, POOL).await?;
@@ -644,7 +647,7 @@ async fn handover_bench(host: &DevHost) -> Result<(), BoxError> {
             &alice,
             SYSTEM_NAMESPACE,
             &name,
-            &bundle,
+            &trust,
             DEADLINE,
             &mut steps,
         )
@@ -1295,6 +1298,67 @@ async fn claim_cli_as_alice(
     Ok(tokio::task::spawn_blocking(move || command.output()).await??)
 }
 
+/// PCR reference values (ADR-0077): alice writes the values a verified boot quoted, then
+/// verifies against them; the same file with PCR 4 (the boot chain's EFI applications)
+/// changed is refused naming that PCR.
+async fn check_references(
+    control_plane: &ControlPlane,
+    name: &str,
+    bundle: &std::path::Path,
+) -> Result<(), BoxError> {
+    let dir = tempfile::tempdir()?;
+    let written = dir.path().join("pcrs");
+    let bundle_arg = bundle.display().to_string();
+    let written_arg = written.display().to_string();
+    let verify = |extra: Vec<String>| {
+        let mut line: Vec<String> = ["verify", name, "--trust-bundle", &bundle_arg]
+            .map(str::to_owned)
+            .into();
+        line.extend(extra);
+        async move {
+            let line: Vec<&str> = line.iter().map(String::as_str).collect();
+            claim_cli_as_alice(control_plane, &line).await
+        }
+    };
+    let out = verify(vec!["--write-pcrs".into(), written_arg.clone()]).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let references = std::fs::read_to_string(&written)?;
+    assert_eq!(references.lines().count(), 8, "{references}");
+    let out = verify(vec!["--pcr-references".into(), written_arg.clone()]).await?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("ok  reference values: PCRs 0,1,2,3,4,5,6,7 hold the values declared"),
+        "{said}"
+    );
+    let other_boot: String = references
+        .lines()
+        .map(|l| match l.strip_prefix("4 ") {
+            Some(_) => format!("4 {}\n", "5a".repeat(32)),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&written, other_boot)?;
+    let out = verify(vec!["--pcr-references".into(), written_arg]).await?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "another boot chain's PCR 4 was accepted"
+    );
+    assert!(
+        said.contains(&format!(
+            "not the reference value {} declared for the image",
+            "5a".repeat(32)
+        )),
+        "{said}"
+    );
+    Ok(())
+}
+
 /// A secret only alice's VM can open (ADR-0077): sealed by her with `banlieue claim seal`,
 /// opened by her verified guest for her login alone, and nowhere in the API server's store,
 /// where the sealed bytes are (read from etcd's own files: its WAL and database).
@@ -1441,6 +1505,7 @@ async fn check_access(
         "ok  EK certificate 0",
         "ok  activation: the guest's TPM released the credential's secret",
         "ok  quote: signed by the attestation key",
+        "ok  event log: the firmware's ",
         "ok  host keys: the claim's 1 SSH host key(s) are those the quoted guest holds",
         &format!("claim {name}: verified in "),
     ] {
@@ -1464,6 +1529,7 @@ async fn check_access(
     );
 
     check_seal(control_plane, libvirtd, name, &domain, bundle.path()).await?;
+    check_references(control_plane, name, bundle.path()).await?;
 
     let refused = claim_ssh(control_plane, name, bob_key, None, &["true"]).await?;
     assert!(

@@ -21,9 +21,10 @@ pub const PHASE_FILE: &str = "/run/banlieue/phase";
 /// ECC (0x01c00016).
 pub const EK_FILES: [&str; 2] = ["/run/banlieue/ek/rsa.pem", "/run/banlieue/ek/ecc.pem"];
 
-/// The most bytes read from one guest file. A phase is at most `failed: ` and 1024 bytes; an
-/// EK certificate as PEM is 1–2 KiB. More is not the layer speaking.
-pub const MAX_GUEST_FILE_BYTES: usize = 16 * 1024;
+/// The most bytes read from one guest file: the largest the layer writes, a handover's
+/// answer with its firmware event log (a phase is at most `failed: ` and 1024 bytes; an EK
+/// certificate as PEM is 1–2 KiB). More is not the layer speaking.
+pub const MAX_GUEST_FILE_BYTES: usize = banlieue_api::handover::MAX_ANSWER_BYTES;
 
 /// The most bytes of an agent reply parsed: a base64 read of [`MAX_GUEST_FILE_BYTES`] plus
 /// the JSON around it.
