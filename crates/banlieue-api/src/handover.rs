@@ -75,6 +75,18 @@ pub struct HandoverChallenge {
 }
 
 impl HandoverChallenge {
+    /// This challenge as the value of a JSON merge patch that replaces the one before it
+    /// whole: a field this one lacks (a sealed payload) is written as `null`, so that a
+    /// challenge without one does not keep the last one's, which would be opened with this
+    /// challenge's secret and fail.
+    pub fn merge_patch_value(&self) -> serde_json::Value {
+        serde_json::json!({
+            "credential": self.credential,
+            "binding": self.binding,
+            "sealed": self.sealed,
+        })
+    }
+
     /// The credential's bytes, or why they are not base64.
     pub fn credential_bytes(&self) -> Result<Vec<u8>, String> {
         use base64::Engine;
@@ -332,6 +344,47 @@ mod tests {
                 hex(&Sha256::digest([0u8, 1, 2]))
             )
         );
+    }
+
+    #[test]
+    fn a_challenge_merged_over_a_sealing_one_leaves_no_payload() {
+        let sealing = HandoverChallenge {
+            sealed: Some("c2VhbGVk".into()),
+            ..challenge()
+        };
+        let mut spec = serde_json::json!({ "handover": sealing.merge_patch_value() });
+        let next = HandoverChallenge {
+            credential: "bmV4dA==".into(),
+            ..challenge()
+        };
+        merge(
+            &mut spec,
+            &serde_json::json!({ "handover": next.merge_patch_value() }),
+        );
+        let merged: HandoverChallenge = serde_json::from_value(spec["handover"].clone()).unwrap();
+        assert_eq!(merged, next);
+    }
+
+    /// RFC 7396, as the API server applies a merge patch.
+    fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+        let serde_json::Value::Object(fields) = patch else {
+            *target = patch.clone();
+            return;
+        };
+        if !target.is_object() {
+            *target = serde_json::json!({});
+        }
+        let object = target.as_object_mut().unwrap();
+        for (key, value) in fields {
+            if value.is_null() {
+                object.remove(key);
+            } else {
+                merge(
+                    object.entry(key.clone()).or_insert(serde_json::Value::Null),
+                    value,
+                );
+            }
+        }
     }
 
     #[test]

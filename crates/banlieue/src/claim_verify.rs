@@ -177,7 +177,9 @@ async fn hand_over(
         .patch(
             name,
             &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({ "spec": { "handover": handover } })),
+            &Patch::Merge(
+                &serde_json::json!({ "spec": { "handover": handover.merge_patch_value() } }),
+            ),
         )
         .await
         .map_err(CliError::from_kube)?;

@@ -511,7 +511,7 @@ async fn relay_handover(
     let Some(challenge) = decide::handover_to_relay(claim, member) else {
         return Ok(());
     };
-    let patch = json!({ "spec": { "handover": challenge } });
+    let patch = json!({ "spec": { "handover": challenge.merge_patch_value() } });
     vms.patch(
         &member.name_any(),
         &PatchParams::default(),

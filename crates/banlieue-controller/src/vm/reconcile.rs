@@ -134,7 +134,7 @@ async fn hand_claims_requests(
         spec.insert("access".into(), serde_json::json!(access));
     }
     if let Some(challenge) = decide::handover_to_hand(vm, machine) {
-        spec.insert("handover".into(), serde_json::json!(challenge));
+        spec.insert("handover".into(), challenge.merge_patch_value());
     }
     if spec.is_empty() {
         return Ok(());

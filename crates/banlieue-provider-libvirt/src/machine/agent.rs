@@ -179,9 +179,9 @@ pub(super) async fn read_attestation_key(
 
 /// Relays the subject's challenge to a ready guest: writes the credential to
 /// [`handover::CHALLENGE_FILE`], a sealed payload to [`handover::SEALED_FILE`], and the line
-/// that starts its activation to [`handover::ACTIVATE_FILE`], unless the layer already
-/// answered this very challenge or that line is there already (a relay an earlier reconcile
-/// stopped waiting for is not started over); then reads [`handover::ANSWER_FILE`] until the
+/// that starts its activation to [`handover::ACTIVATE_FILE`], unless that line is there
+/// already (a relay an earlier reconcile stopped waiting for, answered or not, is not
+/// started over); then reads [`handover::ANSWER_FILE`] until the
 /// layer answers it, [`HANDOVER_ANSWER_WAIT`] passes or `until` comes. Nothing in the answer is checked but its bounds: the subject
 /// checks it.
 pub(super) async fn relay_handover(
@@ -202,11 +202,9 @@ pub(super) async fn relay_handover(
     };
     let answer_by = until.min(Instant::now() + HANDOVER_ANSWER_WAIT);
     let relay = async {
-        if let Some(answer) = read_answer(agent, &digest, calls).await? {
-            return Ok::<_, String>(answer);
-        }
-        // Relayed already, by an earlier reconcile that stopped waiting: the guest is at it,
-        // and writing again would only start it over.
+        // Relayed already, by an earlier reconcile that stopped waiting: the guest is at it
+        // or has answered (it answers only what the activate line names), and writing again
+        // would only start it over.
         let asked = read_file(agent, handover::ACTIVATE_FILE, calls).await?;
         if asked.as_deref() != Some(line.as_bytes()) {
             write_file(agent, handover::CHALLENGE_FILE, &credential, calls).await?;
@@ -217,7 +215,7 @@ pub(super) async fn relay_handover(
         }
         loop {
             match read_answer(agent, &digest, calls).await? {
-                Some(answer) => return Ok(answer),
+                Some(answer) => return Ok::<_, String>(answer),
                 None => tokio::time::sleep(HANDOVER_POLL).await,
             }
         }
