@@ -162,7 +162,8 @@ impl Guest {
                  done\n\
                  printf 'quote over %s' \"$extra\" >\"$msg\"\n\
                  printf 'signature' >\"$sig\"\n\
-                 printf 'pcr values' >\"$pcrs\"\n"
+                 printf 'pcr values' >\"$pcrs\"\n\
+                 if [ -f {dir}/next-activate ]; then mv {dir}/next-activate activate; fi\n"
             ),
         )?;
         self.fake_release(secret)
@@ -533,6 +534,30 @@ fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()>
     ensure!(
         answer == format!("failed {digest} the binding is not a hex SHA-256\n"),
         "{answer}"
+    );
+
+    // The host's next challenge written while this one is at work (the path unit does not
+    // start the step again while it runs): answered in the same run, after this one.
+    let next_binding = "cd".repeat(32);
+    fs::write(attest.join("activate"), format!("{digest} {binding}\n"))?;
+    fs::write(
+        guest.dir.path().join("next-activate"),
+        format!("{digest} {next_binding}\n"),
+    )?;
+    let out = guest.ok(&["activate"])?;
+    ensure!(
+        out.matches("activated the host's credential").count() == 2,
+        "{out}"
+    );
+    let answer = fs::read_to_string(attest.join("answer"))?;
+    let next_extra =
+        sha256_hex(format!("banlieue handover v1\nbinding {next_binding}\n").as_bytes());
+    ensure!(
+        answer.contains(&format!(
+            "\nquote {}\n",
+            b64(format!("quote over {next_extra}").as_bytes())
+        )),
+        "the next challenge was not answered: {answer}"
     );
     Ok(())
 }

@@ -1303,6 +1303,7 @@ async fn claim_cli_as_alice(
 /// changed is refused naming that PCR.
 async fn check_references(
     control_plane: &ControlPlane,
+    (libvirtd, domain): (&Libvirtd, &str),
     name: &str,
     bundle: &std::path::Path,
 ) -> Result<(), BoxError> {
@@ -1330,7 +1331,11 @@ async fn check_references(
     assert_eq!(references.lines().count(), 8, "{references}");
     let out = verify(vec!["--pcr-references".into(), written_arg.clone()]).await?;
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}");
+    assert!(
+        out.status.success(),
+        "{said}\nthe guest's side:\n{}",
+        guest_handover_log(libvirtd, domain).await
+    );
     assert!(
         said.contains("ok  reference values: PCRs 0,1,2,3,4,5,6,7 hold the values declared"),
         "{said}"
@@ -1357,6 +1362,18 @@ async fn check_references(
         "{said}"
     );
     Ok(())
+}
+
+/// What the guest's layer did with the challenges relayed to it, for a failed handover's
+/// message: its attestation units' journal and the attest directory.
+async fn guest_handover_log(libvirtd: &Libvirtd, domain: &str) -> String {
+    let script = "journalctl -o short-precise --no-pager -u banlieue-guest-attest.path \
+                  -u banlieue-guest-attest.service | tail -30; ls -la --time-style=+%T.%N \
+                  /run/banlieue/attest; cat /run/banlieue/attest/activate";
+    match guest_agent::run(libvirtd, domain, "/bin/sh", &["-c", script]).await {
+        Ok(out) => String::from_utf8_lossy(&out).into_owned(),
+        Err(e) => format!("(the guest agent: {e})"),
+    }
 }
 
 /// A secret only alice's VM can open (ADR-0077): sealed by her with `banlieue claim seal`,
@@ -1529,7 +1546,7 @@ async fn check_access(
     );
 
     check_seal(control_plane, libvirtd, name, &domain, bundle.path()).await?;
-    check_references(control_plane, name, bundle.path()).await?;
+    check_references(control_plane, (libvirtd, &domain), name, bundle.path()).await?;
 
     let refused = claim_ssh(control_plane, name, bob_key, None, &["true"]).await?;
     assert!(
