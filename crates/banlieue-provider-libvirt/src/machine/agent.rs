@@ -154,6 +154,12 @@ pub(super) const HANDOVER_ANSWER_WAIT: Duration = Duration::from_secs(5);
 /// How often the layer's answer is read while waiting for it.
 const HANDOVER_POLL: Duration = Duration::from_millis(50);
 
+/// How long after relaying a challenge the answer is first read. The layer's work takes the
+/// guest's one vCPU for about a second under TCG (its tools' start-up, not the TPM), and each
+/// read is three agent calls the guest's agent answers on that same vCPU: reading before the
+/// answer can be there only slows it down.
+const HANDOVER_FIRST_READ: Duration = Duration::from_millis(500);
+
 /// The guest's attestation key ([`handover::AK_PUBLIC_FILE`], base64 for the status): `None`
 /// when the guest published none.
 pub(super) async fn read_attestation_key(
@@ -212,6 +218,7 @@ pub(super) async fn relay_handover(
                 write_file(agent, handover::SEALED_FILE, sealed, calls).await?;
             }
             write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
+            tokio::time::sleep(HANDOVER_FIRST_READ).await;
         }
         loop {
             match read_answer(agent, &digest, calls).await? {
@@ -669,7 +676,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_challenge_is_relayed_once_and_its_answer_read_unjudged() {
         let mut guest = Layer::new(|_| None);
         guest.attest = |line| {
@@ -697,7 +704,7 @@ mod tests {
         assert_eq!(*guest.writes.borrow(), writes);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_relay_the_guest_is_still_working_on_is_not_written_again() {
         // The last reconcile wrote the challenge and stopped waiting; the guest is at it.
         let busy = Layer::new(|_| None);
@@ -711,7 +718,7 @@ mod tests {
         assert_eq!(*busy.writes.borrow(), 0, "the challenge was written again");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_older_answer_is_not_this_challenges_and_garbage_is_recorded_as_a_failure() {
         // The guest keeps the last challenge's answer and never gets to this one.
         let stale = Layer::new(|_| None);
