@@ -26,6 +26,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// From the agent's close of the access request to the layer's answer: a path unit, a
 /// useradd and a few forks, a second or two under TCG.
 const ACCESS_DEADLINE: Duration = Duration::from_secs(30);
+/// How long without an answer before the activate line is written again.
+const NUDGE: Duration = Duration::from_millis(2500);
 /// For sshd's first answer under TCG (its key exchange is slow there, not its start: it ran
 /// before ready).
 const SSH_DEADLINE: Duration = Duration::from_secs(90);
@@ -465,7 +467,15 @@ async fn challenge_sealed(
     )
     .await?;
     let started = Instant::now();
+    let mut nudged = false;
     loop {
+        // As the provider does: a line that landed as the layer's last run ended is written
+        // once more (the path unit does not start the layer again while it runs).
+        if !nudged && started.elapsed() > NUDGE {
+            nudged = true;
+            let line = format!("{line}\n");
+            guest_agent::write_file(daemon, name, ATTEST_ACTIVATE, line.as_bytes()).await?;
+        }
         let answer = guest_agent::read_text(daemon, name, ATTEST_ANSWER)
             .await
             .unwrap_or_default();
@@ -475,7 +485,17 @@ async fn challenge_sealed(
             return Ok(answer.trim_end().to_owned());
         }
         if started.elapsed() > ACCESS_DEADLINE {
-            bail!("{ATTEST_ANSWER} holds {answer:?} {ACCESS_DEADLINE:?} after the challenge");
+            let script = "journalctl -o short-precise --no-pager -u banlieue-guest-attest.service \
+                          | tail -20; ls -la /run/banlieue/attest";
+            let journal = guest_agent::run(daemon, name, "/bin/sh", &["-c", script]).await;
+            bail!(
+                "{ATTEST_ANSWER} holds {answer:?} {ACCESS_DEADLINE:?} after the challenge; the \
+                 layer's journal:\n{}",
+                journal.map_or_else(
+                    |e| e.to_string(),
+                    |o| String::from_utf8_lossy(&o).into_owned()
+                )
+            );
         }
         // Often, as the provider reads it: the time it took is printed.
         tokio::time::sleep(POLL / 10).await;

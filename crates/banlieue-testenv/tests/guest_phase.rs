@@ -172,13 +172,14 @@ impl Guest {
     fn fake_release(&self, secret: &[u8]) -> Result<()> {
         fs::write(self.dir.path().join("secret"), secret)?;
         let dir = self.dir.path().display().to_string();
-        for tool in [
-            "tpm2_startauthsession",
-            "tpm2_policysecret",
-            "tpm2_flushcontext",
-        ] {
+        for tool in ["tpm2_policysecret", "tpm2_flushcontext"] {
             self.fake(tool, &format!("echo \"$*\" >>{dir}/{tool}.log\n"))?;
         }
+        // `--policy-session -S FILE`: the session's saved context.
+        self.fake(
+            "tpm2_startauthsession",
+            &format!("echo \"$*\" >>{dir}/tpm2_startauthsession.log\necho session >\"$3\"\n"),
+        )?;
         self.fake(
             "tpm2_activatecredential",
             &format!(
@@ -466,6 +467,11 @@ fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()>
             .all(|e| !e.file_name().to_string_lossy().starts_with('.')),
         "the session, the secret or a private copy was left behind"
     );
+    // No session was prepared at boot here (the fakes came after): this activation made its
+    // own, then prepared the next one's.
+    let sessions = || guest.log("tpm2_startauthsession").lines().count();
+    ensure!(sessions() == 2, "{}", guest.log("tpm2_startauthsession"));
+    ensure!(attest.join("next.session").is_file(), "no session prepared");
 
     // A sealed payload: opened with keys from the released secret, for root here (no access
     // installed), 0600; one flipped byte and it is refused, nothing written.
@@ -485,6 +491,8 @@ fn activate_answers_with_the_secret_only_for_the_named_challenge() -> Result<()>
     );
     ensure!(fs::read(&opened)? == payload);
     ensure!(mode(&opened)? == 0o600);
+    // Through the prepared session: the one made since is the next one's.
+    ensure!(sessions() == 3, "{}", guest.log("tpm2_startauthsession"));
     fs::remove_file(&opened)?;
     let mut flipped = sealed.clone();
     flipped[17] ^= 1;

@@ -154,6 +154,12 @@ pub(super) const HANDOVER_ANSWER_WAIT: Duration = Duration::from_secs(5);
 /// How often the layer's answer is read while waiting for it.
 const HANDOVER_POLL: Duration = Duration::from_millis(50);
 
+/// How long without an answer before the activate line is written again. The layer's path
+/// unit does not start it again while it runs, and a line written just as a run ends (after
+/// its last look at the file) would wait for ever: written again, it starts a run (a run
+/// still at work sees the same line and answers it once).
+const HANDOVER_NUDGE: Duration = Duration::from_millis(2500);
+
 /// How long after relaying a challenge the answer is first read. The layer's work takes the
 /// guest's one vCPU for about a second under TCG (its tools' start-up, not the TPM), and each
 /// read is three agent calls the guest's agent answers on that same vCPU: reading before the
@@ -220,10 +226,15 @@ pub(super) async fn relay_handover(
             write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
             tokio::time::sleep(HANDOVER_FIRST_READ).await;
         }
+        let mut nudge_at = Some(Instant::now() + HANDOVER_NUDGE);
         loop {
             match read_answer(agent, &digest, calls).await? {
                 Some(answer) => return Ok::<_, String>(answer),
                 None => tokio::time::sleep(HANDOVER_POLL).await,
+            }
+            if nudge_at.is_some_and(|at| Instant::now() >= at) {
+                nudge_at = None;
+                write_file(agent, handover::ACTIVATE_FILE, line.as_bytes(), calls).await?;
             }
         }
     };
@@ -716,6 +727,17 @@ mod tests {
         let sight = relay_handover(&busy, &challenge(), &Counter::default(), until).await;
         assert!(matches!(sight, HandoverSight::Pending(_)), "{sight:?}");
         assert_eq!(*busy.writes.borrow(), 0, "the challenge was written again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_no_run_took_up_is_written_once_more() {
+        // The line landed as the layer's last run ended: nothing answers it.
+        let deaf = Layer::new(|_| None);
+        let until = Instant::now() + HANDOVER_ANSWER_WAIT;
+        let sight = relay_handover(&deaf, &challenge(), &Counter::default(), until).await;
+        assert!(matches!(sight, HandoverSight::Pending(_)), "{sight:?}");
+        // The credential, the line, and the line again after HANDOVER_NUDGE: once.
+        assert_eq!(*deaf.writes.borrow(), 3);
     }
 
     #[tokio::test(start_paused = true)]
