@@ -24,20 +24,24 @@ banlieue_last=$(cat "$banlieue_marker" 2>/dev/null || true)
 # cleaning the workspace on a misread would delete every test binary of a running suite.
 if [[ -n $banlieue_last && $banlieue_last != "$banlieue_workspace" ]]; then
     echo "the build cache was last used by a clone at $banlieue_last; rebuilding this workspace's crates" >&2
-    banlieue_packages=()
-    while read -r package; do banlieue_packages+=(-p "$package"); done < <(
-        cd "$banlieue_workspace" &&
-            cargo metadata --no-deps --format-version 1 --offline |
-            python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))'
-    )
-    (cd "$banlieue_workspace" && cargo clean --quiet "${banlieue_packages[@]}")
+    # The workspace, and the crates beside it with workspaces of their own (public-api's test
+    # reads the API it reviews from beside its manifest too).
+    for banlieue_manifest in "$banlieue_workspace"/{,public-api/,fuzz/}Cargo.toml; do
+        [[ -f $banlieue_manifest ]] || continue
+        banlieue_packages=()
+        while read -r package; do banlieue_packages+=(-p "$package"); done < <(
+            cargo metadata --no-deps --format-version 1 --offline --manifest-path "$banlieue_manifest" |
+                python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))'
+        )
+        cargo clean --quiet --manifest-path "$banlieue_manifest" "${banlieue_packages[@]}"
+    done
 fi
 mkdir -p "$CARGO_TARGET_DIR"
 # Written whole, by a rename: scripts sourcing this at the same moment (jobs of one test run)
 # read the old path or the new one, never the empty file a truncating write shows for a while.
 printf '%s\n' "$banlieue_workspace" >"$banlieue_marker.$$"
 mv -f "$banlieue_marker.$$" "$banlieue_marker"
-unset banlieue_marker banlieue_packages banlieue_last
+unset banlieue_marker banlieue_packages banlieue_last banlieue_manifest
 
 # build_banlieue: $CARGO_TARGET_DIR/debug/banlieue and banlieue-dev, built as the test build
 # builds them. `cargo test --workspace` unifies the features that the packages' dev-dependencies turn on (tokio's
