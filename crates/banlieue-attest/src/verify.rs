@@ -152,14 +152,63 @@ impl PcrReferences {
         Ok(PcrReferences(out))
     }
 
-    /// The text form of `values` (PCRs 0, 1, … in order), as `parse` reads it.
-    pub fn render(values: &[Vec<u8>]) -> String {
-        values
-            .iter()
-            .enumerate()
+    /// The text form of `pcrs` (a verified handover's), as `parse` reads it.
+    pub fn render(pcrs: &[(u32, Vec<u8>)]) -> String {
+        pcrs.iter()
             .map(|(pcr, value)| format!("{pcr} {}\n", hex(value)))
             .collect()
     }
+
+    /// Checks the quoted SHA-256 values (`(pcr, value)`) against these references: the step
+    /// that says so, none without references, or the first PCR that differs.
+    fn check(&self, quoted: &[(u32, &[u8])]) -> Result<Option<String>, VerifyError> {
+        if self.0.is_empty() {
+            return Ok(None);
+        }
+        for (pcr, reference) in &self.0 {
+            let value = quoted.iter().find(|(p, _)| p == pcr).map(|(_, v)| *v);
+            if value != Some(reference.as_slice()) {
+                return Err(VerifyError::Reference {
+                    pcr: *pcr,
+                    quoted: value.map_or_else(|| "not quoted".into(), hex),
+                    reference: hex(reference),
+                });
+            }
+        }
+        let list: Vec<String> = self.0.iter().map(|(p, _)| p.to_string()).collect();
+        Ok(Some(format!(
+            "reference values: PCRs {} hold the values declared for the image",
+            list.join(",")
+        )))
+    }
+}
+
+/// The firmware's event log relayed with the answer (base64), replayed to the quoted SHA-256
+/// values (`(pcr, value)`); the step that says what it showed, or that none came.
+fn replay_event_log(
+    log: Option<&str>,
+    quoted: &[(u32, &[u8])],
+    steps: &mut Vec<String>,
+) -> Result<Option<EventLog>, VerifyError> {
+    let Some(log) = log else {
+        steps.push(
+            "event log: none relayed (the guest's firmware keeps none): the PCR values stand as quoted".into(),
+        );
+        return Ok(None);
+    };
+    let bytes = decode(log).map_err(|why| VerifyError::Malformed(format!("event log: {why}")))?;
+    let log = EventLog::parse(&bytes).map_err(VerifyError::EventLog)?;
+    log.check(quoted).map_err(VerifyError::EventLog)?;
+    let per_pcr: Vec<String> = quoted
+        .iter()
+        .map(|(pcr, _)| format!("{pcr}: {}", log.events_in(*pcr)))
+        .collect();
+    steps.push(format!(
+        "event log: the firmware's {} events replay to the quoted values (events per PCR {})",
+        log.events.len(),
+        per_pcr.join(", ")
+    ));
+    Ok(Some(log))
 }
 
 fn parse_hex32(text: &str) -> Option<[u8; 32]> {
@@ -200,8 +249,9 @@ impl std::fmt::Debug for Challenge {
 /// What a verified handover proved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verified {
-    /// The quoted PCRs' values (SHA-256 bank, PCRs 0-7), as checked against the quote.
-    pub pcr_values: Vec<Vec<u8>>,
+    /// The quoted SHA-256 PCRs (the guest quotes 0-7), each with its value, as checked
+    /// against the quote.
+    pub pcrs: Vec<(u32, Vec<u8>)>,
     /// The TPM's reset count at the quote: a verifier can tell a TPM reset between quotes.
     pub reset_count: u32,
     /// Where the guest put the sealed payload, for a sealing challenge.
@@ -405,61 +455,23 @@ impl Challenge {
             quote.reset_count
         ));
         // The quoted SHA-256 values by PCR, in the selection's order.
-        let mut quoted_pcrs: Vec<(u32, &[u8])> = Vec::new();
-        let mut values = pcr_values.iter();
-        for (hash, pcrs) in &quote.pcr_selection {
-            for pcr in pcrs {
+        let mut pcrs: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut values = pcr_values.into_iter();
+        for (hash, indices) in &quote.pcr_selection {
+            for pcr in indices {
                 let Some(value) = values.next() else { break };
                 if *hash == crate::public::ALG_SHA256 {
-                    quoted_pcrs.push((u32::from(*pcr), value));
+                    pcrs.push((u32::from(*pcr), value));
                 }
             }
         }
-        let event_log = match answer.event_log.as_deref() {
-            None => {
-                steps.push(
-                    "event log: none relayed (the guest's firmware keeps none): the PCR values stand as quoted".into(),
-                );
-                None
-            }
-            Some(log) => {
-                let bytes = decode(log)
-                    .map_err(|why| VerifyError::Malformed(format!("event log: {why}")))?;
-                let log = EventLog::parse(&bytes).map_err(VerifyError::EventLog)?;
-                log.check(&quoted_pcrs).map_err(VerifyError::EventLog)?;
-                let per_pcr: Vec<String> = quoted_pcrs
-                    .iter()
-                    .map(|(pcr, _)| format!("{pcr}: {}", log.events_in(*pcr)))
-                    .collect();
-                steps.push(format!(
-                    "event log: the firmware's {} events replay to the quoted values (events per PCR {})",
-                    log.events.len(),
-                    per_pcr.join(", ")
-                ));
-                Some(log)
-            }
-        };
-        if !self.references.0.is_empty() {
-            for (pcr, reference) in &self.references.0 {
-                let quoted = quoted_pcrs.iter().find(|(p, _)| p == pcr).map(|(_, v)| *v);
-                if quoted != Some(reference.as_slice()) {
-                    return Err(VerifyError::Reference {
-                        pcr: *pcr,
-                        quoted: quoted.map_or_else(|| "not quoted".into(), hex),
-                        reference: hex(reference),
-                    });
-                }
-            }
-            let list: Vec<String> = self
-                .references
-                .0
-                .iter()
-                .map(|(p, _)| p.to_string())
-                .collect();
-            steps.push(format!(
-                "reference values: PCRs {} hold the values declared for the image",
-                list.join(",")
-            ));
+        let quoted_pcrs: Vec<(u32, &[u8])> = pcrs
+            .iter()
+            .map(|(pcr, value)| (*pcr, value.as_slice()))
+            .collect();
+        let event_log = replay_event_log(answer.event_log.as_deref(), &quoted_pcrs, &mut steps)?;
+        if let Some(step) = self.references.check(&quoted_pcrs)? {
+            steps.push(step);
         }
         let mut claimed = self.host_keys.clone();
         claimed.sort();
@@ -486,7 +498,7 @@ impl Challenge {
             }
         };
         Ok(Verified {
-            pcr_values,
+            pcrs,
             reset_count: quote.reset_count,
             opened,
             event_log,
@@ -661,7 +673,7 @@ mod tests {
 
     #[test]
     fn reference_values_round_trip_and_bad_lines_are_named() {
-        let values = vec![vec![0x11; 32], vec![0x22; 32]];
+        let values = vec![(0, vec![0x11; 32]), (1, vec![0x22; 32])];
         let text = PcrReferences::render(&values);
         let parsed = PcrReferences::parse(&format!("# the test image\n{text}\n")).unwrap();
         assert_eq!(parsed.0, vec![(0, [0x11; 32]), (1, [0x22; 32])]);

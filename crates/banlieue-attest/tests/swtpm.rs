@@ -527,7 +527,14 @@ fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result
     let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?;
     let answer = guest_answers(&tpm, &challenge, &host_keys)?;
     let verified = challenge.check(&answer)?;
-    assert_eq!(verified.pcr_values.len(), 8);
+    assert_eq!(
+        verified
+            .pcrs
+            .iter()
+            .map(|(pcr, _)| *pcr)
+            .collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
     assert!(
         verified.steps.iter().any(|s| s.starts_with("host keys:")),
         "{:?}",
@@ -567,7 +574,7 @@ fn the_subject_verifies_a_handover_and_refuses_each_lie_of_the_relay() -> Result
     }
     // PCR reference values for the image: those of the boot pass; any other is refused
     // naming the PCR.
-    let references = PcrReferences::render(&verified.pcr_values);
+    let references = PcrReferences::render(&verified.pcrs);
     let challenge = Challenge::new(&claim, &bundle, now, &mut OsRng)?
         .with_references(PcrReferences::parse(&references)?);
     let answer_now = guest_answers(&tpm, &challenge, &host_keys)?;

@@ -55,7 +55,7 @@ fn read_bounded(path: &Path, what: &str) -> Result<String, CliError> {
 /// `claim verify --write-pcrs`: the verified PCR values, in the reference form, for whoever
 /// publishes the image's reference values from a boot they trust.
 pub fn write_pcrs(path: &Path, verified: &Verified) -> Result<(), CliError> {
-    std::fs::write(path, PcrReferences::render(&verified.pcr_values))
+    std::fs::write(path, PcrReferences::render(&verified.pcrs))
         .map_err(|e| CliError::Invalid(format!("{}: {e}", path.display())))
 }
 
