@@ -184,6 +184,26 @@ pub struct BuildArtifact {
     /// Bytes of the disk in all, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_total: Option<i64>,
+    /// The values PCR 4 (the boot chain) and PCR 5 (the partition table) hold after an EDK2
+    /// firmware (OVMF) boots this disk from its removable-media path through shim, computed
+    /// from the disk when it is Ready; empty for a disk that does not boot that way. A subject
+    /// recomputes them from the image it pulls by `manifestDigest` (`banlieue imagebuild pcrs`)
+    /// rather than trusting them (docs/adr/0077-attested-handover.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 24))]
+    pub pcr_references: Vec<PcrReference>,
+}
+
+/// One PCR's value a boot of an image is expected to show.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PcrReference {
+    /// The PCR's index, 0-23.
+    #[schemars(range(max = 23))]
+    pub pcr: u32,
+    /// Its SHA-256 bank's value, 64 lowercase hex digits.
+    #[schemars(length(min = 64, max = 64), regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub sha256: String,
 }
 
 /// The one artifact kind there is.

@@ -29,7 +29,7 @@ pub use common::{
 };
 pub use image::{
     ArtifactPhase, BuildArtifact, ImagePhase, ImageSource, ImageSourceKind, InstallMode,
-    ProviderImageStatus, VMClass, VMClassSpec, VMImage, VMImageSpec, VMImageStatus,
+    PcrReference, ProviderImageStatus, VMClass, VMClassSpec, VMImage, VMImageSpec, VMImageStatus,
     ZoneImageStatus, ZonePhase,
 };
 pub use machine::{

@@ -13,11 +13,15 @@
 //!   data in it (fresh, this claim's), and the PCR values it covers.
 //! - [`seal`]: a payload sealed to a credential's secret, so that only the VM whose TPM
 //!   activates it can open it.
+//! - [`boot`]: PCR 4 and PCR 5 computed from a disk image before any boot (its boot chain's
+//!   Authenticode digests and its partition table), the reference values a quote of a boot
+//!   of that image must show.
 //! - [`verify`]: the whole handover as the subject checks it from its claim: the EK
 //!   certificate's chain to the trust bundle, the challenge, and the answer.
 //!
 //! Sans-io: bytes in, bytes out; the randomness is the caller's.
 
+pub mod boot;
 pub mod credential;
 pub mod event_log;
 pub mod kdf;

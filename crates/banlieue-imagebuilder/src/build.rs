@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use banlieue_api::image::ARTIFACT_KIND_CLOUD_IMAGE;
-use banlieue_api::{ArtifactPhase, BuildArtifact, VMImage};
+use banlieue_api::{ArtifactPhase, BuildArtifact, PcrReference, VMImage};
+use banlieue_attest::boot::BootError;
 use kube::{Api, Client};
 use oci_client::Reference;
 
@@ -22,6 +23,7 @@ use crate::convert;
 use crate::credentials;
 use crate::decide::{self, url_source};
 use crate::manifest;
+use crate::measure;
 use crate::publish::{self, Guarded};
 use crate::pull::{self, Puller};
 use crate::reason::{BuildError, Reason};
@@ -114,7 +116,13 @@ pub async fn run(kube: Client, args: BuildArgs) -> Result<BuildOutcome, BuildErr
     let result = build(&kube, &api, &args, &reference, &digest, &progress).await;
     reporter.abort();
     let artifact = match &result {
-        Ok(record) => ready(&args, &digest, record),
+        Ok(record) => {
+            let path = args.artifacts.join(decide::artifact_path(&digest));
+            let references = tokio::task::spawn_blocking(move || measure::pcr_references(&path))
+                .await
+                .map_err(|e| BuildError::new(Reason::StorageFailed, e.to_string()))?;
+            ready(&args, &digest, record, references)
+        }
         Err(e) => BuildArtifact {
             kind: ARTIFACT_KIND_CLOUD_IMAGE.to_owned(),
             phase: ArtifactPhase::Failed,
@@ -145,8 +153,22 @@ struct Done {
     reused: bool,
 }
 
-fn ready(args: &BuildArgs, digest: &str, done: &Done) -> BuildArtifact {
+/// The Ready artifact; its message says whether the disk has PCR reference values and, if
+/// not, why (a disk that does not boot through shim by EFI has none: not a failure).
+fn ready(
+    args: &BuildArgs,
+    digest: &str,
+    done: &Done,
+    references: Result<Vec<PcrReference>, BootError>,
+) -> BuildArtifact {
     let size = i64::try_from(done.record.size_bytes).ok();
+    let (pcr_references, measured) = match references {
+        Ok(references) => (
+            references,
+            "PCR 4 and 5 computed from its boot chain".to_owned(),
+        ),
+        Err(e) => (Vec::new(), format!("no PCR reference values: {e}")),
+    };
     BuildArtifact {
         kind: ARTIFACT_KIND_CLOUD_IMAGE.to_owned(),
         claim_name: args.claim_name.clone(),
@@ -156,9 +178,10 @@ fn ready(args: &BuildArgs, digest: &str, done: &Done) -> BuildArtifact {
         phase: ArtifactPhase::Ready,
         manifest_digest: Some(digest.to_owned()),
         reason: None,
-        message: Some(format!("built from {}", args.reference)),
+        message: Some(format!("built from {}; {measured}", args.reference)),
         bytes_done: size,
         bytes_total: size,
+        pcr_references,
     }
 }
 

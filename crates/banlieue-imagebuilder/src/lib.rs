@@ -18,6 +18,7 @@
 //! - [`build`]: what a build Job runs (`banlieue imagebuild run`); [`pull`] is its network side
 //!   ([`challenge`] its authentication, without I/O), [`credentials`] how it reaches a registry, [`convert`] the blocking middle, [`publish`] how
 //!   it writes `status.buildArtifact`;
+//! - [`measure`]: the PCR reference values a built disk publishes;
 //! - [`reason`]: why a build stops short, as published.
 
 // A product function stays under clippy.toml's line limit (tests may be longer).
@@ -34,6 +35,7 @@ mod error;
 pub mod hashing;
 pub mod layer;
 pub mod manifest;
+pub mod measure;
 pub mod publish;
 pub mod pull;
 pub mod qcow2;

@@ -277,7 +277,7 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
     );
 
     access_installs_a_key_that_logs_in(&daemon, name, &host_keys).await?;
-    a_credential_opens_only_in_this_guests_tpm(&daemon, name).await?;
+    a_credential_opens_only_in_this_guests_tpm(&daemon, name, &image).await?;
 
     daemon.virsh(["destroy", name]).await?;
     daemon.virsh(["undefine", name, "--nvram", "--tpm"]).await?;
@@ -292,7 +292,11 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
 /// (banlieue-attest) for the AK's Name, relayed as the provider would, is activated by the
 /// guest's TPM and answered with the secret and a quote by the AK carrying the relayed extra
 /// data, over the PCR values it shows; one made for another Name is refused by it.
-async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &str) -> Result<()> {
+async fn a_credential_opens_only_in_this_guests_tpm(
+    daemon: &Libvirtd,
+    name: &str,
+    image: &Path,
+) -> Result<()> {
     use banlieue_attest::rand_core::{OsRng, RngCore};
     use banlieue_attest::{Public, PublicKey, extra_data, make_credential, verify_quote};
 
@@ -379,6 +383,7 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
         parsed.events.len(),
         per_pcr.join(", ")
     );
+    the_image_predicts_its_boot(image, &parsed, &pcrs)?;
 
     // A payload sealed to a new credential's secret: the layer opens it for the login the
     // access step installed keys for, alone; one flipped byte and it refuses it.
@@ -439,6 +444,54 @@ async fn a_credential_opens_only_in_this_guests_tpm(daemon: &Libvirtd, name: &st
 /// Relays `file` as the provider would (attest/challenge, then attest/activate naming its
 /// SHA-256 and the subject's binding) and waits for the layer's answer about these very
 /// bytes.
+/// PCR 4 and PCR 5 computed from the image's bytes before any boot (banlieue-attest's
+/// `boot::predict`, what the image builder publishes) are what the firmware measured: each
+/// measurement equals the log's event of that PCR, in order, and the values equal the quoted
+/// ones. The raw disk is qemu-img's, not banlieue's qcow2 reader's.
+fn the_image_predicts_its_boot(
+    image: &Path,
+    log: &banlieue_attest::event_log::EventLog,
+    quoted: &[Vec<u8>],
+) -> Result<()> {
+    use banlieue_attest::boot;
+    let scratch = tempfile::tempdir()?;
+    let raw = scratch.path().join("disk.raw");
+    let status = std::process::Command::new("qemu-img")
+        .args(["convert", "-q", "-O", "raw"])
+        .arg(image)
+        .arg(&raw)
+        .status()?;
+    ensure!(status.success(), "qemu-img convert {}", image.display());
+    let prediction = boot::predict(&std::fs::File::open(&raw)?, &boot::SHIM_CHAIN)?;
+    for pcr in [4u32, 5] {
+        let predicted: Vec<[u8; 32]> = prediction
+            .measurements
+            .iter()
+            .filter(|m| m.pcr == pcr)
+            .map(|m| m.digest)
+            .collect();
+        let logged: Vec<[u8; 32]> = log
+            .events
+            .iter()
+            .filter(|e| e.pcr == pcr)
+            .filter_map(|e| e.sha256)
+            .collect();
+        ensure!(
+            predicted == logged,
+            "PCR {pcr}: the image predicts {predicted:02x?}, the firmware logged {logged:02x?}"
+        );
+    }
+    for (pcr, value) in prediction.values() {
+        ensure!(
+            quoted.get(pcr as usize) == Some(&value),
+            "PCR {pcr}: predicted {value:02x?}, quoted {:02x?}",
+            quoted.get(pcr as usize)
+        );
+    }
+    eprintln!("PCR 4 and PCR 5 computed from the image equal the boot's");
+    Ok(())
+}
+
 async fn challenge(daemon: &Libvirtd, name: &str, file: &[u8], binding: &[u8]) -> Result<String> {
     challenge_sealed(daemon, name, file, binding, None).await
 }
@@ -756,4 +809,111 @@ fn path_str(path: &Path) -> Result<&str> {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// banlieue-attest's FAT reader against file systems dosfstools made and mtools filled (the
+/// image's ESP is made the same way): long and short names in any case, nested directories,
+/// files over many clusters, FAT16 and FAT32; a deleted or missing file, or a directory named
+/// as a file, is not found.
+#[test]
+fn the_esp_reader_reads_what_mtools_wrote() -> Result<()> {
+    use banlieue_attest::boot::BootError;
+    use banlieue_attest::boot::fat::Fat;
+    let dir = tempfile::tempdir()?;
+    let mut big = vec![0u8; 300_000];
+    let mut state = 0x2545_f491_u32;
+    for byte in &mut big {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        *byte = state as u8;
+    }
+    let files: [(&str, &[u8]); 4] = [
+        ("EFI/BOOT/BOOTX64.EFI", &big[..200_000]),
+        ("EFI/BOOT/grubx64.efi", &big),
+        (
+            "EFI/debian/a long name, with spaces.cfg",
+            b"set timeout=0\n",
+        ),
+        ("vmlinuz", &big[1000..5000]),
+    ];
+    for (fat_bits, kib) in [("16", 32 * 1024), ("32", 48 * 1024)] {
+        let image = dir.path().join(format!("fat{fat_bits}.img"));
+        let mkfs = std::process::Command::new("mkfs.vfat")
+            .args(["-C", "-F", fat_bits, "-S", "512", "-s", "1"])
+            .arg(&image)
+            .arg(kib.to_string())
+            .output()?;
+        ensure!(mkfs.status.success(), "mkfs.vfat: {mkfs:?}");
+        let tree = dir.path().join(format!("tree{fat_bits}"));
+        for (path, bytes) in files {
+            let at = tree.join(path);
+            std::fs::create_dir_all(at.parent().context("parent")?)?;
+            std::fs::write(&at, bytes)?;
+        }
+        std::fs::write(tree.join("deleted.efi"), b"gone")?;
+        let mtools = |args: &[&Path]| -> Result<()> {
+            let out = std::process::Command::new(args[0])
+                .env("MTOOLS_SKIP_CHECK", "1")
+                .args(&args[1..])
+                .output()?;
+            ensure!(out.status.success(), "{args:?}: {out:?}");
+            Ok(())
+        };
+        mtools(&[
+            Path::new("mcopy"),
+            Path::new("-s"),
+            Path::new("-i"),
+            &image,
+            &tree.join("EFI"),
+            &tree.join("vmlinuz"),
+            &tree.join("deleted.efi"),
+            Path::new("::/"),
+        ])?;
+        mtools(&[
+            Path::new("mdel"),
+            Path::new("-i"),
+            &image,
+            Path::new("::/deleted.efi"),
+        ])?;
+        let disk = std::fs::File::open(&image)?;
+        let length = disk.metadata()?.len();
+        let fs = Fat::open(&disk, 0, length)?;
+        for (path, bytes) in files {
+            ensure!(fs.read_file(path)? == bytes, "FAT{fat_bits}: {path}");
+        }
+        ensure!(
+            fs.read_file(r"\efi\boot\BOOTX64.efi")? == big[..200_000],
+            "FAT{fat_bits}: names match without regard to case"
+        );
+        for missing in ["deleted.efi", "EFI/BOOT/none.efi", "EFI/BOOT", "vmlinuz/x"] {
+            ensure!(
+                matches!(fs.read_file(missing), Err(BootError::NotFound(_))),
+                "FAT{fat_bits}: {missing} found"
+            );
+        }
+        // Corrupted anywhere in its first MiB (boot sector, FATs, directories): an error or
+        // some bytes, never a panic or a read without end.
+        let mut corrupt = std::fs::read(&image)?;
+        for _ in 0..300 {
+            let mut changed = Vec::new();
+            for _ in 0..4 {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                let at = state as usize % (1 << 20);
+                changed.push((at, corrupt[at]));
+                corrupt[at] = (state >> 8) as u8;
+            }
+            if let Ok(fs) = Fat::open(&corrupt, 0, length) {
+                for (path, _) in files {
+                    let _ = fs.read_file(path);
+                }
+            }
+            for (at, byte) in changed.into_iter().rev() {
+                corrupt[at] = byte;
+            }
+        }
+    }
+    Ok(())
 }

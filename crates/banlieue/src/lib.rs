@@ -10,6 +10,7 @@ pub mod bootstrap;
 pub mod cidata;
 pub mod claim_cli;
 pub mod claim_verify;
+pub mod image_pcrs;
 #[cfg(feature = "libvirt")]
 pub mod libvirt;
 pub mod login;

@@ -120,6 +120,22 @@ enum ImagebuildCommand {
         #[arg(long, default_value_t = banlieue_imagebuilder::build::DEFAULT_MAX_DISK_BYTES)]
         max_disk_bytes: u64,
     },
+    /// Compute a disk image's PCR reference values: PCR 4 (its boot chain) and PCR 5 (its
+    /// partition table) as an EDK2 firmware (OVMF) measures a boot of it through shim, from
+    /// the image's bytes (raw or qcow2), as the build publishes them on a VMImage. Prints each
+    /// measurement; `--write` saves the file `banlieue claim verify --pcr-references` reads.
+    Pcrs {
+        /// The disk image (raw or qcow2), e.g. pulled from the registry by its digest.
+        image: PathBuf,
+        /// An EFI application of the boot chain, as a path on the EFI system partition, in the
+        /// order they start (repeat the flag). Shim's chain when none is given:
+        /// `\EFI\BOOT\BOOTX64.EFI` then `\EFI\BOOT\grubx64.efi`.
+        #[arg(long = "loader")]
+        loaders: Vec<String>,
+        /// Write the reference file here.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -583,6 +599,21 @@ fn imagebuild(command: ImagebuildCommand) -> Result<(), BoxError> {
             claim_name: Some(claim_name),
             max_disk_bytes,
         }),
+        ImagebuildCommand::Pcrs {
+            image,
+            loaders,
+            write,
+        } => {
+            let scratch = tempfile::tempdir()?;
+            let measured = banlieue::image_pcrs::measure(&image, &loaders, scratch.path())?;
+            print!("{}", banlieue::image_pcrs::describe(&measured.prediction));
+            if let Some(path) = write {
+                std::fs::write(&path, &measured.references)
+                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(())
+        }
     }
 }
 

@@ -1246,6 +1246,17 @@ async fn import_image(
     let path = artifact.path.clone().ok_or("artifact path")?;
     assert_eq!(artifact.sha256.as_deref(), Some(expected_sha256.as_str()));
     assert_eq!(sha256_file(&dir.join(&path))?, expected_sha256);
+    // The build published the disk's PCR 4 and 5 (the test image boots through shim), the
+    // values the subject's own computation from the image gives (`banlieue imagebuild pcrs`
+    // on the registry's qcow2; the guest test checks them against a boot's quote).
+    let scratch = tempfile::tempdir()?;
+    let own = banlieue::image_pcrs::measure(&guest, &[], scratch.path())?;
+    let published: String = artifact
+        .pcr_references
+        .iter()
+        .map(|r| format!("{} {}\n", r.pcr, r.sha256))
+        .collect();
+    assert_eq!(published, own.references, "{:?}", artifact.message);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), BUILD_NS);
     let built = pods
         .list(&ListParams::default().labels(&format!(

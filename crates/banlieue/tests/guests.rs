@@ -1299,8 +1299,9 @@ async fn claim_cli_as_alice(
 }
 
 /// PCR reference values (ADR-0077): alice writes the values a verified boot quoted, then
-/// verifies against them; the same file with PCR 4 (the boot chain's EFI applications)
-/// changed is refused naming that PCR.
+/// verifies against them; those `banlieue imagebuild pcrs` computes from the image are the
+/// boot's PCR 4 and 5 and verify alone; the file with PCR 4 (the boot chain's EFI
+/// applications) changed is refused naming that PCR.
 async fn check_references(
     control_plane: &ControlPlane,
     (libvirtd, domain): (&Libvirtd, &str),
@@ -1338,6 +1339,43 @@ async fn check_references(
     );
     assert!(
         said.contains("ok  reference values: PCRs 0,1,2,3,4,5,6,7 hold the values declared"),
+        "{said}"
+    );
+    // The image's own: PCR 4 and 5 computed from the test image's bytes with `banlieue
+    // imagebuild pcrs` (what the image builder publishes on a VMImage) are the boot's, and a
+    // verify against that file alone checks those two.
+    let image = banlieue_testenv::guest_image::path().await?;
+    let from_image = dir.path().join("image.pcrs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_banlieue"))
+        .args(["imagebuild", "pcrs"])
+        .arg(&image)
+        .arg("--write")
+        .arg(&from_image)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let computed = std::fs::read_to_string(&from_image)?;
+    let booted: String = references
+        .lines()
+        .filter(|l| l.starts_with("4 ") || l.starts_with("5 "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        computed, booted,
+        "computed from the image against a boot's quote"
+    );
+    let out = verify(vec![
+        "--pcr-references".into(),
+        from_image.display().to_string(),
+    ])
+    .await?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("ok  reference values: PCRs 4,5 hold the values declared"),
         "{said}"
     );
     let other_boot: String = references
