@@ -60,6 +60,10 @@ pub struct MachineBackend {
     /// `Running`, reporting `status.standby` (ADR-0073). False: members of a `standby: Saved`
     /// pool keep running, and the pool says `StandbyNotSupported`.
     pub saves: bool,
+    /// Its provider enforces a machine's `spec.egress` on the host before the guest boots.
+    /// False: a member of a class with `egress` is not built (`EgressNotEnforced`), so that no
+    /// guest runs with more access than its class declares.
+    pub enforces_egress: bool,
 }
 
 impl MachineBackend {
@@ -84,6 +88,7 @@ impl MachineBackend {
             finalizer,
             spec: placement_spec,
             saves: false,
+            enforces_egress: false,
         }
     }
 

@@ -123,6 +123,12 @@ pub mod reasons {
     pub const MEMBERS_STARTING: &str = "MembersStarting";
     /// Ready=False: `standby: Saved` on a backend that cannot save machines.
     pub const STANDBY_NOT_SUPPORTED: &str = "StandbyNotSupported";
+    /// Scheduled=False: the class declares egress and the placed Provider's backend cannot
+    /// enforce it.
+    pub const EGRESS_NOT_ENFORCED: &str = "EgressNotEnforced";
+    /// Ready=False on a machine: its egress filter could not be made or defined on the host,
+    /// so its domain is not defined (no guest runs with more access than declared).
+    pub const EGRESS_FILTER_FAILED: &str = "EgressFilterFailed";
 
     // VirtualMachineClaim
     pub const BOUND: &str = "Bound";

@@ -296,6 +296,12 @@ pub struct VMClassSpec {
     /// Size of the OS disk; overrides the image's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_size: Option<Quantity>,
+    /// What members may reach over the network, enforced on the host from their first boot
+    /// (default deny: only what `allow` lists). Absent: whatever the member's network allows.
+    /// Needs a backend that enforces it (libvirt: its network filter driver); a member of
+    /// such a class placed on one that cannot is refused, `EgressNotEnforced`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::ClassEgress>,
 }
 
 /// The image's effective revision: `spec.revision`, or its [`content_revision`].

@@ -12,6 +12,7 @@ pub mod artifacts;
 pub mod backend;
 pub mod common;
 pub mod conditions;
+pub mod egress;
 pub mod handover;
 pub mod image;
 pub mod machine;

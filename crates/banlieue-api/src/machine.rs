@@ -217,6 +217,10 @@ pub struct LibvirtMachineSpec {
     /// writes it from the bound claim's `spec.handover`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handover: Option<crate::handover::HandoverChallenge>,
+    /// What the machine may reach over the network, enforced on the host by a network filter
+    /// of its own from its first boot: its class's egress. The controller writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::ClassEgress>,
 }
 
 /// The OS disk of a LibvirtMachine: exactly one shape (ADR-0040).
@@ -405,6 +409,7 @@ pub fn libvirt_machine_backend() -> MachineBackend {
         finalizer: crate::names::FINALIZER_DOMAIN_PROTECTION,
         spec: libvirt_spec,
         saves: true,
+        enforces_egress: true,
     }
 }
 
@@ -447,6 +452,7 @@ pub fn libvirt_spec(input: &MachineInput<'_>) -> Result<Value, BuildError> {
             // claim's keys from the start; otherwise the bind writes them later.
             access: input.vm.spec.access.clone(),
             handover: input.vm.spec.handover.clone(),
+            egress: input.class.spec.egress.clone(),
         },
     )
 }

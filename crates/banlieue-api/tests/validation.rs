@@ -682,3 +682,117 @@ async fn a_pool_template_carries_no_access() {
         .await
         .expect("a template without access");
 }
+
+/// A class's egress (ADR-0078) is refused at the API server when one rule shows it wrong: a
+/// CIDR that is not IPv4 or has host bits set, ports without TCP or UDP, a range that ends
+/// before it starts or has no start, a resolver that is not an IPv4 address, an unknown
+/// protocol or opt-out, too many rules; each message names what is wrong.
+#[tokio::test]
+async fn a_class_egress_is_ipv4_rules_the_host_can_filter() {
+    let cp = control_plane().await;
+    let ns = cp.fresh_namespace().await.expect("namespace");
+    let resource = kube::api::ApiResource::erase::<banlieue_api::VMClass>(&());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cp.client().expect("client"), &ns, &resource);
+    let class = |name: &str, egress: Value| {
+        json!({ "apiVersion": "banlieue.io/v1alpha1", "kind": "VMClass",
+                "metadata": { "name": name },
+                "spec": { "cpu": 1, "memory": "1Gi", "egress": egress } })
+    };
+    let rule = |rule: Value| json!({ "allow": [rule] });
+    let created = create(
+        &api,
+        class(
+            &format!("{ns}-egress"),
+            json!({
+                "allow": [
+                    { "cidr": "10.0.0.0/8", "protocol": "TCP", "port": 443, "endPort": 444 },
+                    { "cidr": "192.0.2.7/32", "protocol": "ICMP" },
+                    { "cidr": "0.0.0.0/0" }
+                ],
+                "dnsResolver": "10.0.0.53",
+                "allowAlwaysDenied": ["LinkLocal"]
+            }),
+        ),
+    )
+    .await
+    .expect("a valid egress is accepted");
+    assert_eq!(
+        created.data["spec"]["egress"]["allow"][2]["protocol"],
+        "Any"
+    );
+    let too_many: Vec<Value> = (0..65)
+        .map(|i| json!({ "cidr": format!("10.{i}.0.0/16") }))
+        .collect();
+    for (name, egress, expected) in [
+        (
+            "host-bits",
+            rule(json!({ "cidr": "10.0.0.1/8" })),
+            "cidr 10.0.0.1/8 is not an IPv4 CIDR with its host bits zero",
+        ),
+        (
+            "ipv6",
+            rule(json!({ "cidr": "fd00::/8" })),
+            "cidr fd00::/8 is not an IPv4 CIDR",
+        ),
+        (
+            "garbage",
+            rule(json!({ "cidr": "not.a.cidr/8" })),
+            "is not an IPv4 CIDR",
+        ),
+        (
+            "icmp-port",
+            rule(json!({ "cidr": "10.0.0.0/8", "protocol": "ICMP", "port": 1 })),
+            "port needs protocol TCP or UDP",
+        ),
+        (
+            "any-port",
+            rule(json!({ "cidr": "10.0.0.0/8", "port": 80 })),
+            "port needs protocol TCP or UDP",
+        ),
+        (
+            "reversed",
+            rule(json!({ "cidr": "10.0.0.0/8", "protocol": "TCP", "port": 90, "endPort": 80 })),
+            "endPort needs port, and may not be below it",
+        ),
+        (
+            "end-only",
+            rule(json!({ "cidr": "10.0.0.0/8", "protocol": "TCP", "endPort": 80 })),
+            "endPort needs port, and may not be below it",
+        ),
+        (
+            "port-range",
+            rule(json!({ "cidr": "10.0.0.0/8", "protocol": "UDP", "port": 70000 })),
+            "should be less than or equal to 65535",
+        ),
+        (
+            "protocol",
+            rule(json!({ "cidr": "10.0.0.0/8", "protocol": "SCTP" })),
+            "Unsupported value: \"SCTP\"",
+        ),
+        (
+            "resolver",
+            json!({ "dnsResolver": "ns1.example" }),
+            "dnsResolver must be an IPv4 address",
+        ),
+        (
+            "resolver-v6",
+            json!({ "dnsResolver": "fd00::53" }),
+            "dnsResolver must be an IPv4 address",
+        ),
+        (
+            "opt-out",
+            json!({ "allowAlwaysDenied": ["Everything"] }),
+            "Unsupported value: \"Everything\"",
+        ),
+        (
+            "too-many",
+            json!({ "allow": too_many }),
+            "must have at most 64 items",
+        ),
+    ] {
+        let (code, message) = refusal(create(&api, class(&format!("{ns}-{name}"), egress)).await);
+        assert_eq!(code, 422, "{name}: {message}");
+        assert!(message.contains(expected), "{name}: {message}");
+    }
+}

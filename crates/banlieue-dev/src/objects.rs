@@ -313,6 +313,7 @@ pub fn guest_class() -> VMClass {
             tpm_enabled: true,
             secure_boot: false,
             disk_size: None,
+            egress: None,
         },
     );
     class.metadata.namespace = Some(SYSTEM_NAMESPACE.into());
@@ -375,6 +376,7 @@ pub fn class() -> VMClass {
             tpm_enabled: false,
             secure_boot: false,
             disk_size: None,
+            egress: None,
         },
     );
     class.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

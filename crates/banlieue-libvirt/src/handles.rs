@@ -1062,6 +1062,133 @@ impl Network {
     }
 }
 
+/// A network filter (`virNWFilterPtr`): a named set of firewall rules that a domain's
+/// interface references with `<filterref filter='…'/>`, and that may reference other filters.
+///
+/// ```no_run
+/// # async fn demo(client: banlieue_libvirt::Client) -> banlieue_libvirt::Result<()> {
+/// use banlieue_libvirt::{NwFilter, uuid_string};
+///
+/// let rules = |port: u16| {
+///     format!(
+///         "<rule action='accept' direction='out'><tcp dstportstart='{port}'/></rule>\
+///          <rule action='drop' direction='inout'><all/></rule>"
+///     )
+/// };
+/// let xml = format!("<filter name='web-only' chain='root'>{}</filter>", rules(443));
+/// let filter = NwFilter::define_xml(&client, &xml).await?;
+/// // A replacement names the filter's UUID.
+/// let uuid = uuid_string(&filter.uuid());
+/// let xml = format!(
+///     "<filter name='web-only' chain='root'><uuid>{uuid}</uuid>{}</filter>",
+///     rules(8443)
+/// );
+/// NwFilter::define_xml(&client, &xml).await?;
+/// println!("{}", filter.xml_desc().await?);
+/// for f in NwFilter::list_all(&client).await? {
+///     println!("{}", f.name());
+/// }
+/// filter.undefine().await?;
+/// assert!(NwFilter::lookup_by_name(&client, "web-only").await?.is_none());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct NwFilter {
+    client: Client,
+    raw: remote::RemoteNonnullNwfilter,
+}
+
+impl NwFilter {
+    /// Wraps a reference the protocol returned.
+    pub fn from_raw(client: &Client, raw: remote::RemoteNonnullNwfilter) -> NwFilter {
+        NwFilter {
+            client: client.clone(),
+            raw,
+        }
+    }
+
+    /// The filter's name.
+    pub fn name(&self) -> &str {
+        &self.raw.name
+    }
+
+    /// The filter's UUID.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.raw.uuid
+    }
+
+    /// libvirt's reference, for calls through [`Client::call`].
+    pub fn raw(&self) -> &remote::RemoteNonnullNwfilter {
+        &self.raw
+    }
+
+    /// `virNWFilterLookupByName`; `None` when there is no such filter.
+    pub async fn lookup_by_name(client: &Client, name: &str) -> Result<Option<NwFilter>> {
+        let r = client
+            .call::<rp::NwfilterLookupByName>(&remote::RemoteNwfilterLookupByNameArgs {
+                name: name.to_string(),
+            })
+            .await;
+        Ok(found(r)?.map(|r| NwFilter::from_raw(client, r.nwfilter)))
+    }
+
+    /// `virConnectListAllNWFilters`: every defined filter, those libvirt installs
+    /// (`clean-traffic`, …) included.
+    pub async fn list_all(client: &Client) -> Result<Vec<NwFilter>> {
+        let r = client
+            .call::<rp::ConnectListAllNwfilters>(&remote::RemoteConnectListAllNwfiltersArgs {
+                need_results: 1,
+                flags: 0,
+            })
+            .await?;
+        Ok(r.filters
+            .into_iter()
+            .map(|f| NwFilter::from_raw(client, f))
+            .collect())
+    }
+
+    /// `virNWFilterDefineXML`: defines a filter, or replaces the filter of the same name.
+    ///
+    /// A replacement must carry the filter's `<uuid>` (as [`NwFilter::xml_desc`] gives it):
+    /// libvirt makes up a UUID for XML without one, and then refuses the name as taken by
+    /// another filter (`OPERATION_FAILED`, "filter '…' already exists with uuid …"). A
+    /// replaced filter is instantiated again on the interfaces of running domains that use it,
+    /// directly or through other filters; when that fails (a `<filterref>` to a missing
+    /// filter), the call fails and the old definition and its rules stay.
+    pub async fn define_xml(client: &Client, xml: &str) -> Result<NwFilter> {
+        let r = client
+            .call::<rp::NwfilterDefineXml>(&remote::RemoteNwfilterDefineXmlArgs {
+                xml: xml.to_string(),
+            })
+            .await?;
+        Ok(NwFilter::from_raw(client, r.nwfilter))
+    }
+
+    /// `virNWFilterGetXMLDesc`: the filter's XML.
+    pub async fn xml_desc(&self) -> Result<String> {
+        let r = self
+            .client
+            .call::<rp::NwfilterGetXmlDesc>(&remote::RemoteNwfilterGetXmlDescArgs {
+                nwfilter: self.raw.clone(),
+                flags: 0,
+            })
+            .await?;
+        Ok(r.xml)
+    }
+
+    /// `virNWFilterUndefine`: removes the filter's definition. Fails with
+    /// `OPERATION_INVALID` ("nwfilter is in use") while an interface of a running domain uses
+    /// it, directly or through other filters; a filter that only other filters reference can
+    /// be undefined.
+    pub async fn undefine(&self) -> Result<()> {
+        self.client
+            .call::<rp::NwfilterUndefine>(&remote::RemoteNwfilterUndefineArgs {
+                nwfilter: self.raw.clone(),
+            })
+            .await
+    }
+}
+
 /// `virNodeInfo`: what [`Client::node_info`] returns. `#[non_exhaustive]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

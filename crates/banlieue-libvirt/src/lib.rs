@@ -7,8 +7,8 @@
 //! ([`proto`], over the XDR runtime in [`xdr`]).
 //!
 //! The tokio [`Client`] calls any procedure by its marker type; the handles ([`Domain`],
-//! [`StoragePool`], [`StorageVol`], [`Network`]) name the common ones after libvirt's C API,
-//! with typed flags ([`flags`]), typed parameters ([`params`]) and open enums
+//! [`StoragePool`], [`StorageVol`], [`Network`], [`NwFilter`]) name the common ones after
+//! libvirt's C API, with typed flags ([`flags`]), typed parameters ([`params`]) and open enums
 //! ([`DomainState`], [`ErrorCode`], …) for libvirt's integers. [`stream`] moves volume data,
 //! [`events`] delivers domain, storage pool and network events, and [`Reconnecting`] re-opens
 //! a lost connection and re-registers its event subscriptions.
@@ -42,8 +42,8 @@ pub use client::{Client, ClientOptions};
 pub use error::{Error, ErrorCode, ErrorLevel, RemoteError, Result};
 pub use handles::{
     Domain, DomainState, InterfaceAddresses, InterfaceAddressesSource, IpAddress, IpAddressType,
-    Network, NodeInfo, StoragePool, StorageVol, StorageVolInfo, StorageVolType, uuid_string,
-    version_string,
+    Network, NodeInfo, NwFilter, StoragePool, StorageVol, StorageVolInfo, StorageVolType,
+    uuid_string, version_string,
 };
 pub use packet::PacketError;
 pub use reconnect::{Backoff, ConnectFuture, LifecycleUpdate, LifecycleWatch, Reconnecting};

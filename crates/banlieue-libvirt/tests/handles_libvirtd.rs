@@ -1,11 +1,12 @@
 //! The typed handles against a real libvirtd: connection calls, a domain's lifecycle, pools and
-//! volumes (with ranged and sparse transfers), networks, lookups of missing objects, a managed
-//! save and its restore, and the guest-agent calls without an agent.
+//! volumes (with ranged and sparse transfers), networks, network filters, lookups of missing
+//! objects, a managed save and its restore, and the guest-agent calls without an agent.
 
 use banlieue_libvirt::proto::remote::{self, procedures as rp};
 use banlieue_libvirt::stream::{STREAM_CHUNK, TransferOptions};
 use banlieue_libvirt::{
-    Domain, DomainState, ErrorCode, Network, StoragePool, StorageVol, StorageVolType, flags,
+    Domain, DomainState, ErrorCode, Network, NwFilter, StoragePool, StorageVol, StorageVolType,
+    flags, uuid_string,
 };
 use banlieue_testenv::libvirtd::LibvirtdOptions;
 
@@ -433,6 +434,170 @@ async fn networks_are_listed_and_missing_ones_are_none() {
             .await
             .expect("lookup")
             .is_none()
+    );
+}
+
+#[tokio::test]
+async fn nwfilters_are_defined_replaced_listed_and_undefined() {
+    let Some(d) = daemon(LibvirtdOptions::default()).await else {
+        return;
+    };
+    let c = connect(&d).await;
+    let name = "banlieue-handles-nwfilter";
+    assert!(
+        NwFilter::lookup_by_name(&c, name)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "no such filter yet"
+    );
+    // Outgoing TCP to 10.0.0.0/8 on `port`, then nothing else; `uuid` names the filter that a
+    // definition replaces.
+    let filter_xml = |uuid: Option<&str>, port: u16| {
+        let uuid = uuid
+            .map(|u| format!("<uuid>{u}</uuid>"))
+            .unwrap_or_default();
+        format!(
+            "<filter name='{name}' chain='root'>{uuid}\
+             <rule action='accept' direction='out' priority='100'>\
+             <tcp dstipaddr='10.0.0.0' dstipmask='8' dstportstart='{port}'/></rule>\
+             <rule action='drop' direction='inout' priority='1000'><all/></rule>\
+             </filter>"
+        )
+    };
+    let filter = NwFilter::define_xml(&c, &filter_xml(None, 443))
+        .await
+        .expect("defined");
+    assert_eq!(filter.name(), name);
+    let found = NwFilter::lookup_by_name(&c, name)
+        .await
+        .expect("lookup")
+        .expect("found");
+    assert_eq!(found.uuid(), filter.uuid());
+    let uuid = uuid_string(&filter.uuid());
+    let xml = found.xml_desc().await.expect("xml");
+    assert!(xml.contains(&format!("<uuid>{uuid}</uuid>")), "{xml}");
+    assert!(
+        xml.contains("<tcp dstipaddr='10.0.0.0' dstipmask='8' dstportstart='443'/>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<rule action='drop' direction='inout' priority='1000'>"),
+        "{xml}"
+    );
+
+    // Without the UUID, libvirt makes one up and finds the name taken by another filter.
+    let err = NwFilter::define_xml(&c, &filter_xml(None, 22))
+        .await
+        .expect_err("a second filter of the name");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::OperationFailed),
+        "{err}"
+    );
+    assert!(
+        filter
+            .xml_desc()
+            .await
+            .expect("xml")
+            .contains("dstportstart='443'"),
+        "a refused definition leaves the filter as it was"
+    );
+    let replaced = NwFilter::define_xml(&c, &filter_xml(Some(&uuid), 22))
+        .await
+        .expect("replaced");
+    assert_eq!(replaced.uuid(), filter.uuid());
+    let xml = filter.xml_desc().await.expect("xml");
+    assert!(
+        xml.contains("dstportstart='22'") && !xml.contains("dstportstart='443'"),
+        "{xml}"
+    );
+
+    let filters = NwFilter::list_all(&c).await.expect("filters");
+    assert!(
+        filters
+            .iter()
+            .any(|f| f.name() == name && f.uuid() == filter.uuid()),
+        "listed"
+    );
+    // virsh prints a header, a rule, then one `UUID  name` line per filter.
+    let virsh = d
+        .virsh(["nwfilter-list"])
+        .await
+        .expect("virsh nwfilter-list");
+    let mut theirs: Vec<(String, String)> = virsh
+        .lines()
+        .skip(2)
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            Some((words.next()?.to_string(), words.next()?.to_string()))
+        })
+        .collect();
+    let mut ours: Vec<(String, String)> = filters
+        .iter()
+        .map(|f| (uuid_string(&f.uuid()), f.name().to_string()))
+        .collect();
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    assert_eq!(ours, theirs, "the same filters as virsh");
+
+    // XML that does not parse, and XML that parses with a value libvirt does not know.
+    let bad = "banlieue-handles-nwfilter-bad";
+    let err = NwFilter::define_xml(&c, &format!("<filter name='{bad}'><rule action='accept'"))
+        .await
+        .expect_err("not XML");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::XmlDetail),
+        "{err}"
+    );
+    let err = NwFilter::define_xml(
+        &c,
+        &format!(
+            "<filter name='{bad}'><rule action='maybe' direction='out'><all/></rule></filter>"
+        ),
+    )
+    .await
+    .expect_err("no such action");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::XmlError),
+        "{err}"
+    );
+    assert!(
+        NwFilter::lookup_by_name(&c, bad)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "nothing was defined"
+    );
+
+    filter.undefine().await.expect("undefined");
+    assert!(
+        NwFilter::lookup_by_name(&c, name)
+            .await
+            .expect("lookup")
+            .is_none(),
+        "gone"
+    );
+    // What the lookup turned into `None`: libvirt's "no nwfilter".
+    let err = c
+        .call::<rp::NwfilterLookupByName>(&remote::RemoteNwfilterLookupByNameArgs {
+            name: name.into(),
+        })
+        .await
+        .expect_err("raw lookup of a missing filter");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::NoNwfilter),
+        "{err}"
+    );
+    assert!(err.is_not_found(), "{err}");
+    let err = filter.xml_desc().await.expect_err("a stale handle");
+    assert_eq!(
+        err.remote().map(|r| r.code),
+        Some(ErrorCode::NoNwfilter),
+        "{err}"
     );
 }
 

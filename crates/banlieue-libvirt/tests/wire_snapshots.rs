@@ -1,8 +1,9 @@
 //! Pins the wire bytes of every procedure of every program: a deterministic sample of its
 //! arguments as a CALL packet and of its return value as a REPLY packet (or, for events, its
 //! message as a MESSAGE packet), as hex with offsets. Review shows any byte that changes.
-//! Beside them, the CALL packets some `Domain` handles send (managed save, its image, the
-//! guest's time), captured through a real `Client` by a scripted server.
+//! Beside them, the CALL packets some handles send (a domain's managed save, its image and the
+//! guest's time; the network filter calls), captured through a real `Client` by a scripted
+//! server.
 
 mod support;
 
@@ -149,12 +150,34 @@ fn snapshots_match_the_procedure_tables() {
     );
 }
 
-/// The CALL packet a `Domain` handle sends, captured by a scripted server on an in-memory
-/// pipe: it answers libvirt's open sequence (no auth, no keepalive), then answers the one
-/// handle call with `ret` as its reply body. Returns the packet and what the handle returned.
+/// The CALL packet a `Domain` handle sends, as [`client_call`] captures it, for a domain named
+/// `banlieue-wire`.
 async fn handle_call<T, F, Fut>(ret: Bytes, call: F) -> (Packet, T)
 where
     F: FnOnce(banlieue_libvirt::Domain) -> Fut,
+    Fut: std::future::Future<Output = banlieue_libvirt::Result<T>>,
+{
+    use banlieue_libvirt::proto::remote;
+
+    client_call(ret, |client| {
+        call(banlieue_libvirt::Domain::from_raw(
+            &client,
+            remote::RemoteNonnullDomain {
+                name: "banlieue-wire".into(),
+                uuid: [0x5a; 16],
+                id: 7,
+            },
+        ))
+    })
+    .await
+}
+
+/// The CALL packet a handle call sends, captured by a scripted server on an in-memory pipe:
+/// it answers libvirt's open sequence (no auth, no keepalive), then answers the one handle
+/// call with `ret` as its reply body. Returns the packet and what the handle returned.
+async fn client_call<T, F, Fut>(ret: Bytes, call: F) -> (Packet, T)
+where
+    F: FnOnce(banlieue_libvirt::Client) -> Fut,
     Fut: std::future::Future<Output = banlieue_libvirt::Result<T>>,
 {
     use banlieue_libvirt::Client;
@@ -207,21 +230,19 @@ where
             let mut wire = BytesMut::new();
             reply.encode(&mut wire).expect("encodes");
             server.write_all(&wire).await.expect("replied");
+            // A handle the call returned holds the client, and with it the connection, open.
+            if call.header.r#proc == rp::ConnectClose::NUMBER {
+                break;
+            }
         }
         handle_calls
     });
     let client = Client::handshake(client_end, "qemu:///system")
         .await
         .expect("handshake");
-    let dom = banlieue_libvirt::Domain::from_raw(
-        &client,
-        remote::RemoteNonnullDomain {
-            name: "banlieue-wire".into(),
-            uuid: [0x5a; 16],
-            id: 7,
-        },
-    );
-    let returned = call(dom).await.expect("the handle call succeeds");
+    let returned = call(client.clone())
+        .await
+        .expect("the handle call succeeds");
     client.close().await.expect("closed");
     let mut handle_calls = script.await.expect("the script ran");
     assert_eq!(handle_calls.len(), 1, "one call per handle method");
@@ -330,5 +351,110 @@ async fn set_time_handle_sends_a_pinned_call() {
             ),
             handle_section::<rp::DomainSetTime>("Domain::set_time(0, 0, SYNC)", &sync)
         ),
+    );
+}
+
+#[tokio::test]
+async fn nwfilter_handles_send_pinned_calls() {
+    use banlieue_libvirt::NwFilter;
+    use banlieue_libvirt::proto::remote::{self, procedures as rp};
+    use banlieue_libvirt::xdr::Xdr;
+
+    let wire_filter = |name: &str, byte: u8| remote::RemoteNonnullNwfilter {
+        name: name.into(),
+        uuid: [byte; 16],
+    };
+    let xml = "<filter name='banlieue-wire' chain='root'>\
+               <rule action='accept' direction='out'><tcp dstportstart='443'/></rule>\
+               </filter>";
+
+    let ret = remote::RemoteNwfilterDefineXmlRet {
+        nwfilter: wire_filter("banlieue-wire", 0x5a),
+    }
+    .to_bytes()
+    .expect("encodes")
+    .freeze();
+    let (call, defined) = client_call(ret, |client| async move {
+        NwFilter::define_xml(&client, xml).await
+    })
+    .await;
+    assert_eq!(
+        (defined.name(), defined.uuid()),
+        ("banlieue-wire", [0x5a; 16])
+    );
+    assert_handle_snapshot(
+        "handle_nwfilter_define_xml",
+        handle_section::<rp::NwfilterDefineXml>("NwFilter::define_xml(xml)", &call),
+    );
+
+    let ret = remote::RemoteNwfilterLookupByNameRet {
+        nwfilter: wire_filter("banlieue-wire", 0x5a),
+    }
+    .to_bytes()
+    .expect("encodes")
+    .freeze();
+    let (call, found) = client_call(ret, |client| async move {
+        NwFilter::lookup_by_name(&client, "banlieue-wire").await
+    })
+    .await;
+    assert_eq!(found.map(|f| f.uuid()), Some([0x5a; 16]));
+    assert_handle_snapshot(
+        "handle_nwfilter_lookup_by_name",
+        handle_section::<rp::NwfilterLookupByName>(
+            "NwFilter::lookup_by_name(\"banlieue-wire\")",
+            &call,
+        ),
+    );
+
+    let ret = remote::RemoteNwfilterGetXmlDescRet { xml: xml.into() }
+        .to_bytes()
+        .expect("encodes")
+        .freeze();
+    let (call, described) = client_call(ret, |client| async move {
+        NwFilter::from_raw(&client, wire_filter("banlieue-wire", 0x5a))
+            .xml_desc()
+            .await
+    })
+    .await;
+    assert_eq!(described, xml);
+    assert_handle_snapshot(
+        "handle_nwfilter_get_xml_desc",
+        handle_section::<rp::NwfilterGetXmlDesc>("NwFilter::xml_desc()", &call),
+    );
+
+    let (call, ()) = client_call(Bytes::new(), |client| async move {
+        NwFilter::from_raw(&client, wire_filter("banlieue-wire", 0x5a))
+            .undefine()
+            .await
+    })
+    .await;
+    assert_handle_snapshot(
+        "handle_nwfilter_undefine",
+        handle_section::<rp::NwfilterUndefine>("NwFilter::undefine()", &call),
+    );
+
+    let ret = remote::RemoteConnectListAllNwfiltersRet {
+        filters: vec![
+            wire_filter("banlieue-wire", 0x5a),
+            wire_filter("clean-traffic", 0xa5),
+        ],
+        ret: 2,
+    }
+    .to_bytes()
+    .expect("encodes")
+    .freeze();
+    let (call, listed) = client_call(
+        ret,
+        |client| async move { NwFilter::list_all(&client).await },
+    )
+    .await;
+    let listed: Vec<(&str, [u8; 16])> = listed.iter().map(|f| (f.name(), f.uuid())).collect();
+    assert_eq!(
+        listed,
+        [("banlieue-wire", [0x5a; 16]), ("clean-traffic", [0xa5; 16])]
+    );
+    assert_handle_snapshot(
+        "handle_nwfilter_list_all",
+        handle_section::<rp::ConnectListAllNwfilters>("NwFilter::list_all()", &call),
     );
 }

@@ -265,6 +265,7 @@ fn libvirt_machine(name: &str, provider: &str, finalizers: &[&str]) -> LibvirtMa
             standby: None,
             access: None,
             handover: None,
+            egress: None,
         },
     );
     machine.metadata = ObjectMeta {

@@ -71,6 +71,10 @@ pub struct DomainDefinition {
     pub cidata: VolumeRef,
     /// The libvirt network the interface joins.
     pub network: String,
+    /// The network filter the interface references (`<filterref filter=…/>`): the machine's
+    /// egress policy, see [`crate::egress_filter`]. libvirt refuses to start the domain until a
+    /// filter of that name is defined. `None` leaves the interface unfiltered.
+    pub egress_filter: Option<String>,
 }
 
 /// Renders the domain XML. Devices come in a fixed order: OS disk, install media, seed,
@@ -215,6 +219,11 @@ fn write_devices(w: &mut Writer<Vec<u8>>, def: &DomainDefinition) -> std::io::Re
             w.create_element("model")
                 .with_attribute(("type", "virtio"))
                 .write_empty()?;
+            if let Some(filter) = &def.egress_filter {
+                w.create_element("filterref")
+                    .with_attribute(("filter", filter.as_str()))
+                    .write_empty()?;
+            }
             Ok(())
         })?;
     w.create_element("serial")
@@ -309,6 +318,7 @@ mod tests {
                 volume: "banlieue-system-web-01-cidata.iso".into(),
             },
             network: "br-prod".into(),
+            egress_filter: None,
         }
     }
 
@@ -357,9 +367,19 @@ mod tests {
     }
 
     #[test]
+    fn interface_references_the_egress_filter() {
+        let xml = render(&DomainDefinition {
+            egress_filter: Some("banlieue-egress-banlieue-system-web-01".into()),
+            ..immediate()
+        });
+        insta::assert_snapshot!(xml);
+    }
+
+    #[test]
     fn untrusted_names_are_escaped() {
         let def = DomainDefinition {
             network: "a'\"<net>&".into(),
+            egress_filter: Some("f'\"/><filter>".into()),
             os_disk: VolumeRef {
                 pool: "p<o>ol".into(),
                 volume: "x\"/><evil/>".into(),
@@ -369,6 +389,7 @@ mod tests {
         let xml = render(&def);
         assert!(!xml.contains("<evil"), "{xml}");
         assert!(!xml.contains("<net>"), "{xml}");
+        assert!(!xml.contains("<filter>"), "{xml}");
         assert!(xml.contains("p&lt;o&gt;ol"), "{xml}");
     }
 }

@@ -112,6 +112,7 @@ async fn machines_to_running_and_back() -> Result<()> {
                     standby: None,
                     access: None,
                     handover: None,
+                    egress: None,
                 },
             );
             api.create(&PostParams::default(), &m).await?;

@@ -151,6 +151,7 @@ fn machine(name: &str, host: &Host, disk: LibvirtDisk) -> LibvirtMachine {
             standby: None,
             access: None,
             handover: None,
+            egress: None,
         },
     )
 }
@@ -1529,5 +1530,96 @@ async fn a_secure_boot_machine_boots_the_signed_guest_with_secure_boot_on() -> R
     api.delete("sb", &DeleteParams::default()).await?;
     none_left(&api, "the machine deleted", 120).await?;
     assert!(!domain_names(&host).await?.contains(&domain));
+    Ok(())
+}
+
+/// A machine with egress (its class's, ADR-0078) runs with a network filter of its own,
+/// defined before its domain and referenced from its interface (libvirt instantiates it as the
+/// domain starts): the filter denies link-local and allows what the class allows, then drops
+/// the rest. A filter of that name someone else defined is not taken over: that machine
+/// gets no domain and says `EgressFilterFailed`. Deleting a machine removes its filter only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_is_a_filter_of_the_machines_own_from_before_its_domain() -> Result<()> {
+    use banlieue_api::egress::{ClassEgress, EgressProtocol, EgressRule};
+    use banlieue_libvirt::NwFilter;
+    let host = Host::start().await?;
+    host.create_raw_volume("base.raw", 1 << 20).await?;
+    let (kube, ns, _provider, _metrics) = provider_namespace(&host).await?;
+    let api: Api<LibvirtMachine> = Api::namespaced(kube.clone(), &ns);
+    let egress = ClassEgress {
+        allow: vec![EgressRule {
+            cidr: "10.0.0.0/8".into(),
+            protocol: EgressProtocol::Tcp,
+            port: Some(443),
+            end_port: None,
+        }],
+        ..ClassEgress::default()
+    };
+    let client = host.client().await?;
+    // Someone else's filter under the name the second machine's would take.
+    let taken = format!("banlieue-egress-{ns}-taken");
+    let foreign = format!(
+        "<filter name='{taken}' chain='root'><rule action='accept' direction='out'><all/></rule></filter>"
+    );
+    NwFilter::define_xml(&client, &foreign).await?;
+
+    for name in ["filtered", "taken"] {
+        let mut m = machine(name, &host, backing("base.raw"));
+        m.spec.egress = Some(egress.clone());
+        api.create(&PostParams::default(), &m).await?;
+    }
+    wait_machine(&api, "filtered", "filtered running", 180, |c| {
+        c.status == "True"
+    })
+    .await?;
+    let domain = Domain::lookup_by_name(&client, &format!("{ns}-filtered"))
+        .await?
+        .context("the domain")?;
+    assert_eq!(domain.get_state().await?.0, DomainState::Running);
+    let xml = domain.get_xml_desc(flags::DomainXmlFlags::empty()).await?;
+    let name = format!("banlieue-egress-{ns}-filtered");
+    assert!(
+        xml.contains(&format!("<filterref filter='{name}'/>")),
+        "{xml}"
+    );
+    let filter = NwFilter::lookup_by_name(&client, &name)
+        .await?
+        .context("the machine's filter")?
+        .xml_desc()
+        .await?;
+    // The test's network is isolated and has no address of the host's (no `<ip>`): of the
+    // always-denied, link-local is what applies here (the network's own rows are the unit
+    // tests' of `machine::egress`).
+    let network = host.libvirtd.virsh(["net-dumpxml", &host.network]).await?;
+    assert!(!network.contains("<ip"), "{network}");
+    for expected in [
+        "<all dstipaddr='169.254.0.0' dstipmask='16'/>",
+        "<tcp dstipaddr='10.0.0.0' dstipmask='8' dstportstart='443'/>",
+        "<all state='ESTABLISHED,RELATED'/>",
+        "<rule action='drop' direction='out' priority='900'>",
+    ] {
+        assert!(filter.contains(expected), "{expected} not in {filter}");
+    }
+
+    let refused = wait_machine(&api, "taken", "taken refused", 120, |c| {
+        c.reason == "EgressFilterFailed"
+    })
+    .await?;
+    let message = ready(&refused).map(|c| c.message).unwrap_or_default();
+    assert!(message.contains(&taken), "{message}");
+    assert!(
+        Domain::lookup_by_name(&client, &format!("{ns}-taken"))
+            .await?
+            .is_none(),
+        "a domain without its filter was defined"
+    );
+
+    for name in ["filtered", "taken"] {
+        api.delete(name, &DeleteParams::default()).await?;
+    }
+    none_left(&api, "machines deleted", 120).await?;
+    assert!(NwFilter::lookup_by_name(&client, &name).await?.is_none());
+    let kept = NwFilter::lookup_by_name(&client, &taken).await?;
+    assert!(kept.is_some(), "someone else's filter was removed");
     Ok(())
 }

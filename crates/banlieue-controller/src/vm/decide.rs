@@ -117,6 +117,16 @@ pub(crate) fn machine_for(
             reason: reasons::NO_BUILDER_FOR_CLASS,
             message: format!("no machine builder for {}", placement.machine_kind),
         })?;
+    if class.spec.egress.is_some() && !backend.enforces_egress {
+        return Err(Unschedulable {
+            reason: reasons::EGRESS_NOT_ENFORCED,
+            message: format!(
+                "vmclass {} declares egress, which {}s' provider cannot enforce on the host: \
+                 use a Provider whose backend does (libvirt)",
+                vm.spec.class_ref.name, backend.kind_name
+            ),
+        });
+    }
     machine_builder::build(
         backend,
         &MachineInput {
@@ -568,6 +578,46 @@ mod tests {
             unbuildable.message,
             r#"cannot build a machine for provider class "libvirt": the VirtualMachine has no name or uid"#
         );
+    }
+
+    /// A class with egress is built only by a backend that enforces it: the libvirt machine
+    /// carries the class's egress, a vSphere placement is refused naming the reason.
+    #[test]
+    fn a_class_with_egress_is_built_only_where_the_backend_enforces_it() {
+        let vm = vm(None);
+        let mut class = class();
+        class.spec.egress = Some(
+            serde_json::from_value(json!({
+                "allow": [{"cidr": "10.0.0.0/8", "protocol": "TCP", "port": 443}],
+                "dnsResolver": "10.0.0.53"
+            }))
+            .expect("valid egress"),
+        );
+        let backends = backends();
+        let built = machine_for(
+            &vm,
+            Some(&class),
+            &backends,
+            &placement(MachineKind::LIBVIRT_MACHINE),
+        )
+        .expect("a libvirt machine");
+        assert_eq!(
+            built.data["spec"]["egress"],
+            json!({"allow": [{"cidr": "10.0.0.0/8", "protocol": "TCP", "port": 443}],
+                   "dnsResolver": "10.0.0.53", "allowAlwaysDenied": []})
+        );
+        let mut vsphere = placement(MachineKind::VSPHERE_MACHINE);
+        vsphere.failure_domain = "dc/cluster".into();
+        let refused =
+            machine_for(&vm, Some(&class), &backends, &vsphere).expect_err("not enforced");
+        assert_eq!(refused.reason, reasons::EGRESS_NOT_ENFORCED);
+        assert!(
+            refused.message.contains("vmclass small declares egress"),
+            "{}",
+            refused.message
+        );
+        class.spec.egress = None;
+        machine_for(&vm, Some(&class), &backends, &vsphere).expect("no egress, a vSphere machine");
     }
 
     #[test]

@@ -113,6 +113,8 @@ pub fn definition(
         install_media: spec.disk.install_media.as_deref().map(volume),
         cidata: volume(&names.cidata_volume),
         network: spec.network.clone(),
+        // Set once the egress policy is enforced per machine.
+        egress_filter: None,
     })
 }
 

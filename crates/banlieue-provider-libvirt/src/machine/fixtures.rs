@@ -30,6 +30,7 @@ pub(super) fn machine(disk: LibvirtDisk, user_data: Option<&str>) -> LibvirtMach
             standby: None,
             access: None,
             handover: None,
+            egress: None,
         },
     );
     m.metadata.namespace = Some("banlieue-system".into());

@@ -4,6 +4,7 @@
 
 mod agent;
 pub mod domain;
+pub mod egress;
 #[cfg(test)]
 mod fixtures;
 pub mod guest;

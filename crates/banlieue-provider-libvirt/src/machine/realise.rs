@@ -17,6 +17,7 @@ use serde_json::json;
 use super::Context;
 use super::agent;
 use super::domain::{self, Existing, MachineNames};
+use super::egress;
 use super::guest::{GuestSight, Phase};
 use super::standby::{self, StandbyAct, StandbySight};
 use super::status::{self, Observed};
@@ -500,7 +501,7 @@ async fn provision(
     domain_type: crate::domain_xml::DomainType,
 ) -> Result<Domain> {
     let spec = &machine.spec;
-    let definition = domain::definition(machine, uuid, domain_type)?;
+    let mut definition = domain::definition(machine, uuid, domain_type)?;
     let capacity = domain::disk_bytes(machine)?;
     // Read (and judged) before anything is made: a refused Secret leaves nothing behind.
     let user_data = user_data(machine, ctx).await?;
@@ -517,6 +518,9 @@ async fn provision(
     let mut owned = OwnedVolumes::read(machine, ctx).await?;
     create_os_volume(spec, names, &pool, &image, capacity, &mut owned).await?;
     create_seed(spec, names, uuid, user_data.as_deref(), &pool, &mut owned).await?;
+    // The filter exists before the domain that references it: the guest never runs without
+    // it, and one that cannot be defined leaves no domain (EgressFilterFailed).
+    definition.egress_filter = egress::apply(client, machine, &names.domain).await?;
     define_domain(client, names, uuid, &definition, ctx).await
 }
 

@@ -87,6 +87,12 @@ pub(super) async fn run(machine: &LibvirtMachine, ctx: &Context) -> Result<()> {
         }
     }
 
+    // The domain that referenced it is gone (a filter in use cannot be undefined); a
+    // namesake's domain may use one of the same name, which is then left alone.
+    if matches!(existing, Existing::Ours | Existing::Absent) {
+        super::egress::remove(client, &names.domain).await?;
+    }
+
     // Only the machine's own volumes, proven so; the image (backing file or install media)
     // belongs to the VMImage and other machines use it, and a volume of the same name made by
     // a namesake machine is that machine's.
