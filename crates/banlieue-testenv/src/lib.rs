@@ -10,6 +10,7 @@ pub mod access;
 pub mod agent_sandbox;
 pub mod claim_load;
 pub mod control_plane;
+pub mod egress_world;
 pub mod guest_agent;
 pub mod guest_image;
 pub mod guest_network;

@@ -278,9 +278,13 @@ async fn guest_image_runs_user_data_and_reaches_ready() -> Result<()> {
 
     access_installs_a_key_that_logs_in(&daemon, name, &host_keys).await?;
     a_credential_opens_only_in_this_guests_tpm(&daemon, name, &image).await?;
+    let (world, filter) = egress_holds_inside_the_guest(&daemon, name).await?;
 
     daemon.virsh(["destroy", name]).await?;
     daemon.virsh(["undefine", name, "--nvram", "--tpm"]).await?;
+    // The filter outlives the domain that used it; the world goes after both.
+    daemon.virsh(["nwfilter-undefine", &filter]).await?;
+    world.stop(&daemon).await?;
     for file in [&overlay, &seed, &base, &console] {
         std::fs::remove_file(file).with_context(|| format!("remove {}", file.display()))?;
     }
@@ -444,6 +448,110 @@ async fn a_credential_opens_only_in_this_guests_tpm(
 /// Relays `file` as the provider would (attest/challenge, then attest/activate naming its
 /// SHA-256 and the subject's binding) and waits for the layer's answer about these very
 /// bytes.
+/// A class's egress (ADR-0078), proven from inside this guest: a second interface on an
+/// isolated network joins it with the filter a libvirt member of such a class gets (the
+/// provider's own policy and document for it), and the guest tries every destination of the
+/// world (banlieue-testenv's `egress_world`: servers in a network namespace of the test's,
+/// routed through a peer on the guests' network). With the filter, only the allowed server's
+/// port and the named resolver answer; the other port, address and protocol, the metadata
+/// address, the host and the peer on the guests' network (where another guest would be) do
+/// not. The same filter redefined to accept everything lets every row through, so each row
+/// could fail. Returns the world and the filter, which the caller removes after the domain.
+async fn egress_holds_inside_the_guest(
+    daemon: &Libvirtd,
+    name: &str,
+) -> Result<(banlieue_testenv::egress_world::EgressWorld, String)> {
+    use banlieue_api::egress::{ClassEgress, EgressProtocol, EgressRule};
+    use banlieue_provider_libvirt::egress_filter::{filter_uuid, filter_xml};
+    use banlieue_provider_libvirt::machine::egress::{network_facts, policy};
+    use banlieue_testenv::egress_world::{
+        EgressWorld, METADATA, OTHER_RESOLVER, OTHER_SERVER, RESOLVER, SERVER,
+    };
+    const MAC: &str = "52:54:00:be:e5:01";
+    let world = EgressWorld::start(daemon, "eg").await?;
+    let filter = format!("banlieue-egress-{name}");
+    let class = ClassEgress {
+        allow: vec![EgressRule {
+            cidr: format!("{SERVER}/32"),
+            protocol: EgressProtocol::Tcp,
+            port: Some(8443),
+            end_port: None,
+        }],
+        dns_resolver: Some(RESOLVER.to_string()),
+        allow_always_denied: Vec::new(),
+    };
+    let facts = network_facts(&daemon.virsh(["net-dumpxml", &world.network]).await?)?;
+    let define = |xml: String| {
+        let path = daemon.dir().join("egress-filter.xml");
+        async move {
+            std::fs::write(&path, xml)?;
+            daemon.virsh(["nwfilter-define", path_str(&path)?]).await?;
+            anyhow::Ok(())
+        }
+    };
+    define(filter_xml(&filter, &policy(&class, &facts)?)?).await?;
+    let interface = daemon.dir().join("egress-interface.xml");
+    std::fs::write(&interface, world.interface_xml(MAC, Some(&filter)))?;
+    daemon
+        .virsh(["attach-device", name, path_str(&interface)?, "--live"])
+        .await?;
+    guest_agent::run(
+        daemon,
+        name,
+        "/bin/sh",
+        &["-c", &world.guest_setup_script(MAC)],
+    )
+    .await?;
+
+    let rows = [
+        ("allowed", "tcp", SERVER, 8443, true),
+        ("other-port", "tcp", SERVER, 8444, false),
+        ("other-address", "tcp", OTHER_SERVER, 8443, false),
+        ("other-protocol", "udp", SERVER, 8443, false),
+        ("resolver", "udp", RESOLVER, 53, true),
+        ("other-resolver", "udp", OTHER_RESOLVER, 53, false),
+        ("metadata", "tcp", METADATA, 80, false),
+        ("host", "tcp", world.host, 8443, false),
+        ("guest-network", "tcp", world.peer, 8443, false),
+    ];
+    let probes: Vec<(&str, &str, std::net::Ipv4Addr, u16)> =
+        rows.iter().map(|r| (r.0, r.1, r.2, r.3)).collect();
+    let script = EgressWorld::probe_script(&probes);
+    let probe = || async {
+        let out = guest_agent::run(daemon, name, "/bin/bash", &["-c", &script]).await?;
+        anyhow::Ok(String::from_utf8_lossy(&out).into_owned())
+    };
+    let started = Instant::now();
+    let filtered = probe().await?;
+    for (row, _, _, _, reached) in rows {
+        let expected = format!("{row} {}", if reached { "reached" } else { "blocked" });
+        ensure!(
+            filtered.lines().any(|l| l == expected),
+            "with the filter, expected {expected:?}; the guest saw:\n{filtered}"
+        );
+    }
+    eprintln!(
+        "egress with the filter, every row as declared ({:.1?})",
+        started.elapsed()
+    );
+
+    // The same filter (its name and UUID) accepting everything: every row answers.
+    define(format!(
+        "<filter name='{filter}' chain='root'><uuid>{}</uuid>\
+         <rule action='accept' direction='inout'><all/></rule></filter>",
+        filter_uuid(&filter)
+    ))
+    .await?;
+    let open = probe().await?;
+    for (row, ..) in rows {
+        ensure!(
+            open.lines().any(|l| l == format!("{row} reached")),
+            "without the filter's rules, {row} was not reached: the row proves nothing;\n{open}"
+        );
+    }
+    Ok((world, filter))
+}
+
 /// PCR 4 and PCR 5 computed from the image's bytes before any boot (banlieue-attest's
 /// `boot::predict`, what the image builder publishes) are what the firmware measured: each
 /// measurement equals the log's event of that PCR, in order, and the values equal the quoted

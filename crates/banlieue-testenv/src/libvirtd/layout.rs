@@ -97,6 +97,9 @@ impl Layout {
             &self.lib_dir(),
             Contents::DirsOnly,
         )?;
+        // Where the network driver keeps the MAC addresses of a network with an address of
+        // the host's; the system has it only when its network driver ever ran.
+        create_dirs(&self.lib_dir().join("dnsmasq"))?;
 
         create_dirs(&self.log_dir())?;
         set_mode(&self.log_dir(), 0o755)?;
