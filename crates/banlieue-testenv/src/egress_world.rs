@@ -41,7 +41,11 @@ pub enum Error {
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The TCP and UDP ports every server of the world listens on.
-pub const PORTS: [u16; 4] = [53, 80, 8443, 8444];
+pub const PORTS: [u16; 5] = [53, 80, 8443, 8444, BULK_PORT];
+/// The TCP port on which every server sends [`BULK_MIB`] MiB of zeros and closes, for a
+/// throughput figure.
+pub const BULK_PORT: u16 = 8445;
+pub const BULK_MIB: u32 = 32;
 /// An allowed-looking server outside the guests' network (TEST-NET-1).
 pub const SERVER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 /// Another server beside it.
@@ -60,7 +64,11 @@ def tcp(address, port):
     s.bind((address, port)); s.listen(16)
     while True:
         c, _ = s.accept()
-        try: c.sendall(b"ok\n")
+        try:
+            if port == BULK_PORT:
+                for _ in range(BULK_MIB): c.sendall(bytes(1 << 20))
+            else: c.sendall(b"ok\n")
+        except OSError: pass
         finally: c.close()
 def udp(address, port):
     # Bound to the address itself: a reply from a wildcard socket leaves from the route's
@@ -68,8 +76,9 @@ def udp(address, port):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((address, port))
     while True:
         _, peer = s.recvfrom(512); s.sendto(b"ok\n", peer)
+BULK_PORT, BULK_MIB = int(sys.argv[2]), int(sys.argv[3])
 for address in sys.argv[1].split(","):
-    for port in map(int, sys.argv[2:]):
+    for port in map(int, sys.argv[4:]):
         for serve in (tcp, udp):
             threading.Thread(target=serve, args=(address, port), daemon=True).start()
 print("listening", flush=True)
@@ -195,6 +204,7 @@ impl EgressWorld {
             }
         };
         let mut child = command
+            .args([BULK_PORT.to_string(), BULK_MIB.to_string()])
             .args(&ports)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -266,6 +276,26 @@ impl EgressWorld {
         }
         script.push_str("wait\n");
         script
+    }
+
+    /// Bash that reads [`BULK_PORT`]'s stream from `address` and prints `BYTES START END`,
+    /// the two in nanoseconds of the guest's clock.
+    pub fn bulk_script(address: Ipv4Addr) -> String {
+        format!(
+            "start=$(date +%s%N); bytes=$(timeout 60 cat </dev/tcp/{address}/{BULK_PORT} | wc -c); \
+             end=$(date +%s%N); echo \"$bytes $start $end\""
+        )
+    }
+
+    /// Parses [`EgressWorld::bulk_script`]'s line into (bytes, seconds).
+    pub fn bulk_result(line: &str) -> Option<(u64, f64)> {
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(bytes)), Some(Ok(start)), Some(Ok(end))) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            return None;
+        };
+        Some((bytes, end.saturating_sub(start) as f64 / 1e9))
     }
 
     /// Takes the world down: the responders (this process's own children), the namespace,
