@@ -373,6 +373,22 @@ fn rows(hosts: &HostileHosts, libvirtd: &Libvirtd) -> Vec<Row> {
             },
         },
         Row {
+            // A member's egress is its class's (ADR-0078): widening it on the machine would
+            // let the guest reach what its class denies, so it is the machine's spec again.
+            attack: "a_warm_members_egress_widened",
+            input: Input::Write {
+                user: POOL_AUTHOR,
+                write: Write::PatchAWarmMembersMachine(json!({"spec": {"egress": {
+                    "allow": [{"cidr": "0.0.0.0/0"}],
+                    "allowAlwaysDenied": ["LinkLocal", "HostAddresses", "GuestToGuest"]
+                }}})),
+            },
+            outcome: Outcome::Refused {
+                code: 403,
+                says: "is written only by banlieue's controller: it belongs to a VirtualMachine",
+            },
+        },
+        Row {
             attack: "a_warm_members_domain_protection_removed",
             input: Input::Write {
                 user: POOL_AUTHOR,
