@@ -1,22 +1,18 @@
-//! What a member may reach over the network: its class's baseline (`VMClass.spec.egress`,
-//! the administrator's) and a claim's narrowing of it (`VirtualMachineClaim.spec.egress`, the
-//! subject's). Default deny: a class with `egress` lets its members open connections only to
-//! what its rules allow; a claim may only take rules away.
+//! What a member may reach over the network: its class's egress (`VMClass.spec.egress`, the
+//! administrator's; ADR-0078). Default deny: a class with `egress` lets its members open
+//! connections only to what its rules allow.
 //!
-//! The CRDs refuse what one rule shows to be wrong (a CIDR that is not IPv4 or has host bits
+//! The CRD refuses what one rule shows to be wrong (a CIDR that is not IPv4 or has host bits
 //! set, ports without TCP or UDP, a range that ends before it starts), with CEL's IP and CIDR
-//! libraries; [`EgressRule::within`] is the check that needs the class and the claim
-//! together.
+//! libraries; [`Ipv4Cidr`] parses the same strictly for the provider.
 
 use std::net::Ipv4Addr;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The most rules a class may allow; a claim narrows to at most [`MAX_CLAIM_RULES`].
+/// The most rules a class may allow.
 pub const MAX_CLASS_RULES: usize = 64;
-/// The most rules a claim may list.
-pub const MAX_CLAIM_RULES: usize = 32;
 
 /// A class's egress baseline.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -51,22 +47,6 @@ pub enum AlwaysDenied {
     HostAddresses,
     ManagementNetwork,
     GuestToGuest,
-}
-
-/// A claim's narrowing of its class's egress.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ClaimEgress {
-    /// The destinations this claim's VM may open connections to, in place of its class's
-    /// rules: each must lie within one of them (a CIDR inside the class rule's, the same
-    /// protocol or the class's `Any`, ports inside its range), or the claim is refused naming
-    /// the rule. Empty: none.
-    #[serde(default)]
-    #[schemars(length(max = MAX_CLAIM_RULES))]
-    pub allow: Vec<EgressRule>,
-    /// Drop DNS too, even to the class's resolver.
-    #[serde(default)]
-    pub no_dns: bool,
 }
 
 /// One allowed destination.
@@ -246,80 +226,9 @@ pub enum CidrError {
     HostBits { input: String, network: Ipv4Cidr },
 }
 
-impl EgressRule {
-    /// The ports the rule covers: all of them when it names none.
-    pub fn ports(&self) -> (u16, u16) {
-        match (self.port, self.end_port) {
-            (Some(first), Some(last)) => (first, last),
-            (Some(port), None) => (port, port),
-            _ => (1, 65535),
-        }
-    }
-
-    /// Whether everything this rule allows, `class` allows too: a claim's rule is accepted
-    /// only when one of its class's rules covers it.
-    pub fn within(&self, class: &EgressRule) -> bool {
-        let (Ok(mine), Ok(theirs)) = (Ipv4Cidr::parse(&self.cidr), Ipv4Cidr::parse(&class.cidr))
-        else {
-            return false;
-        };
-        let protocol = class.protocol == EgressProtocol::Any || class.protocol == self.protocol;
-        let ports = match class.protocol {
-            EgressProtocol::Tcp | EgressProtocol::Udp => {
-                let (first, last) = self.ports();
-                let (from, to) = class.ports();
-                from <= first && last <= to
-            }
-            _ => true,
-        };
-        theirs.contains(&mine) && protocol && ports
-    }
-
-    /// How the rule reads in a message: `TCP 10.0.0.0/8 port 443-444`.
-    pub fn describe(&self) -> String {
-        let protocol = match self.protocol {
-            EgressProtocol::Tcp => "TCP",
-            EgressProtocol::Udp => "UDP",
-            EgressProtocol::Icmp => "ICMP",
-            EgressProtocol::Any => "Any",
-        };
-        match (self.port, self.end_port) {
-            (Some(port), Some(end)) if end != port => {
-                format!("{protocol} {} port {port}-{end}", self.cidr)
-            }
-            (Some(port), _) => format!("{protocol} {} port {port}", self.cidr),
-            _ => format!("{protocol} {}", self.cidr),
-        }
-    }
-}
-
-/// The first of a claim's rules no rule of its class covers, described for the refusal.
-pub fn first_outside(claim: &ClaimEgress, class: &ClassEgress) -> Option<String> {
-    claim
-        .allow
-        .iter()
-        .enumerate()
-        .find(|(_, rule)| !class.allow.iter().any(|c| rule.within(c)))
-        .map(|(index, rule)| {
-            format!(
-                "spec.egress.allow[{index}] ({}) is outside the class's egress rules",
-                rule.describe()
-            )
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rule(cidr: &str, protocol: EgressProtocol, ports: Option<(u16, u16)>) -> EgressRule {
-        EgressRule {
-            cidr: cidr.into(),
-            protocol,
-            port: ports.map(|p| p.0),
-            end_port: ports.map(|p| p.1),
-        }
-    }
 
     #[test]
     fn only_the_strict_form_parses() {
@@ -420,65 +329,6 @@ mod tests {
 
     fn cidr(s: &str) -> Ipv4Cidr {
         Ipv4Cidr::parse(s).unwrap()
-    }
-
-    #[test]
-    fn a_claim_rule_must_lie_within_a_class_rule() {
-        use EgressProtocol::*;
-        let class = rule("10.0.0.0/8", Tcp, Some((400, 500)));
-        assert!(rule("10.1.0.0/16", Tcp, Some((443, 443))).within(&class));
-        assert!(rule("10.0.0.0/8", Tcp, Some((400, 500))).within(&class));
-        assert!(
-            !rule("10.0.0.0/7", Tcp, Some((443, 443))).within(&class),
-            "wider"
-        );
-        assert!(
-            !rule("11.0.0.0/8", Tcp, Some((443, 443))).within(&class),
-            "elsewhere"
-        );
-        assert!(
-            !rule("10.1.0.0/16", Udp, Some((443, 443))).within(&class),
-            "protocol"
-        );
-        assert!(
-            !rule("10.1.0.0/16", Tcp, Some((443, 501))).within(&class),
-            "ports"
-        );
-        assert!(!rule("10.1.0.0/16", Tcp, None).within(&class), "every port");
-        assert!(
-            !rule("10.1.0.0/16", Any, None).within(&class),
-            "every protocol"
-        );
-        let any = rule("0.0.0.0/0", Any, None);
-        for protocol in [Tcp, Udp, Icmp, Any] {
-            assert!(rule("192.0.2.0/24", protocol, None).within(&any));
-        }
-        let icmp = rule("10.0.0.0/8", Icmp, None);
-        assert!(rule("10.0.0.0/24", Icmp, None).within(&icmp));
-        assert!(!rule("not a cidr", Icmp, None).within(&icmp));
-    }
-
-    #[test]
-    fn the_refusal_names_the_first_rule_outside() {
-        use EgressProtocol::*;
-        let class = ClassEgress {
-            allow: vec![rule("10.0.0.0/8", Tcp, Some((443, 443)))],
-            ..ClassEgress::default()
-        };
-        let claim = ClaimEgress {
-            allow: vec![
-                rule("10.2.0.0/16", Tcp, Some((443, 443))),
-                rule("10.3.0.0/16", Udp, Some((53, 53))),
-            ],
-            no_dns: false,
-        };
-        assert_eq!(
-            first_outside(&claim, &class).as_deref(),
-            Some(
-                "spec.egress.allow[1] (UDP 10.3.0.0/16 port 53) is outside the class's egress rules"
-            )
-        );
-        assert_eq!(first_outside(&ClaimEgress::default(), &class), None);
     }
 
     #[test]
